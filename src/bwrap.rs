@@ -1,0 +1,187 @@
+//! The bubblewrap command line: a pure function from a [`SandboxSpec`] to
+//! argv. Nothing here touches the host; `spawn` applies the result and
+//! `probe` discovers the host facts the spec carries.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Where things appear inside the sandbox.
+pub const WORKSPACE: &str = "/workspace";
+pub const SCRATCH: &str = "/scratch";
+pub const WORKER: &str = "/worker.py";
+/// Fixed fd numbers inside the sandbox (set up by `spawn` before exec).
+pub const REQUEST_FD: i32 = 3;
+pub const REPLY_FD: i32 = 4;
+pub const SECCOMP_FD: i32 = 5;
+
+/// Paths every sandbox mounts itself; a read root may not land on or under
+/// one of them.
+pub const RESERVED_MOUNTS: &[&str] = &[
+    "/workspace", "/scratch", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+    "/libx32", "/proc", "/dev", "/worker.py",
+];
+
+/// Everything that varies between sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// The interpreter, as a resolved host path.
+    pub interpreter: PathBuf,
+    /// Host directories an interpreter outside `/usr` needs (its prefix),
+    /// mounted read-only at the same path.
+    pub interpreter_mounts: Vec<PathBuf>,
+    /// `/bin`, `/lib`, ... are symlinks into `/usr` on this host.
+    pub merged_usr: bool,
+    /// The canonical project directory.
+    pub project_dir: PathBuf,
+    pub workspace_writable: bool,
+    pub scratch_dir: PathBuf,
+    /// Host path of the worker script.
+    pub worker_file: PathBuf,
+    /// Canonical host directories mounted read-only at their own paths.
+    pub read_roots: Vec<PathBuf>,
+}
+
+fn push(argv: &mut Vec<OsString>, items: &[&str]) {
+    argv.extend(items.iter().map(OsString::from));
+}
+
+fn push_bind(argv: &mut Vec<OsString>, flag: &str, src: &Path, dest: &Path) {
+    argv.push(flag.into());
+    argv.push(src.into());
+    argv.push(dest.into());
+}
+
+/// The full bwrap argv (without the program name), in the order the
+/// confinement is built: namespaces, process hygiene, the filesystem from
+/// the bottom up, the environment, the seccomp filter, then the worker.
+pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::with_capacity(96);
+    // Namespaces: own user (no nested ones), pid, ipc, uts, network, cgroup.
+    push(&mut a, &["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc"]);
+    push(&mut a, &["--unshare-uts", "--hostname", "pi-sandbox", "--unshare-net", "--unshare-cgroup-try"]);
+    // Process hygiene: dies with the host, own session (no TIOCSTI on the
+    // host terminal), no capabilities.
+    push(&mut a, &["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+    // Filesystem: kernel views, private temp, the runtime read-only.
+    push(&mut a, &["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    push(&mut a, &["--ro-bind", "/usr", "/usr"]);
+    if spec.merged_usr {
+        for dir in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+            a.push("--symlink".into());
+            a.push(format!("usr/{dir}").into());
+            a.push(format!("/{dir}").into());
+        }
+    } else {
+        for dir in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+            push(&mut a, &["--ro-bind-try", dir, dir]);
+        }
+    }
+    for file in ["/etc/ld.so.cache", "/etc/localtime"] {
+        push(&mut a, &["--ro-bind-try", file, file]);
+    }
+    for dir in &spec.interpreter_mounts {
+        push_bind(&mut a, "--ro-bind", dir, dir);
+    }
+    let workspace_flag = if spec.workspace_writable { "--bind" } else { "--ro-bind" };
+    push_bind(&mut a, workspace_flag, &spec.project_dir, Path::new(WORKSPACE));
+    push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
+    push_bind(&mut a, "--ro-bind", &spec.worker_file, Path::new(WORKER));
+    for root in &spec.read_roots {
+        push_bind(&mut a, "--ro-bind-try", root, root);
+    }
+    push(&mut a, &["--chdir", WORKSPACE]);
+    // Environment: nothing of the host's.
+    push(&mut a, &["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SCRATCH]);
+    push(&mut a, &["--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]);
+    // The filter is loaded last, right before exec.
+    a.push("--seccomp".into());
+    a.push(SECCOMP_FD.to_string().into());
+    a.push("--".into());
+    a.push(spec.interpreter.clone().into());
+    push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", WORKER]);
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            interpreter: "/usr/bin/python3.11".into(),
+            interpreter_mounts: vec![],
+            merged_usr: true,
+            project_dir: "/home/u/proj".into(),
+            workspace_writable: false,
+            scratch_dir: "/tmp/s/scratch".into(),
+            worker_file: "/tmp/s/worker.py".into(),
+            read_roots: vec![],
+        }
+    }
+
+    fn strings(argv: &[OsString]) -> Vec<String> {
+        argv.iter().map(|s| s.to_string_lossy().into_owned()).collect()
+    }
+
+    fn has_triple(argv: &[String], triple: [&str; 3]) -> bool {
+        argv.windows(3).any(|w| w == triple)
+    }
+
+    #[test]
+    fn default_argv_is_exactly_the_documented_confinement() {
+        let argv = strings(&bwrap_argv(&spec()));
+        let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
+            --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
+            --die-with-parent --new-session --cap-drop ALL \
+            --proc /proc --dev /dev --tmpfs /tmp --ro-bind /usr /usr \
+            --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
+            --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \
+            --ro-bind-try /etc/ld.so.cache /etc/ld.so.cache --ro-bind-try /etc/localtime /etc/localtime \
+            --ro-bind /home/u/proj /workspace --bind /tmp/s/scratch /scratch \
+            --ro-bind /tmp/s/worker.py /worker.py --chdir /workspace \
+            --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
+            --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 \
+            -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py";
+        assert_eq!(argv.join(" "), expected);
+    }
+
+    #[test]
+    fn writable_workspace_uses_bind_and_never_ro_bind() {
+        let argv = strings(&bwrap_argv(&SandboxSpec { workspace_writable: true, ..spec() }));
+        assert!(has_triple(&argv, ["--bind", "/home/u/proj", "/workspace"]));
+        assert!(!has_triple(&argv, ["--ro-bind", "/home/u/proj", "/workspace"]));
+    }
+
+    #[test]
+    fn read_roots_and_interpreter_prefix_are_mounted_read_only_at_their_paths() {
+        let argv = strings(&bwrap_argv(&SandboxSpec {
+            read_roots: vec!["/data/a".into(), "/etc".into()],
+            interpreter: "/opt/py/bin/python3".into(),
+            interpreter_mounts: vec!["/opt/py".into()],
+            ..spec()
+        }));
+        assert!(has_triple(&argv, ["--ro-bind-try", "/data/a", "/data/a"]));
+        assert!(has_triple(&argv, ["--ro-bind-try", "/etc", "/etc"]));
+        assert!(has_triple(&argv, ["--ro-bind", "/opt/py", "/opt/py"]));
+        assert_eq!(argv[argv.len() - 8], "/opt/py/bin/python3");
+    }
+
+    #[test]
+    fn split_usr_binds_the_top_level_dirs_when_present() {
+        let argv = strings(&bwrap_argv(&SandboxSpec { merged_usr: false, ..spec() }));
+        assert!(has_triple(&argv, ["--ro-bind-try", "/lib64", "/lib64"]));
+        assert!(!argv.iter().any(|a| a == "--symlink"));
+    }
+
+    #[test]
+    fn nothing_from_the_host_environment_or_home_is_named() {
+        let argv = strings(&bwrap_argv(&spec()));
+        assert!(argv.contains(&"--clearenv".to_string()));
+        for forbidden in ["/home/u/.ssh", "/run", "/var/run", "/root", "SSH_AUTH_SOCK"] {
+            assert!(!argv.iter().any(|a| a.starts_with(forbidden)), "{forbidden}");
+        }
+        // The only host path under /home is the project, mounted at /workspace.
+        let home: Vec<_> = argv.iter().filter(|a| a.starts_with("/home")).collect();
+        assert_eq!(home, ["/home/u/proj"]);
+    }
+}

@@ -1,0 +1,315 @@
+//! Output of one execution: the end-mark scanner, the shared byte budget,
+//! the head/tail excerpts kept for the result, and the log files.
+//!
+//! Every byte accepted into the budget goes to the stream's log file; the
+//! result keeps only the head and tail of each stream. Bytes after a
+//! stream's end mark belong to no execution and are dropped.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
+
+use crate::limits::{EXCERPT_HEAD_BYTES, EXCERPT_TAIL_BYTES, OUTPUT_BUDGET_BYTES};
+
+/// Finds an end mark in a byte stream delivered in arbitrary chunks.
+#[derive(Debug)]
+pub struct MarkScanner {
+    mark: Vec<u8>,
+    /// A suffix of the stream so far that may be the start of the mark.
+    held: Vec<u8>,
+    pub found: bool,
+}
+
+impl MarkScanner {
+    pub fn new(mark: Vec<u8>) -> Self {
+        Self { mark, held: Vec::new(), found: false }
+    }
+
+    /// Feed a chunk; returns the bytes that are certainly output (before the
+    /// mark). After the mark is found everything is dropped.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.found {
+            return Vec::new();
+        }
+        let mut data = std::mem::take(&mut self.held);
+        data.extend_from_slice(chunk);
+        if let Some(at) = find(&data, &self.mark) {
+            self.found = true;
+            data.truncate(at);
+            return data;
+        }
+        // Hold back the longest suffix that is a proper prefix of the mark.
+        let keep = (1..self.mark.len().min(data.len() + 1))
+            .rev()
+            .find(|&n| data[data.len() - n..] == self.mark[..n])
+            .unwrap_or(0);
+        self.held = data.split_off(data.len() - keep);
+        data
+    }
+
+    /// The stream ended without a mark: what was held back is output.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    let first = needle[0];
+    let mut i = 0;
+    while i + needle.len() <= haystack.len() {
+        match haystack[i..=haystack.len() - needle.len()].iter().position(|&b| b == first) {
+            None => return None,
+            Some(p) => {
+                i += p;
+                if &haystack[i..i + needle.len()] == needle {
+                    return Some(i);
+                }
+                i += 1;
+            }
+        }
+    }
+    None
+}
+
+/// Head and tail of a stream, with its total size.
+#[derive(Debug, Default)]
+pub struct Excerpt {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    pub total: usize,
+}
+
+impl Excerpt {
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        self.total += bytes.len();
+        let room = EXCERPT_HEAD_BYTES - self.head.len();
+        if room > 0 {
+            let n = room.min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        if bytes.len() >= EXCERPT_TAIL_BYTES {
+            self.tail.clear();
+            self.tail.extend(&bytes[bytes.len() - EXCERPT_TAIL_BYTES..]);
+        } else {
+            let overflow = (self.tail.len() + bytes.len()).saturating_sub(EXCERPT_TAIL_BYTES);
+            self.tail.drain(..overflow);
+            self.tail.extend(bytes);
+        }
+    }
+
+    /// (head, bytes omitted, tail) as text, cut on character boundaries.
+    pub fn parts(&self) -> (String, usize, String) {
+        let kept = self.head.len() + self.tail.len();
+        let omitted = self.total - kept;
+        let tail: Vec<u8> = self.tail.iter().copied().collect();
+        if omitted == 0 {
+            let mut all = self.head.clone();
+            all.extend_from_slice(&tail);
+            return (String::from_utf8_lossy(&all).into_owned(), 0, String::new());
+        }
+        let head = trim_incomplete_end(&self.head);
+        let tail = trim_incomplete_start(&tail);
+        let omitted = self.total - head.len() - tail.len();
+        (String::from_utf8_lossy(head).into_owned(), omitted, String::from_utf8_lossy(tail).into_owned())
+    }
+}
+
+/// Drop a UTF-8 sequence cut off at the end of `b`.
+fn trim_incomplete_end(b: &[u8]) -> &[u8] {
+    for back in 1..=3.min(b.len()) {
+        let byte = b[b.len() - back];
+        if byte & 0xC0 != 0x80 {
+            // A lead byte: is its sequence complete?
+            let need = match byte {
+                0x00..=0x7F => 1,
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                _ => 4,
+            };
+            return if need > back { &b[..b.len() - back] } else { b };
+        }
+    }
+    b
+}
+
+/// Drop continuation bytes at the start of `b` (the rest of a cut character).
+fn trim_incomplete_start(b: &[u8]) -> &[u8] {
+    let skip = b.iter().take(3).take_while(|&&x| x & 0xC0 == 0x80).count();
+    &b[skip..]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Capture state of one execution.
+pub struct Capture {
+    pub stdout: Excerpt,
+    pub stderr: Excerpt,
+    out_mark: MarkScanner,
+    err_mark: MarkScanner,
+    out_log: Option<File>,
+    err_log: Option<File>,
+    /// Set once the shared budget is exceeded; nothing more is accepted.
+    pub overflowed: bool,
+    pub log_error: Option<String>,
+}
+
+impl Capture {
+    pub fn new(mark: Vec<u8>, out_log: Option<File>, err_log: Option<File>) -> Self {
+        Self {
+            stdout: Excerpt::default(),
+            stderr: Excerpt::default(),
+            out_mark: MarkScanner::new(mark.clone()),
+            err_mark: MarkScanner::new(mark),
+            out_log,
+            err_log,
+            overflowed: false,
+            log_error: None,
+        }
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.stdout.total + self.stderr.total
+    }
+
+    pub fn mark_seen(&self, stream: Stream) -> bool {
+        match stream {
+            Stream::Stdout => self.out_mark.found,
+            Stream::Stderr => self.err_mark.found,
+        }
+    }
+
+    /// Take a chunk read from `stream`.
+    pub fn feed(&mut self, stream: Stream, chunk: &[u8]) {
+        let data = match stream {
+            Stream::Stdout => self.out_mark.feed(chunk),
+            Stream::Stderr => self.err_mark.feed(chunk),
+        };
+        self.accept(stream, &data);
+    }
+
+    /// The stream reached EOF: release what the scanner held back.
+    pub fn finish(&mut self, stream: Stream) {
+        let data = match stream {
+            Stream::Stdout => self.out_mark.finish(),
+            Stream::Stderr => self.err_mark.finish(),
+        };
+        self.accept(stream, &data);
+    }
+
+    fn accept(&mut self, stream: Stream, data: &[u8]) {
+        if self.overflowed || data.is_empty() {
+            return;
+        }
+        let room = OUTPUT_BUDGET_BYTES - self.accepted();
+        let take = &data[..room.min(data.len())];
+        if take.len() < data.len() {
+            self.overflowed = true;
+        }
+        let (excerpt, log) = match stream {
+            Stream::Stdout => (&mut self.stdout, &mut self.out_log),
+            Stream::Stderr => (&mut self.stderr, &mut self.err_log),
+        };
+        excerpt.push(take);
+        if let Some(file) = log {
+            if let Err(e) = file.write_all(take) {
+                self.log_error.get_or_insert_with(|| e.to_string());
+                *log = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mark_split_across_chunks_is_found_and_removed() {
+        let mark = b"\0END\0".to_vec();
+        let mut s = MarkScanner::new(mark);
+        let mut out = s.feed(b"hello\0E");
+        out.extend(s.feed(b"N"));
+        out.extend(s.feed(b"D\0late"));
+        assert_eq!(out, b"hello");
+        assert!(s.found);
+        assert!(s.feed(b"more").is_empty());
+    }
+
+    #[test]
+    fn a_false_start_of_the_mark_is_released_as_output() {
+        let mut s = MarkScanner::new(b"\0END\0".to_vec());
+        let mut out = s.feed(b"a\0EN");
+        assert_eq!(out, b"a");
+        out.extend(s.feed(b"x"));
+        assert_eq!(out, b"a\0ENx");
+        out.extend(s.feed(b"\0"));
+        assert_eq!(s.finish(), b"\0");
+    }
+
+    #[test]
+    fn excerpt_keeps_whole_stream_when_small() {
+        let mut e = Excerpt::default();
+        e.push(b"abc");
+        e.push(b"def");
+        assert_eq!(e.parts(), ("abcdef".into(), 0, String::new()));
+    }
+
+    #[test]
+    fn excerpt_keeps_head_and_tail_of_a_long_stream() {
+        let mut e = Excerpt::default();
+        let total = EXCERPT_HEAD_BYTES + EXCERPT_TAIL_BYTES + 1000;
+        for i in 0..total {
+            e.push(&[b'a' + (i % 26) as u8]);
+        }
+        let (head, omitted, tail) = e.parts();
+        assert_eq!(head.len(), EXCERPT_HEAD_BYTES);
+        assert_eq!(tail.len(), EXCERPT_TAIL_BYTES);
+        assert_eq!(omitted, 1000);
+        assert!(head.starts_with("abc"));
+        let last = (b'a' + ((total - 1) % 26) as u8) as char;
+        assert!(tail.ends_with(last));
+    }
+
+    #[test]
+    fn excerpt_cuts_never_split_a_character() {
+        let mut e = Excerpt::default();
+        let text = "é".repeat(EXCERPT_HEAD_BYTES); // 2 bytes each: head cuts mid-way? no, even
+        e.push(b"x");
+        e.push(text.as_bytes());
+        let (head, omitted, tail) = e.parts();
+        assert!(!head.contains('\u{FFFD}') && !tail.contains('\u{FFFD}'));
+        assert_eq!(head.len() + omitted + tail.len(), 1 + text.len());
+    }
+
+    #[test]
+    fn budget_is_shared_and_exact() {
+        let mut c = Capture::new(b"\0M\0".to_vec(), None, None);
+        c.feed(Stream::Stdout, &vec![b'a'; OUTPUT_BUDGET_BYTES - 10]);
+        c.feed(Stream::Stderr, &[b'b'; 10]);
+        assert!(!c.overflowed, "exactly the budget is fine");
+        c.feed(Stream::Stdout, b"c");
+        assert!(c.overflowed);
+        assert_eq!(c.accepted(), OUTPUT_BUDGET_BYTES);
+    }
+
+    #[test]
+    fn accepted_bytes_reach_the_log_and_marks_do_not() {
+        let dir = std::env::temp_dir().join(format!("capture-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("out.log");
+        let file = File::create(&path).expect("log");
+        let mut c = Capture::new(b"\0M\0".to_vec(), Some(file), None);
+        c.feed(Stream::Stdout, b"one\ntwo\0M\0after");
+        drop(c);
+        assert_eq!(std::fs::read(&path).expect("read"), b"one\ntwo");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -1,0 +1,18 @@
+//! pi-python-sandbox: a persistent Python interpreter in a bubblewrap +
+//! seccomp sandbox, for the pi coding agent's `python` tool.
+//!
+//! The sandbox logic is plain Rust, tested with `cargo test`; only
+//! `napi_api` (behind the `addon` feature) knows about Node.
+
+pub mod bwrap;
+pub mod capture;
+pub mod frame;
+pub mod limits;
+pub mod outcome;
+pub mod probe;
+pub mod seccomp;
+pub mod session;
+pub mod spawn;
+
+#[cfg(feature = "addon")]
+mod napi_api;

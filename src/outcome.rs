@@ -1,0 +1,303 @@
+//! What one call returns: the status classes, the structured outcome, and
+//! the model-facing text, which is kept under pi's 50 KiB / 2,000-line
+//! ceiling here so that every caller of the addon gets the same bounded text.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::limits::{OUTPUT_BUDGET_BYTES, RESULT_MAX_BYTES, RESULT_MAX_LINES};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    RuntimeError,
+    PermissionNeeded,
+    Timeout,
+    Cancelled,
+    OutputLimit,
+    WorkerError,
+    Unavailable,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::RuntimeError => "runtime_error",
+            Status::PermissionNeeded => "permission_needed",
+            Status::Timeout => "timeout",
+            Status::Cancelled => "cancelled",
+            Status::OutputLimit => "output_limit",
+            Status::WorkerError => "worker_error",
+            Status::Unavailable => "unavailable",
+        }
+    }
+
+    /// Everything but `ok` is reported to pi as a failed tool call.
+    pub fn is_failure(self) -> bool {
+        self != Status::Ok
+    }
+}
+
+/// One stream's excerpt: head, how much was left out, tail.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamText {
+    pub head: String,
+    pub omitted: usize,
+    pub tail: String,
+    /// Bytes the execution wrote on this stream (as accepted into the budget).
+    pub total: usize,
+}
+
+impl StreamText {
+    pub fn is_blank(&self) -> bool {
+        self.head.trim().is_empty() && self.tail.trim().is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExceptionText {
+    pub type_name: String,
+    pub message: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: Status,
+    pub duration_ms: u64,
+    /// Worker generation that ran (or would have run) the code.
+    pub generation: u64,
+    /// Interpreter state from before this call is gone.
+    pub state_lost: bool,
+    pub state_lost_reason: Option<String>,
+    pub repr: Option<String>,
+    pub repr_truncated: bool,
+    pub stdout: StreamText,
+    pub stderr: StreamText,
+    pub exception: Option<ExceptionText>,
+    pub permission_path: Option<String>,
+    pub output_limit_exceeded: bool,
+    pub log_paths: Option<(PathBuf, PathBuf)>,
+    pub log_complete: bool,
+    pub diagnostic: Option<String>,
+}
+
+impl Outcome {
+    /// A result for a call that never reached an interpreter.
+    pub fn static_result(status: Status, generation: u64, diagnostic: String) -> Self {
+        Outcome {
+            status,
+            duration_ms: 0,
+            generation,
+            state_lost: false,
+            state_lost_reason: None,
+            repr: None,
+            repr_truncated: false,
+            stdout: StreamText::default(),
+            stderr: StreamText::default(),
+            exception: None,
+            permission_path: None,
+            output_limit_exceeded: false,
+            log_paths: None,
+            log_complete: true,
+            diagnostic: Some(diagnostic),
+        }
+    }
+}
+
+fn format_size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes}B")
+    } else if bytes < 1024 * 1024 {
+        format!("{:.1}KB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1}MB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+/// Cut `text` to at most `max_bytes` and `max_lines`, keeping the start (on
+/// a character boundary). Returns the kept prefix.
+fn cut_head(text: &str, max_bytes: usize, max_lines: usize) -> &str {
+    let mut end = text.len().min(max_bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Some((i, _)) = text[..end].match_indices('\n').nth(max_lines.saturating_sub(1)) {
+        end = i;
+    }
+    &text[..end]
+}
+
+/// Cut `text` keeping its end.
+fn cut_tail(text: &str, max_bytes: usize, max_lines: usize) -> &str {
+    let mut start = text.len().saturating_sub(max_bytes);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    if let Some((i, _)) = text[start..].rmatch_indices('\n').nth(max_lines.saturating_sub(1)) {
+        start += i + 1;
+    }
+    &text[start..]
+}
+
+/// A stream excerpt fitted into `max_bytes` / `max_lines`: three quarters for
+/// the head, one for the tail, with one line saying how much is omitted.
+fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> String {
+    let whole_len = s.head.len() + s.tail.len();
+    let whole_lines = s.head.matches('\n').count() + s.tail.matches('\n').count();
+    if s.omitted == 0 && whole_len <= max_bytes && whole_lines < max_lines {
+        return format!("{}{}", s.head, s.tail).trim_end().to_string();
+    }
+    let head = cut_head(&s.head, max_bytes * 3 / 4, max_lines * 3 / 4);
+    let joined_tail;
+    let tail_source = if s.omitted == 0 {
+        joined_tail = format!("{}{}", &s.head[head.len()..], s.tail);
+        &joined_tail
+    } else {
+        &s.tail
+    };
+    let tail = cut_tail(tail_source, max_bytes / 4, max_lines / 4);
+    let omitted = s.total.saturating_sub(head.len() + tail.len());
+    format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end())
+}
+
+/// The text the model sees.
+pub fn render(o: &Outcome) -> String {
+    let mut t = String::new();
+    let _ = write!(
+        t,
+        "status: {} ({:.1}s, worker generation {})",
+        o.status.as_str(),
+        o.duration_ms as f64 / 1000.0,
+        o.generation
+    );
+    if let Some(path) = &o.permission_path {
+        let _ = write!(t, "\n\nThe code tried to read {path}, which is outside the sandbox mounts.");
+    }
+    if let Some(repr) = &o.repr {
+        let label = if o.repr_truncated { "result (truncated)" } else { "result" };
+        let _ = write!(t, "\n\n{label}: {repr}");
+    }
+    // The streams share what the rest leaves of the ceiling.
+    let mut tail = String::new();
+    if let Some(e) = &o.exception {
+        let _ = write!(tail, "\n\n--- exception: {} ---", e.type_name);
+        if !e.message.is_empty() {
+            let _ = write!(tail, "\n{}", e.message);
+        }
+        if !e.traceback.trim().is_empty() {
+            let _ = write!(tail, "\n\n{}", e.traceback.trim_end());
+        }
+    }
+    if o.state_lost {
+        let reason = o.state_lost_reason.as_deref().unwrap_or("sandbox killed");
+        let _ = write!(tail, "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution.");
+    } else if o.status != Status::Unavailable {
+        tail.push_str("\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain).");
+    }
+    if o.output_limit_exceeded {
+        let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
+    }
+    if let Some((out, err)) = &o.log_paths {
+        if o.log_complete {
+            let _ = write!(tail, "\nFull output saved to: {} (stdout), {} (stderr)", out.display(), err.display());
+        } else {
+            let _ = write!(
+                tail,
+                "\nPartial output saved to: {} (stdout), {} (stderr); the log was cut off by the output limit.",
+                out.display(),
+                err.display()
+            );
+        }
+    }
+    if let Some(d) = &o.diagnostic {
+        let _ = write!(tail, "\n\n{d}");
+    }
+    let lines = |s: &str| s.matches('\n').count() + 1;
+    let reserve = 200; // section headers
+    let streams: Vec<(&str, &StreamText)> =
+        [("stdout", &o.stdout), ("stderr", &o.stderr)].into_iter().filter(|(_, s)| !s.is_blank()).collect();
+    let used_bytes = t.len() + tail.len() + reserve;
+    let used_lines = lines(&t) + lines(&tail) + 8;
+    if !streams.is_empty() {
+        let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes) / streams.len();
+        let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines) / streams.len();
+        for (name, s) in streams {
+            let _ = write!(t, "\n\n--- {name} ---\n{}", fit_stream(s, budget_bytes, budget_lines));
+        }
+    }
+    t.push_str(&tail);
+    // Exception, repr and diagnostics are already bounded; this is the last
+    // guard for pathological combinations.
+    if t.len() > RESULT_MAX_BYTES || lines(&t) > RESULT_MAX_LINES {
+        let total = t.len();
+        let kept = cut_head(&t, RESULT_MAX_BYTES - 200, RESULT_MAX_LINES - 2).to_string();
+        t = format!("{kept}\n\n[Result truncated to {} of {}]", format_size(kept.len()), format_size(total));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> Outcome {
+        Outcome { duration_ms: 123, diagnostic: None, ..Outcome::static_result(Status::Ok, 1, String::new()) }
+    }
+
+    #[test]
+    fn ok_result_with_repr_and_stdout() {
+        let o = Outcome {
+            repr: Some("42".into()),
+            stdout: StreamText { head: "hi\n".into(), total: 3, ..Default::default() },
+            diagnostic: None,
+            log_paths: Some(("/l/0001-out.log".into(), "/l/0001-err.log".into())),
+            ..ok()
+        };
+        assert_eq!(
+            render(&o),
+            "status: ok (0.1s, worker generation 1)\n\nresult: 42\n\n--- stdout ---\nhi\n\n\
+             Interpreter state preserved (execution is not transactional: mutations before an error remain).\n\
+             Full output saved to: /l/0001-out.log (stdout), /l/0001-err.log (stderr)"
+        );
+    }
+
+    #[test]
+    fn lost_state_names_its_reason() {
+        let o = Outcome { status: Status::Timeout, state_lost: true, state_lost_reason: Some("timeout".into()), ..ok() };
+        assert!(render(&o).contains("Interpreter state was LOST (timeout)."));
+    }
+
+    #[test]
+    fn huge_streams_fit_the_ceiling_with_head_and_tail() {
+        let line = "0123456789abcdef0123456789abcdef0123456789\n";
+        let big = StreamText { head: line.repeat(400), omitted: 900_000, tail: line.repeat(200), total: 1_000_000 };
+        let many_lines = StreamText { head: "x\n".repeat(8000), omitted: 0, tail: "y\n".repeat(4000), total: 24000 };
+        let o = Outcome { stdout: big, stderr: many_lines, ..ok() };
+        let text = render(&o);
+        assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
+        assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
+        assert!(text.contains("bytes omitted; the full stream is in the log file"));
+        assert!(text.contains("\ny\n"), "the tail of a stream is kept");
+        assert!(text.ends_with("mutations before an error remain)."), "the state line is never cut");
+    }
+
+    #[test]
+    fn cuts_respect_character_boundaries() {
+        let s = "é".repeat(10);
+        assert_eq!(cut_head(&s, 5, 100), "éé");
+        assert_eq!(cut_tail(&s, 5, 100), "éé");
+        assert_eq!(cut_head("a\nb\nc", 100, 2), "a\nb");
+        assert_eq!(cut_tail("a\nb\nc", 100, 2), "b\nc");
+    }
+
+    #[test]
+    fn failure_statuses() {
+        assert!(!Status::Ok.is_failure());
+        for s in [Status::RuntimeError, Status::PermissionNeeded, Status::Timeout, Status::Cancelled,
+                  Status::OutputLimit, Status::WorkerError, Status::Unavailable] {
+            assert!(s.is_failure(), "{}", s.as_str());
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Host facts the sandbox depends on: where bubblewrap is and which version,
+//! which interpreter to run and what it needs mounted, whether `/usr` is
+//! merged. The probes are thin; the decisions take plain values so that
+//! they are unit-tested without a special machine. Nothing here runs Python
+//! on the host: the interpreter's version is checked inside the sandbox by
+//! the worker itself.
+
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the interpreter (user-controlled).
+pub const INTERPRETER_ENV: &str = "PI_PYTHON_TOOL_INTERPRETER";
+pub const DEFAULT_INTERPRETER: &str = "/usr/bin/python3";
+const BWRAP_CANDIDATES: &[&str] = &["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
+/// `--disable-userns` arrived in bubblewrap 0.8.0.
+pub const MIN_BWRAP: (u32, u32, u32) = (0, 8, 0);
+
+pub const INSTALL_BWRAP: &str = "Install it with `sudo apt-get install bubblewrap` (Debian/Ubuntu) \
+    or your distribution's bubblewrap package.";
+const REFUSE: &str = "The python tool never runs Python outside the sandbox.";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bwrap {
+    pub path: PathBuf,
+    pub version: (u32, u32, u32),
+    /// A setuid bwrap widens the attack surface of the sandbox itself.
+    pub setuid: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interpreter {
+    /// As configured (for messages).
+    pub configured: PathBuf,
+    /// Resolved, as mounted and executed.
+    pub path: PathBuf,
+    /// Host directories to mount read-only for an interpreter outside `/usr`.
+    pub mounts: Vec<PathBuf>,
+}
+
+/// Parse `bubblewrap 0.8.0` (the output of `bwrap --version`).
+pub fn parse_bwrap_version(out: &str) -> Option<(u32, u32, u32)> {
+    let word = out.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+    let mut parts = word.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next().flatten().unwrap_or(0), parts.next().flatten().unwrap_or(0)))
+}
+
+/// Which bwrap to run: the first of the standard locations, else `PATH`.
+pub fn find_bwrap(path_env: Option<&str>, exists: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let fixed = BWRAP_CANDIDATES.iter().map(PathBuf::from);
+    let from_path = path_env
+        .unwrap_or("")
+        .split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|d| Path::new(d).join("bwrap"));
+    fixed.chain(from_path).find(|p| exists(p))
+}
+
+/// Check a bwrap version against what the argv needs.
+pub fn check_bwrap_version(path: &Path, version: (u32, u32, u32)) -> Result<(), String> {
+    if version < MIN_BWRAP {
+        let (a, b, c) = version;
+        return Err(format!(
+            "bubblewrap {a}.{b}.{c} at {} is too old: the sandbox needs 0.8.0 or newer \
+             (for --disable-userns). {INSTALL_BWRAP} {REFUSE}",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// What an interpreter at the resolved path `real` needs mounted: nothing
+/// under `/usr`; otherwise its installation prefix (the directory above its
+/// `bin/`), which holds the standard library.
+pub fn interpreter_mounts(real: &Path) -> Result<Vec<PathBuf>, String> {
+    if real.starts_with("/usr") {
+        return Ok(vec![]);
+    }
+    let bin = real.parent().unwrap_or(Path::new("/"));
+    let prefix = if bin.file_name().is_some_and(|n| n == "bin") {
+        bin.parent().unwrap_or(Path::new("/"))
+    } else {
+        bin
+    };
+    if prefix == Path::new("/") {
+        return Err(format!(
+            "Interpreter {} has no installation prefix that can be mounted on its own \
+             (it would expose the whole host filesystem). Install it under its own directory \
+             or use /usr/bin/python3.",
+            real.display()
+        ));
+    }
+    Ok(vec![prefix.to_path_buf()])
+}
+
+/// Resolve the configured interpreter (never a bare name looked up on PATH).
+pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, String> {
+    let configured = PathBuf::from(match configured {
+        Some(s) if !s.trim().is_empty() => s.trim(),
+        _ => DEFAULT_INTERPRETER,
+    });
+    if !configured.is_absolute() {
+        return Err(format!(
+            "{INTERPRETER_ENV} must be an absolute path to a Python 3.10+ binary; got {:?}. \
+             A bare name would be looked up on PATH, which this tool deliberately never does.",
+            configured.display().to_string()
+        ));
+    }
+    let missing = || {
+        format!(
+            "Python interpreter not found at {}. Install Python 3.10+ (e.g. `sudo apt-get install \
+             python3`) or set {INTERPRETER_ENV} to a Python 3.10+ binary. {REFUSE}",
+            configured.display()
+        )
+    };
+    let real = std::fs::canonicalize(&configured).map_err(|_| missing())?;
+    let meta = std::fs::metadata(&real).map_err(|_| missing())?;
+    use std::os::unix::fs::PermissionsExt;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("{} is not an executable file. {}", real.display(), missing()));
+    }
+    let mounts = interpreter_mounts(&real)?;
+    Ok(Interpreter { configured, path: real, mounts })
+}
+
+/// Is `/bin` a link into `/usr` on this host?
+pub fn merged_usr() -> bool {
+    std::fs::canonicalize("/bin").is_ok_and(|p| p == Path::new("/usr/bin"))
+}
+
+/// Find bwrap, ask its version, and check it.
+pub async fn probe_bwrap() -> Result<Bwrap, String> {
+    let path_env = std::env::var("PATH").ok();
+    let path = find_bwrap(path_env.as_deref(), |p| p.is_file()).ok_or_else(|| {
+        format!("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}")
+    })?;
+    let out = tokio::process::Command::new(&path)
+        .arg("--version")
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("{} could not be run: {e}. {INSTALL_BWRAP} {REFUSE}", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = parse_bwrap_version(&text).ok_or_else(|| {
+        format!("{} --version printed {:?}, which is not a bubblewrap version. {REFUSE}", path.display(), text.trim())
+    })?;
+    check_bwrap_version(&path, version)?;
+    use std::os::unix::fs::PermissionsExt;
+    let setuid = std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o4000 != 0);
+    Ok(Bwrap { path, version, setuid })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bwrap_version_parses() {
+        assert_eq!(parse_bwrap_version("bubblewrap 0.8.0\n"), Some((0, 8, 0)));
+        assert_eq!(parse_bwrap_version("bubblewrap 0.11"), Some((0, 11, 0)));
+        assert_eq!(parse_bwrap_version("garbage"), None);
+    }
+
+    #[test]
+    fn old_bwrap_is_refused_with_the_install_line() {
+        let err = check_bwrap_version(Path::new("/usr/bin/bwrap"), (0, 6, 1)).unwrap_err();
+        assert!(err.contains("0.6.1") && err.contains("apt-get install bubblewrap"), "{err}");
+        assert!(check_bwrap_version(Path::new("/usr/bin/bwrap"), (0, 8, 0)).is_ok());
+    }
+
+    #[test]
+    fn bwrap_is_found_in_fixed_places_before_path() {
+        let only = |want: &'static str| move |p: &Path| p == Path::new(want);
+        assert_eq!(find_bwrap(Some("/opt/x"), only("/usr/bin/bwrap")), Some("/usr/bin/bwrap".into()));
+        assert_eq!(find_bwrap(Some("rel:/opt/x"), only("/opt/x/bwrap")), Some("/opt/x/bwrap".into()));
+        assert_eq!(find_bwrap(Some("rel"), only("rel/bwrap")), None);
+        assert_eq!(find_bwrap(None, |_| false), None);
+    }
+
+    #[test]
+    fn interpreter_outside_usr_mounts_its_prefix() {
+        assert_eq!(interpreter_mounts(Path::new("/usr/bin/python3.11")), Ok(vec![]));
+        assert_eq!(
+            interpreter_mounts(Path::new("/root/.pyenv/versions/3.11.7/bin/python3.11")),
+            Ok(vec![PathBuf::from("/root/.pyenv/versions/3.11.7")])
+        );
+        assert_eq!(interpreter_mounts(Path::new("/opt/py/python3")), Ok(vec![PathBuf::from("/opt/py")]));
+        assert!(interpreter_mounts(Path::new("/bin/python3")).is_err());
+        assert!(interpreter_mounts(Path::new("/python3")).is_err());
+    }
+
+    #[test]
+    fn interpreter_must_be_an_absolute_existing_executable() {
+        assert!(resolve_interpreter(Some("python3")).unwrap_err().contains("absolute path"));
+        let missing = resolve_interpreter(Some("/nonexistent/python3")).unwrap_err();
+        assert!(missing.contains("not found at /nonexistent/python3"), "{missing}");
+        assert!(resolve_interpreter(Some("/etc/passwd")).is_err());
+    }
+}

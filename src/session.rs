@@ -1,0 +1,883 @@
+//! One python session: its sandbox's lifecycle, its executions, its
+//! scratch and log directories.
+//!
+//! A session starts nothing until the first execution. Operations are
+//! serialised by one async lock; `status` and `cancel` never wait for it.
+//! Any failure that leaves the interpreter in doubt (timeout, cancel, output
+//! overflow, worker death, a protocol violation) kills the whole sandbox, and
+//! the result says that state was lost and why. Code is never replayed.
+
+use std::collections::HashSet;
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{ChildStderr, ChildStdout};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{sleep_until, timeout};
+
+use crate::bwrap::{bwrap_argv, SandboxSpec, SCRATCH, WORKSPACE};
+use crate::capture::{Capture, Stream};
+use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
+use crate::limits::*;
+use crate::outcome::{ExceptionText, Outcome, Status, StreamText};
+use crate::probe::{self, Bwrap, Interpreter};
+use crate::seccomp;
+use crate::spawn::{kill_group, spawn_sandbox};
+
+/// The worker script, embedded in the addon.
+pub const WORKER_SOURCE: &str = include_str!("worker/worker.py");
+
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// The project directory (mounted at /workspace).
+    pub project_dir: PathBuf,
+    /// Where session directories are made; default `<tmp>/pi-python-sandbox-<uid>`.
+    pub runtime_root: Option<PathBuf>,
+    /// Interpreter path; default `$PI_PYTHON_TOOL_INTERPRETER`, else /usr/bin/python3.
+    pub interpreter: Option<String>,
+    pub workspace_writable: bool,
+    pub read_roots: Vec<PathBuf>,
+}
+
+/// Paths of a session's private directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    pub root: PathBuf,
+    pub scratch: PathBuf,
+    pub logs: PathBuf,
+    pub worker_file: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Nothing was probed yet (no execution so far).
+    Unverified,
+    Available,
+    Unavailable(String),
+}
+
+/// What `status` reports; readable at any time without the lock.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    pub availability: Availability,
+    pub worker_running: bool,
+    pub busy: bool,
+    pub generation: u64,
+    pub executions: u64,
+    pub runtime_version: Option<String>,
+    pub last_reset_reason: Option<String>,
+    pub disposed: bool,
+    pub project_dir: PathBuf,
+    pub workspace_writable: bool,
+    pub read_roots: Vec<PathBuf>,
+    pub dirs: Option<Dirs>,
+    pub bwrap: Option<Bwrap>,
+}
+
+struct Shared {
+    report: StatusReport,
+    worker_pid: Option<i32>,
+    running_call: Option<u32>,
+    cancelled: HashSet<u32>,
+}
+
+struct Worker {
+    child: tokio::process::Child,
+    pid: i32,
+    requests: tokio::net::unix::pipe::Sender,
+    replies: mpsc::UnboundedReceiver<Result<Reply, FrameError>>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    out_buf: Vec<u8>,
+    err_buf: Vec<u8>,
+}
+
+struct Facts {
+    bwrap: Bwrap,
+    interpreter: Interpreter,
+    merged_usr: bool,
+}
+
+struct Inner {
+    worker: Option<Worker>,
+    facts: Option<Arc<Facts>>,
+    dirs: Option<Dirs>,
+    exec_seq: u64,
+    /// State loss that happened between calls, told by the next result.
+    pending_loss: Option<String>,
+}
+
+pub struct Session {
+    id: u64,
+    opts: SessionOptions,
+    nonce_base: u64,
+    ops: tokio::sync::Mutex<Inner>,
+    shared: parking_lot::Mutex<Shared>,
+    wake: watch::Sender<u64>,
+    auto_call: AtomicU64,
+}
+
+/// How a running execution ended before producing a complete result.
+enum Interrupt {
+    Timeout,
+    Cancelled,
+    Disposed,
+    OutputLimit,
+    Died,
+    Violation(String),
+}
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Sessions alive in this process, for best-effort cleanup at exit.
+static LIVE: parking_lot::Mutex<Vec<(u64, Option<i32>, Option<PathBuf>)>> = parking_lot::Mutex::new(Vec::new());
+
+fn live_update(id: u64, pid: Option<i32>, dir: Option<PathBuf>) {
+    let mut live = LIVE.lock();
+    live.retain(|(i, _, _)| *i != id);
+    if pid.is_some() || dir.is_some() {
+        live.push((id, pid, dir));
+    }
+}
+
+/// Kill every sandbox and delete every session directory of this process.
+/// Synchronous: for exit hooks.
+pub fn cleanup_all() {
+    let live = std::mem::take(&mut *LIVE.lock());
+    for (_, pid, dir) in live {
+        if let Some(pid) = pid {
+            kill_group(pid);
+        }
+        if let Some(dir) = dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n == buf.len() as isize {
+        return u64::from_ne_bytes(buf);
+    }
+    // Never reached on Linux 3.17+; still unpredictable enough for names.
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    t.as_nanos() as u64 ^ (std::process::id() as u64).rotate_left(32)
+}
+
+/// The default parent of session directories: private to this user.
+pub fn default_runtime_root() -> PathBuf {
+    std::env::temp_dir().join(format!("pi-python-sandbox-{}", nix::unistd::getuid()))
+}
+
+/// Create (or verify) a directory that only we can use.
+fn private_dir(path: &Path) -> Result<(), String> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let uid = nix::unistd::getuid().as_raw();
+            if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+                return Err(format!(
+                    "refusing to use {}: it must be a directory owned by uid {uid} with mode 0700",
+                    path.display()
+                ));
+            }
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot create {}: {e}", path.display())),
+    }
+}
+
+fn exit_text(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "did not exit within the cleanup deadline".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) if code > 128 => {
+                let sig = nix::sys::signal::Signal::try_from(code - 128).map(|s| s.as_str()).unwrap_or("?");
+                format!("was killed by signal {} ({sig})", code - 128)
+            }
+            (Some(code), _) => format!("exited with code {code}"),
+            (None, Some(sig)) => {
+                let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("?");
+                format!("was killed by signal {sig} ({name})")
+            }
+            (None, None) => "ended".into(),
+        },
+    }
+}
+
+impl Session {
+    pub fn new(opts: SessionOptions) -> Arc<Self> {
+        let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+        let report = StatusReport {
+            availability: Availability::Unverified,
+            worker_running: false,
+            busy: false,
+            generation: 0,
+            executions: 0,
+            runtime_version: None,
+            last_reset_reason: None,
+            disposed: false,
+            project_dir: opts.project_dir.clone(),
+            workspace_writable: opts.workspace_writable,
+            read_roots: opts.read_roots.clone(),
+            dirs: None,
+            bwrap: None,
+        };
+        Arc::new(Session {
+            id,
+            nonce_base: random_u64(),
+            opts,
+            ops: tokio::sync::Mutex::new(Inner {
+                worker: None,
+                facts: None,
+                dirs: None,
+                exec_seq: 0,
+                pending_loss: None,
+            }),
+            shared: parking_lot::Mutex::new(Shared {
+                report,
+                worker_pid: None,
+                running_call: None,
+                cancelled: HashSet::new(),
+            }),
+            wake: watch::channel(0).0,
+            auto_call: AtomicU64::new(0),
+        })
+    }
+
+    /// A snapshot for `status`; starts nothing and never waits.
+    pub fn status(&self) -> StatusReport {
+        self.shared.lock().report.clone()
+    }
+
+    /// Cancel call `call_id`, or the running call when `None`. Returns
+    /// whether there was something to cancel.
+    pub fn cancel(&self, call_id: Option<u32>) -> bool {
+        let mut sh = self.shared.lock();
+        let target = match call_id.or(sh.running_call) {
+            Some(id) => id,
+            None => return false,
+        };
+        sh.cancelled.insert(target);
+        drop(sh);
+        self.wake.send_modify(|n| *n += 1);
+        true
+    }
+
+    fn is_cancelled(&self, call: u32) -> bool {
+        self.shared.lock().cancelled.contains(&call)
+    }
+
+    fn is_disposed(&self) -> bool {
+        self.shared.lock().report.disposed
+    }
+
+    /// Run `code`. `call_id` names the call for `cancel`.
+    pub async fn execute(&self, code: String, timeout_seconds: u32, call_id: Option<u32>) -> Outcome {
+        let started = Instant::now();
+        // Internal ids live above u32::MAX / 2 so they never meet a caller's.
+        let call = call_id.unwrap_or_else(|| {
+            (self.auto_call.fetch_add(1, Ordering::Relaxed) as u32 % (u32::MAX / 2)) + u32::MAX / 2
+        });
+        let mut wake = self.wake.subscribe();
+        let mut inner = tokio::select! {
+            guard = self.ops.lock() => guard,
+            _ = async { loop {
+                if self.is_cancelled(call) || self.is_disposed() { break; }
+                if wake.changed().await.is_err() { std::future::pending::<()>().await; }
+            } } => {
+                return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
+            }
+        };
+        if self.is_disposed() {
+            return self.finish_static(call, Status::Unavailable, "The python session was disposed; no interpreter is available.".into());
+        }
+        if self.is_cancelled(call) {
+            return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
+        }
+        {
+            let mut sh = self.shared.lock();
+            sh.running_call = Some(call);
+            sh.report.busy = true;
+        }
+        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake).await;
+        if let Some(loss) = inner.pending_loss.take() {
+            if outcome.status == Status::Unavailable || (outcome.status == Status::WorkerError && outcome.log_paths.is_none()) {
+                inner.pending_loss = Some(loss); // nothing ran; tell the next call
+            } else {
+                outcome.state_lost = true;
+                outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
+                    Some(now) => format!("{loss}; then {now}"),
+                    None => loss,
+                });
+            }
+        }
+        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        let mut sh = self.shared.lock();
+        sh.running_call = None;
+        sh.cancelled.remove(&call);
+        sh.report.busy = false;
+        outcome
+    }
+
+    fn finish_static(&self, call: u32, status: Status, diagnostic: String) -> Outcome {
+        let mut sh = self.shared.lock();
+        sh.cancelled.remove(&call);
+        Outcome::static_result(status, sh.report.generation, diagnostic)
+    }
+
+    async fn execute_locked(
+        &self,
+        inner: &mut Inner,
+        code: String,
+        timeout_seconds: u32,
+        call: u32,
+        started: Instant,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Outcome {
+        let generation = || self.shared.lock().report.generation;
+        if code.len() > MAX_CODE_BYTES {
+            return Outcome::static_result(Status::Unavailable, generation(), format!("Code exceeds the {MAX_CODE_BYTES} byte limit."));
+        }
+        let timeout_seconds = timeout_seconds.clamp(MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS);
+
+        // A worker that died while idle is reported, not silently replaced.
+        if let Some(w) = inner.worker.as_mut() {
+            if let Ok(Some(status)) = w.child.try_wait() {
+                let what = exit_text(Some(status));
+                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}"));
+                self.drop_worker(inner, "worker_died_idle").await;
+            }
+        }
+        if inner.worker.is_none() {
+            if let Err(outcome) = self.start_worker(inner, call, wake).await {
+                return *outcome;
+            }
+        }
+        let Some(dirs) = inner.dirs.clone() else {
+            return Outcome::static_result(Status::WorkerError, generation(), "internal error: no session directory".into());
+        };
+        inner.exec_seq += 1;
+        let seq = inner.exec_seq;
+        self.shared.lock().report.executions = seq;
+        let out_path = dirs.logs.join(format!("{seq:04}-out.log"));
+        let err_path = dirs.logs.join(format!("{seq:04}-err.log"));
+        let open_log = |p: &Path| OpenOptions::new().write(true).create_new(true).mode(0o600).open(p).ok();
+        let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
+        let mut capture = Capture::new(frame::end_mark(&nonce), open_log(&out_path), open_log(&err_path));
+        let mut o = Outcome::static_result(Status::Ok, generation(), String::new());
+        o.diagnostic = None;
+        o.log_paths = Some((out_path, err_path));
+
+        let worker = inner.worker.as_mut().expect("started above");
+        discard_idle_output(worker).await;
+        let request = Request::Exec {
+            id: seq,
+            code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()),
+            nonce,
+        };
+        let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
+        let result = match frame::encode(&request) {
+            Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
+            Ok(bytes) => self.run_exec(worker, &bytes, seq, call, deadline, &mut capture, wake).await,
+        };
+        let _ = started;
+        match result {
+            Ok((report, drained_ok)) => {
+                apply_report(&mut o, report);
+                if let Err(why) = drained_ok {
+                    // The worker misbehaved after its result: keep the result,
+                    // but its interpreter is gone.
+                    self.kill_worker(inner, &mut capture, "worker_error").await;
+                    o.state_lost = true;
+                    o.state_lost_reason = Some(format!("the worker failed right after the execution: {why}"));
+                }
+            }
+            Err(interrupt) => {
+                let (status, reason, diagnostic) = match &interrupt {
+                    Interrupt::Timeout => (
+                        Status::Timeout,
+                        "timeout".to_string(),
+                        format!("Execution exceeded the {timeout_seconds}s deadline; the sandbox was killed."),
+                    ),
+                    Interrupt::Cancelled => (
+                        Status::Cancelled,
+                        "cancelled".into(),
+                        "Execution was cancelled; the sandbox was killed.".into(),
+                    ),
+                    Interrupt::Disposed => (
+                        Status::Cancelled,
+                        "session disposed".into(),
+                        "The session was disposed while the code ran; the sandbox was killed.".into(),
+                    ),
+                    Interrupt::OutputLimit => (
+                        Status::OutputLimit,
+                        "output_limit".into(),
+                        format!(
+                            "Output exceeded the {} KiB per-execution capture budget; the sandbox was killed. The saved log is partial.",
+                            OUTPUT_BUDGET_BYTES / 1024
+                        ),
+                    ),
+                    Interrupt::Died => (Status::WorkerError, "worker_error".into(), String::new()),
+                    Interrupt::Violation(m) => (
+                        Status::WorkerError,
+                        "worker_error".into(),
+                        format!("Protocol violation: {m}. The sandbox was killed."),
+                    ),
+                };
+                let exit = self.kill_worker(inner, &mut capture, &reason).await;
+                let diagnostic = if matches!(interrupt, Interrupt::Died) {
+                    format!(
+                        "The worker died: the sandbox {}. Code is never replayed automatically.",
+                        exit_text(exit)
+                    )
+                } else {
+                    diagnostic
+                };
+                o.status = status;
+                o.state_lost = true;
+                o.state_lost_reason = Some(reason);
+                o.diagnostic = Some(diagnostic);
+                o.output_limit_exceeded = matches!(interrupt, Interrupt::OutputLimit);
+                o.log_complete = !o.output_limit_exceeded;
+            }
+        }
+        if let Some(e) = &capture.log_error {
+            let note = format!("Writing the log files failed: {e}");
+            o.diagnostic = Some(match o.diagnostic.take() {
+                Some(d) => format!("{d}\n{note}"),
+                None => note,
+            });
+        }
+        o.stdout = stream_text(&capture.stdout);
+        o.stderr = stream_text(&capture.stderr);
+        o
+    }
+
+    /// Send one exec request and follow it to its end. On success returns
+    /// the worker's report and whether the post-result phase went cleanly.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_exec(
+        &self,
+        w: &mut Worker,
+        request: &[u8],
+        seq: u64,
+        call: u32,
+        deadline: tokio::time::Instant,
+        capture: &mut Capture,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Result<(ExecReport, Result<(), String>), Interrupt> {
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, .. } = w;
+        let mut report: Option<ExecReport> = None;
+        let mut drained: Option<(bool, bool)> = None;
+        let mut drain_until = deadline;
+        let mut written = false;
+        loop {
+            if let (Some(_), Some((want_out, want_err))) = (&report, drained) {
+                let out_done = !want_out || stdout.is_none() || capture.mark_seen(Stream::Stdout);
+                let err_done = !want_err || stderr.is_none() || capture.mark_seen(Stream::Stderr);
+                if out_done && err_done {
+                    break;
+                }
+            }
+            let running = report.is_none();
+            tokio::select! {
+                biased;
+                r = requests.write_all(request), if !written => {
+                    if r.is_err() { return Err(Interrupt::Died); }
+                    written = true;
+                }
+                changed = wake.changed(), if running => {
+                    if changed.is_err() || self.is_disposed() { return Err(Interrupt::Disposed); }
+                    if self.is_cancelled(call) { return Err(Interrupt::Cancelled); }
+                }
+                _ = sleep_until(deadline), if running => return Err(Interrupt::Timeout),
+                _ = sleep_until(drain_until), if !running => break,
+                msg = replies.recv() => match msg {
+                    Some(Ok(Reply::Result(r))) if running && r.id == seq => {
+                        report = Some(r);
+                        drain_until = tokio::time::Instant::now() + DRAIN_CAP + DRAIN_SLACK;
+                    }
+                    Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
+                        drained = Some((o, e));
+                    }
+                    Some(Ok(other)) => {
+                        let why = format!("unexpected {} frame", reply_kind(&other));
+                        return match report { Some(r) => Ok((r, Err(why))), None => Err(Interrupt::Violation(why)) };
+                    }
+                    Some(Err(FrameError::Eof)) | None => {
+                        return match report { Some(r) => Ok((r, Err("the worker exited".into()))), None => Err(Interrupt::Died) };
+                    }
+                    Some(Err(e)) => {
+                        let why = e.to_string();
+                        return match report { Some(r) => Ok((r, Err(why))), None => Err(Interrupt::Violation(why)) };
+                    }
+                },
+                n = read_opt(stdout, out_buf) => match n {
+                    Some(n) if n > 0 => capture.feed(Stream::Stdout, &out_buf[..n]),
+                    _ => { capture.finish(Stream::Stdout); *stdout = None; }
+                },
+                n = read_opt(stderr, err_buf) => match n {
+                    Some(n) if n > 0 => capture.feed(Stream::Stderr, &err_buf[..n]),
+                    _ => { capture.finish(Stream::Stderr); *stderr = None; }
+                },
+            }
+            if capture.overflowed {
+                return Err(Interrupt::OutputLimit);
+            }
+        }
+        let report = report.expect("loop ends only with a report");
+        Ok((report, Ok(())))
+    }
+
+    /// Probe, prepare directories and start a sandbox; wait for its ready frame.
+    async fn start_worker(&self, inner: &mut Inner, call: u32, wake: &mut watch::Receiver<u64>) -> Result<(), Box<Outcome>> {
+        let generation = self.shared.lock().report.generation;
+        let unavailable = |msg: String| {
+            self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
+            Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
+        };
+        let facts = match &inner.facts {
+            Some(f) => f.clone(),
+            None => {
+                let bwrap = probe::probe_bwrap().await.map_err(unavailable)?;
+                let configured = self.opts.interpreter.clone().or_else(|| std::env::var(probe::INTERPRETER_ENV).ok());
+                let interpreter = probe::resolve_interpreter(configured.as_deref()).map_err(unavailable)?;
+                let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr() });
+                inner.facts = Some(facts.clone());
+                self.shared.lock().report.bwrap = Some(facts.bwrap.clone());
+                facts
+            }
+        };
+        let project = std::fs::canonicalize(&self.opts.project_dir)
+            .map_err(|e| unavailable(format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display())))?;
+        let dirs = match &inner.dirs {
+            Some(d) => d.clone(),
+            None => {
+                let d = self.make_dirs().map_err(unavailable)?;
+                inner.dirs = Some(d.clone());
+                self.shared.lock().report.dirs = Some(d.clone());
+                live_update(self.id, None, Some(d.root.clone()));
+                d
+            }
+        };
+        let spec = SandboxSpec {
+            interpreter: facts.interpreter.path.clone(),
+            interpreter_mounts: facts.interpreter.mounts.clone(),
+            merged_usr: facts.merged_usr,
+            project_dir: project,
+            workspace_writable: self.opts.workspace_writable,
+            scratch_dir: dirs.scratch.clone(),
+            worker_file: dirs.worker_file.clone(),
+            read_roots: self.opts.read_roots.clone(),
+        };
+        let generation = {
+            let mut sh = self.shared.lock();
+            sh.report.generation += 1;
+            sh.report.generation
+        };
+        let startup_failure = |msg: String| {
+            Box::new(Outcome::static_result(Status::WorkerError, generation, msg))
+        };
+        let bpf = seccomp::bpf_memfd().map_err(|e| startup_failure(format!("The seccomp filter could not be built: {e}")))?;
+        let spawned = spawn_sandbox(&facts.bwrap.path, &bwrap_argv(&spec), bpf)
+            .map_err(|e| startup_failure(format!("bubblewrap could not be started: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut reader = spawned.replies;
+        tokio::spawn(async move {
+            loop {
+                let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
+                let end = matches!(item, Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. }));
+                if tx.send(item).is_err() || end {
+                    break;
+                }
+            }
+        });
+        let mut worker = Worker {
+            child: spawned.child,
+            pid: spawned.pid,
+            requests: spawned.requests,
+            replies: rx,
+            stdout: Some(spawned.stdout),
+            stderr: Some(spawned.stderr),
+            out_buf: vec![0; 64 * 1024],
+            err_buf: vec![0; 64 * 1024],
+        };
+        {
+            let mut sh = self.shared.lock();
+            sh.worker_pid = Some(worker.pid);
+            sh.report.worker_running = true;
+        }
+        live_update(self.id, Some(worker.pid), Some(dirs.root.clone()));
+        match self.await_ready(&mut worker, call, wake).await {
+            Ok(version) => {
+                let mut sh = self.shared.lock();
+                sh.report.availability = Availability::Available;
+                sh.report.runtime_version = Some(version);
+                drop(sh);
+                inner.worker = Some(worker);
+                Ok(())
+            }
+            Err((status, msg)) => {
+                kill_group(worker.pid);
+                let _ = timeout(CLEANUP_DEADLINE, worker.child.wait()).await;
+                {
+                    let mut sh = self.shared.lock();
+                    sh.worker_pid = None;
+                    sh.report.worker_running = false;
+                    sh.report.last_reset_reason = Some("startup_failure".into());
+                }
+                live_update(self.id, None, Some(dirs.root.clone()));
+                Err(Box::new(Outcome::static_result(status, generation, msg)))
+            }
+        }
+    }
+
+    /// Wait for the ready frame, collecting stderr for the diagnostic.
+    async fn await_ready(&self, w: &mut Worker, call: u32, wake: &mut watch::Receiver<u64>) -> Result<String, (Status, String)> {
+        let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
+        let mut diag: Vec<u8> = Vec::new();
+        let failed = |why: String, diag: &[u8]| {
+            let text = String::from_utf8_lossy(diag).trim().to_string();
+            let mut msg = format!("The sandbox did not start: {why}.");
+            if !text.is_empty() {
+                msg.push_str(&format!("\nIts error output: {text}"));
+            }
+            if text.contains("namespace") || text.contains("uid map") || text.contains("Operation not permitted") {
+                msg.push_str(
+                    "\nCommon causes: unprivileged user namespaces are disabled by the kernel or a container \
+                     runtime (sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces, or an AppArmor \
+                     policy such as kernel.apparmor_restrict_unprivileged_userns).",
+                );
+            }
+            msg.push_str(" The python tool never runs Python outside the sandbox.");
+            (Status::WorkerError, msg)
+        };
+        loop {
+            let Worker { replies, stdout, stderr, err_buf, out_buf, .. } = w;
+            tokio::select! {
+                biased;
+                changed = wake.changed() => {
+                    if changed.is_err() || self.is_disposed() || self.is_cancelled(call) {
+                        return Err((Status::Cancelled, "Cancelled while the sandbox was starting; it was killed before any code ran.".into()));
+                    }
+                }
+                _ = sleep_until(deadline) => {
+                    return Err(failed(format!("the worker did not report ready within {}s", STARTUP_DEADLINE.as_secs()), &diag));
+                }
+                msg = replies.recv() => match msg {
+                    Some(Ok(Reply::Ready { protocol, runtime_version })) if protocol == PROTOCOL_VERSION => return Ok(runtime_version),
+                    Some(Ok(Reply::Ready { protocol, .. })) => {
+                        return Err(failed(format!("the worker speaks protocol {protocol}, not {PROTOCOL_VERSION}"), &diag));
+                    }
+                    Some(Ok(Reply::Error { message, .. })) => return Err(failed(message, &diag)),
+                    Some(Ok(other)) => return Err(failed(format!("unexpected {} frame before ready", reply_kind(&other)), &diag)),
+                    Some(Err(FrameError::Eof)) | None => {
+                        // Collect what bwrap or Python said on the way out.
+                        let _ = timeout(Duration::from_millis(500), async {
+                            while let Some(n) = read_opt(stderr, err_buf).await {
+                                if n == 0 { break; }
+                                diag.extend_from_slice(&err_buf[..n.min(IDLE_STDERR_BYTES.saturating_sub(diag.len()))]);
+                            }
+                        }).await;
+                        let exit = timeout(CLEANUP_DEADLINE, w.child.wait()).await.ok().and_then(|r| r.ok());
+                        return Err(failed(format!("the sandbox {}", exit_text(exit)), &diag));
+                    }
+                    Some(Err(e)) => return Err(failed(format!("bad frame: {e}"), &diag)),
+                },
+                n = read_opt(stderr, err_buf) => match n {
+                    Some(n) if n > 0 => diag.extend_from_slice(&err_buf[..n.min(IDLE_STDERR_BYTES.saturating_sub(diag.len()))]),
+                    _ => *stderr = None,
+                },
+                n = read_opt(stdout, out_buf) => if !matches!(n, Some(n) if n > 0) { *stdout = None },
+            }
+        }
+    }
+
+    /// Kill the sandbox after an interrupted execution, keep the output that
+    /// was already written, and wait (bounded) for everything to exit.
+    async fn kill_worker(&self, inner: &mut Inner, capture: &mut Capture, reason: &str) -> Option<std::process::ExitStatus> {
+        let Some(mut w) = inner.worker.take() else { return None };
+        kill_group(w.pid);
+        let Worker { stdout, stderr, out_buf, err_buf, .. } = &mut w;
+        let _ = timeout(CLEANUP_DEADLINE, async {
+            while stdout.is_some() || stderr.is_some() {
+                tokio::select! {
+                    n = read_opt(stdout, out_buf) => match n {
+                        Some(n) if n > 0 => capture.feed(Stream::Stdout, &out_buf[..n]),
+                        _ => { capture.finish(Stream::Stdout); *stdout = None; }
+                    },
+                    n = read_opt(stderr, err_buf) => match n {
+                        Some(n) if n > 0 => capture.feed(Stream::Stderr, &err_buf[..n]),
+                        _ => { capture.finish(Stream::Stderr); *stderr = None; }
+                    },
+                }
+            }
+        })
+        .await;
+        let exit = timeout(CLEANUP_DEADLINE, w.child.wait()).await.ok().and_then(|r| r.ok());
+        self.after_worker_gone(reason);
+        exit
+    }
+
+    /// Drop a worker that is already dead or unwanted.
+    async fn drop_worker(&self, inner: &mut Inner, reason: &str) {
+        if let Some(mut w) = inner.worker.take() {
+            kill_group(w.pid);
+            let _ = timeout(CLEANUP_DEADLINE, w.child.wait()).await;
+        }
+        self.after_worker_gone(reason);
+    }
+
+    fn after_worker_gone(&self, reason: &str) {
+        let mut sh = self.shared.lock();
+        sh.worker_pid = None;
+        sh.report.worker_running = false;
+        sh.report.last_reset_reason = Some(reason.to_string());
+        let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
+        drop(sh);
+        live_update(self.id, None, dir);
+    }
+
+    fn make_dirs(&self) -> Result<Dirs, String> {
+        let parent = self.opts.runtime_root.clone().unwrap_or_else(default_runtime_root);
+        private_dir(&parent)?;
+        let root = parent.join(format!("{:016x}", random_u64()));
+        DirBuilder::new().mode(0o700).create(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        let dirs = Dirs {
+            scratch: root.join("scratch"),
+            logs: root.join("logs"),
+            worker_file: root.join("worker.py"),
+            root,
+        };
+        let made = (|| -> std::io::Result<()> {
+            DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
+            DirBuilder::new().mode(0o700).create(&dirs.logs)?;
+            let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file)?;
+            std::io::Write::write_all(&mut f, WORKER_SOURCE.as_bytes())
+        })();
+        made.map_err(|e| {
+            let _ = std::fs::remove_dir_all(&dirs.root);
+            format!("cannot prepare the session directory {}: {e}", dirs.root.display())
+        })?;
+        Ok(dirs)
+    }
+
+    /// Kill the sandbox and discard interpreter state; scratch is kept.
+    pub async fn reset(&self) -> Option<Dirs> {
+        let mut inner = self.ops.lock().await;
+        self.drop_worker(&mut inner, "explicit_reset").await;
+        inner.pending_loss = None;
+        inner.dirs.clone()
+    }
+
+    /// Kill the sandbox and delete the session's directories. Idempotent;
+    /// later calls answer `unavailable`.
+    pub async fn dispose(&self, reason: &str) {
+        let pid = {
+            let mut sh = self.shared.lock();
+            sh.report.disposed = true;
+            sh.worker_pid
+        };
+        // Kill first so that a running execution ends at once.
+        if let Some(pid) = pid {
+            kill_group(pid);
+        }
+        self.wake.send_modify(|n| *n += 1);
+        let mut inner = self.ops.lock().await;
+        self.drop_worker(&mut inner, reason).await;
+        if let Some(dirs) = inner.dirs.take() {
+            let _ = std::fs::remove_dir_all(&dirs.root);
+        }
+        self.shared.lock().report.dirs = None;
+        live_update(self.id, None, None);
+    }
+
+    pub fn sandbox_paths() -> (&'static str, &'static str) {
+        (WORKSPACE, SCRATCH)
+    }
+}
+
+fn reply_kind(r: &Reply) -> &'static str {
+    match r {
+        Reply::Ready { .. } => "ready",
+        Reply::Result(_) => "result",
+        Reply::Drained { .. } => "drained",
+        Reply::Error { .. } => "error",
+    }
+}
+
+fn apply_report(o: &mut Outcome, r: ExecReport) {
+    o.status = match r.status {
+        WorkerStatus::Ok => Status::Ok,
+        WorkerStatus::RuntimeError => Status::RuntimeError,
+        WorkerStatus::PermissionNeeded => Status::PermissionNeeded,
+    };
+    // The worker bounds these; re-bound defensively so that an oversized
+    // field is truncated, never turned into a failure.
+    o.repr_truncated = r.repr_truncated;
+    o.repr = r.repr.map(|s| {
+        let (s, cut) = bound_bytes(s, MAX_REPR_BYTES + 64);
+        o.repr_truncated |= cut;
+        s
+    });
+    o.exception = r.exception.map(|e| ExceptionText {
+        type_name: bound_bytes(e.type_name, 256).0,
+        message: bound_bytes(e.message, MAX_MESSAGE_BYTES + 64).0,
+        traceback: bound_bytes(e.traceback, MAX_TRACEBACK_BYTES + 64).0,
+    });
+    o.permission_path = r.path.filter(|_| o.status == Status::PermissionNeeded);
+}
+
+fn bound_bytes(mut s: String, max: usize) -> (String, bool) {
+    if s.len() <= max {
+        return (s, false);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str("...[truncated]");
+    (s, true)
+}
+
+fn stream_text(e: &crate::capture::Excerpt) -> StreamText {
+    let (head, omitted, tail) = e.parts();
+    StreamText { head, omitted, tail, total: e.total }
+}
+
+/// Read from an optional stream; `None` when it is closed or failed.
+async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    match stream {
+        Some(s) => s.read(buf).await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// Drop whatever background processes wrote while no execution ran.
+async fn discard_idle_output(w: &mut Worker) {
+    let Worker { stdout, stderr, out_buf, .. } = w;
+    for stream in [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin)), stderr.as_mut().map(|s| s as _)]
+        .into_iter()
+        .flatten()
+    {
+        // A zero timeout polls the read once: data already in the pipe is
+        // taken, an empty pipe returns at once.
+        while let Ok(Ok(n)) = timeout(Duration::ZERO, stream.read(out_buf)).await {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}

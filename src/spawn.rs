@@ -1,0 +1,162 @@
+//! Starting and killing one sandbox process tree.
+//!
+//! [`spawn_sandbox`] applies a bwrap argv: it creates the protocol pipes,
+//! and in the forked child (before exec) places the pipe ends and the
+//! seccomp program at their fixed fd numbers, marks every other inherited fd
+//! close-on-exec, applies the rlimits (inherited by everything in the
+//! sandbox) and puts bwrap in its own process group. The child runs with an
+//! empty environment. Nothing here decides what the sandbox contains.
+//!
+//! Spawn from a long-lived thread (a tokio worker, not a blocking-pool
+//! thread): bwrap's parent-death signal fires when the *thread* that forked
+//! it exits.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::net::unix::pipe;
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+
+use crate::bwrap::{REPLY_FD, REQUEST_FD, SECCOMP_FD};
+use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE};
+
+/// A running sandbox and the host ends of its channels.
+pub struct Spawned {
+    pub child: Child,
+    pub pid: i32,
+    pub requests: pipe::Sender,
+    pub replies: pipe::Receiver,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+}
+
+/// The rlimits every sandboxed process starts with (soft = hard).
+pub const RLIMITS: [(libc::__rlimit_resource_t, u64); 4] = [
+    (libc::RLIMIT_AS, RLIMIT_AS_BYTES),
+    (libc::RLIMIT_FSIZE, RLIMIT_FSIZE_BYTES),
+    (libc::RLIMIT_NOFILE, RLIMIT_NOFILE),
+    (libc::RLIMIT_CORE, 0),
+];
+
+/// A close-on-exec pipe: (read end, write end).
+fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+/// Duplicate `fd` to a number >= 10 so that placing the child's fds at
+/// 3, 4 and 5 can never overwrite one of the others.
+fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we own.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh fd returned by fcntl.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+// The functions below run in the forked child of a multi-threaded process:
+// async-signal-safe system calls only, no allocation, no locks.
+
+fn child_dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: plain dup2 on fds valid in the child; clears FD_CLOEXEC on `to`.
+    if unsafe { libc::dup2(from, to) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn child_cloexec_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
+    let r = unsafe {
+        libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.11: walk the descriptor table.
+    // SAFETY: sysconf and fcntl are async-signal-safe.
+    let max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) }.clamp(1024, 65536) as RawFd;
+    for fd in first..max {
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+fn child_rlimits() -> io::Result<()> {
+    for (resource, value) in RLIMITS {
+        let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
+        // SAFETY: setrlimit with a valid struct.
+        if unsafe { libc::setrlimit(resource, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn child_parent_death_signal() -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) with a signal number.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Start `bwrap argv` with the protocol pipes and the seccomp program.
+pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd) -> io::Result<Spawned> {
+    let (req_read, req_write) = cloexec_pipe()?;
+    let (rep_read, rep_write) = cloexec_pipe()?;
+    let child_req = dup_high(&req_read)?;
+    let child_rep = dup_high(&rep_write)?;
+    let child_bpf = dup_high(&seccomp)?;
+    drop((req_read, rep_write, seccomp));
+    let (req_fd, rep_fd, bpf_fd) = (child_req.as_raw_fd(), child_rep.as_raw_fd(), child_bpf.as_raw_fd());
+
+    let mut cmd = Command::new(bwrap);
+    cmd.args(argv)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: the closure only makes async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            child_dup2(req_fd, REQUEST_FD)?;
+            child_dup2(rep_fd, REPLY_FD)?;
+            child_dup2(bpf_fd, SECCOMP_FD)?;
+            child_cloexec_from(SECCOMP_FD + 1)?;
+            child_rlimits()?;
+            child_parent_death_signal()
+        });
+    }
+    let mut child = cmd.spawn()?;
+    // The child has its copies; ours close here.
+    drop((child_req, child_rep, child_bpf));
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
+    let stderr = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
+    Ok(Spawned {
+        child,
+        pid,
+        requests: pipe::Sender::from_owned_fd(req_write)?,
+        replies: pipe::Receiver::from_owned_fd(rep_read)?,
+        stdout,
+        stderr,
+    })
+}
+
+/// SIGKILL the sandbox's process group. bwrap is the leader; killing it
+/// tears down the pid namespace, and with it every process inside,
+/// including those that called setsid().
+pub fn kill_group(pid: i32) {
+    if pid > 0 {
+        // SAFETY: kill(2) on a process group we created; errors (already
+        // gone) are irrelevant.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+}

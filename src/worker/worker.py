@@ -1,0 +1,268 @@
+# The in-sandbox worker of pi-python-sandbox: standard library only.
+#
+# It keeps one namespace across executions and speaks the host's frame
+# protocol: a big-endian u32 length, then that many bytes of UTF-8 JSON.
+# Requests arrive on fd 3, replies leave on fd 4; stdout and stderr are the
+# real fds 1 and 2 (pipes to the host), so subprocess output is captured
+# too. After each execution the worker writes an end mark on both streams so
+# that the host knows, without a timed wait, where that execution's output
+# ends. The confinement (namespaces, mounts, seccomp, rlimits) is already in
+# force when this file starts; nothing here is a security boundary.
+#
+# Syntax stays at the level of old Pythons up to the version check, so that
+# an interpreter that is too old reports so instead of a SyntaxError.
+import sys
+import os
+
+REQUEST_FD = 3
+REPLY_FD = 4
+PROTOCOL = 1
+MAX_FRAME = 128 * 1024
+MAX_REPR = 8 * 1024
+MAX_MESSAGE = 8 * 1024
+MAX_TRACEBACK = 16 * 1024
+MAX_TYPE = 128
+DRAIN_CAP = 1.0
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def send(message):
+    import json
+    body = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise ValueError("reply of %d bytes exceeds the frame limit" % len(body))
+    write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)
+
+
+if sys.version_info < (3, 10):
+    send({"type": "error", "id": None,
+          "message": "Python %d.%d is too old; the python tool needs Python 3.10 or newer (%s)"
+          % (sys.version_info[0], sys.version_info[1], sys.executable)})
+    sys.exit(1)
+
+import ast
+import base64
+import builtins
+import json
+import time
+import traceback
+
+WORKER_FILE = os.path.abspath(__file__)
+
+
+def clean(text):
+    """Text that survives UTF-8 encoding (lone surrogates escaped)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def bound(text, limit, keep="head"):
+    """Fit `text` into `limit` UTF-8 bytes with a marker saying what was cut.
+
+    Returns (text, truncated). keep: "head", "tail" or "both".
+    """
+    raw = clean(text).encode("utf-8")
+    if len(raw) <= limit:
+        return raw.decode("utf-8"), False
+    room = limit - 48  # space for the marker
+    if keep == "head":
+        head, tail = raw[:room], b""
+    elif keep == "tail":
+        head, tail = b"", raw[len(raw) - room:]
+    else:
+        head, tail = raw[: room * 3 // 4], raw[len(raw) - room // 4:]
+    head = head.decode("utf-8", "ignore")
+    tail = tail.decode("utf-8", "ignore")
+    omitted = len(raw) - len(head.encode("utf-8")) - len(tail.encode("utf-8"))
+    marker = "...[%d bytes omitted]..." % omitted
+    if keep == "head":
+        return head + marker, True
+    if keep == "tail":
+        return marker + "\n" + tail, True
+    return head + marker + tail, True
+
+
+def read_exact(n):
+    chunks = []
+    while n:
+        chunk = os.read(REQUEST_FD, min(n, 65536))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_request():
+    """The next request object, or None at EOF. Raises ValueError on a bad frame."""
+    header = read_exact(4)
+    if header is None:
+        return None
+    length = int.from_bytes(header, "big")
+    if length == 0 or length > MAX_FRAME:
+        raise ValueError("request frame of %d bytes is outside 1..%d" % (length, MAX_FRAME))
+    body = read_exact(length)
+    if body is None:
+        return None
+    request = json.loads(body.decode("utf-8"))
+    if not isinstance(request, dict):
+        raise ValueError("request frame is not a JSON object")
+    return request
+
+
+def user_traceback(exc):
+    """The formatted exception without the worker's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == WORKER_FILE:
+        tb = tb.tb_next
+    if isinstance(exc, SyntaxError) and tb is None:
+        lines = traceback.format_exception_only(type(exc), exc)
+    else:
+        lines = traceback.format_exception(type(exc), exc, tb)
+    return "".join(lines)
+
+
+def describe(exc):
+    try:
+        message = str(exc)
+    except BaseException as e:  # a broken __str__ must not break the worker
+        message = "<str() raised %s>" % type(e).__name__
+    try:
+        tb = user_traceback(exc)
+    except BaseException as e:
+        tb = "<traceback could not be formatted: %s>" % type(e).__name__
+    return {
+        "type": bound(type(exc).__name__, MAX_TYPE)[0],
+        "message": bound(message, MAX_MESSAGE, "head")[0],
+        "traceback": bound(tb, MAX_TRACEBACK, "tail")[0],
+    }
+
+
+def safe_repr(value):
+    try:
+        return repr(value)
+    except (MemoryError, RecursionError) as e:
+        return "<repr failed: %s>" % type(e).__name__
+    except BaseException as e:
+        return "<repr raised %s>" % type(e).__name__
+
+
+def run(code, namespace):
+    """Execute `code`; returns (status, repr or None, exception dict or None)."""
+    try:
+        tree = compile(code, "<python>", "exec", ast.PyCF_ONLY_AST)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, "<python>", "exec")
+        tail = compile(last, "<python>", "eval") if last is not None else None
+    except BaseException as e:
+        return "runtime_error", None, describe(e)
+    try:
+        exec(body, namespace)
+        value = eval(tail, namespace) if tail is not None else None
+    except BaseException as e:
+        return "runtime_error", None, describe(e)
+    finally:
+        flush_streams()
+    if value is None:
+        return "ok", None, None
+    return "ok", safe_repr(value), None
+
+
+def flush_streams():
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def live_processes():
+    """Processes in the sandbox other than its init (pid 1) and this worker."""
+    me = os.getpid()
+    count = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state = stat[stat.rfind(b")") + 2:][:1]
+        if state not in (b"Z", b"X"):
+            count += 1
+    return count
+
+
+def end_streams(nonce, background):
+    """Wait (bounded) for leftover processes, then mark the end of output."""
+    if background:
+        deadline = time.monotonic() + DRAIN_CAP
+        while time.monotonic() < deadline and live_processes():
+            time.sleep(0.01)
+    mark = b"\0\x1bpipy-end:" + nonce.encode("ascii") + b"\0"
+    marked = {}
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            write_all(fd, mark)
+            marked[name] = True
+        except OSError:
+            marked[name] = False
+    return marked
+
+
+def serve():
+    namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins}
+    while True:
+        try:
+            request = read_request()
+        except (ValueError, UnicodeDecodeError) as e:
+            send({"type": "error", "id": None, "message": "bad request frame: %s" % e})
+            continue
+        if request is None:
+            return
+        kind = request.get("type")
+        req_id = request.get("id")
+        if kind != "exec" or not isinstance(req_id, int) or not isinstance(request.get("code"), str) \
+                or not isinstance(request.get("nonce"), str):
+            send({"type": "error", "id": req_id if isinstance(req_id, int) else None,
+                  "message": "unknown or invalid request: %s" % bound(repr(kind), 200)[0]})
+            continue
+        try:
+            code = base64.b64decode(request["code"], validate=True).decode("utf-8")
+        except ValueError as e:
+            send({"type": "error", "id": req_id, "message": "exec code is not base64 UTF-8: %s" % e})
+            continue
+        status, value, exception = run(code, namespace)
+        text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
+        background = live_processes()
+        send({"type": "result", "id": req_id, "status": status, "repr": text,
+              "reprTruncated": truncated, "exception": exception, "background": background})
+        marked = end_streams(request["nonce"], background)
+        send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
+
+
+def main():
+    for fd in (REQUEST_FD, REPLY_FD):
+        os.set_inheritable(fd, False)
+    send({"type": "ready", "protocol": PROTOCOL,
+          "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3])})
+    serve()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BrokenPipeError:
+        os._exit(0)
