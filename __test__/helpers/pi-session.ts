@@ -1,0 +1,353 @@
+/**
+ * Test harness: a REAL pi 0.73 agent session (SDK, no TUI, no network, no API key) with extension
+ * packages loaded exactly as `pi -e <dir>` would load them, driven by pi-ai's scripted faux model.
+ *
+ * How it maps onto pi 0.73 (checked against node_modules/@mariozechner/pi-coding-agent/dist):
+ * - The session is owned by an `AgentSessionRuntime` built with the same kind of factory as
+ *   pi's main.js, so `/new`, `/fork` and `/resume` replace the session the way the CLI does
+ *   (session_shutdown on the old session, then a new resource loader, a fresh extension
+ *   evaluation and session_start on the new one). `harness.session` is a getter for that reason.
+ * - `runtime.dispose()` is what fires `session_shutdown` with reason "quit";
+ *   `AgentSession.dispose()` alone fires nothing.
+ * - `ctx.hasUI` is `runner.uiContext !== noOpUIContext` (ExtensionRunner.hasUI). Any uiContext given
+ *   to `bindExtensions` therefore means hasUI = true (TUI/RPC mode), and binding none means false
+ *   (print/JSON mode). With hasUI = false, pi swaps in its own no-op UI, so `notify` and `select`
+ *   calls are dropped and never reach the recorders below, as in `pi -p`.
+ * - The extension event bus (`pi.events`) is the `eventBus` given to the DefaultResourceLoader.
+ *   It survives `reload()`, but pi's CLI builds a new loader, and so a new bus, for every new
+ *   session (/new, /fork, /resume), and so does this harness. `harness.events` always returns the
+ *   current session's bus.
+ * - `AgentSession.reload()` calls pi-ai's `resetApiProviders()`, which also deletes the faux
+ *   provider's API registration. An inline extension factory registers the faux stream again
+ *   through `pi.registerProvider` on every (re)load, the same way a provider extension
+ *   survives /reload in the real CLI. That reset is process-global: two live harnesses in one
+ *   process break each other's faux model when either reloads, so run them one at a time.
+ */
+import { randomUUID } from "node:crypto";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import {
+  type AgentSession,
+  type AgentSessionRuntime,
+  AuthStorage,
+  type CreateAgentSessionRuntimeFactory,
+  createAgentSession,
+  createAgentSessionRuntime,
+  createEventBus,
+  DefaultResourceLoader,
+  type EventBus,
+  type ExtensionCommandContextActions,
+  type ExtensionError,
+  type ExtensionFactory,
+  type ExtensionUIContext,
+  type ExtensionUIDialogOptions,
+  ModelRegistry,
+  type ResourceLoader,
+  SessionManager,
+  SettingsManager,
+  type Theme,
+} from "@mariozechner/pi-coding-agent";
+import {
+  type FauxProviderRegistration,
+  getApiProvider,
+  registerFauxProvider,
+  type ToolResultMessage,
+  unregisterApiProviders,
+} from "@mariozechner/pi-ai";
+
+export type AgentMessage = AgentSession["messages"][number];
+/** The tool as the agent loop calls it: pi's wrapper injects the extension ctx into execute(). */
+export type AgentTool = AgentSession["agent"]["state"]["tools"][number];
+
+export interface Notification {
+  message: string;
+  type?: "info" | "warning" | "error";
+}
+
+export interface SelectCall {
+  title: string;
+  options: string[];
+}
+
+/** Answers for the dialogs an extension can open. Unset: select/input resolve undefined, confirm false. */
+export interface UIHooks {
+  select?: (title: string, options: string[], opts?: ExtensionUIDialogOptions) => Promise<string | undefined>;
+  confirm?: (title: string, message: string, opts?: ExtensionUIDialogOptions) => Promise<boolean>;
+  input?: (title: string, placeholder?: string, opts?: ExtensionUIDialogOptions) => Promise<string | undefined>;
+}
+
+export interface PiHarnessOptions {
+  /** Working directory of the session (the caller owns it). */
+  cwd: string;
+  /** Extension package directories or entry files, as for `pi -e`. */
+  extensionPaths: string[];
+  /** Bind a UI context (TUI/RPC-like, default) or none (print-mode-like). */
+  hasUI?: boolean;
+  /** Initial dialog answers; can be changed later through `harness.ui`. */
+  ui?: UIHooks;
+}
+
+export interface PiHarness {
+  /** The current session. It changes after newSession()/fork(), so don't keep a reference across those. */
+  readonly session: AgentSession;
+  readonly runtime: AgentSessionRuntime;
+  readonly faux: FauxProviderRegistration;
+  /** The extension bus (`pi.events`) of the current session. */
+  readonly events: EventBus;
+  readonly resourceLoader: ResourceLoader;
+  readonly agentDir: string;
+  readonly hasUI: boolean;
+  /** Mutable dialog answers. */
+  readonly ui: UIHooks;
+  readonly notifications: Notification[];
+  readonly selects: SelectCall[];
+  /** Errors thrown by extension event handlers (pi reports them instead of propagating them). */
+  readonly extensionErrors: ExtensionError[];
+  /** The active tool `name` as the agent loop sees it; throws if it is missing. */
+  getTool(name: string): AgentTool;
+  /** One full agent turn. Resolves to the messages it appended; throws if it ended in a model error. */
+  prompt(text: string): Promise<AgentMessage[]>;
+  /** All tool result messages in the current session context, oldest first. */
+  toolResults(): ToolResultMessage[];
+  /** `/reload`: session_shutdown(reload), extensions re-evaluated, session_start(reload). */
+  reload(): Promise<void>;
+  /** `/new`: session_shutdown(new) on the old session, session_start(new) on a new one. */
+  newSession(options?: Parameters<AgentSessionRuntime["newSession"]>[0]): Promise<{ cancelled: boolean }>;
+  /** `/fork`: session_shutdown(fork), session_start(fork). entryId is a user message entry for the default position "before". */
+  fork(entryId: string, options?: Parameters<AgentSessionRuntime["fork"]>[1]): ReturnType<AgentSessionRuntime["fork"]>;
+  /** `/tree`: moves the leaf within the same session and fires session_tree; no shutdown/start. */
+  navigateTree(targetId: string, options?: Parameters<AgentSession["navigateTree"]>[1]): ReturnType<AgentSession["navigateTree"]>;
+  /** session_shutdown(quit), unregister the faux provider, delete agentDir. Idempotent. */
+  dispose(): Promise<void>;
+}
+
+/** Text parts of a message's content, joined with newlines. */
+export function messageText(message: { content: string | ReadonlyArray<{ type: string; text?: string }> }): string {
+  if (typeof message.content === "string") return message.content;
+  return message.content
+    .filter((part) => part.type === "text")
+    .map((part) => part.text ?? "")
+    .join("\n");
+}
+
+function assertExtensionsLoaded(resourceLoader: ResourceLoader): void {
+  const { errors } = resourceLoader.getExtensions();
+  if (errors.length > 0) {
+    const lines = errors.map((e) => `  ${e.path}: ${e.error}`).join("\n");
+    throw new Error(`pi failed to load extensions:\n${lines}`);
+  }
+}
+
+/** pi's own `theme` export is a proxy over this global (set by initTheme() in the TUI). */
+function currentTheme(): Theme {
+  const theme = (globalThis as Record<symbol, Theme | undefined>)[Symbol.for("@mariozechner/pi-coding-agent:theme")];
+  if (!theme) throw new Error("Theme not initialized. Call initTheme() first.");
+  return theme;
+}
+
+function createUIContext(hooks: UIHooks, notifications: Notification[], selects: SelectCall[]): ExtensionUIContext {
+  const noop = () => {};
+  return {
+    select: async (title, options, opts) => {
+      selects.push({ title, options: [...options] });
+      return hooks.select ? hooks.select(title, options, opts) : undefined;
+    },
+    confirm: async (title, message, opts) => (hooks.confirm ? hooks.confirm(title, message, opts) : false),
+    input: async (title, placeholder, opts) => (hooks.input ? hooks.input(title, placeholder, opts) : undefined),
+    notify: (message, type) => {
+      notifications.push({ message, type });
+    },
+    onTerminalInput: () => noop,
+    setStatus: noop,
+    setWorkingMessage: noop,
+    setWorkingVisible: noop,
+    setWorkingIndicator: noop,
+    setHiddenThinkingLabel: noop,
+    setWidget: noop,
+    setFooter: noop,
+    setHeader: noop,
+    setTitle: noop,
+    custom: async () => undefined as never,
+    pasteToEditor: noop,
+    setEditorText: noop,
+    getEditorText: () => "",
+    editor: async () => undefined,
+    addAutocompleteProvider: noop,
+    setEditorComponent: noop,
+    getEditorComponent: () => undefined,
+    get theme() {
+      return currentTheme();
+    },
+    getAllThemes: () => [],
+    getTheme: () => undefined,
+    setTheme: () => ({ success: false, error: "UI not available" }),
+    getToolsExpanded: () => false,
+    setToolsExpanded: noop,
+  };
+}
+
+export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness> {
+  const cwd = resolve(opts.cwd);
+  const extensionPaths = opts.extensionPaths.map((p) => resolve(p));
+  const hasUI = opts.hasUI ?? true;
+  const ui: UIHooks = { ...opts.ui };
+  const notifications: Notification[] = [];
+  const selects: SelectCall[] = [];
+  const extensionErrors: ExtensionError[] = [];
+  const uiContext = createUIContext(ui, notifications, selects);
+
+  const agentDir = await mkdtemp(join(tmpdir(), "pi-harness-agent-"));
+  const faux = registerFauxProvider();
+  // See the header: re-registers the faux stream after every reload's resetApiProviders().
+  const fauxStream = getApiProvider(faux.api)!.streamSimple;
+  const fauxProviderName = `harness-faux-${randomUUID()}`;
+  const fauxExtension: ExtensionFactory = (pi) => {
+    pi.registerProvider(fauxProviderName, { api: faux.api, streamSimple: fauxStream });
+  };
+
+  const authStorage = AuthStorage.inMemory();
+  authStorage.setRuntimeApiKey(faux.getModel().provider, "faux-key");
+  const busBySession = new WeakMap<AgentSession, EventBus>();
+
+  // Same shape as the factory in pi's main.js; the runtime calls it again for /new, /fork, /resume.
+  const createRuntime: CreateAgentSessionRuntimeFactory = async ({ cwd, agentDir, sessionManager, sessionStartEvent }) => {
+    const eventBus = createEventBus();
+    const settingsManager = SettingsManager.inMemory();
+    const resourceLoader = new DefaultResourceLoader({
+      cwd,
+      agentDir,
+      settingsManager,
+      eventBus,
+      additionalExtensionPaths: extensionPaths,
+      extensionFactories: [fauxExtension],
+      // Hermetic: no discovery in cwd/.pi or agentDir, no skills, prompts, themes or AGENTS.md.
+      noExtensions: true,
+      noSkills: true,
+      noPromptTemplates: true,
+      noThemes: true,
+      noContextFiles: true,
+    });
+    await resourceLoader.reload();
+    assertExtensionsLoaded(resourceLoader);
+    const modelRegistry = ModelRegistry.inMemory(authStorage);
+    const created = await createAgentSession({
+      cwd,
+      agentDir,
+      authStorage,
+      modelRegistry,
+      settingsManager,
+      resourceLoader,
+      sessionManager,
+      sessionStartEvent,
+      model: faux.getModel(),
+    });
+    busBySession.set(created.session, eventBus);
+    const services = { cwd, agentDir, authStorage, settingsManager, modelRegistry, resourceLoader, diagnostics: [] };
+    return { ...created, services, diagnostics: [] };
+  };
+
+  let runtime: AgentSessionRuntime | undefined;
+  let disposing: Promise<void> | undefined;
+
+  const reload = async () => {
+    const rt = runtime!;
+    await rt.session.reload();
+    assertExtensionsLoaded(rt.services.resourceLoader);
+  };
+
+  // What extension commands get as ctx.newSession/fork/... (mirrors pi's print and RPC modes).
+  const commandContextActions: ExtensionCommandContextActions = {
+    waitForIdle: () => runtime!.session.agent.waitForIdle(),
+    newSession: (options) => runtime!.newSession(options),
+    fork: async (entryId, options) => ({ cancelled: (await runtime!.fork(entryId, options)).cancelled }),
+    navigateTree: async (targetId, options) => ({
+      cancelled: (await runtime!.session.navigateTree(targetId, options)).cancelled,
+    }),
+    switchSession: (sessionPath, options) => runtime!.switchSession(sessionPath, options),
+    reload,
+  };
+
+  // Fires session_start; rerun by the runtime for every replacement session.
+  const bind = async (session: AgentSession) => {
+    await session.bindExtensions({
+      uiContext: hasUI ? uiContext : undefined,
+      commandContextActions,
+      onError: (error) => {
+        extensionErrors.push(error);
+      },
+    });
+  };
+
+  const dispose = () =>
+    (disposing ??= (async () => {
+      try {
+        if (runtime) {
+          if (runtime.session.isStreaming) await runtime.session.abort();
+          await runtime.dispose();
+        }
+      } finally {
+        faux.unregister();
+        unregisterApiProviders(`provider:${fauxProviderName}`);
+        await rm(agentDir, { recursive: true, force: true });
+      }
+    })());
+
+  try {
+    // A persisted session in the temp agentDir: /new and /fork need a session directory
+    // (with SessionManager.inMemory() /new writes its file relative to process.cwd()).
+    const sessionManager = SessionManager.create(cwd, join(agentDir, "sessions"));
+    runtime = await createAgentSessionRuntime(createRuntime, { cwd, agentDir, sessionManager });
+    runtime.setRebindSession(bind);
+    await bind(runtime.session);
+  } catch (error) {
+    await dispose().catch(() => {});
+    throw error;
+  }
+  const rt = runtime;
+
+  return {
+    get session() {
+      return rt.session;
+    },
+    runtime: rt,
+    faux,
+    get events() {
+      return busBySession.get(rt.session)!;
+    },
+    get resourceLoader() {
+      return rt.services.resourceLoader;
+    },
+    agentDir,
+    hasUI,
+    ui,
+    notifications,
+    selects,
+    extensionErrors,
+    getTool(name) {
+      const tools = rt.session.agent.state.tools;
+      const tool = tools.find((t) => t.name === name);
+      if (!tool) throw new Error(`tool "${name}" is not active; active tools: ${tools.map((t) => t.name).join(", ")}`);
+      return tool;
+    },
+    async prompt(text) {
+      const session = rt.session;
+      const before = session.messages.length;
+      await session.prompt(text);
+      const added = session.messages.slice(before);
+      const last = added.findLast((m) => m.role === "assistant");
+      if (last && last.role === "assistant" && last.stopReason === "error") {
+        throw new Error(`agent turn ended with a model error: ${last.errorMessage ?? "(no message)"}`);
+      }
+      return added;
+    },
+    toolResults() {
+      return rt.session.messages.filter((m): m is ToolResultMessage => m.role === "toolResult");
+    },
+    reload,
+    newSession: (options) => rt.newSession(options),
+    fork: (entryId, options) => rt.fork(entryId, options),
+    navigateTree: (targetId, options) => rt.session.navigateTree(targetId, options),
+    dispose,
+  };
+}
