@@ -868,7 +868,7 @@ async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) 
 /// Drop whatever background processes wrote while no execution ran.
 async fn discard_idle_output(w: &mut Worker) {
     let Worker { stdout, stderr, out_buf, .. } = w;
-    for stream in [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin)), stderr.as_mut().map(|s| s as _)]
+    for stream in [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin + Send)), stderr.as_mut().map(|s| s as _)]
         .into_iter()
         .flatten()
     {

@@ -1,0 +1,396 @@
+//! The Node-facing layer: a `PythonSandbox` class over `session::Session`.
+//!
+//! Thin by design: it converts arguments and results and maps errors, in
+//! this one place, to JS errors with a stable `code` (`InvalidArg` for bad
+//! input). All behaviour lives in the plain Rust modules.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use crate::limits::*;
+use crate::outcome::{render, Outcome};
+use crate::session::{self, Availability, Session, SessionOptions, StatusReport};
+
+/// Options for a new sandbox session.
+#[napi(object)]
+pub struct SandboxOptions {
+  /// Host project directory, mounted at `/workspace`. Resolved with realpath
+  /// when the sandbox starts.
+  pub project_dir: String,
+  /// Parent of the session's private directory (default
+  /// `<os tmpdir>/pi-python-sandbox-<uid>`, created with mode 0700).
+  pub runtime_root: Option<String>,
+  /// Absolute path of the Python 3.10+ interpreter. Default:
+  /// `$PI_PYTHON_TOOL_INTERPRETER`, else `/usr/bin/python3`. Never looked up
+  /// on PATH.
+  pub interpreter: Option<String>,
+  /// Mount `/workspace` read-write (default false: read-only).
+  pub workspace_writable: Option<bool>,
+  /// Canonical host directories to mount read-only at their own paths.
+  pub read_roots: Option<Vec<String>>,
+}
+
+#[napi(object)]
+pub struct ExceptionResult {
+  /// The exception class name, e.g. `ValueError`.
+  #[napi(js_name = "type")]
+  pub type_name: String,
+  pub message: String,
+  /// Formatted traceback without the worker's own frames (bounded).
+  pub traceback: String,
+}
+
+#[napi(object)]
+pub struct LogPaths {
+  pub stdout: String,
+  pub stderr: String,
+}
+
+/// The result of one `execute` call.
+#[napi(object)]
+pub struct ExecResult {
+  /// `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,
+  /// `output_limit`, `worker_error` or `unavailable`.
+  pub status: String,
+  /// True for every status but `ok`.
+  pub is_error: bool,
+  /// The model-facing text, within 50 KiB and 2,000 lines.
+  pub text: String,
+  pub duration_ms: f64,
+  /// Worker generation: 1 for the session's first interpreter, +1 per start.
+  pub generation: f64,
+  /// Interpreter state from before this call is gone.
+  pub state_lost: bool,
+  pub state_lost_reason: Option<String>,
+  /// repr() of the final expression, when it is not None (bounded to 8 KiB).
+  pub repr: Option<String>,
+  pub repr_truncated: bool,
+  /// Captured stdout (head and tail when long; the log has all of it).
+  pub stdout: String,
+  pub stderr: String,
+  /// Bytes written on each stream by this execution.
+  pub stdout_bytes: f64,
+  pub stderr_bytes: f64,
+  /// `stdout`/`stderr` omit the middle of a long stream.
+  pub excerpt_truncated: bool,
+  pub exception: Option<ExceptionResult>,
+  /// The path a read was refused for (`permission_needed`).
+  pub permission_path: Option<String>,
+  pub output_limit_exceeded: bool,
+  /// Host paths of this execution's complete stdout/stderr logs.
+  pub log_paths: Option<LogPaths>,
+  /// False when the output limit cut the logs short.
+  pub log_complete: bool,
+  pub diagnostic: Option<String>,
+}
+
+#[napi(object)]
+pub struct Limits {
+  pub max_code_bytes: u32,
+  pub default_timeout_seconds: u32,
+  pub max_timeout_seconds: u32,
+  pub startup_deadline_seconds: u32,
+  pub cleanup_deadline_seconds: u32,
+  pub output_budget_bytes: u32,
+  pub max_repr_bytes: u32,
+  pub max_frame_bytes: u32,
+  pub rlimit_as_bytes: f64,
+  pub rlimit_fsize_bytes: f64,
+  pub rlimit_nofile: u32,
+  pub core_dumps: String,
+  pub note: String,
+}
+
+#[napi(object)]
+pub struct SandboxPaths {
+  pub project_dir: String,
+  pub sandbox_project: String,
+  pub scratch_dir: Option<String>,
+  pub sandbox_scratch: String,
+  pub log_dir: Option<String>,
+}
+
+#[napi(object)]
+pub struct BwrapInfo {
+  pub path: String,
+  pub version: String,
+  pub setuid: bool,
+}
+
+/// What `status()` reports. Starts nothing.
+#[napi(object)]
+pub struct StatusResult {
+  /// `unverified` (nothing started yet), `available` or `unavailable`.
+  pub available: String,
+  pub diagnostic: Option<String>,
+  pub worker_running: bool,
+  /// An execution is in progress.
+  pub busy: bool,
+  pub generation: f64,
+  pub executions: f64,
+  pub runtime_version: Option<String>,
+  pub last_reset_reason: Option<String>,
+  pub disposed: bool,
+  /// `read-only` or `read-write`.
+  pub workspace_mode: String,
+  pub read_roots: Vec<String>,
+  pub limits: Limits,
+  pub paths: SandboxPaths,
+  pub bwrap: Option<BwrapInfo>,
+  /// The report as text for the model.
+  pub text: String,
+}
+
+#[napi(object)]
+pub struct ResetResult {
+  /// Host scratch directory (kept), if one was made.
+  pub scratch_dir: Option<String>,
+  pub text: String,
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+  Error::new(Status::InvalidArg, msg.into())
+}
+
+fn path_str(p: &std::path::Path) -> String {
+  p.to_string_lossy().into_owned()
+}
+
+fn to_js(o: Outcome) -> ExecResult {
+  let text = render(&o);
+  let join = |s: &crate::outcome::StreamText| {
+    if s.omitted == 0 {
+      format!("{}{}", s.head, s.tail)
+    } else {
+      format!("{}\n...[{} bytes omitted]...\n{}", s.head, s.omitted, s.tail)
+    }
+  };
+  ExecResult {
+    status: o.status.as_str().into(),
+    is_error: o.status.is_failure(),
+    text,
+    duration_ms: o.duration_ms as f64,
+    generation: o.generation as f64,
+    state_lost: o.state_lost,
+    state_lost_reason: o.state_lost_reason.clone(),
+    repr: o.repr.clone(),
+    repr_truncated: o.repr_truncated,
+    stdout: join(&o.stdout),
+    stderr: join(&o.stderr),
+    stdout_bytes: o.stdout.total as f64,
+    stderr_bytes: o.stderr.total as f64,
+    excerpt_truncated: o.stdout.omitted > 0 || o.stderr.omitted > 0,
+    exception: o.exception.map(|e| ExceptionResult {
+      type_name: e.type_name,
+      message: e.message,
+      traceback: e.traceback,
+    }),
+    permission_path: o.permission_path,
+    output_limit_exceeded: o.output_limit_exceeded,
+    log_paths: o.log_paths.map(|(out, err)| LogPaths { stdout: path_str(&out), stderr: path_str(&err) }),
+    log_complete: o.log_complete,
+    diagnostic: o.diagnostic,
+  }
+}
+
+fn limits() -> Limits {
+  Limits {
+    max_code_bytes: MAX_CODE_BYTES as u32,
+    default_timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+    max_timeout_seconds: MAX_TIMEOUT_SECONDS,
+    startup_deadline_seconds: STARTUP_DEADLINE.as_secs() as u32,
+    cleanup_deadline_seconds: CLEANUP_DEADLINE.as_secs() as u32,
+    output_budget_bytes: OUTPUT_BUDGET_BYTES as u32,
+    max_repr_bytes: MAX_REPR_BYTES as u32,
+    max_frame_bytes: MAX_FRAME_BYTES as u32,
+    rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
+    rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
+    rlimit_nofile: RLIMIT_NOFILE as u32,
+    core_dumps: "disabled".into(),
+    note: "Per-process and per-file limits and per-execution budgets only; no aggregate memory, process or disk quotas."
+      .into(),
+  }
+}
+
+fn status_to_js(r: StatusReport) -> StatusResult {
+  let (available, diagnostic) = match &r.availability {
+    Availability::Unverified => ("unverified", None),
+    Availability::Available => ("available", None),
+    Availability::Unavailable(d) => ("unavailable", Some(d.clone())),
+  };
+  let mode = if r.workspace_writable { "read-write" } else { "read-only" };
+  let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
+  let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
+  let roots: Vec<String> = r.read_roots.iter().map(|p| path_str(p)).collect();
+  let mut text = format!(
+    "python tool: {}\n",
+    match available {
+      "unverified" => "not started yet (no execution so far)",
+      a => a,
+    }
+  );
+  if let Some(d) = &diagnostic {
+    text.push_str(&format!("diagnostic: {d}\n"));
+  }
+  text.push_str(&format!(
+    "worker running: {} (generation {}{})\n",
+    if r.worker_running { "yes" } else { "no" },
+    r.generation,
+    r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
+  ));
+  if let Some(reason) = &r.last_reset_reason {
+    text.push_str(&format!("last reset reason: {reason}\n"));
+  }
+  text.push_str(&format!(
+    "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
+    r.project_dir.display(),
+    scratch.as_deref().unwrap_or("(not allocated yet)"),
+    logs.as_deref().unwrap_or("(not allocated yet)"),
+  ));
+  if roots.is_empty() {
+    text.push_str("read roots mounted: none\n");
+  } else {
+    text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
+  }
+  text.push_str(&format!(
+    "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
+     address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
+     These are per-process limits, not aggregate quotas.",
+    MAX_CODE_BYTES / 1024,
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    OUTPUT_BUDGET_BYTES / 1024,
+    MAX_REPR_BYTES / 1024,
+    RLIMIT_AS_BYTES >> 20,
+    RLIMIT_FSIZE_BYTES >> 20,
+    RLIMIT_NOFILE
+  ));
+  if let Some(b) = &r.bwrap {
+    let (x, y, z) = b.version;
+    text.push_str(&format!(
+      "\nbubblewrap: {} {x}.{y}.{z}{}",
+      b.path.display(),
+      if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
+    ));
+  }
+  StatusResult {
+    available: available.into(),
+    diagnostic,
+    worker_running: r.worker_running,
+    busy: r.busy,
+    generation: r.generation as f64,
+    executions: r.executions as f64,
+    runtime_version: r.runtime_version,
+    last_reset_reason: r.last_reset_reason,
+    disposed: r.disposed,
+    workspace_mode: mode.into(),
+    read_roots: roots,
+    limits: limits(),
+    paths: SandboxPaths {
+      project_dir: path_str(&r.project_dir),
+      sandbox_project: "/workspace".into(),
+      scratch_dir: scratch,
+      sandbox_scratch: "/scratch".into(),
+      log_dir: logs,
+    },
+    bwrap: r.bwrap.map(|b| BwrapInfo {
+      path: path_str(&b.path),
+      version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),
+      setuid: b.setuid,
+    }),
+    text,
+  }
+}
+
+static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+
+/// A persistent Python interpreter in a bubblewrap + seccomp sandbox.
+/// Nothing starts until the first `execute`.
+#[napi]
+pub struct PythonSandbox {
+  session: Arc<Session>,
+}
+
+#[napi]
+impl PythonSandbox {
+  #[napi(constructor)]
+  pub fn new(env: Env, options: SandboxOptions) -> Result<Self> {
+    if options.project_dir.is_empty() {
+      return Err(invalid("projectDir is required"));
+    }
+    if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
+      // Best effort: kill sandboxes and delete session directories when
+      // the Node environment shuts down.
+      env.add_env_cleanup_hook((), |_| session::cleanup_all())?;
+    }
+    let session = Session::new(SessionOptions {
+      project_dir: PathBuf::from(options.project_dir),
+      runtime_root: options.runtime_root.map(PathBuf::from),
+      interpreter: options.interpreter,
+      workspace_writable: options.workspace_writable.unwrap_or(false),
+      read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+    });
+    Ok(PythonSandbox { session })
+  }
+
+  /// Run `code` in the session's interpreter. `timeoutSeconds` is an
+  /// integer 1-120 (default 30). `callId` names the call for `cancel()`.
+  /// Rejects (code `InvalidArg`) on bad input without touching the
+  /// interpreter; every other failure is a result with a failure status.
+  #[napi]
+  pub async fn execute(&self, code: String, timeout_seconds: Option<f64>, call_id: Option<u32>) -> Result<ExecResult> {
+    if code.len() > MAX_CODE_BYTES {
+      return Err(invalid(format!(
+        "Code exceeds the {} KiB UTF-8 limit ({} bytes).",
+        MAX_CODE_BYTES / 1024,
+        code.len()
+      )));
+    }
+    let timeout = match timeout_seconds {
+      None => DEFAULT_TIMEOUT_SECONDS,
+      Some(t) if t.fract() == 0.0 && (MIN_TIMEOUT_SECONDS as f64..=MAX_TIMEOUT_SECONDS as f64).contains(&t) => t as u32,
+      Some(_) => return Err(invalid("timeoutSeconds must be an integer between 1 and 120.")),
+    };
+    Ok(to_js(self.session.execute(code, timeout, call_id).await))
+  }
+
+  /// Cancel the call named `callId` (queued or running), or the running
+  /// call when omitted: its sandbox is killed. Returns whether anything
+  /// was targeted.
+  #[napi]
+  pub fn cancel(&self, call_id: Option<u32>) -> bool {
+    self.session.cancel(call_id)
+  }
+
+  /// Kill the sandbox and discard interpreter state; scratch files stay.
+  /// The next `execute` starts a fresh interpreter.
+  #[napi]
+  pub async fn reset(&self) -> Result<ResetResult> {
+    let dirs = self.session.reset().await;
+    let scratch = dirs.map(|d| path_str(&d.scratch));
+    let text = format!(
+      "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
+       A fresh interpreter starts on the next execution.",
+      scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
+    );
+    Ok(ResetResult { scratch_dir: scratch, text })
+  }
+
+  /// Readiness, generation, limits and paths. Starts nothing, never waits.
+  #[napi]
+  pub fn status(&self) -> StatusResult {
+    status_to_js(self.session.status())
+  }
+
+  /// Kill the sandbox and delete the session's scratch and log
+  /// directories. Idempotent; later calls answer `unavailable`.
+  #[napi]
+  pub async fn dispose(&self, reason: Option<String>) -> Result<()> {
+    self.session.dispose(reason.as_deref().unwrap_or("disposed")).await;
+    Ok(())
+  }
+}
