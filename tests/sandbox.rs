@@ -70,3 +70,45 @@ async fn timeout_kills_and_next_call_is_fresh() {
     assert_eq!(n.generation, 2);
     f.session.dispose("test").await;
 }
+
+/// Run `code` and return its stdout, asserting the call succeeded.
+async fn stdout_of(f: &Fixture, code: &str) -> String {
+    let o = f.session.execute(code.into(), 30, None).await;
+    assert_eq!(o.status, Status::Ok, "{}", render(&o));
+    format!("{}{}", o.stdout.head, o.stdout.tail)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confinement_holds_for_this_user() {
+    let Some(f) = fixture("confine") else { return };
+    let out = stdout_of(
+        &f,
+        r#"
+import os, socket, ctypes
+def attempt(fn):
+    try:
+        fn(); return "allowed"
+    except OSError as e:
+        return "errno%d" % e.errno
+print("ws-write", attempt(lambda: open("/workspace/new.txt", "w")))
+print("scratch-write", attempt(lambda: open("/scratch/s.txt", "w").write("from-sandbox")))
+print("socket", attempt(lambda: socket.socket()))
+libc = ctypes.CDLL(None, use_errno=True)
+print("unshare-user", libc.unshare(0x10000000), ctypes.get_errno() != 0)
+status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+print("nnp", status["NoNewPrivs"].strip(), "seccomp", status["Seccomp"].strip(), "capeff", status["CapEff"].strip())
+print("env", sorted(os.environ))
+"#,
+    )
+    .await;
+    assert!(out.contains("ws-write errno30"), "{out}");
+    assert!(out.contains("scratch-write allowed"), "{out}");
+    assert!(out.contains("socket errno1"), "{out}");
+    assert!(out.contains("unshare-user -1 True"), "{out}");
+    assert!(out.contains("nnp 1 seccomp 2 capeff 0000000000000000"), "{out}");
+    assert!(out.contains("env ['HOME', 'LANG', 'PATH', 'TMPDIR']"), "{out}");
+    let scratch = f.session.status().dirs.expect("dirs").scratch;
+    assert_eq!(std::fs::read_to_string(scratch.join("s.txt")).expect("host sees scratch"), "from-sandbox");
+    assert!(!f.dir.join("project/new.txt").exists());
+    f.session.dispose("test").await;
+}

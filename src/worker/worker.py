@@ -256,6 +256,9 @@ def serve():
 def main():
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
+    # bwrap exports PWD after --chdir; the environment is PATH, HOME,
+    # TMPDIR and LANG only.
+    os.environ.pop("PWD", None)
     send({"type": "ready", "protocol": PROTOCOL,
           "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3])})
     serve()

@@ -1,0 +1,34 @@
+/**
+ * Whether this host can run the real sandbox, and the one way tests skip:
+ * loudly, with the reason, and never under CI=true (where a skip fails).
+ */
+import { spawnSync } from "node:child_process";
+import type { TestContext } from "node:test";
+
+let cached: string | null | undefined;
+
+/** Why the sandbox cannot run here, or null when it can. */
+export function sandboxSkipReason(): string | null {
+  if (cached !== undefined) return cached;
+  if (process.platform !== "linux") return (cached = `not Linux (${process.platform})`);
+  const r = spawnSync(
+    "bwrap",
+    ["--unshare-user", "--unshare-pid", "--unshare-net", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+     "--symlink", "usr/lib64", "/lib64", "--", "/usr/bin/python3", "-I", "-S", "-c", "pass"],
+    { encoding: "utf8", timeout: 15_000 },
+  );
+  if (r.error) cached = `bwrap cannot be run: ${r.error.message} (apt-get install bubblewrap)`;
+  else if (r.status !== 0) cached = `bwrap cannot create a sandbox here: ${(r.stderr || "").trim() || `exit ${r.status}`}`;
+  else cached = null;
+  return cached;
+}
+
+/** Call at the top of a sandbox test; returns true when the test must stop (skipped). */
+export function skipWithoutSandbox(t: TestContext): boolean {
+  const reason = sandboxSkipReason();
+  if (reason === null) return false;
+  if (process.env.CI === "true") throw new Error(`sandbox test cannot be skipped under CI: ${reason}`);
+  console.log(`# SKIP ${t.name}: ${reason}`);
+  t.skip(reason);
+  return true;
+}

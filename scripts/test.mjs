@@ -1,0 +1,59 @@
+// The whole test suite: Rust unit and engine tests, the engine tests again
+// as an unprivileged user (when run as root), then the addon integration
+// and pi end-to-end tests under node:test. Under CI=true a sandbox test
+// that would skip fails instead.
+import { spawnSync } from "node:child_process";
+import { chmodSync, copyFileSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { isRoot, prepare, root, run } from "./prepare.mjs";
+
+const UNPRIVILEGED = 65534; // nobody
+
+function engineTestBinary() {
+  const r = spawnSync("cargo", ["test", "--locked", "--test", "sandbox", "--no-run", "--message-format=json"], {
+    cwd: root,
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  for (const line of r.stdout.split("\n")) {
+    if (!line.startsWith("{")) continue;
+    const msg = JSON.parse(line);
+    if (msg.reason === "compiler-artifact" && msg.target?.name === "sandbox" && msg.executable) return msg.executable;
+  }
+  throw new Error("could not locate the engine test binary");
+}
+
+/** Run the engine's sandbox tests as an ordinary user, from a copy it can read. */
+function engineTestsUnprivileged() {
+  const dir = mkdtempSync(join(tmpdir(), "pps-unpriv-"));
+  try {
+    chmodSync(dir, 0o755);
+    const bin = join(dir, "sandbox-tests");
+    copyFileSync(engineTestBinary(), bin);
+    chmodSync(bin, 0o755);
+    console.log(`\n# engine sandbox tests as uid ${UNPRIVILEGED}`);
+    run("setpriv", [`--reuid=${UNPRIVILEGED}`, `--regid=${UNPRIVILEGED}`, "--clear-groups", "--reset-env", bin, "--test-threads=2"], {
+      cwd: dir,
+      env: { PATH: "/usr/bin:/bin", CI: process.env.CI ?? "", TMPDIR: "/tmp" },
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+try {
+  prepare();
+  run("cargo", ["test", "--locked"]);
+  if (isRoot) engineTestsUnprivileged();
+  const files = readdirSync(join(root, "__test__"))
+    .filter((f) => f.endsWith(".test.ts"))
+    .sort()
+    .map((f) => join("__test__", f));
+  // Node 20 cannot strip types and `node --test DIR` finds no .ts files:
+  // the list is explicit.
+  run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files]);
+} catch (err) {
+  console.error(err.message);
+  process.exit(err.exitCode ?? 1);
+}
