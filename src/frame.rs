@@ -71,6 +71,9 @@ pub struct ExecReport {
     /// The path a read was refused for (`permission_needed` only).
     #[serde(default)]
     pub path: Option<String>,
+    /// The refused read was a directory listing.
+    #[serde(default)]
+    pub path_is_dir: bool,
     /// Processes other than the worker still alive when the code finished.
     #[serde(default)]
     pub background: u32,

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod frame;
 pub mod limits;
 pub mod outcome;
+pub mod permissions;
 pub mod probe;
 pub mod seccomp;
 pub mod session;

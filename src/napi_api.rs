@@ -13,6 +13,7 @@ use napi_derive::napi;
 
 use crate::limits::*;
 use crate::outcome::{render, Outcome};
+use crate::permissions::{self, MountConfig, ReadDecision};
 use crate::session::{self, Availability, Session, SessionOptions, StatusReport};
 
 /// Options for a new sandbox session.
@@ -80,6 +81,9 @@ pub struct ExecResult {
   pub exception: Option<ExceptionResult>,
   /// The path a read was refused for (`permission_needed`).
   pub permission_path: Option<String>,
+  /// The refused read was a directory listing (its covering directory is
+  /// the path itself).
+  pub permission_is_dir: bool,
   pub output_limit_exceeded: bool,
   /// Host paths of this execution's complete stdout/stderr logs.
   pub log_paths: Option<LogPaths>,
@@ -138,6 +142,12 @@ pub struct StatusResult {
   /// `read-only` or `read-write`.
   pub workspace_mode: String,
   pub read_roots: Vec<String>,
+  /// Counts effective changes of mode or read roots.
+  pub mount_epoch: f64,
+  /// A permission-mode event has been applied.
+  pub permissions_seen: bool,
+  /// Directories whose reads the user denied in this session.
+  pub denied_reads: Vec<String>,
   pub limits: Limits,
   pub paths: SandboxPaths,
   pub bwrap: Option<BwrapInfo>,
@@ -190,6 +200,7 @@ fn to_js(o: Outcome) -> ExecResult {
       traceback: e.traceback,
     }),
     permission_path: o.permission_path,
+    permission_is_dir: o.permission_is_dir,
     output_limit_exceeded: o.output_limit_exceeded,
     log_paths: o.log_paths.map(|(out, err)| LogPaths { stdout: path_str(&out), stderr: path_str(&err) }),
     log_complete: o.log_complete,
@@ -222,10 +233,10 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     Availability::Available => ("available", None),
     Availability::Unavailable(d) => ("unavailable", Some(d.clone())),
   };
-  let mode = if r.workspace_writable { "read-write" } else { "read-only" };
+  let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
   let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
   let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
-  let roots: Vec<String> = r.read_roots.iter().map(|p| path_str(p)).collect();
+  let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
   let mut text = format!(
     "python tool: {}\n",
     match available {
@@ -289,6 +300,9 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     disposed: r.disposed,
     workspace_mode: mode.into(),
     read_roots: roots,
+    mount_epoch: r.mount_epoch as f64,
+    permissions_seen: r.permissions_seen,
+    denied_reads: r.denied_reads.iter().map(|p| path_str(p)).collect(),
     limits: limits(),
     paths: SandboxPaths {
       project_dir: path_str(&r.project_dir),
@@ -304,6 +318,37 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     }),
     text,
   }
+}
+
+#[napi(object)]
+pub struct SkippedRoot {
+  pub root: String,
+  pub reason: String,
+}
+
+/// What applying a `tool-permissions:mode` payload did.
+#[napi(object)]
+pub struct ModeChange {
+  /// The payload was an object and was applied.
+  pub applied: bool,
+  /// The mounts changed.
+  pub changed: bool,
+  /// A running interpreter was killed for it.
+  pub discarded: bool,
+  /// What to tell the user, when something changed.
+  pub notification: Option<String>,
+  pub workspace_mode: String,
+  pub read_roots: Vec<String>,
+  pub skipped: Vec<SkippedRoot>,
+}
+
+/// What to do about a read outside the mounts.
+#[napi(object)]
+pub struct ReadVerdict {
+  /// Ask the user (through pi-tool-permissions).
+  pub prompt: bool,
+  /// Why the read is refused without asking (when `prompt` is false).
+  pub diagnostic: Option<String>,
 }
 
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
@@ -331,8 +376,10 @@ impl PythonSandbox {
       project_dir: PathBuf::from(options.project_dir),
       runtime_root: options.runtime_root.map(PathBuf::from),
       interpreter: options.interpreter,
-      workspace_writable: options.workspace_writable.unwrap_or(false),
-      read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+      mounts: MountConfig {
+        workspace_writable: options.workspace_writable.unwrap_or(false),
+        read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+      },
     });
     Ok(PythonSandbox { session })
   }
@@ -364,6 +411,61 @@ impl PythonSandbox {
   #[napi]
   pub fn cancel(&self, call_id: Option<u32>) -> bool {
     self.session.cancel(call_id)
+  }
+
+  /// Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:
+  /// edits/auto/yolo mount /workspace read-write, anything else read-only;
+  /// read roots are resolved and filtered. An effective change kills the
+  /// running sandbox; the next execution starts with the new mounts.
+  #[napi]
+  pub fn apply_mode_event(&self, payload: serde_json::Value) -> ModeChange {
+    let current = self.session.status().mounts;
+    let Some(event) = permissions::parse_mode_event(&payload) else {
+      return ModeChange {
+        applied: false,
+        changed: false,
+        discarded: false,
+        notification: None,
+        workspace_mode: if current.workspace_writable { "read-write" } else { "read-only" }.into(),
+        read_roots: current.read_roots.iter().map(|p| path_str(p)).collect(),
+        skipped: vec![],
+      };
+    };
+    let project = std::fs::canonicalize(self.session.project_dir()).ok();
+    let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
+    let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots() };
+    let result = self.session.set_mounts(wanted.clone());
+    let notification = result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
+    ModeChange {
+      applied: true,
+      changed: result.is_some(),
+      discarded: result == Some(true),
+      notification,
+      workspace_mode: if wanted.workspace_writable { "read-write" } else { "read-only" }.into(),
+      read_roots: wanted.read_roots.iter().map(|p| path_str(p)).collect(),
+      skipped: plan.skipped.into_iter().map(|s| SkippedRoot { root: s.root, reason: s.reason }).collect(),
+    }
+  }
+
+  /// Decide about a read of `path` that the sandbox refused: prompt the
+  /// user, or refuse at once (earlier denial, no permission extension, no UI).
+  #[napi]
+  pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
+    let report = self.session.status();
+    match permissions::read_decision(&path, &report.denied_reads, report.permissions_seen, has_ui) {
+      ReadDecision::Prompt => ReadVerdict { prompt: true, diagnostic: None },
+      ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
+    }
+  }
+
+  /// Remember a denied read for the session; returns the diagnostic for
+  /// the result. `why` is e.g. "denied by the user" or "no answer in 30 s".
+  #[napi]
+  pub fn record_denied(&self, path: String, is_dir: bool, why: String) -> String {
+    if let Some(p) = permissions::normalize(&path) {
+      self.session.record_denied(permissions::covering_dir(&p, is_dir));
+    }
+    permissions::denied_diagnostic(&path, &why)
   }
 
   /// Kill the sandbox and discard interpreter state; scratch files stay.

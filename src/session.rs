@@ -26,6 +26,7 @@ use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
 use crate::outcome::{ExceptionText, Outcome, Status, StreamText};
+pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter};
 use crate::seccomp;
 use crate::spawn::{kill_group, spawn_sandbox};
@@ -41,8 +42,8 @@ pub struct SessionOptions {
     pub runtime_root: Option<PathBuf>,
     /// Interpreter path; default `$PI_PYTHON_TOOL_INTERPRETER`, else /usr/bin/python3.
     pub interpreter: Option<String>,
-    pub workspace_writable: bool,
-    pub read_roots: Vec<PathBuf>,
+    /// Initial mounts; change them later with [`Session::set_mounts`].
+    pub mounts: MountConfig,
 }
 
 /// Paths of a session's private directory.
@@ -74,8 +75,13 @@ pub struct StatusReport {
     pub last_reset_reason: Option<String>,
     pub disposed: bool,
     pub project_dir: PathBuf,
-    pub workspace_writable: bool,
-    pub read_roots: Vec<PathBuf>,
+    pub mounts: MountConfig,
+    /// Counts effective mount changes.
+    pub mount_epoch: u64,
+    /// A `tool-permissions:mode` event was applied at least once.
+    pub permissions_seen: bool,
+    /// Directories whose reads the user denied in this session.
+    pub denied_reads: Vec<PathBuf>,
     pub dirs: Option<Dirs>,
     pub bwrap: Option<Bwrap>,
 }
@@ -96,6 +102,8 @@ struct Worker {
     stderr: Option<ChildStderr>,
     out_buf: Vec<u8>,
     err_buf: Vec<u8>,
+    /// The mounts this sandbox was started with.
+    mounts: MountConfig,
 }
 
 struct Facts {
@@ -123,8 +131,11 @@ pub struct Session {
     auto_call: AtomicU64,
 }
 
+const REMOUNT_REASON: &str = "the sandbox was restarted because the permission mode or read roots changed";
+
 /// How a running execution ended before producing a complete result.
 enum Interrupt {
+    Remounted,
     Timeout,
     Cancelled,
     Disposed,
@@ -228,8 +239,10 @@ impl Session {
             last_reset_reason: None,
             disposed: false,
             project_dir: opts.project_dir.clone(),
-            workspace_writable: opts.workspace_writable,
-            read_roots: opts.read_roots.clone(),
+            mounts: opts.mounts.clone(),
+            mount_epoch: 0,
+            permissions_seen: false,
+            denied_reads: Vec::new(),
             dirs: None,
             bwrap: None,
         };
@@ -351,6 +364,12 @@ impl Session {
         }
         let timeout_seconds = timeout_seconds.clamp(MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS);
 
+        // A sandbox started with other mounts than the session's is replaced.
+        let wanted = self.shared.lock().report.mounts.clone();
+        if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+            inner.pending_loss = Some(REMOUNT_REASON.into());
+            self.drop_worker(inner, "mounts_changed").await;
+        }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Ok(Some(status)) = w.child.try_wait() {
@@ -429,6 +448,13 @@ impl Session {
                         ),
                     ),
                     Interrupt::Died => (Status::WorkerError, "worker_error".into(), String::new()),
+                    Interrupt::Remounted => (
+                        Status::WorkerError,
+                        "permission mode or read roots changed".into(),
+                        "The permission mode or read roots changed while the code ran; the sandbox was killed and \
+                         the next execution starts with the new mounts."
+                            .into(),
+                    ),
                     Interrupt::Violation(m) => (
                         Status::WorkerError,
                         "worker_error".into(),
@@ -477,7 +503,7 @@ impl Session {
         capture: &mut Capture,
         wake: &mut watch::Receiver<u64>,
     ) -> Result<(ExecReport, Result<(), String>), Interrupt> {
-        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, .. } = w;
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, mounts, .. } = w;
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
         let mut drain_until = deadline;
@@ -500,6 +526,7 @@ impl Session {
                 changed = wake.changed(), if running => {
                     if changed.is_err() || self.is_disposed() { return Err(Interrupt::Disposed); }
                     if self.is_cancelled(call) { return Err(Interrupt::Cancelled); }
+                    if self.shared.lock().report.mounts != *mounts { return Err(Interrupt::Remounted); }
                 }
                 _ = sleep_until(deadline), if running => return Err(Interrupt::Timeout),
                 _ = sleep_until(drain_until), if !running => break,
@@ -571,15 +598,16 @@ impl Session {
                 d
             }
         };
+        let mounts = self.shared.lock().report.mounts.clone();
         let spec = SandboxSpec {
             interpreter: facts.interpreter.path.clone(),
             interpreter_mounts: facts.interpreter.mounts.clone(),
             merged_usr: facts.merged_usr,
             project_dir: project,
-            workspace_writable: self.opts.workspace_writable,
+            workspace_writable: mounts.workspace_writable,
             scratch_dir: dirs.scratch.clone(),
             worker_file: dirs.worker_file.clone(),
-            read_roots: self.opts.read_roots.clone(),
+            read_roots: mounts.read_roots.clone(),
         };
         let generation = {
             let mut sh = self.shared.lock();
@@ -612,6 +640,7 @@ impl Session {
             stderr: Some(spawned.stderr),
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
+            mounts,
         };
         {
             let mut sh = self.shared.lock();
@@ -773,6 +802,40 @@ impl Session {
         Ok(dirs)
     }
 
+    /// Change the mounts. An effective change kills the running sandbox at
+    /// once (a writable mount must not outlive the mode that granted it);
+    /// the next execution starts with the new mounts and reports the loss.
+    /// Returns `Some(killed)` when something changed, `killed` telling
+    /// whether an interpreter was discarded.
+    pub fn set_mounts(&self, mounts: MountConfig) -> Option<bool> {
+        let mut sh = self.shared.lock();
+        sh.report.permissions_seen = true;
+        if sh.report.mounts == mounts {
+            return None;
+        }
+        sh.report.mounts = mounts;
+        sh.report.mount_epoch += 1;
+        let pid = sh.worker_pid;
+        drop(sh);
+        if let Some(pid) = pid {
+            kill_group(pid);
+        }
+        self.wake.send_modify(|n| *n += 1);
+        Some(pid.is_some())
+    }
+
+    /// Remember that the user denied reads under `dir`.
+    pub fn record_denied(&self, dir: PathBuf) {
+        let mut sh = self.shared.lock();
+        if !sh.report.denied_reads.contains(&dir) {
+            sh.report.denied_reads.push(dir);
+        }
+    }
+
+    pub fn project_dir(&self) -> &Path {
+        &self.opts.project_dir
+    }
+
     /// Kill the sandbox and discard interpreter state; scratch is kept.
     pub async fn reset(&self) -> Option<Dirs> {
         let mut inner = self.ops.lock().await;
@@ -837,6 +900,7 @@ fn apply_report(o: &mut Outcome, r: ExecReport) {
         traceback: bound_bytes(e.traceback, MAX_TRACEBACK_BYTES + 64).0,
     });
     o.permission_path = r.path.filter(|_| o.status == Status::PermissionNeeded);
+    o.permission_is_dir = r.path_is_dir;
 }
 
 fn bound_bytes(mut s: String, max: usize) -> (String, bool) {

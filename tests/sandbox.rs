@@ -112,3 +112,50 @@ print("env", sorted(os.environ))
     assert!(!f.dir.join("project/new.txt").exists());
     f.session.dispose("test").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_outside_the_mounts_become_permission_needed() {
+    let Some(f) = fixture("reads") else { return };
+    let s = &f.session;
+    let ok = s.execute("x = 1\nopen('data.txt').read()".into(), 30, None).await;
+    assert_eq!(ok.repr.as_deref(), Some("'fixture-content\\n'"), "{}", render(&ok));
+    for (code, path, is_dir) in [
+        ("open('/etc/hostname')", "/etc/hostname", false),
+        ("open('../etc/passwd')", "/etc/passwd", false),
+        ("import os; os.listdir('/etc')", "/etc", true),
+        ("import pathlib; pathlib.Path('/root/.bashrc').read_text()", "/root/.bashrc", false),
+    ] {
+        let o = s.execute(code.into(), 30, None).await;
+        assert_eq!(o.status, Status::PermissionNeeded, "{code}: {}", render(&o));
+        assert_eq!(o.permission_path.as_deref(), Some(path), "{code}");
+        assert_eq!(o.permission_is_dir, is_dir, "{code}");
+        assert!(!o.state_lost);
+    }
+    // Runtime paths, the scratch and stat-like probes pass; state survived.
+    let fine = s.execute(
+        "import os, json\nopen('/usr/lib/os-release').close(); open('/scratch/a', 'w').close()\n\
+         (os.path.exists('/etc/hostname'), os.listdir('/scratch'), x)".into(), 30, None).await;
+    assert_eq!(fine.status, Status::Ok, "{}", render(&fine));
+    assert_eq!(fine.repr.as_deref(), Some("(False, ['a'], 1)"));
+    // Caught by user code, it is an ordinary exception.
+    let caught = s.execute("try:\n    open('/etc/hostname')\nexcept Exception as e:\n    r = type(e).__name__\nr".into(), 30, None).await;
+    assert_eq!(caught.repr.as_deref(), Some("'SandboxReadDenied'"));
+    s.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_change_restarts_the_sandbox_and_says_so() {
+    let Some(f) = fixture("remount") else { return };
+    let s = &f.session;
+    let first = s.execute("v = 1\nopen('/workspace/w.txt', 'w')".into(), 30, None).await;
+    assert_eq!(first.exception.as_ref().map(|e| e.type_name.as_str()), Some("OSError"), "{}", render(&first));
+    let changed = s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    assert_eq!(changed, Some(true), "a running interpreter was discarded");
+    let second = s.execute("open('/workspace/w.txt', 'w').write('hi')\n'v' in globals()".into(), 30, None).await;
+    assert_eq!(second.repr.as_deref(), Some("False"), "{}", render(&second));
+    assert!(second.state_lost);
+    assert!(second.state_lost_reason.as_deref().unwrap_or("").contains("permission mode"));
+    assert_eq!(std::fs::read_to_string(f.dir.join("project/w.txt")).expect("written"), "hi");
+    assert_eq!(s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] }), None);
+    s.dispose("test").await;
+}

@@ -152,6 +152,91 @@ def safe_repr(value):
         return "<repr raised %s>" % type(e).__name__
 
 
+class SandboxReadDenied(Exception):
+    """A read of a path outside the sandbox mounts.
+
+    Raised by the read hook so that the tool can offer a permission prompt;
+    the mounts themselves are what stops the read.
+    """
+
+    def __init__(self, path, is_dir):
+        Exception.__init__(self, path)
+        self.path = path
+        self.is_dir = is_dir
+
+
+def unescape_mount(field):
+    """Undo /proc/self/mounts' octal escapes (\\040 for a space, ...)."""
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out += field[i:i + 1]
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def mountpoints():
+    """The sandbox's own mountpoints, except /: what user code may read."""
+    points = set()
+    with open("/proc/self/mounts", "rb") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2:
+                point = unescape_mount(fields[1]).rstrip("/")
+                if point.startswith("/"):
+                    points.add(point)
+    return tuple(sorted(points))
+
+
+def install_read_hook():
+    """Turn reads outside the mounts into SandboxReadDenied.
+
+    Covers open (and all built on it), os.listdir and os.scandir in this
+    process; never stat or existence checks. Subprocesses are not covered:
+    their reads simply fail with the kernel's error.
+    """
+    allowed = mountpoints()
+
+    def inside(path):
+        for m in allowed:
+            if path == m or path.startswith(m + "/"):
+                return True
+        return False
+
+    def hook(event, args):
+        if event == "open":
+            is_dir = False
+        elif event == "os.listdir" or event == "os.scandir":
+            is_dir = True
+        else:
+            return
+        if not args:
+            return
+        path = args[0]
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        elif not isinstance(path, str):
+            return  # an fd, or None for the current directory
+        try:
+            full = os.path.normpath(os.path.join(os.getcwd(), path))
+        except Exception:
+            return
+        if inside(full):
+            return
+        try:
+            real = os.path.realpath(full)
+        except Exception:
+            real = full
+        if real != full and inside(real):
+            return
+        raise SandboxReadDenied(full, is_dir)
+
+    sys.addaudithook(hook)
+
+
 def run(code, namespace):
     """Execute `code`; returns (status, repr or None, exception dict or None)."""
     try:
@@ -166,6 +251,8 @@ def run(code, namespace):
     try:
         exec(body, namespace)
         value = eval(tail, namespace) if tail is not None else None
+    except SandboxReadDenied as e:
+        return "permission_needed", None, dict(describe(e), path=e.path, isDir=e.is_dir)
     except BaseException as e:
         return "runtime_error", None, describe(e)
     finally:
@@ -247,8 +334,12 @@ def serve():
         status, value, exception = run(code, namespace)
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
         background = live_processes()
+        path = is_dir = None
+        if status == "permission_needed":
+            path, is_dir = exception.pop("path"), exception.pop("isDir")
         send({"type": "result", "id": req_id, "status": status, "repr": text,
-              "reprTruncated": truncated, "exception": exception, "background": background})
+              "reprTruncated": truncated, "exception": exception, "background": background,
+              "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir)})
         marked = end_streams(request["nonce"], background)
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
 
@@ -259,6 +350,7 @@ def main():
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
     os.environ.pop("PWD", None)
+    install_read_hook()
     send({"type": "ready", "protocol": PROTOCOL,
           "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3])})
     serve()

@@ -1,0 +1,370 @@
+//! Permission modes, read roots and read-prompt decisions.
+//!
+//! pi-tool-permissions announces `{ mode, readRoots }` on pi's event bus;
+//! this module turns such a payload into the mounts a sandbox gets, says
+//! what changed in words for the user, and decides what happens when code
+//! reads a path outside the mounts. It only decides: the session applies
+//! the mounts and the TypeScript wrapper talks to the bus and the UI.
+//! Filesystem facts (realpath) come in as a function so tests need no
+//! special machine.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::bwrap::RESERVED_MOUNTS;
+
+/// The mounts a sandbox is started with (besides the fixed ones).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountConfig {
+    pub workspace_writable: bool,
+    /// Canonical host directories, mounted read-only at their own paths.
+    pub read_roots: Vec<PathBuf>,
+}
+
+/// A validated `tool-permissions:mode` payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeEvent {
+    /// The mode as announced (`manual` for anything unknown).
+    pub mode: String,
+    pub writable: bool,
+    /// Root strings as given (validated later by [`plan_mounts`]).
+    pub read_roots: Vec<String>,
+}
+
+/// Parse a mode payload. Anything unexpected falls to the safe side: an
+/// unknown or missing mode is read-only, a malformed `readRoots` is no
+/// roots, non-string roots are dropped. A payload that is not an object
+/// changes nothing (`None`).
+pub fn parse_mode_event(payload: &Value) -> Option<ModeEvent> {
+    let obj = payload.as_object()?;
+    let mode = obj.get("mode").and_then(Value::as_str).unwrap_or("");
+    let (mode, writable) = match mode {
+        "edits" | "auto" | "yolo" => (mode.to_string(), true),
+        _ => ("manual".to_string(), false),
+    };
+    let read_roots = obj
+        .get("readRoots")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    Some(ModeEvent { mode, writable, read_roots })
+}
+
+/// A root that was not mounted, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub root: String,
+    pub reason: String,
+}
+
+/// A mounted root: the path asked for and where it resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mounted {
+    pub requested: String,
+    pub resolved: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountPlan {
+    pub mounted: Vec<Mounted>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl MountPlan {
+    pub fn roots(&self) -> Vec<PathBuf> {
+        self.mounted.iter().map(|m| m.resolved.clone()).collect()
+    }
+}
+
+/// Lexically normalised absolute path (`.`, `..`, repeated and trailing
+/// slashes removed); `None` for a relative path.
+pub fn normalize(path: &str) -> Option<PathBuf> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut out = PathBuf::from("/");
+    for c in Path::new(path).components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+/// The reserved sandbox mount `p` is on or under, if any.
+fn reserved(p: &Path) -> Option<&'static str> {
+    if p == Path::new("/") {
+        return Some("/");
+    }
+    RESERVED_MOUNTS.iter().copied().find(|m| p.starts_with(m))
+}
+
+/// Decide which read roots to mount. `resolve` is realpath.
+pub fn plan_mounts(
+    roots: &[String],
+    project: Option<&Path>,
+    resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
+) -> MountPlan {
+    let mut plan = MountPlan::default();
+    let mut candidates: Vec<(String, PathBuf)> = Vec::new();
+    for raw in roots {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        let skip = |reason: String| Skipped { root: raw.clone(), reason };
+        let Some(normal) = normalize(trimmed) else {
+            plan.skipped.push(skip("not an absolute path".into()));
+            continue;
+        };
+        let resolved = match resolve(&normal) {
+            Ok(r) => r,
+            Err(e) => {
+                plan.skipped.push(skip(format!("cannot be resolved: {e}")));
+                continue;
+            }
+        };
+        if let Some(m) = reserved(&resolved) {
+            let what = if m == "/" { "the whole filesystem".to_string() } else { format!("reserved sandbox mount {m}") };
+            plan.skipped.push(skip(what));
+            continue;
+        }
+        if let Some(project) = project {
+            if resolved.starts_with(project) {
+                plan.skipped.push(skip("inside the project, already readable under /workspace".into()));
+                continue;
+            }
+        }
+        candidates.push((raw.clone(), resolved));
+    }
+    // Shallowest first, so that a root covered by another is seen after it.
+    candidates.sort_by(|a, b| a.1.cmp(&b.1));
+    for (raw, resolved) in candidates {
+        if let Some(cover) = plan.mounted.iter().find(|m| resolved.starts_with(&m.resolved)) {
+            if cover.resolved != resolved {
+                plan.skipped.push(Skipped { root: raw, reason: format!("covered by {}", cover.resolved.display()) });
+            }
+            continue; // an exact duplicate is dropped silently
+        }
+        plan.mounted.push(Mounted { requested: raw, resolved });
+    }
+    plan
+}
+
+/// The user-facing note for a change of mounts. `discarded`: a running
+/// interpreter was killed.
+pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPlan, discarded: bool) -> Option<String> {
+    let mut changes: Vec<String> = Vec::new();
+    if old.workspace_writable != new.workspace_writable {
+        changes.push(if new.workspace_writable { "/workspace is now read-write" } else { "/workspace is now read-only" }.into());
+    }
+    if old.read_roots != new.read_roots {
+        if plan.mounted.is_empty() {
+            changes.push("read roots cleared".into());
+        } else {
+            let list: Vec<String> = plan
+                .mounted
+                .iter()
+                .map(|m| {
+                    let shown = m.resolved.display().to_string();
+                    match normalize(m.requested.trim()) {
+                        Some(n) if n != m.resolved => format!("{shown} (requested as {})", m.requested.trim()),
+                        _ => shown,
+                    }
+                })
+                .collect();
+            changes.push(format!("read roots mounted read-only: {}", list.join(", ")));
+        }
+    }
+    if changes.is_empty() {
+        return None;
+    }
+    let mut note = format!("python sandbox: {}", changes.join("; "));
+    note.push_str(if discarded {
+        " (the sandbox was restarted; interpreter state discarded, scratch files kept)"
+    } else {
+        " (applies from the next execution)"
+    });
+    if !plan.skipped.is_empty() {
+        let list: Vec<String> = plan.skipped.iter().map(|s| format!("{} ({})", s.root, s.reason)).collect();
+        note.push_str(&format!("; skipped: {}", list.join(", ")));
+    }
+    Some(note)
+}
+
+/// The directory a refused read is about: the path itself for a directory
+/// listing, otherwise its parent.
+pub fn covering_dir(path: &Path, is_dir: bool) -> PathBuf {
+    if is_dir {
+        return path.to_path_buf();
+    }
+    match path.parent() {
+        Some(p) if p != Path::new("/") => p.to_path_buf(),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// What to do about a read outside the mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadDecision {
+    /// Ask the user through pi-tool-permissions.
+    Prompt,
+    /// Refuse at once, with the diagnostic for the result.
+    Deny(String),
+}
+
+/// Decide about a refused read of `path`.
+pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has_ui: bool) -> ReadDecision {
+    let how = "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
+               or a read root), or copy the data into the project or /scratch.";
+    let p = Path::new(path);
+    if let Some(d) = denied.iter().find(|d| p.starts_with(d)) {
+        return ReadDecision::Deny(format!(
+            "Reads under {} were denied earlier in this session, so {path} was refused without asking again. {how}",
+            d.display()
+        ));
+    }
+    if !permissions_seen {
+        return ReadDecision::Deny(format!(
+            "{path} is outside the sandbox mounts and there is no permission extension (pi-tool-permissions) \
+             to ask the user. {how}"
+        ));
+    }
+    if !has_ui {
+        return ReadDecision::Deny(format!(
+            "{path} is outside the sandbox mounts and this pi session has no UI to ask the user (print mode). {how}"
+        ));
+    }
+    ReadDecision::Prompt
+}
+
+/// Diagnostic for a read the user denied (or left unanswered).
+pub fn denied_diagnostic(path: &str, why: &str) -> String {
+    format!(
+        "Read of {path} was denied ({why}); reads under that directory stay unavailable for this session. \
+         Use another source, or ask the user to grant read access to that directory."
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ident(p: &Path) -> std::io::Result<PathBuf> {
+        Ok(p.to_path_buf())
+    }
+
+    fn plan(roots: &[&str], project: &str) -> MountPlan {
+        let roots: Vec<String> = roots.iter().map(|s| s.to_string()).collect();
+        plan_mounts(&roots, Some(Path::new(project)), ident)
+    }
+
+    fn reasons(p: &MountPlan) -> Vec<(String, String)> {
+        p.skipped.iter().map(|s| (s.root.clone(), s.reason.clone())).collect()
+    }
+
+    #[test]
+    fn modes_map_to_workspace_writability() {
+        for (mode, writable) in [("edits", true), ("auto", true), ("yolo", true), ("manual", false), ("bogus", false)] {
+            let e = parse_mode_event(&json!({ "mode": mode, "readRoots": [] })).expect("object");
+            assert_eq!(e.writable, writable, "{mode}");
+        }
+    }
+
+    #[test]
+    fn malformed_payloads_fall_to_the_safe_side() {
+        assert_eq!(parse_mode_event(&json!(null)), None);
+        assert_eq!(parse_mode_event(&json!(42)), None);
+        assert_eq!(parse_mode_event(&json!("yolo")), None);
+        let e = parse_mode_event(&json!({ "mode": 7, "readRoots": "/etc" })).expect("object");
+        assert_eq!((e.writable, e.read_roots.len()), (false, 0));
+        let e = parse_mode_event(&json!({ "mode": "edits", "readRoots": ["/a", 5, null, "/b"] })).expect("object");
+        assert_eq!(e.read_roots, ["/a", "/b"]);
+    }
+
+    #[test]
+    fn each_skip_reason_is_named() {
+        let p = plan(&["relative/x", "/", "/tmp/pi-scratch", "/usr/share", "/workspace", "/proc/1", "/home/u/proj/sub", "/home/u/proj"], "/home/u/proj");
+        assert!(p.mounted.is_empty(), "{:?}", p.mounted);
+        assert_eq!(
+            reasons(&p),
+            [
+                ("relative/x".into(), "not an absolute path".into()),
+                ("/".into(), "the whole filesystem".into()),
+                ("/tmp/pi-scratch".into(), "reserved sandbox mount /tmp".into()),
+                ("/usr/share".into(), "reserved sandbox mount /usr".into()),
+                ("/workspace".into(), "reserved sandbox mount /workspace".into()),
+                ("/proc/1".into(), "reserved sandbox mount /proc".into()),
+                ("/home/u/proj/sub".into(), "inside the project, already readable under /workspace".into()),
+                ("/home/u/proj".into(), "inside the project, already readable under /workspace".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_root_containing_the_project_is_kept_and_nested_roots_are_covered() {
+        let p = plan(&["/data/a/b", "/home/u", "/data/a", "/data/a/", "/etc"], "/home/u/proj");
+        assert_eq!(p.roots(), [PathBuf::from("/data/a"), "/etc".into(), "/home/u".into()]);
+        assert_eq!(reasons(&p), [("/data/a/b".into(), "covered by /data/a".into())]);
+    }
+
+    #[test]
+    fn roots_are_resolved_and_the_resolved_path_is_checked() {
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            match p.to_str() {
+                Some("/link") => Ok("/srv/data".into()),
+                Some("/sneaky") => Ok("/usr/lib".into()),
+                Some("/gone") => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+                _ => Ok(p.to_path_buf()),
+            }
+        };
+        let roots = ["/link", "/sneaky", "/gone"].map(String::from);
+        let p = plan_mounts(&roots, None, resolve);
+        assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into() }]);
+        assert_eq!(p.skipped[0].reason, "reserved sandbox mount /usr");
+        assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
+        let note = change_notification(&MountConfig::default(), &MountConfig { workspace_writable: false, read_roots: p.roots() }, &p, true)
+            .expect("changed");
+        assert!(note.contains("/srv/data (requested as /link)"), "{note}");
+        assert!(note.contains("interpreter state discarded"), "{note}");
+        assert!(note.contains("skipped: /sneaky (reserved sandbox mount /usr)"), "{note}");
+    }
+
+    #[test]
+    fn no_change_no_notification() {
+        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()] };
+        assert_eq!(change_notification(&c, &c.clone(), &MountPlan::default(), false), None);
+        let ro = MountConfig { workspace_writable: false, ..c.clone() };
+        let note = change_notification(&c, &ro, &MountPlan::default(), false).expect("changed");
+        assert!(note.starts_with("python sandbox: /workspace is now read-only"), "{note}");
+    }
+
+    #[test]
+    fn read_decisions() {
+        let denied = vec![PathBuf::from("/etc")];
+        assert!(matches!(read_decision("/etc/hostname", &denied, true, true), ReadDecision::Deny(d) if d.contains("denied earlier")));
+        assert!(matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension")));
+        assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
+        assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
+    }
+
+    #[test]
+    fn covering_dirs() {
+        assert_eq!(covering_dir(Path::new("/etc/hostname"), false), PathBuf::from("/etc"));
+        assert_eq!(covering_dir(Path::new("/srv/data"), true), PathBuf::from("/srv/data"));
+        assert_eq!(covering_dir(Path::new("/foo"), false), PathBuf::from("/foo"));
+    }
+
+    #[test]
+    fn normalize_is_lexical() {
+        assert_eq!(normalize("/a/./b/../c//"), Some("/a/c".into()));
+        assert_eq!(normalize("/.."), Some("/".into()));
+        assert_eq!(normalize("a/b"), None);
+    }
+}
