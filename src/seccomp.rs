@@ -12,19 +12,33 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::OwnedFd;
 
-use libseccomp::{ScmpAction, ScmpFilterContext, ScmpSyscall};
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
 /// What the filter does with a matching call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// Fail with EPERM, as if a policy refused it.
     Eperm,
+    /// Fail with ENOSYS, as if the kernel lacked the call (so that libc
+    /// falls back to an older call the filter can inspect).
+    Enosys,
+}
+
+/// When a rule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    Always,
+    /// `(arg & mask) == value`.
+    ArgMasked { arg: u32, mask: u64, value: u64 },
+    /// `arg != value`.
+    ArgNot { arg: u32, value: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     pub syscall: &'static str,
     pub action: Action,
+    pub when: When,
     /// Must libseccomp know this call on the build architecture? An
     /// optional one that it does not know does not exist there.
     pub required: bool,
@@ -32,8 +46,26 @@ pub struct Rule {
 }
 
 const fn eperm(syscall: &'static str, required: bool, reason: &'static str) -> Rule {
-    Rule { syscall, action: Action::Eperm, required, reason }
+    Rule { syscall, action: Action::Eperm, when: When::Always, required, reason }
 }
+
+const fn eperm_when(syscall: &'static str, when: When, reason: &'static str) -> Rule {
+    Rule { syscall, action: Action::Eperm, when, required: false, reason }
+}
+
+/// Namespace flags of clone(2) and unshare(2).
+pub const NAMESPACE_FLAGS: [(&str, u64); 8] = [
+    ("CLONE_NEWTIME", 0x80),
+    ("CLONE_NEWNS", 0x0002_0000),
+    ("CLONE_NEWCGROUP", 0x0200_0000),
+    ("CLONE_NEWUTS", 0x0400_0000),
+    ("CLONE_NEWIPC", 0x0800_0000),
+    ("CLONE_NEWUSER", 0x1000_0000),
+    ("CLONE_NEWPID", 0x2000_0000),
+    ("CLONE_NEWNET", 0x4000_0000),
+];
+pub const TIOCSTI: u64 = 0x5412;
+pub const TIOCLINUX: u64 = 0x541C;
 
 /// The refused calls. Everything else is allowed: the namespaces, the mounts
 /// and the rlimits do the rest of the confinement.
@@ -42,7 +74,14 @@ pub fn rules() -> Vec<Rule> {
     const PEEK: &str = "no reading or writing of another process's memory";
     const KEXEC: &str = "no loading of a new kernel";
     const HANDLE: &str = "file handles can reach files outside the mounts";
-    vec![
+    const URING: &str = "io_uring bypasses the filter (IORING_OP_SOCKET reaches sockets) and is a large kernel attack surface";
+    const KEYS: &str = "the kernel keyring is shared with the host user and a common exploit target";
+    const NS: &str = "no new namespaces: they unlock kernel surface meant for privileged users";
+    const MOUNT: &str = "no changes to the mount table";
+    const TTY: &str = "no typing into or controlling a terminal";
+    const OBSOLETE: &str = "obsolete or host-wide calls that sandboxed code never needs";
+    const NUMA: &str = "NUMA memory policy calls have a history of kernel bugs and no use here";
+    let mut r = vec![
         eperm("socket", true, NET),
         eperm("socketpair", true, NET),
         eperm("ptrace", false, PEEK),
@@ -55,7 +94,44 @@ pub fn rules() -> Vec<Rule> {
         eperm("kexec_file_load", false, KEXEC),
         eperm("open_by_handle_at", false, HANDLE),
         eperm("name_to_handle_at", false, HANDLE),
-    ]
+        eperm("io_uring_setup", false, URING),
+        eperm("io_uring_enter", false, URING),
+        eperm("io_uring_register", false, URING),
+        eperm("keyctl", false, KEYS),
+        eperm("add_key", false, KEYS),
+        eperm("request_key", false, KEYS),
+        eperm("setns", false, NS),
+        Rule { syscall: "clone3", action: Action::Enosys, when: When::Always, required: false, reason: "its flags are in memory the filter cannot read; ENOSYS makes libc fall back to clone" },
+        eperm("mount", false, MOUNT),
+        eperm("umount2", false, MOUNT),
+        eperm("pivot_root", false, MOUNT),
+        eperm("chroot", false, MOUNT),
+        eperm("open_tree", false, MOUNT),
+        eperm("move_mount", false, MOUNT),
+        eperm("fsopen", false, MOUNT),
+        eperm("fsconfig", false, MOUNT),
+        eperm("fsmount", false, MOUNT),
+        eperm("fspick", false, MOUNT),
+        eperm("mount_setattr", false, MOUNT),
+        eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI }, TTY),
+        eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX }, TTY),
+        eperm_when("personality", When::ArgNot { arg: 0, value: 0 }, "other personalities disable ASLR or change the ABI"),
+        eperm("syslog", false, OBSOLETE),
+        eperm("uselib", false, OBSOLETE),
+        eperm("acct", false, OBSOLETE),
+        eperm("modify_ldt", false, OBSOLETE),
+        eperm("quotactl", false, OBSOLETE),
+        eperm("mbind", false, NUMA),
+        eperm("migrate_pages", false, NUMA),
+        eperm("move_pages", false, NUMA),
+        eperm("set_mempolicy", false, NUMA),
+    ];
+    for (_, flag) in NAMESPACE_FLAGS {
+        let when = When::ArgMasked { arg: 0, mask: flag, value: flag };
+        r.push(eperm_when("unshare", when, NS));
+        r.push(eperm_when("clone", when, NS));
+    }
+    r
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +149,15 @@ pub enum SeccompError {
 fn scmp_action(action: Action) -> ScmpAction {
     match action {
         Action::Eperm => ScmpAction::Errno(libc::EPERM),
+        Action::Enosys => ScmpAction::Errno(libc::ENOSYS),
+    }
+}
+
+fn conditions(when: When) -> Vec<ScmpArgCompare> {
+    match when {
+        When::Always => vec![],
+        When::ArgMasked { arg, mask, value } => vec![ScmpArgCompare::new(arg, ScmpCompareOp::MaskedEqual(mask), value)],
+        When::ArgNot { arg, value } => vec![ScmpArgCompare::new(arg, ScmpCompareOp::NotEqual, value)],
     }
 }
 
@@ -85,7 +170,7 @@ pub fn build_filter(rules: &[Rule]) -> Result<ScmpFilterContext, SeccompError> {
             Err(_) if !rule.required => continue,
             Err(_) => return Err(SeccompError::UnknownSyscall { syscall: rule.syscall }),
         };
-        ctx.add_rule(scmp_action(rule.action), syscall)
+        ctx.add_rule_conditional(scmp_action(rule.action), syscall, &conditions(rule.when))
             .map_err(|source| SeccompError::Rule { syscall: rule.syscall, source })?;
     }
     Ok(ctx)
@@ -142,17 +227,44 @@ mod tests {
     use std::io::Read;
 
     #[test]
-    fn the_policy_is_exactly_the_documented_list() {
-        let names: Vec<_> = rules().iter().map(|r| r.syscall).collect();
-        assert_eq!(
-            names,
-            [
-                "socket", "socketpair", "ptrace", "process_vm_readv", "process_vm_writev", "bpf",
-                "userfaultfd", "perf_event_open", "kexec_load", "kexec_file_load",
-                "open_by_handle_at", "name_to_handle_at",
-            ]
-        );
-        assert!(rules().iter().all(|r| r.action == Action::Eperm && !r.reason.is_empty()));
+    fn the_spec_calls_are_refused_unconditionally_with_eperm() {
+        let rules = rules();
+        for name in [
+            "socket", "socketpair", "ptrace", "bpf", "userfaultfd", "perf_event_open", "process_vm_readv",
+            "process_vm_writev", "kexec_load", "kexec_file_load", "open_by_handle_at", "name_to_handle_at",
+        ] {
+            let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
+        }
+        assert!(rules.iter().all(|r| !r.reason.is_empty()));
+    }
+
+    #[test]
+    fn hardening_rules_are_as_documented() {
+        let rules = rules();
+        let always: Vec<_> = rules.iter().filter(|r| r.when == When::Always && r.action == Action::Eperm).map(|r| r.syscall).collect();
+        for name in [
+            "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key", "setns",
+            "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
+            "fspick", "mount_setattr", "syslog", "uselib", "acct", "modify_ldt", "quotactl", "mbind",
+            "migrate_pages", "move_pages", "set_mempolicy",
+        ] {
+            assert!(always.contains(&name), "{name}");
+        }
+        let clone3 = rules.iter().find(|r| r.syscall == "clone3").expect("clone3");
+        assert_eq!(clone3.action, Action::Enosys);
+        for call in ["clone", "unshare"] {
+            let masks: Vec<_> = rules.iter().filter(|r| r.syscall == call).map(|r| r.when).collect();
+            let expected: Vec<_> = NAMESPACE_FLAGS.iter().map(|&(_, f)| When::ArgMasked { arg: 0, mask: f, value: f }).collect();
+            assert_eq!(masks, expected, "{call}: one rule per namespace flag, nothing else");
+        }
+        let ioctls: Vec<_> = rules.iter().filter(|r| r.syscall == "ioctl").map(|r| r.when).collect();
+        assert_eq!(ioctls, [
+            When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI },
+            When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX },
+        ]);
+        let personality = rules.iter().find(|r| r.syscall == "personality").expect("personality");
+        assert_eq!(personality.when, When::ArgNot { arg: 0, value: 0 });
     }
 
     #[test]
