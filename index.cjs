@@ -836,3 +836,4 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.PythonSandbox = nativeBinding.PythonSandbox
+module.exports.cleanupAll = nativeBinding.cleanupAll

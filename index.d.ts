@@ -29,6 +29,23 @@ export declare class PythonSandbox {
    */
   cancel(callId?: number | undefined | null): boolean
   /**
+   * Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:
+   * edits/auto/yolo mount /workspace read-write, anything else read-only;
+   * read roots are resolved and filtered. An effective change kills the
+   * running sandbox; the next execution starts with the new mounts.
+   */
+  applyModeEvent(payload: any): ModeChange
+  /**
+   * Decide about a read of `path` that the sandbox refused: prompt the
+   * user, or refuse at once (earlier denial, no permission extension, no UI).
+   */
+  readDecision(path: string, hasUi: boolean): ReadVerdict
+  /**
+   * Remember a denied read for the session; returns the diagnostic for
+   * the result. `why` is e.g. "denied by the user" or "no answer in 30 s".
+   */
+  recordDenied(path: string, isDir: boolean, why: string): string
+  /**
    * Kill the sandbox and discard interpreter state; scratch files stay.
    * The next `execute` starts a fresh interpreter.
    */
@@ -47,6 +64,13 @@ export interface BwrapInfo {
   version: string
   setuid: boolean
 }
+
+/**
+ * Kill every sandbox and delete every session directory of this process,
+ * synchronously. For `process.on("exit")`: a `process.exit()` skips the
+ * addon's own environment cleanup.
+ */
+export declare function cleanupAll(): void
 
 export interface ExceptionResult {
   /** The exception class name, e.g. `ValueError`. */
@@ -87,9 +111,17 @@ export interface ExecResult {
   exception?: ExceptionResult
   /** The path a read was refused for (`permission_needed`). */
   permissionPath?: string
+  /**
+   * The refused read was a directory listing (its covering directory is
+   * the path itself).
+   */
+  permissionIsDir: boolean
   outputLimitExceeded: boolean
-  /** Host paths of this execution's complete stdout/stderr logs. */
-  logPaths?: LogPaths
+  /**
+   * Host paths of this execution's stdout/stderr logs; a stream without
+   * output has no log file.
+   */
+  logPaths: LogPaths
   /** False when the output limit cut the logs short. */
   logComplete: boolean
   diagnostic?: string
@@ -112,8 +144,31 @@ export interface Limits {
 }
 
 export interface LogPaths {
-  stdout: string
-  stderr: string
+  stdout?: string
+  stderr?: string
+}
+
+/** What applying a `tool-permissions:mode` payload did. */
+export interface ModeChange {
+  /** The payload was an object and was applied. */
+  applied: boolean
+  /** The mounts changed. */
+  changed: boolean
+  /** A running interpreter was killed for it. */
+  discarded: boolean
+  /** What to tell the user, when something changed. */
+  notification?: string
+  workspaceMode: string
+  readRoots: Array<string>
+  skipped: Array<SkippedRoot>
+}
+
+/** What to do about a read outside the mounts. */
+export interface ReadVerdict {
+  /** Ask the user (through pi-tool-permissions). */
+  prompt: boolean
+  /** Why the read is refused without asking (when `prompt` is false). */
+  diagnostic?: string
 }
 
 export interface ResetResult {
@@ -154,6 +209,11 @@ export interface SandboxPaths {
   logDir?: string
 }
 
+export interface SkippedRoot {
+  root: string
+  reason: string
+}
+
 /** What `status()` reports. Starts nothing. */
 export interface StatusResult {
   /** `unverified` (nothing started yet), `available` or `unavailable`. */
@@ -170,6 +230,12 @@ export interface StatusResult {
   /** `read-only` or `read-write`. */
   workspaceMode: string
   readRoots: Array<string>
+  /** Counts effective changes of mode or read roots. */
+  mountEpoch: number
+  /** A permission-mode event has been applied. */
+  permissionsSeen: boolean
+  /** Directories whose reads the user denied in this session. */
+  deniedReads: Array<string>
   limits: Limits
   paths: SandboxPaths
   bwrap?: BwrapInfo

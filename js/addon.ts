@@ -7,7 +7,8 @@ import { createRequire } from "node:module";
 import type { PythonSandbox as PythonSandboxClass, SandboxOptions } from "../index.d.ts";
 
 export type PythonSandbox = PythonSandboxClass;
-type Binding = { PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass };
+type Binding = { PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass; cleanupAll(): void };
+const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 
 let cached: { binding?: Binding; error?: string } | undefined;
 
@@ -22,7 +23,15 @@ export function loadAddon(): { binding?: Binding; error?: string } {
   }
   try {
     const require = createRequire(import.meta.url);
-    cached = { binding: require("../index.cjs") as Binding };
+    const binding = require("../index.cjs") as Binding;
+    cached = { binding };
+    // process.exit() skips the addon's environment cleanup: kill sandboxes
+    // and delete session directories here too (once per process).
+    const g = globalThis as { [EXIT_HOOK]?: boolean };
+    if (!g[EXIT_HOOK]) {
+      g[EXIT_HOOK] = true;
+      process.once("exit", () => binding.cleanupAll());
+    }
   } catch (err) {
     const detail = err instanceof Error ? err.message.split("\n")[0] : String(err);
     cached = {

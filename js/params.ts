@@ -20,7 +20,7 @@ export function parseParams(raw: unknown): PythonParams {
     throw new Error("The python tool takes an object: { action?, code?, timeoutSeconds? }.");
   }
   const p = raw as Record<string, unknown>;
-  const action = p.action ?? "execute";
+  const action = p.action === undefined ? "execute" : p.action;
   if (typeof action !== "string" || !(ACTIONS as readonly string[]).includes(action)) {
     throw new Error(`Unknown action ${JSON.stringify(action)}: use "execute" (default), "reset" or "status".`);
   }
@@ -41,7 +41,7 @@ export function parseParams(raw: unknown): PythonParams {
   if (bytes > MAX_CODE_BYTES) {
     throw new Error(`Code exceeds the 64 KiB UTF-8 limit (${bytes} bytes); write long programs in parts or to /scratch.`);
   }
-  const t = p.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS;
+  const t = p.timeoutSeconds === undefined ? DEFAULT_TIMEOUT_SECONDS : p.timeoutSeconds;
   if (typeof t !== "number" || !Number.isInteger(t) || t < 1 || t > MAX_TIMEOUT_SECONDS) {
     throw new Error("timeoutSeconds must be an integer between 1 and 120.");
   }

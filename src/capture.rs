@@ -6,8 +6,10 @@
 //! stream's end mark belong to no execution and are dropped.
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
 
 use crate::limits::{EXCERPT_HEAD_BYTES, EXCERPT_TAIL_BYTES, OUTPUT_BUDGET_BYTES};
 
@@ -148,28 +150,61 @@ pub enum Stream {
     Stderr,
 }
 
+/// A log file created on its first byte, so that a quiet execution costs
+/// no file system work.
+#[derive(Debug)]
+pub struct LazyLog {
+    path: PathBuf,
+    file: Option<File>,
+    failed: bool,
+}
+
+impl LazyLog {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, file: None, failed: false }
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<(), String> {
+        if self.failed {
+            return Ok(());
+        }
+        if self.file.is_none() {
+            let opened = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&self.path);
+            self.file = Some(opened.map_err(|e| {
+                self.failed = true;
+                format!("{}: {e}", self.path.display())
+            })?);
+        }
+        let file = self.file.as_mut().expect("opened above");
+        file.write_all(data).map_err(|e| {
+            self.failed = true;
+            format!("{}: {e}", self.path.display())
+        })
+    }
+}
+
 /// Capture state of one execution.
 pub struct Capture {
     pub stdout: Excerpt,
     pub stderr: Excerpt,
     out_mark: MarkScanner,
     err_mark: MarkScanner,
-    out_log: Option<File>,
-    err_log: Option<File>,
+    out_log: LazyLog,
+    err_log: LazyLog,
     /// Set once the shared budget is exceeded; nothing more is accepted.
     pub overflowed: bool,
     pub log_error: Option<String>,
 }
 
 impl Capture {
-    pub fn new(mark: Vec<u8>, out_log: Option<File>, err_log: Option<File>) -> Self {
+    pub fn new(mark: Vec<u8>, out_log: PathBuf, err_log: PathBuf) -> Self {
         Self {
             stdout: Excerpt::default(),
             stderr: Excerpt::default(),
             out_mark: MarkScanner::new(mark.clone()),
             err_mark: MarkScanner::new(mark),
-            out_log,
-            err_log,
+            out_log: LazyLog::new(out_log),
+            err_log: LazyLog::new(err_log),
             overflowed: false,
             log_error: None,
         }
@@ -218,11 +253,8 @@ impl Capture {
             Stream::Stderr => (&mut self.stderr, &mut self.err_log),
         };
         excerpt.push(take);
-        if let Some(file) = log {
-            if let Err(e) = file.write_all(take) {
-                self.log_error.get_or_insert_with(|| e.to_string());
-                *log = None;
-            }
+        if let Err(e) = log.write(take) {
+            self.log_error.get_or_insert(e);
         }
     }
 }
@@ -291,7 +323,8 @@ mod tests {
 
     #[test]
     fn budget_is_shared_and_exact() {
-        let mut c = Capture::new(b"\0M\0".to_vec(), None, None);
+        let dir = std::env::temp_dir().join(format!("capture-budget-{}", std::process::id()));
+        let mut c = Capture::new(b"\0M\0".to_vec(), dir.join("no/out"), dir.join("no/err"));
         c.feed(Stream::Stdout, &vec![b'a'; OUTPUT_BUDGET_BYTES - 10]);
         c.feed(Stream::Stderr, &[b'b'; 10]);
         assert!(!c.overflowed, "exactly the budget is fine");
@@ -305,11 +338,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("capture-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("out.log");
-        let file = File::create(&path).expect("log");
-        let mut c = Capture::new(b"\0M\0".to_vec(), Some(file), None);
+        let err_path = dir.join("err.log");
+        let mut c = Capture::new(b"\0M\0".to_vec(), path.clone(), err_path.clone());
         c.feed(Stream::Stdout, b"one\ntwo\0M\0after");
         drop(c);
         assert_eq!(std::fs::read(&path).expect("read"), b"one\ntwo");
+        assert!(!err_path.exists(), "a quiet stream makes no file");
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

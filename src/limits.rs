@@ -47,3 +47,6 @@ pub const IDLE_STDERR_BYTES: usize = 4096;
 /// pi's ceiling for model-facing tool output.
 pub const RESULT_MAX_BYTES: usize = 50 * 1024;
 pub const RESULT_MAX_LINES: usize = 2000;
+/// After the worker's channel closes, how long the sandbox may take to
+/// exit by itself (so its real exit status is reported) before it is killed.
+pub const DEATH_GRACE: Duration = Duration::from_millis(250);

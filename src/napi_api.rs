@@ -47,8 +47,8 @@ pub struct ExceptionResult {
 
 #[napi(object)]
 pub struct LogPaths {
-  pub stdout: String,
-  pub stderr: String,
+  pub stdout: Option<String>,
+  pub stderr: Option<String>,
 }
 
 /// The result of one `execute` call.
@@ -85,8 +85,9 @@ pub struct ExecResult {
   /// the path itself).
   pub permission_is_dir: bool,
   pub output_limit_exceeded: bool,
-  /// Host paths of this execution's complete stdout/stderr logs.
-  pub log_paths: Option<LogPaths>,
+  /// Host paths of this execution's stdout/stderr logs; a stream without
+  /// output has no log file.
+  pub log_paths: LogPaths,
   /// False when the output limit cut the logs short.
   pub log_complete: bool,
   pub diagnostic: Option<String>,
@@ -202,7 +203,10 @@ fn to_js(o: Outcome) -> ExecResult {
     permission_path: o.permission_path,
     permission_is_dir: o.permission_is_dir,
     output_limit_exceeded: o.output_limit_exceeded,
-    log_paths: o.log_paths.map(|(out, err)| LogPaths { stdout: path_str(&out), stderr: path_str(&err) }),
+    log_paths: LogPaths {
+      stdout: o.log_paths.stdout.as_deref().map(path_str),
+      stderr: o.log_paths.stderr.as_deref().map(path_str),
+    },
     log_complete: o.log_complete,
     diagnostic: o.diagnostic,
   }
@@ -349,6 +353,14 @@ pub struct ReadVerdict {
   pub prompt: bool,
   /// Why the read is refused without asking (when `prompt` is false).
   pub diagnostic: Option<String>,
+}
+
+/// Kill every sandbox and delete every session directory of this process,
+/// synchronously. For `process.on("exit")`: a `process.exit()` skips the
+/// addon's own environment cleanup.
+#[napi]
+pub fn cleanup_all() {
+  session::cleanup_all();
 }
 
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);

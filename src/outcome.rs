@@ -55,6 +55,12 @@ impl StreamText {
     }
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogFiles {
+    pub stdout: Option<PathBuf>,
+    pub stderr: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExceptionText {
     pub type_name: String,
@@ -79,7 +85,10 @@ pub struct Outcome {
     pub permission_path: Option<String>,
     pub permission_is_dir: bool,
     pub output_limit_exceeded: bool,
-    pub log_paths: Option<(PathBuf, PathBuf)>,
+    /// Log files of the streams that had output (a quiet stream has none).
+    pub log_paths: LogFiles,
+    /// The code was handed to an interpreter.
+    pub started: bool,
     pub log_complete: bool,
     pub diagnostic: Option<String>,
 }
@@ -101,7 +110,8 @@ impl Outcome {
             permission_path: None,
             permission_is_dir: false,
             output_limit_exceeded: false,
-            log_paths: None,
+            log_paths: LogFiles::default(),
+            started: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
         }
@@ -201,16 +211,15 @@ pub fn render(o: &Outcome) -> String {
     if o.output_limit_exceeded {
         let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
     }
-    if let Some((out, err)) = &o.log_paths {
+    let logs: Vec<String> = [(&o.log_paths.stdout, "stdout"), (&o.log_paths.stderr, "stderr")]
+        .into_iter()
+        .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", p.display())))
+        .collect();
+    if !logs.is_empty() {
         if o.log_complete {
-            let _ = write!(tail, "\nFull output saved to: {} (stdout), {} (stderr)", out.display(), err.display());
+            let _ = write!(tail, "\nFull output saved to: {}", logs.join(", "));
         } else {
-            let _ = write!(
-                tail,
-                "\nPartial output saved to: {} (stdout), {} (stderr); the log was cut off by the output limit.",
-                out.display(),
-                err.display()
-            );
+            let _ = write!(tail, "\nPartial output saved to: {}; the log was cut off by the output limit.", logs.join(", "));
         }
     }
     if let Some(d) = &o.diagnostic {
@@ -254,14 +263,14 @@ mod tests {
             repr: Some("42".into()),
             stdout: StreamText { head: "hi\n".into(), total: 3, ..Default::default() },
             diagnostic: None,
-            log_paths: Some(("/l/0001-out.log".into(), "/l/0001-err.log".into())),
+            log_paths: LogFiles { stdout: Some("/l/0001-out.log".into()), stderr: None },
             ..ok()
         };
         assert_eq!(
             render(&o),
             "status: ok (0.1s, worker generation 1)\n\nresult: 42\n\n--- stdout ---\nhi\n\n\
              Interpreter state preserved (execution is not transactional: mutations before an error remain).\n\
-             Full output saved to: /l/0001-out.log (stdout), /l/0001-err.log (stderr)"
+             Full output saved to: /l/0001-out.log (stdout)"
         );
     }
 

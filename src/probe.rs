@@ -99,7 +99,8 @@ pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, Stri
     });
     if !configured.is_absolute() {
         return Err(format!(
-            "{INTERPRETER_ENV} must be an absolute path to a Python 3.10+ binary; got {:?}. \
+            "The interpreter ({INTERPRETER_ENV} or the interpreter option) must be an absolute path to a \
+             Python 3.10+ binary; got {:?}. \
              A bare name would be looked up on PATH, which this tool deliberately never does.",
             configured.display().to_string()
         ));

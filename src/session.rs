@@ -25,7 +25,7 @@ use crate::bwrap::{bwrap_argv, SandboxSpec, SCRATCH, WORKSPACE};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
-use crate::outcome::{ExceptionText, Outcome, Status, StreamText};
+use crate::outcome::{ExceptionText, LogFiles, Outcome, Status, StreamText};
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter};
 use crate::seccomp;
@@ -119,6 +119,8 @@ struct Inner {
     exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
     pending_loss: Option<String>,
+    /// Exit status of a sandbox that ended by itself, before it was reaped.
+    exit_status: Option<std::process::ExitStatus>,
 }
 
 pub struct Session {
@@ -131,6 +133,7 @@ pub struct Session {
     auto_call: AtomicU64,
 }
 
+const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
 const REMOUNT_REASON: &str = "the sandbox was restarted because the permission mode or read roots changed";
 
 /// How a running execution ended before producing a complete result.
@@ -256,6 +259,7 @@ impl Session {
                 dirs: None,
                 exec_seq: 0,
                 pending_loss: None,
+                exit_status: None,
             }),
             shared: parking_lot::Mutex::new(Shared {
                 report,
@@ -309,11 +313,14 @@ impl Session {
                 if self.is_cancelled(call) || self.is_disposed() { break; }
                 if wake.changed().await.is_err() { std::future::pending::<()>().await; }
             } } => {
+                if self.is_disposed() {
+                    return self.finish_static(call, Status::Unavailable, DISPOSED.into());
+                }
                 return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
             }
         };
         if self.is_disposed() {
-            return self.finish_static(call, Status::Unavailable, "The python session was disposed; no interpreter is available.".into());
+            return self.finish_static(call, Status::Unavailable, DISPOSED.into());
         }
         if self.is_cancelled(call) {
             return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
@@ -325,7 +332,7 @@ impl Session {
         }
         let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake).await;
         if let Some(loss) = inner.pending_loss.take() {
-            if outcome.status == Status::Unavailable || (outcome.status == Status::WorkerError && outcome.log_paths.is_none()) {
+            if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
                 outcome.state_lost = true;
@@ -391,12 +398,11 @@ impl Session {
         self.shared.lock().report.executions = seq;
         let out_path = dirs.logs.join(format!("{seq:04}-out.log"));
         let err_path = dirs.logs.join(format!("{seq:04}-err.log"));
-        let open_log = |p: &Path| OpenOptions::new().write(true).create_new(true).mode(0o600).open(p).ok();
         let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
-        let mut capture = Capture::new(frame::end_mark(&nonce), open_log(&out_path), open_log(&err_path));
+        let mut capture = Capture::new(frame::end_mark(&nonce), out_path.clone(), err_path.clone());
         let mut o = Outcome::static_result(Status::Ok, generation(), String::new());
         o.diagnostic = None;
-        o.log_paths = Some((out_path, err_path));
+        o.started = true;
 
         let worker = inner.worker.as_mut().expect("started above");
         discard_idle_output(worker).await;
@@ -461,6 +467,15 @@ impl Session {
                         format!("Protocol violation: {m}. The sandbox was killed."),
                     ),
                 };
+                if matches!(interrupt, Interrupt::Died) {
+                    // Let the sandbox exit by itself first, so that its exit
+                    // status is the worker's and not our SIGKILL.
+                    if let Some(w) = inner.worker.as_mut() {
+                        if let Ok(Ok(status)) = timeout(DEATH_GRACE, w.child.wait()).await {
+                            inner.exit_status = Some(status);
+                        }
+                    }
+                }
                 let exit = self.kill_worker(inner, &mut capture, &reason).await;
                 let diagnostic = if matches!(interrupt, Interrupt::Died) {
                     format!(
@@ -487,6 +502,10 @@ impl Session {
         }
         o.stdout = stream_text(&capture.stdout);
         o.stderr = stream_text(&capture.stderr);
+        o.log_paths = LogFiles {
+            stdout: (capture.stdout.total > 0).then_some(out_path),
+            stderr: (capture.stderr.total > 0).then_some(err_path),
+        };
         o
     }
 
@@ -756,7 +775,7 @@ impl Session {
         .await;
         let exit = timeout(CLEANUP_DEADLINE, w.child.wait()).await.ok().and_then(|r| r.ok());
         self.after_worker_gone(reason);
-        exit
+        inner.exit_status.take().or(exit)
     }
 
     /// Drop a worker that is already dead or unwanted.
@@ -929,18 +948,21 @@ async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) 
     }
 }
 
-/// Drop whatever background processes wrote while no execution ran.
+/// Drop whatever background processes wrote while no execution ran. Polls
+/// each read once: no timer, no wait when the pipes are empty.
 async fn discard_idle_output(w: &mut Worker) {
     let Worker { stdout, stderr, out_buf, .. } = w;
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
     for stream in [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin + Send)), stderr.as_mut().map(|s| s as _)]
         .into_iter()
         .flatten()
     {
-        // A zero timeout polls the read once: data already in the pipe is
-        // taken, an empty pipe returns at once.
-        while let Ok(Ok(n)) = timeout(Duration::ZERO, stream.read(out_buf)).await {
-            if n == 0 {
-                break;
+        loop {
+            let mut buf = tokio::io::ReadBuf::new(out_buf);
+            match std::pin::Pin::new(&mut *stream).poll_read(&mut cx, &mut buf) {
+                std::task::Poll::Ready(Ok(())) if !buf.filled().is_empty() => continue,
+                _ => break,
             }
         }
     }

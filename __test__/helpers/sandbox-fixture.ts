@@ -1,0 +1,117 @@
+/**
+ * Per-test fixture for the PythonSandbox integration tests, plus the host-side probes they use.
+ *
+ * Every fixture owns one temp directory holding the project (`project/data.txt` =
+ * "fixture-content\n") and the runtime root (`runtime/`, created by the addon on first use). Its
+ * sandboxes are disposed and the directory removed in `t.after`, so cleanup runs even when the
+ * test fails.
+ */
+import { execFile } from "node:child_process";
+import { readdirSync, readFileSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import type { ExecResult, PythonSandbox as PythonSandboxClass, SandboxOptions } from "../../index.d.ts";
+
+export type { ExecResult, StatusResult } from "../../index.d.ts";
+
+const addon = createRequire(import.meta.url)("../../index.cjs") as {
+  PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass;
+};
+export const PythonSandbox = addon.PythonSandbox;
+export type PythonSandbox = PythonSandboxClass;
+
+export const FIXTURE_CONTENT = "fixture-content\n";
+
+export interface Fixture {
+  /** The test's own temp directory (parent of `project` and `runtimeRoot`). */
+  base: string;
+  project: string;
+  runtimeRoot: string;
+  /** The fixture's first sandbox. */
+  sb: PythonSandbox;
+  /** Another sandbox over the same project and runtime root, disposed with the fixture. */
+  open(options?: Partial<SandboxOptions>): PythonSandbox;
+}
+
+export async function makeFixture(t: TestContext, options: Partial<SandboxOptions> = {}): Promise<Fixture> {
+  const base = await mkdtemp(join(tmpdir(), "pps-test-"));
+  const sandboxes: PythonSandbox[] = [];
+  t.after(async () => {
+    await Promise.all(sandboxes.map((s) => s.dispose("test end").catch(() => {})));
+    await rm(base, { recursive: true, force: true });
+  });
+  const project = join(base, "project");
+  const runtimeRoot = join(base, "runtime");
+  await mkdir(project);
+  await writeFile(join(project, "data.txt"), FIXTURE_CONTENT);
+  const open = (extra: Partial<SandboxOptions> = {}) => {
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot, ...options, ...extra });
+    sandboxes.push(sb);
+    return sb;
+  };
+  return { base, project, runtimeRoot, sb: open(), open };
+}
+
+/** Python source from an indented template literal (raw: backslashes reach Python as written). */
+export function py(strings: TemplateStringsArray, ...values: unknown[]): string {
+  const text = String.raw({ raw: strings.raw }, ...values);
+  const lines = text.split("\n");
+  if (lines.length > 0 && lines[0].trim() === "") lines.shift();
+  if (lines.length > 0 && lines[lines.length - 1].trim() === "") lines.pop();
+  const indents = lines.filter((l) => l.trim() !== "").map((l) => l.length - l.trimStart().length);
+  const cut = indents.length ? Math.min(...indents) : 0;
+  return lines.map((l) => l.slice(cut)).join("\n");
+}
+
+/** A one-line summary of a result for assertion messages. */
+export function show(r: ExecResult): string {
+  return JSON.stringify({ ...r, text: undefined }).slice(0, 4000);
+}
+
+/** Host pids whose command line contains `needle` (zombies have none and never match). */
+export function hostPidsWithCmdline(needle: string): number[] {
+  const found: number[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/cmdline`).includes(needle)) found.push(Number(entry));
+    } catch {
+      // The process ended while we looked.
+    }
+  }
+  return found;
+}
+
+export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** Poll `check` until it holds or `ms` pass; returns whether it held. */
+export async function waitUntil(check: () => boolean, ms: number, step = 25): Promise<boolean> {
+  const end = Date.now() + ms;
+  for (;;) {
+    if (check()) return true;
+    if (Date.now() >= end) return false;
+    await sleep(step);
+  }
+}
+
+/**
+ * Run a Python snippet in plain bubblewrap with the sandbox's namespaces but WITHOUT its seccomp
+ * filter and rlimits: the baseline that tells "blocked by the filter" from "ran and failed".
+ */
+export function runUnfiltered(code: string): Promise<string> {
+  const argv = [
+    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
+  ];
+  return new Promise((resolve, reject) => {
+    execFile("bwrap", argv, { timeout: 15_000, encoding: "utf8" }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
+      else resolve(stdout);
+    });
+  });
+}
