@@ -24,11 +24,25 @@ const DESCRIPTION = `Run Python code in a persistent, sandboxed interpreter (Lin
 - Limits: 64 KiB of code, timeoutSeconds 1-120 (default 30), 1 MiB of output per call, 512 MiB address space per process.
 - action "reset" discards interpreter state (scratch is kept); action "status" reports the sandbox without starting it.`;
 
+const MODE_CHANNEL = "tool-permissions:mode";
+const PROMPT_CHANNEL = "tool-permissions:prompt";
+const PROMPT_RESULT_CHANNEL = "tool-permissions:promptResult";
+const PROMPT_TIMEOUT_MS = 30_000;
+
+type PromptOutcome = "allow" | "deny" | "timeout" | "aborted" | "shutdown";
+type UI = { notify(message: string, type?: "info" | "warning" | "error"): void };
+
 /** One registration's state (pi evaluates the module again on /reload). */
 interface State {
   sandbox?: PythonSandbox;
   projectDir?: string;
   nextCallId: number;
+  /** The last tool-permissions:mode payload, applied to every new sandbox. */
+  modePayload?: unknown;
+  cwd?: string;
+  ui?: UI;
+  nextPromptId: number;
+  pending: Map<number, (outcome: PromptOutcome) => void>;
 }
 
 function textResult(text: string, details: Record<string, unknown>) {
@@ -45,7 +59,33 @@ function unavailable(action: string, diagnostic: string) {
 }
 
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
-  const state: State = { nextCallId: 1 };
+  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
+
+  /** Apply a mode payload to the sandbox and tell the user what changed. */
+  function applyMode(sandbox: PythonSandbox, payload: unknown, notify: boolean): void {
+    const change = sandbox.applyModeEvent(payload);
+    if (notify && change.notification) state.ui?.notify(change.notification, "info");
+  }
+
+  /** Ask pi-tool-permissions about a read; resolves with the verdict. */
+  function askToRead(path: string, signal: AbortSignal | undefined): Promise<PromptOutcome> {
+    if (signal?.aborted) return Promise.resolve("aborted");
+    const id = state.nextPromptId++;
+    return new Promise((resolve) => {
+      const finish = (outcome: PromptOutcome) => {
+        if (!state.pending.delete(id)) return;
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+        resolve(outcome);
+      };
+      const onAbort = () => finish("aborted");
+      const timer = setTimeout(() => finish("timeout"), PROMPT_TIMEOUT_MS);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      // Registered before the emit: a synchronous bus may answer inside it.
+      state.pending.set(id, finish);
+      pi.events.emit(PROMPT_CHANNEL, { id, path });
+    });
+  }
 
   /** Dispose the current sandbox (its scratch and logs go with it). */
   async function disposeSandbox(reason: string): Promise<void> {
@@ -67,9 +107,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     }
     if (state.sandbox && state.projectDir === projectDir) return state.sandbox;
     if (state.sandbox) void disposeSandbox("project_dir_changed");
-    state.sandbox = new addon.binding.PythonSandbox({ projectDir });
+    const sandbox = new addon.binding.PythonSandbox({ projectDir });
+    state.sandbox = sandbox;
     state.projectDir = projectDir;
-    return state.sandbox;
+    if (state.modePayload !== undefined) applyMode(sandbox, state.modePayload, false);
+    return sandbox;
   }
 
   pi.registerTool({
@@ -117,8 +159,42 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       if (signal?.aborted) target.cancel(callId);
       else signal?.addEventListener("abort", onAbort, { once: true });
       try {
-        const r = await target.execute(params.code, params.timeoutSeconds, callId);
-        return textResult(r.text, {
+        let r = await target.execute(params.code, params.timeoutSeconds, callId);
+        let text = r.text;
+        let diagnostic = r.diagnostic;
+        // A read outside the mounts: ask, and after a grant that remounted
+        // the sandbox run the code once more on the fresh interpreter.
+        while (r.status === "permission_needed" && r.permissionPath) {
+          const path = r.permissionPath;
+          const verdict = target.readDecision(path, ctx.hasUI);
+          if (!verdict.prompt) {
+            diagnostic = verdict.diagnostic ?? undefined;
+            break;
+          }
+          const epoch = target.status().mountEpoch;
+          const outcome = await askToRead(path, signal);
+          if (outcome !== "allow") {
+            const why = {
+              deny: "denied by the user",
+              timeout: `no answer within ${PROMPT_TIMEOUT_MS / 1000} s`,
+              aborted: "the call was aborted",
+              shutdown: "the session ended",
+            }[outcome];
+            diagnostic = target.recordDenied(path, r.permissionIsDir, why);
+            break;
+          }
+          if (target.status().mountEpoch === epoch) {
+            diagnostic =
+              `Read access to ${path} was granted, but the sandbox's mounts did not change ` +
+              "(the granted directory may be reserved or inside the project), so the code was not run again.";
+            break;
+          }
+          r = await target.execute(params.code, params.timeoutSeconds, callId);
+          text = r.text;
+          diagnostic = r.diagnostic;
+        }
+        if (diagnostic && diagnostic !== r.diagnostic) text = `${text}\n\n${diagnostic}`;
+        return textResult(text, {
           action: "execute",
           status: r.status,
           isError: r.isError,
@@ -133,7 +209,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           outputLimitExceeded: r.outputLimitExceeded,
           logPaths: r.logPaths,
           logComplete: r.logComplete,
-          diagnostic: r.diagnostic,
+          diagnostic,
           exceptionType: r.exception?.type,
           permissionPath: r.permissionPath,
         });
@@ -174,10 +250,39 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     return details?.isError ? { isError: true } : undefined;
   });
 
+  /** Settle every open prompt as a denial. */
+  function settlePrompts(): void {
+    for (const finish of [...state.pending.values()]) finish("shutdown");
+  }
+
+  const unsubscribe = [
+    pi.events.on(MODE_CHANNEL, (payload: unknown) => {
+      // The sandbox object starts nothing; make it first so that it sees
+      // this payload as a change and the user is told what it did.
+      const sandbox = state.sandbox ?? (state.cwd ? sandboxFor(state.cwd) : undefined);
+      state.modePayload = payload;
+      if (sandbox && !("error" in sandbox)) applyMode(sandbox, payload, true);
+    }),
+    pi.events.on(PROMPT_RESULT_CHANNEL, (payload: unknown) => {
+      const p = payload as { id?: unknown; outcome?: unknown } | null;
+      if (!p || typeof p.id !== "number" || (p.outcome !== "allow" && p.outcome !== "deny")) return;
+      state.pending.get(p.id)?.(p.outcome);
+    }),
+  ];
+
+  pi.on("session_start", (_event, ctx) => {
+    state.cwd = ctx.cwd;
+    state.ui = ctx.hasUI ? ctx.ui : undefined;
+  });
   pi.on("session_shutdown", async () => {
+    settlePrompts();
+    for (const off of unsubscribe.splice(0)) off();
+    state.modePayload = undefined;
+    state.ui = undefined;
     await disposeSandbox("session_shutdown");
   });
   pi.on("session_tree", async () => {
+    settlePrompts();
     await disposeSandbox("session_tree");
   });
 }

@@ -122,6 +122,20 @@ pub fn plan_mounts(
             plan.skipped.push(skip("not an absolute path".into()));
             continue;
         };
+        // Checked on the path as given, then again where it resolves.
+        let why_not = |p: &Path| -> Option<String> {
+            if let Some(m) = reserved(p) {
+                return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
+            }
+            match project {
+                Some(project) if p.starts_with(project) => Some("inside the project, already readable under /workspace".into()),
+                _ => None,
+            }
+        };
+        if let Some(reason) = why_not(&normal) {
+            plan.skipped.push(skip(reason));
+            continue;
+        }
         let resolved = match resolve(&normal) {
             Ok(r) => r,
             Err(e) => {
@@ -129,16 +143,9 @@ pub fn plan_mounts(
                 continue;
             }
         };
-        if let Some(m) = reserved(&resolved) {
-            let what = if m == "/" { "the whole filesystem".to_string() } else { format!("reserved sandbox mount {m}") };
-            plan.skipped.push(skip(what));
+        if let Some(reason) = why_not(&resolved) {
+            plan.skipped.push(skip(reason));
             continue;
-        }
-        if let Some(project) = project {
-            if resolved.starts_with(project) {
-                plan.skipped.push(skip("inside the project, already readable under /workspace".into()));
-                continue;
-            }
         }
         candidates.push((raw.clone(), resolved));
     }
