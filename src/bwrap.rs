@@ -39,6 +39,9 @@ pub struct SandboxSpec {
     pub worker_file: PathBuf,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
+    /// (host path, path relative to /workspace) bound read-only over a
+    /// writable workspace.
+    pub protected: Vec<(PathBuf, PathBuf)>,
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -84,6 +87,11 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     }
     let workspace_flag = if spec.workspace_writable { "--bind" } else { "--ro-bind" };
     push_bind(&mut a, workspace_flag, &spec.project_dir, Path::new(WORKSPACE));
+    if spec.workspace_writable {
+        for (host, rel) in &spec.protected {
+            push_bind(&mut a, "--ro-bind", host, &Path::new(WORKSPACE).join(rel));
+        }
+    }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
     push_bind(&mut a, "--ro-bind", &spec.worker_file, Path::new(WORKER));
     for root in &spec.read_roots {
@@ -116,6 +124,7 @@ mod tests {
             scratch_dir: "/tmp/s/scratch".into(),
             worker_file: "/tmp/s/worker.py".into(),
             read_roots: vec![],
+            protected: vec![("/home/u/proj/.git/hooks".into(), ".git/hooks".into())],
         }
     }
 
@@ -150,6 +159,9 @@ mod tests {
         let argv = strings(&bwrap_argv(&SandboxSpec { workspace_writable: true, ..spec() }));
         assert!(has_triple(&argv, ["--bind", "/home/u/proj", "/workspace"]));
         assert!(!has_triple(&argv, ["--ro-bind", "/home/u/proj", "/workspace"]));
+        // Protected paths come right after, so they cover the writable bind.
+        let at = argv.iter().position(|a| a == "/workspace").expect("workspace");
+        assert_eq!(argv[at + 1..at + 4], ["--ro-bind", "/home/u/proj/.git/hooks", "/workspace/.git/hooks"]);
     }
 
     #[test]

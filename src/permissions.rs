@@ -204,6 +204,52 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
     Some(note)
 }
 
+/// Project paths that turn a write into code running on the host (git
+/// hooks and config, editor and agent settings, shell start-up files).
+/// They stay read-only when /workspace is writable.
+pub const DEFAULT_PROTECTED: &[&str] = &[
+    ".git/hooks", ".git/config", ".pi", ".vscode", ".idea", ".mcp.json", ".envrc",
+    ".bashrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zprofile", ".zshenv",
+];
+/// Overrides [`DEFAULT_PROTECTED`]: a colon-separated list of paths
+/// relative to the project (empty: protect nothing).
+pub const PROTECTED_ENV: &str = "PI_PYTHON_TOOL_PROTECTED";
+
+/// The protected names in force: `override_list` (from the environment)
+/// or the default.
+pub fn protected_names(override_list: Option<&str>) -> Vec<String> {
+    match override_list {
+        Some(list) => list.split(':').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
+        None => DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Which existing protected paths to bind read-only over a writable
+/// workspace: (host path, path relative to the project). A name that
+/// resolves outside the project needs nothing (it is not writable there);
+/// one that does not exist cannot be protected without creating it on the
+/// host, and is left out.
+pub fn protected_binds(
+    project: &Path,
+    names: &[String],
+    resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
+) -> Vec<(PathBuf, PathBuf)> {
+    let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for name in names {
+        let rel = Path::new(name.trim_start_matches('/'));
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            continue;
+        }
+        let Ok(real) = resolve(&project.join(rel)) else { continue };
+        let Ok(inside) = real.strip_prefix(project) else { continue };
+        if inside.as_os_str().is_empty() || binds.iter().any(|(h, _)| *h == real) {
+            continue;
+        }
+        binds.push((real.clone(), inside.to_path_buf()));
+    }
+    binds
+}
+
 /// The directory a refused read is about: the path itself for a directory
 /// listing, otherwise its parent.
 pub fn covering_dir(path: &Path, is_dir: bool) -> PathBuf {
@@ -359,6 +405,31 @@ mod tests {
         assert!(matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension")));
         assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
         assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
+    }
+
+    #[test]
+    fn protected_paths_are_the_existing_ones_inside_the_project() {
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            match p.to_str() {
+                Some("/p/.git/hooks") | Some("/p/.vscode") => Ok(p.to_path_buf()),
+                Some("/p/.pi") => Ok("/p/config/pi".into()),
+                Some("/p/.bashrc") => Ok("/home/u/.bashrc".into()),
+                _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            }
+        };
+        let binds = protected_binds(Path::new("/p"), &protected_names(None), resolve);
+        assert_eq!(
+            binds,
+            [
+                (PathBuf::from("/p/.git/hooks"), PathBuf::from(".git/hooks")),
+                ("/p/config/pi".into(), "config/pi".into()),
+                ("/p/.vscode".into(), ".vscode".into()),
+            ]
+        );
+        assert_eq!(protected_names(Some(".a: .b/c ::")), [".a", ".b/c"]);
+        assert!(protected_names(Some("")).is_empty());
+        let escape = protected_binds(Path::new("/p"), &["../etc".into(), "/abs".into()], |p| Ok(p.to_path_buf()));
+        assert_eq!(escape, [(PathBuf::from("/p/abs"), PathBuf::from("abs"))]);
     }
 
     #[test]

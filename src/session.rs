@@ -618,7 +618,14 @@ impl Session {
             }
         };
         let mounts = self.shared.lock().report.mounts.clone();
+        let protected = if mounts.workspace_writable {
+            let names = crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
+            crate::permissions::protected_binds(&project, &names, |p| std::fs::canonicalize(p))
+        } else {
+            vec![]
+        };
         let spec = SandboxSpec {
+            protected,
             interpreter: facts.interpreter.path.clone(),
             interpreter_mounts: facts.interpreter.mounts.clone(),
             merged_usr: facts.merged_usr,

@@ -159,3 +159,32 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     assert_eq!(s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] }), None);
     s.dispose("test").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protected_paths_stay_read_only_in_a_writable_workspace() {
+    let Some(f) = fixture("protected") else { return };
+    let project = f.dir.join("project");
+    std::fs::create_dir_all(project.join(".git/hooks")).expect("hooks");
+    std::fs::create_dir_all(project.join(".vscode")).expect("vscode");
+    std::fs::write(project.join(".git/config"), "[core]\n").expect("config");
+    f.session.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    let out = stdout_of(
+        &f,
+        r#"
+def attempt(path):
+    try:
+        open(path, "w").write("x"); return "wrote"
+    except OSError as e:
+        return "errno%d" % e.errno
+for p in [".git/hooks/pre-commit", ".git/config", ".vscode/tasks.json", "src.py"]:
+    print(p, attempt("/workspace/" + p))
+"#,
+    )
+    .await;
+    assert!(out.contains(".git/hooks/pre-commit errno30"), "{out}");
+    assert!(out.contains(".git/config errno30"), "{out}");
+    assert!(out.contains(".vscode/tasks.json errno30"), "{out}");
+    assert!(out.contains("src.py wrote"), "{out}");
+    assert_eq!(std::fs::read_to_string(project.join(".git/config")).expect("config"), "[core]\n");
+    f.session.dispose("test").await;
+}
