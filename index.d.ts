@@ -199,6 +199,12 @@ export interface SandboxOptions {
   workspaceWritable?: boolean
   /** Canonical host directories to mount read-only at their own paths. */
   readRoots?: Array<string>
+  /**
+   * After the first execution keep a started spare sandbox, so that a
+   * reset, timeout or crash hands over to a ready interpreter. Default:
+   * on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
+   */
+  prewarm?: boolean
 }
 
 export interface SandboxPaths {
@@ -239,6 +245,10 @@ export interface StatusResult {
   limits: Limits
   paths: SandboxPaths
   bwrap?: BwrapInfo
+  /** Whether a spare sandbox is kept ready. */
+  prewarm: boolean
+  /** The spare sandbox: `none`, `starting` or `ready`. */
+  spare: string
   /** The report as text for the model. */
   text: string
 }

@@ -14,7 +14,7 @@ use napi_derive::napi;
 use crate::limits::*;
 use crate::outcome::{render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
-use crate::session::{self, Availability, Session, SessionOptions, StatusReport};
+use crate::session::{self, Availability, Session, SessionOptions, SpareState, StatusReport};
 
 /// Options for a new sandbox session.
 #[napi(object)]
@@ -33,6 +33,10 @@ pub struct SandboxOptions {
   pub workspace_writable: Option<bool>,
   /// Canonical host directories to mount read-only at their own paths.
   pub read_roots: Option<Vec<String>>,
+  /// After the first execution keep a started spare sandbox, so that a
+  /// reset, timeout or crash hands over to a ready interpreter. Default:
+  /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
+  pub prewarm: Option<bool>,
 }
 
 #[napi(object)]
@@ -152,6 +156,10 @@ pub struct StatusResult {
   pub limits: Limits,
   pub paths: SandboxPaths,
   pub bwrap: Option<BwrapInfo>,
+  /// Whether a spare sandbox is kept ready.
+  pub prewarm: bool,
+  /// The spare sandbox: `none`, `starting` or `ready`.
+  pub spare: String,
   /// The report as text for the model.
   pub text: String,
 }
@@ -261,6 +269,15 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     text.push_str(&format!("last reset reason: {reason}\n"));
   }
   text.push_str(&format!(
+    "spare sandbox: {}\n",
+    match (r.prewarm, r.spare) {
+      (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
+      (true, SpareState::None) => "none yet",
+      (true, SpareState::Starting) => "starting",
+      (true, SpareState::Ready) => "ready",
+    }
+  ));
+  text.push_str(&format!(
     "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
     r.project_dir.display(),
     scratch.as_deref().unwrap_or("(not allocated yet)"),
@@ -315,6 +332,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
       sandbox_scratch: "/scratch".into(),
       log_dir: logs,
     },
+    prewarm: r.prewarm,
+    spare: match r.spare {
+      SpareState::None => "none",
+      SpareState::Starting => "starting",
+      SpareState::Ready => "ready",
+    }
+    .into(),
     bwrap: r.bwrap.map(|b| BwrapInfo {
       path: path_str(&b.path),
       version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),
@@ -392,6 +416,7 @@ impl PythonSandbox {
         workspace_writable: options.workspace_writable.unwrap_or(false),
         read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
       },
+      prewarm: options.prewarm,
     });
     Ok(PythonSandbox { session })
   }

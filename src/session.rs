@@ -44,6 +44,19 @@ pub struct SessionOptions {
     pub interpreter: Option<String>,
     /// Initial mounts; change them later with [`Session::set_mounts`].
     pub mounts: MountConfig,
+    /// Keep a spare sandbox ready (default: `$PI_PYTHON_TOOL_PREWARM`,
+    /// on unless it is `0`, `false`, `off` or `no`).
+    pub prewarm: Option<bool>,
+}
+
+/// Environment switch for the spare sandbox.
+pub const PREWARM_ENV: &str = "PI_PYTHON_TOOL_PREWARM";
+
+fn prewarm_from_env() -> bool {
+    !matches!(
+        std::env::var(PREWARM_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Ok("0" | "false" | "off" | "no")
+    )
 }
 
 /// Paths of a session's private directory.
@@ -84,11 +97,22 @@ pub struct StatusReport {
     pub denied_reads: Vec<PathBuf>,
     pub dirs: Option<Dirs>,
     pub bwrap: Option<Bwrap>,
+    /// Keep a started spare sandbox ready after the first execution.
+    pub prewarm: bool,
+    pub spare: SpareState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpareState {
+    None,
+    Starting,
+    Ready,
 }
 
 struct Shared {
     report: StatusReport,
     worker_pid: Option<i32>,
+    spare_pid: Option<i32>,
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
 }
@@ -123,8 +147,17 @@ struct Inner {
     exit_status: Option<std::process::ExitStatus>,
 }
 
+/// The spare sandbox slot.
+enum Spare {
+    Empty,
+    Starting,
+    Ready(Box<Worker>),
+}
+
 pub struct Session {
     id: u64,
+    weak: std::sync::Weak<Session>,
+    spare: parking_lot::Mutex<Spare>,
     opts: SessionOptions,
     nonce_base: u64,
     ops: tokio::sync::Mutex<Inner>,
@@ -135,6 +168,13 @@ pub struct Session {
 
 const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
 const REMOUNT_REASON: &str = "the sandbox was restarted because the permission mode or read roots changed";
+
+/// What a sandbox being started is for.
+#[derive(Clone, Copy)]
+enum Role {
+    Active,
+    Spare,
+}
 
 /// How a running execution ended before producing a complete result.
 enum Interrupt {
@@ -150,13 +190,13 @@ enum Interrupt {
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Sessions alive in this process, for best-effort cleanup at exit.
-static LIVE: parking_lot::Mutex<Vec<(u64, Option<i32>, Option<PathBuf>)>> = parking_lot::Mutex::new(Vec::new());
+static LIVE: parking_lot::Mutex<Vec<(u64, Vec<i32>, Option<PathBuf>)>> = parking_lot::Mutex::new(Vec::new());
 
-fn live_update(id: u64, pid: Option<i32>, dir: Option<PathBuf>) {
+fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
     let mut live = LIVE.lock();
     live.retain(|(i, _, _)| *i != id);
-    if pid.is_some() || dir.is_some() {
-        live.push((id, pid, dir));
+    if !pids.is_empty() || dir.is_some() {
+        live.push((id, pids, dir));
     }
 }
 
@@ -164,8 +204,8 @@ fn live_update(id: u64, pid: Option<i32>, dir: Option<PathBuf>) {
 /// Synchronous: for exit hooks.
 pub fn cleanup_all() {
     let live = std::mem::take(&mut *LIVE.lock());
-    for (_, pid, dir) in live {
-        if let Some(pid) = pid {
+    for (_, pids, dir) in live {
+        for pid in pids {
             kill_group(pid);
         }
         if let Some(dir) = dir {
@@ -248,9 +288,13 @@ impl Session {
             denied_reads: Vec::new(),
             dirs: None,
             bwrap: None,
+            prewarm: opts.prewarm.unwrap_or_else(prewarm_from_env),
+            spare: SpareState::None,
         };
-        Arc::new(Session {
+        Arc::new_cyclic(|weak| Session {
             id,
+            weak: weak.clone(),
+            spare: parking_lot::Mutex::new(Spare::Empty),
             nonce_base: random_u64(),
             opts,
             ops: tokio::sync::Mutex::new(Inner {
@@ -264,6 +308,7 @@ impl Session {
             shared: parking_lot::Mutex::new(Shared {
                 report,
                 worker_pid: None,
+                spare_pid: None,
                 running_call: None,
                 cancelled: HashSet::new(),
             }),
@@ -331,6 +376,7 @@ impl Session {
             sh.report.busy = true;
         }
         let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake).await;
+        self.refill_spare(&inner);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
@@ -586,19 +632,14 @@ impl Session {
         Ok((report, Ok(())))
     }
 
-    /// Probe, prepare directories and start a sandbox; wait for its ready frame.
-    async fn start_worker(&self, inner: &mut Inner, call: u32, wake: &mut watch::Receiver<u64>) -> Result<(), Box<Outcome>> {
-        let generation = self.shared.lock().report.generation;
-        let unavailable = |msg: String| {
-            self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
-            Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
-        };
+    /// Probe the host and make the session directory (once each).
+    async fn prepare(&self, inner: &mut Inner) -> Result<(Arc<Facts>, Dirs, PathBuf), String> {
         let facts = match &inner.facts {
             Some(f) => f.clone(),
             None => {
-                let bwrap = probe::probe_bwrap().await.map_err(unavailable)?;
+                let bwrap = probe::probe_bwrap().await?;
                 let configured = self.opts.interpreter.clone().or_else(|| std::env::var(probe::INTERPRETER_ENV).ok());
-                let interpreter = probe::resolve_interpreter(configured.as_deref()).map_err(unavailable)?;
+                let interpreter = probe::resolve_interpreter(configured.as_deref())?;
                 let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr() });
                 inner.facts = Some(facts.clone());
                 self.shared.lock().report.bwrap = Some(facts.bwrap.clone());
@@ -606,18 +647,83 @@ impl Session {
             }
         };
         let project = std::fs::canonicalize(&self.opts.project_dir)
-            .map_err(|e| unavailable(format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display())))?;
+            .map_err(|e| format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display()))?;
         let dirs = match &inner.dirs {
             Some(d) => d.clone(),
             None => {
-                let d = self.make_dirs().map_err(unavailable)?;
+                let d = self.make_dirs()?;
                 inner.dirs = Some(d.clone());
                 self.shared.lock().report.dirs = Some(d.clone());
-                live_update(self.id, None, Some(d.root.clone()));
+                self.sync_live();
                 d
             }
         };
+        Ok((facts, dirs, project))
+    }
+
+    /// Make the session's interpreter: the spare when one is ready for the
+    /// current mounts, else a cold start that waits for the ready frame.
+    async fn start_worker(&self, inner: &mut Inner, call: u32, wake: &mut watch::Receiver<u64>) -> Result<(), Box<Outcome>> {
+        let generation = self.shared.lock().report.generation;
+        let (facts, dirs, project) = self.prepare(inner).await.map_err(|msg| {
+            self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
+            Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
+        })?;
         let mounts = self.shared.lock().report.mounts.clone();
+        let bump = || {
+            let mut sh = self.shared.lock();
+            sh.report.generation += 1;
+            sh.report.generation
+        };
+        if let Some(spare) = self.take_spare(&mounts) {
+            bump();
+            self.set_active(Some(spare.pid));
+            inner.worker = Some(*spare);
+            return Ok(());
+        }
+        let generation = bump();
+        match self.launch(&facts, &dirs, project, mounts, Role::Active, Some(call), wake).await {
+            Ok(worker) => {
+                inner.worker = Some(worker);
+                Ok(())
+            }
+            Err((status, msg)) => {
+                self.shared.lock().report.last_reset_reason = Some("startup_failure".into());
+                Err(Box::new(Outcome::static_result(status, generation, msg)))
+            }
+        }
+    }
+
+    fn set_active(&self, pid: Option<i32>) {
+        {
+            let mut sh = self.shared.lock();
+            sh.worker_pid = pid;
+            sh.report.worker_running = pid.is_some();
+        }
+        self.sync_live();
+    }
+
+    /// Tell the exit-cleanup registry what this session has running.
+    fn sync_live(&self) {
+        let sh = self.shared.lock();
+        let pids = sh.worker_pid.into_iter().chain(sh.spare_pid).collect();
+        let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
+        drop(sh);
+        live_update(self.id, pids, dir);
+    }
+
+    /// Start one sandbox and wait for it to report ready.
+    #[allow(clippy::too_many_arguments)]
+    async fn launch(
+        &self,
+        facts: &Facts,
+        dirs: &Dirs,
+        project: PathBuf,
+        mounts: MountConfig,
+        role: Role,
+        call: Option<u32>,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Result<Worker, (Status, String)> {
         let protected = if mounts.workspace_writable {
             let names = crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
             crate::permissions::protected_binds(&project, &names, |p| std::fs::canonicalize(p))
@@ -635,17 +741,10 @@ impl Session {
             worker_file: dirs.worker_file.clone(),
             read_roots: mounts.read_roots.clone(),
         };
-        let generation = {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.generation
-        };
-        let startup_failure = |msg: String| {
-            Box::new(Outcome::static_result(Status::WorkerError, generation, msg))
-        };
-        let bpf = seccomp::bpf_memfd().map_err(|e| startup_failure(format!("The seccomp filter could not be built: {e}")))?;
+        let bpf = seccomp::bpf_memfd()
+            .map_err(|e| (Status::WorkerError, format!("The seccomp filter could not be built: {e}")))?;
         let spawned = spawn_sandbox(&facts.bwrap.path, &bwrap_argv(&spec), bpf)
-            .map_err(|e| startup_failure(format!("bubblewrap could not be started: {e}")))?;
+            .map_err(|e| (Status::WorkerError, format!("bubblewrap could not be started: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut reader = spawned.replies;
         tokio::spawn(async move {
@@ -668,38 +767,121 @@ impl Session {
             err_buf: vec![0; 64 * 1024],
             mounts,
         };
-        {
-            let mut sh = self.shared.lock();
-            sh.worker_pid = Some(worker.pid);
-            sh.report.worker_running = true;
-        }
-        live_update(self.id, Some(worker.pid), Some(dirs.root.clone()));
+        let record = |pid: Option<i32>| match role {
+            Role::Active => self.set_active(pid),
+            Role::Spare => {
+                self.shared.lock().spare_pid = pid;
+                self.sync_live();
+            }
+        };
+        record(Some(worker.pid));
         match self.await_ready(&mut worker, call, wake).await {
             Ok(version) => {
                 let mut sh = self.shared.lock();
                 sh.report.availability = Availability::Available;
                 sh.report.runtime_version = Some(version);
-                drop(sh);
-                inner.worker = Some(worker);
-                Ok(())
+                Ok(worker)
             }
-            Err((status, msg)) => {
+            Err(failure) => {
                 kill_group(worker.pid);
                 let _ = timeout(CLEANUP_DEADLINE, worker.child.wait()).await;
-                {
-                    let mut sh = self.shared.lock();
-                    sh.worker_pid = None;
-                    sh.report.worker_running = false;
-                    sh.report.last_reset_reason = Some("startup_failure".into());
-                }
-                live_update(self.id, None, Some(dirs.root.clone()));
-                Err(Box::new(Outcome::static_result(status, generation, msg)))
+                record(None);
+                Err(failure)
             }
         }
     }
 
+    /// Take the ready spare if it was made for `mounts` and is still alive.
+    fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
+        let mut slot = self.spare.lock();
+        if !matches!(*slot, Spare::Ready(_)) {
+            return None;
+        }
+        let Spare::Ready(mut w) = std::mem::replace(&mut *slot, Spare::Empty) else { return None };
+        drop(slot);
+        {
+            let mut sh = self.shared.lock();
+            sh.spare_pid = None;
+            sh.report.spare = SpareState::None;
+        }
+        if w.mounts != *mounts || !matches!(w.child.try_wait(), Ok(None)) {
+            kill_group(w.pid);
+            self.sync_live();
+            return None;
+        }
+        Some(w)
+    }
+
+    /// Kill the spare (mounts changed, or the session ends).
+    fn discard_spare(&self) {
+        let old = std::mem::replace(&mut *self.spare.lock(), Spare::Empty);
+        if let Spare::Ready(w) = old {
+            kill_group(w.pid);
+        }
+        let pid = {
+            let mut sh = self.shared.lock();
+            sh.report.spare = SpareState::None;
+            sh.spare_pid.take()
+        };
+        if let Some(pid) = pid {
+            kill_group(pid); // a spare still starting
+        }
+        self.sync_live();
+    }
+
+    /// Start a spare in the background if prewarming is on and none exists.
+    fn refill_spare(&self, inner: &Inner) {
+        let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
+        {
+            let sh = self.shared.lock();
+            if !sh.report.prewarm || sh.report.disposed {
+                return;
+            }
+        }
+        let Ok(project) = std::fs::canonicalize(&self.opts.project_dir) else { return };
+        {
+            let mut slot = self.spare.lock();
+            if !matches!(*slot, Spare::Empty) {
+                return;
+            }
+            *slot = Spare::Starting;
+        }
+        self.shared.lock().report.spare = SpareState::Starting;
+        let Some(me) = self.weak.upgrade() else { return };
+        tokio::spawn(async move {
+            let mounts = me.shared.lock().report.mounts.clone();
+            let mut wake = me.wake.subscribe();
+            let made = me.launch(&facts, &dirs, project, mounts.clone(), Role::Spare, None, &mut wake).await;
+            let current = {
+                let sh = me.shared.lock();
+                !sh.report.disposed && sh.report.mounts == mounts
+            };
+            let mut slot = me.spare.lock();
+            match made {
+                Ok(w) if current && matches!(*slot, Spare::Starting) => {
+                    *slot = Spare::Ready(Box::new(w));
+                    me.shared.lock().report.spare = SpareState::Ready;
+                }
+                other => {
+                    if let Ok(w) = other {
+                        kill_group(w.pid);
+                    }
+                    if matches!(*slot, Spare::Starting) {
+                        *slot = Spare::Empty;
+                    }
+                    drop(slot);
+                    let mut sh = me.shared.lock();
+                    sh.spare_pid = None;
+                    sh.report.spare = SpareState::None;
+                    drop(sh);
+                    me.sync_live();
+                }
+            }
+        });
+    }
+
     /// Wait for the ready frame, collecting stderr for the diagnostic.
-    async fn await_ready(&self, w: &mut Worker, call: u32, wake: &mut watch::Receiver<u64>) -> Result<String, (Status, String)> {
+    async fn await_ready(&self, w: &mut Worker, call: Option<u32>, wake: &mut watch::Receiver<u64>) -> Result<String, (Status, String)> {
         let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
         let mut diag: Vec<u8> = Vec::new();
         let failed = |why: String, diag: &[u8]| {
@@ -723,7 +905,8 @@ impl Session {
             tokio::select! {
                 biased;
                 changed = wake.changed() => {
-                    if changed.is_err() || self.is_disposed() || self.is_cancelled(call) {
+                    let obsolete = call.is_none() && self.shared.lock().report.mounts != w.mounts;
+                    if changed.is_err() || self.is_disposed() || call.is_some_and(|c| self.is_cancelled(c)) || obsolete {
                         return Err((Status::Cancelled, "Cancelled while the sandbox was starting; it was killed before any code ran.".into()));
                     }
                 }
@@ -799,9 +982,8 @@ impl Session {
         sh.worker_pid = None;
         sh.report.worker_running = false;
         sh.report.last_reset_reason = Some(reason.to_string());
-        let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
         drop(sh);
-        live_update(self.id, None, dir);
+        self.sync_live();
     }
 
     fn make_dirs(&self) -> Result<Dirs, String> {
@@ -843,6 +1025,7 @@ impl Session {
         sh.report.mount_epoch += 1;
         let pid = sh.worker_pid;
         drop(sh);
+        self.discard_spare();
         if let Some(pid) = pid {
             kill_group(pid);
         }
@@ -867,6 +1050,7 @@ impl Session {
         let mut inner = self.ops.lock().await;
         self.drop_worker(&mut inner, "explicit_reset").await;
         inner.pending_loss = None;
+        self.refill_spare(&inner);
         inner.dirs.clone()
     }
 
@@ -882,6 +1066,7 @@ impl Session {
         if let Some(pid) = pid {
             kill_group(pid);
         }
+        self.discard_spare();
         self.wake.send_modify(|n| *n += 1);
         let mut inner = self.ops.lock().await;
         self.drop_worker(&mut inner, reason).await;
@@ -889,7 +1074,7 @@ impl Session {
             let _ = std::fs::remove_dir_all(&dirs.root);
         }
         self.shared.lock().report.dirs = None;
-        live_update(self.id, None, None);
+        self.sync_live();
     }
 
     pub fn sandbox_paths() -> (&'static str, &'static str) {

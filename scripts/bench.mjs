@@ -1,0 +1,278 @@
+// `npm run bench`: speed and memory of the sandbox, each figure a median
+// next to a baseline measured in the same run, printed as a table and
+// written to bench/results.json. No test framework timing.
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { prepare, root } from "./prepare.mjs";
+
+prepare();
+const { PythonSandbox } = createRequire(import.meta.url)(join(root, "index.cjs"));
+const quick = process.argv.includes("--quick");
+const runs = (n) => (quick ? Math.max(3, Math.ceil(n / 10)) : n);
+const work = mkdtempSync(join(tmpdir(), "pps-bench-"));
+const project = join(work, "project");
+mkdirSync(project);
+const results = [];
+
+const now = () => Number(process.hrtime.bigint()) / 1e6;
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const pct = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * p))];
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function record(name, value, unit, baselineName, baseline, target) {
+  const ratio = baseline ? value / baseline : undefined;
+  results.push({ name, value, unit, baselineName, baseline, ratio, target });
+  const fmt = (v) => (v === undefined ? "" : v < 10 ? v.toFixed(3) : v.toFixed(1));
+  console.log(
+    `${name.padEnd(46)} ${fmt(value).padStart(9)} ${unit.padEnd(5)} ${(baselineName ?? "").padEnd(34)} ${fmt(baseline).padStart(9)} ${ratio === undefined ? "" : `${ratio.toFixed(2)}x`.padStart(7)}  ${target ?? ""}`,
+  );
+}
+
+async function timed(fn) {
+  const t = now();
+  const r = await fn();
+  return [now() - t, r];
+}
+
+function mustOk(r, what) {
+  if (r.status !== "ok") throw new Error(`${what}: ${r.status}\n${r.text}`);
+  return r;
+}
+
+async function waitForSpare(sb) {
+  for (let i = 0; i < 500 && sb.status().spare !== "ready"; i++) await sleep(5);
+  if (sb.status().spare !== "ready") throw new Error("the spare sandbox never became ready");
+}
+
+// -- baselines ---------------------------------------------------------------
+
+const BWRAP_BASE = [
+  "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent",
+  "--new-session", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+  "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+  "--symlink", "usr/bin", "/bin", "--clearenv", "--", "/usr/bin/python3", "-I", "-S", "-c", "pass",
+];
+
+function bwrapPythonMs() {
+  const t = now();
+  const r = spawnSync("bwrap", BWRAP_BASE, { stdio: "ignore" });
+  if (r.status !== 0) throw new Error("bwrap baseline failed");
+  return now() - t;
+}
+
+/** A plain Python child (no sandbox) answering lines on a pipe. */
+function rawChild() {
+  const src = [
+    "import sys",
+    "out = sys.stdout.buffer",
+    "big = b'x' * 1048576",
+    "for line in sys.stdin.buffer:",
+    "    if line == b'big\\n': out.write(big); out.write(b'\\n.\\n')",
+    "    else: out.write(b'.\\n')",
+    "    out.flush()",
+  ].join("\n");
+  const child = spawn("/usr/bin/python3", ["-I", "-S", "-u", "-c", src], { stdio: ["pipe", "pipe", "inherit"] });
+  let buf = "";
+  let waiting;
+  child.stdout.setEncoding("latin1");
+  child.stdout.on("data", (d) => {
+    buf += d;
+    if (waiting && buf.endsWith(".\n")) {
+      const w = waiting;
+      waiting = undefined;
+      buf = "";
+      w();
+    }
+  });
+  return {
+    ask: (line) =>
+      new Promise((resolve) => {
+        waiting = resolve;
+        child.stdin.write(`${line}\n`);
+      }),
+    close: () => child.kill(),
+  };
+}
+
+// -- 1. cold start -------------------------------------------------------------
+
+async function coldStart() {
+  const base = [];
+  const ours = [];
+  for (let i = 0; i < runs(20); i++) {
+    base.push(bwrapPythonMs());
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+    const [ms, r] = await timed(() => sb.execute("1+1"));
+    mustOk(r, "cold execute");
+    ours.push(ms);
+    await sb.dispose();
+  }
+  record("cold first execute (1+1, sandbox start)", median(ours), "ms", "bwrap + python3 -I -S -c pass", median(base), "<= 1.5x");
+}
+
+// -- 2. warm round trip ----------------------------------------------------------
+
+async function warm() {
+  const n = runs(1000);
+  const raw = rawChild();
+  await raw.ask("warm");
+  const base = [];
+  for (let i = 0; i < n; i++) base.push((await timed(() => raw.ask("x")))[0]);
+  const sb = new PythonSandbox({ projectDir: project });
+  mustOk(await sb.execute("1"), "warm-up");
+  const ours = [];
+  for (let i = 0; i < n; i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
+  record("warm execute x = 1, median", median(ours), "ms", "pipe round trip, plain python", median(base), "<= 0.5 ms");
+  record("warm execute x = 1, p99", pct(ours, 0.99), "ms", "pipe round trip, plain python, p99", pct(base, 0.99));
+
+  // -- 4. 1 MiB of stdout
+  const bigBase = [];
+  const bigOurs = [];
+  for (let i = 0; i < runs(30); i++) {
+    bigBase.push((await timed(() => raw.ask("big")))[0]);
+    const [ms, r] = await timed(() => sb.execute("import sys; sys.stdout.write('x' * 1048576)"));
+    mustOk(r, "1 MiB");
+    if (r.stdoutBytes !== 1048576) throw new Error(`captured ${r.stdoutBytes} bytes`);
+    bigOurs.push(ms);
+  }
+  const mib = (ms) => 1000 / ms; // MiB/s for 1 MiB
+  record("1 MiB stdout captured, throughput", mib(median(bigOurs)), "MiB/s", "plain python writing 1 MiB to a pipe", mib(median(bigBase)), ">= 0.5x");
+  raw.close();
+  await sb.dispose();
+}
+
+// -- 3. recovery with and without the spare -------------------------------------
+
+async function recovery() {
+  for (const prewarm of [false, true]) {
+    const sb = new PythonSandbox({ projectDir: project, prewarm });
+    mustOk(await sb.execute("1"), "first");
+    const afterReset = [];
+    const afterTimeout = [];
+    for (let i = 0; i < runs(20); i++) {
+      if (prewarm) await waitForSpare(sb);
+      await sb.reset();
+      afterReset.push((await timed(() => sb.execute("1")))[0]);
+      if (prewarm) await waitForSpare(sb);
+      const t = await sb.execute("while True: pass", 1);
+      if (t.status !== "timeout") throw new Error(`expected a timeout, got ${t.status}`);
+      afterTimeout.push((await timed(() => sb.execute("1")))[0]);
+    }
+    const label = prewarm ? "with spare" : "cold";
+    record(`execute after reset (${label})`, median(afterReset), "ms", prewarm ? "" : undefined, undefined, prewarm ? "<= 3 ms" : undefined);
+    record(`execute after timeout (${label})`, median(afterTimeout), "ms", undefined, undefined, prewarm ? "<= 3 ms" : undefined);
+    await sb.dispose();
+  }
+}
+
+// -- 5. timeout precision -----------------------------------------------------------
+
+async function timeoutPrecision() {
+  const sb = new PythonSandbox({ projectDir: project });
+  const late = [];
+  for (let i = 0; i < runs(10); i++) {
+    const [ms, r] = await timed(() => sb.execute("while True: pass", 1));
+    if (r.status !== "timeout") throw new Error(`expected a timeout, got ${r.status}`);
+    late.push(ms - 1000);
+  }
+  record("timeout result after the deadline", median(late), "ms", undefined, undefined, "<= 100 ms");
+  await sb.dispose();
+}
+
+// -- 6. many sessions ----------------------------------------------------------------
+
+function rssMiB() {
+  return process.memoryUsage().rss / (1024 * 1024);
+}
+
+async function manySessions() {
+  global.gc?.();
+  await sleep(100);
+  const before = rssMiB();
+  const one = new PythonSandbox({ projectDir: project });
+  mustOk(await one.execute("1"), "one");
+  const single = [];
+  for (let i = 0; i < runs(200); i++) single.push((await timed(() => one.execute("x = 1")))[0]);
+  const sessions = [one];
+  for (let i = 1; i < 16; i++) {
+    const sb = new PythonSandbox({ projectDir: project });
+    mustOk(await sb.execute("1"), "session");
+    sessions.push(sb);
+  }
+  const lat = [];
+  for (let round = 0; round < runs(50); round++) {
+    for (const sb of sessions) lat.push((await timed(() => sb.execute("x = 1")))[0]);
+  }
+  global.gc?.();
+  await sleep(100);
+  const after = rssMiB();
+  record("16 sessions: warm call latency, median", median(lat), "ms", "1 session", median(single), "flat");
+  record("16 sessions: host RSS per session", (after - before) / 16, "MiB", undefined, undefined, "<= 2 MiB");
+  await Promise.all(sessions.map((s) => s.dispose()));
+}
+
+// -- 7. Jupyter kernel ------------------------------------------------------------------
+
+function jupyterKernel() {
+  const venv = join(tmpdir(), "pps-bench-jupyter-venv");
+  const py = join(venv, "bin", "python");
+  if (!existsSync(py)) {
+    const mk = spawnSync("/usr/bin/python3", ["-m", "venv", venv], { stdio: "inherit" });
+    const pip = mk.status === 0 && spawnSync(join(venv, "bin", "pip"), ["install", "-q", "ipykernel", "jupyter_client"], { stdio: "inherit" });
+    if (!pip || pip.status !== 0) {
+      console.log("jupyter kernel: skipped (a venv with ipykernel and jupyter_client could not be installed from PyPI)");
+      rmSync(venv, { recursive: true, force: true });
+      return;
+    }
+  }
+  const script = `
+import json, time, statistics
+from jupyter_client.manager import start_new_kernel
+t = time.perf_counter(); km, kc = start_new_kernel(kernel_name="python3"); start = (time.perf_counter() - t) * 1000
+kc.execute_interactive("1", timeout=30)
+times = []
+for _ in range(${runs(200)}):
+    t = time.perf_counter(); kc.execute_interactive("x = 1", timeout=30); times.append((time.perf_counter() - t) * 1000)
+kc.stop_channels(); km.shutdown_kernel(now=True)
+print(json.dumps({"start": start, "median": statistics.median(times)}))`;
+  const r = spawnSync(py, ["-c", script], { encoding: "utf8", timeout: 120_000 });
+  if (r.status !== 0) {
+    console.log(`jupyter kernel: skipped (${(r.stderr || "").trim().split("\n").pop()})`);
+    return;
+  }
+  return JSON.parse(r.stdout.trim().split("\n").pop());
+}
+
+async function jupyter() {
+  const k = jupyterKernel();
+  if (!k) return;
+  const sb = new PythonSandbox({ projectDir: project });
+  const [cold, r] = await timed(() => sb.execute("1"));
+  mustOk(r, "cold");
+  const ours = [];
+  for (let i = 0; i < runs(200); i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
+  record("warm execute vs a Jupyter kernel", median(ours), "ms", "jupyter kernel execute x = 1", k.median, ">= 20x faster");
+  record("start + first execute vs a Jupyter kernel", cold, "ms", "jupyter kernel start", k.start);
+  await sb.dispose();
+}
+
+console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} ${"baseline".padEnd(34)} ${"value".padStart(9)} ${"ratio".padStart(7)}  target`);
+try {
+  await coldStart();
+  await warm();
+  await recovery();
+  await timeoutPrecision();
+  await manySessions();
+  if (!process.argv.includes("--no-jupyter")) await jupyter();
+} finally {
+  rmSync(work, { recursive: true, force: true });
+}
+mkdirSync(join(root, "bench"), { recursive: true });
+writeFileSync(
+  join(root, "bench", "results.json"),
+  `${JSON.stringify({ date: new Date().toISOString(), node: process.version, quick, results }, null, 2)}\n`,
+);
+console.log("\nwritten to bench/results.json");
