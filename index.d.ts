@@ -18,10 +18,11 @@ export declare class PythonSandbox {
   /**
    * Run `code` in the session's interpreter. `timeoutSeconds` is an
    * integer 1-120 (default 30). `callId` names the call for `cancel()`.
+   * `onProgress` is called about twice a second while the code runs.
    * Rejects (code `InvalidArg`) on bad input without touching the
    * interpreter; every other failure is a result with a failure status.
    */
-  execute(code: string, timeoutSeconds?: number | undefined | null, callId?: number | undefined | null): Promise<ExecResult>
+  execute(code: string, timeoutSeconds?: number | undefined | null, callId?: number | undefined | null, onProgress?: (((arg: ExecProgress) => void)) | undefined | null): Promise<ExecResult>
   /**
    * Cancel the call named `callId` (queued or running), or the running
    * call when omitted: its sandbox is killed. Returns whether anything
@@ -78,6 +79,16 @@ export interface ExceptionResult {
   message: string
   /** Formatted traceback without the worker's own frames (bounded). */
   traceback: string
+}
+
+/** Progress of a running execution (about twice a second). */
+export interface ExecProgress {
+  elapsedMs: number
+  stdoutBytes: number
+  stderrBytes: number
+  /** The latest stdout (up to 2 KiB). */
+  stdoutTail: string
+  stderrTail: string
 }
 
 /** The result of one `execute` call. */

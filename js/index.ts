@@ -11,6 +11,7 @@ import { realpathSync } from "node:fs";
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Text } from "@mariozechner/pi-tui";
 import { Type } from "typebox";
+import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox } from "./addon.ts";
 import { ACTIONS, parseParams } from "./params.ts";
 
@@ -43,6 +44,17 @@ interface State {
   ui?: UI;
   nextPromptId: number;
   pending: Map<number, (outcome: PromptOutcome) => void>;
+}
+
+function formatBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / (1024 * 1024)).toFixed(1)} MiB`;
+}
+
+/** `running 12.5s · stdout 3.2 KiB · stderr 0 B` */
+export function progressLine(p: ExecProgress): string {
+  return `running ${(p.elapsedMs / 1000).toFixed(1)}s · stdout ${formatBytes(p.stdoutBytes)} · stderr ${formatBytes(p.stderrBytes)}`;
 }
 
 function textResult(text: string, details: Record<string, unknown>) {
@@ -140,7 +152,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       ),
     }),
 
-    async execute(_toolCallId, rawParams, signal, _onUpdate, ctx) {
+    async execute(_toolCallId, rawParams, signal, onUpdate, ctx) {
       const params = parseParams(rawParams);
       const target = sandboxFor(ctx.cwd);
       if ("error" in target) return unavailable(params.action, target.error);
@@ -158,8 +170,19 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const onAbort = () => target.cancel(callId);
       if (signal?.aborted) target.cancel(callId);
       else signal?.addEventListener("abort", onAbort, { once: true });
+      // Partial output for the UI while the code runs (about twice a second).
+      const onProgress = onUpdate
+        ? (p: ExecProgress) => {
+            const tail = [p.stdoutTail, p.stderrTail].filter((s) => s.trim() !== "").join("\n--- stderr ---\n");
+            onUpdate({
+              content: [{ type: "text", text: `${progressLine(p)}${tail ? `\n${tail}` : ""}` }],
+              details: { action: "execute", status: "running", ...p },
+            });
+          }
+        : undefined;
+      const run = () => target.execute(params.code, params.timeoutSeconds, callId, onProgress);
       try {
-        let r = await target.execute(params.code, params.timeoutSeconds, callId);
+        let r = await run();
         let text = r.text;
         let diagnostic = r.diagnostic;
         // A read outside the mounts: ask, and after a grant that remounted
@@ -189,7 +212,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
               "(the granted directory may be reserved or inside the project), so the code was not run again.";
             break;
           }
-          r = await target.execute(params.code, params.timeoutSeconds, callId);
+          r = await run();
           text = r.text;
           diagnostic = r.diagnostic;
         }
@@ -227,10 +250,16 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       return new Text(`${theme.bold("python>")} ${lines[0]}${more}${limit}`, 0, 0);
     },
 
-    renderResult(result, { expanded }, theme) {
+    renderResult(result, { expanded, isPartial }, theme) {
       const details = (result.details ?? {}) as { status?: string; isError?: boolean; durationMs?: number };
       const first = result.content.find((c) => c.type === "text");
-      const body = (first && "text" in first ? first.text : "").split("\n").slice(1);
+      const text = first && "text" in first ? first.text : "";
+      if (isPartial || details.status === "running") {
+        const lines = text.split("\n");
+        const shown = lines.slice(1).slice(-8);
+        return new Text([theme.fg("muted", `⋯ ${lines[0]}`), ...shown].join("\n"), 0, 0);
+      }
+      const body = text.split("\n").slice(1);
       while (body[0] === "") body.shift();
       const mark = details.isError ? theme.fg("error", "✗") : theme.fg("success", "✓");
       const label = details.status === "runtime_error" ? "error" : (details.status ?? "");

@@ -103,6 +103,22 @@ impl Excerpt {
         }
     }
 
+    /// The last `max` bytes seen so far, as text.
+    pub fn latest(&self, max: usize) -> String {
+        let tail: Vec<u8> = self.tail.iter().copied().collect();
+        let mut all: Vec<u8> = if self.head.len() + tail.len() == self.total {
+            let mut v = self.head.clone();
+            v.extend_from_slice(&tail);
+            v
+        } else {
+            tail
+        };
+        if all.len() > max {
+            all.drain(..all.len() - max);
+        }
+        String::from_utf8_lossy(trim_incomplete_start(&all)).into_owned()
+    }
+
     /// (head, bytes omitted, tail) as text, cut on character boundaries.
     pub fn parts(&self) -> (String, usize, String) {
         let kept = self.head.len() + self.tail.len();

@@ -44,6 +44,10 @@ pub const EXCERPT_HEAD_BYTES: usize = 16 * 1024;
 pub const EXCERPT_TAIL_BYTES: usize = 8 * 1024;
 /// Output a worker writes while no execution runs, kept for diagnostics.
 pub const IDLE_STDERR_BYTES: usize = 4096;
+/// How often a running execution reports progress.
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// Bytes of each stream's latest output in a progress report.
+pub const PROGRESS_TAIL_BYTES: usize = 2048;
 /// pi's ceiling for model-facing tool output.
 pub const RESULT_MAX_BYTES: usize = 50 * 1024;
 pub const RESULT_MAX_LINES: usize = 2000;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
 use crate::limits::*;
@@ -387,6 +388,17 @@ pub fn cleanup_all() {
   session::cleanup_all();
 }
 
+/// Progress of a running execution (about twice a second).
+#[napi(object)]
+pub struct ExecProgress {
+  pub elapsed_ms: f64,
+  pub stdout_bytes: f64,
+  pub stderr_bytes: f64,
+  /// The latest stdout (up to 2 KiB).
+  pub stdout_tail: String,
+  pub stderr_tail: String,
+}
+
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 
 /// A persistent Python interpreter in a bubblewrap + seccomp sandbox.
@@ -423,10 +435,17 @@ impl PythonSandbox {
 
   /// Run `code` in the session's interpreter. `timeoutSeconds` is an
   /// integer 1-120 (default 30). `callId` names the call for `cancel()`.
+  /// `onProgress` is called about twice a second while the code runs.
   /// Rejects (code `InvalidArg`) on bad input without touching the
   /// interpreter; every other failure is a result with a failure status.
   #[napi]
-  pub async fn execute(&self, code: String, timeout_seconds: Option<f64>, call_id: Option<u32>) -> Result<ExecResult> {
+  pub async fn execute(
+    &self,
+    code: String,
+    timeout_seconds: Option<f64>,
+    call_id: Option<u32>,
+    on_progress: Option<ThreadsafeFunction<ExecProgress, (), ExecProgress, Status, false, true>>,
+  ) -> Result<ExecResult> {
     if code.len() > MAX_CODE_BYTES {
       return Err(invalid(format!(
         "Code exceeds the {} KiB UTF-8 limit ({} bytes).",
@@ -439,7 +458,22 @@ impl PythonSandbox {
       Some(t) if t.fract() == 0.0 && (MIN_TIMEOUT_SECONDS as f64..=MAX_TIMEOUT_SECONDS as f64).contains(&t) => t as u32,
       Some(_) => return Err(invalid("timeoutSeconds must be an integer between 1 and 120.")),
     };
-    Ok(to_js(self.session.execute(code, timeout, call_id).await))
+    let progress: Option<crate::outcome::ProgressFn> = on_progress.map(|f| {
+      let f = Arc::new(f);
+      Arc::new(move |p: crate::outcome::Progress| {
+        f.call(
+          ExecProgress {
+            elapsed_ms: p.elapsed_ms as f64,
+            stdout_bytes: p.stdout_bytes as f64,
+            stderr_bytes: p.stderr_bytes as f64,
+            stdout_tail: p.stdout_tail,
+            stderr_tail: p.stderr_tail,
+          },
+          ThreadsafeFunctionCallMode::NonBlocking,
+        );
+      }) as crate::outcome::ProgressFn
+    });
+    Ok(to_js(self.session.execute_with_progress(code, timeout, call_id, progress).await))
   }
 
   /// Cancel the call named `callId` (queued or running), or the running

@@ -39,6 +39,20 @@ impl Status {
     }
 }
 
+/// A running execution's progress, reported every `PROGRESS_EVERY`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub elapsed_ms: u64,
+    pub stdout_bytes: usize,
+    pub stderr_bytes: usize,
+    /// The latest output of each stream (a few KiB).
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+}
+
+/// Receives progress reports; must not block.
+pub type ProgressFn = std::sync::Arc<dyn Fn(Progress) + Send + Sync>;
+
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamText {

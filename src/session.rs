@@ -25,7 +25,7 @@ use crate::bwrap::{bwrap_argv, SandboxSpec, SCRATCH, WORKSPACE};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
-use crate::outcome::{ExceptionText, LogFiles, Outcome, Status, StreamText};
+use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter};
 use crate::seccomp;
@@ -346,6 +346,17 @@ impl Session {
 
     /// Run `code`. `call_id` names the call for `cancel`.
     pub async fn execute(&self, code: String, timeout_seconds: u32, call_id: Option<u32>) -> Outcome {
+        self.execute_with_progress(code, timeout_seconds, call_id, None).await
+    }
+
+    /// [`Session::execute`], reporting progress while the code runs.
+    pub async fn execute_with_progress(
+        &self,
+        code: String,
+        timeout_seconds: u32,
+        call_id: Option<u32>,
+        progress: Option<ProgressFn>,
+    ) -> Outcome {
         let started = Instant::now();
         // Internal ids live above u32::MAX / 2 so they never meet a caller's.
         let call = call_id.unwrap_or_else(|| {
@@ -375,7 +386,7 @@ impl Session {
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
-        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake).await;
+        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake, progress).await;
         self.refill_spare(&inner);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
@@ -410,6 +421,7 @@ impl Session {
         call: u32,
         started: Instant,
         wake: &mut watch::Receiver<u64>,
+        progress: Option<ProgressFn>,
     ) -> Outcome {
         let generation = || self.shared.lock().report.generation;
         if code.len() > MAX_CODE_BYTES {
@@ -460,7 +472,7 @@ impl Session {
         let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
         let result = match frame::encode(&request) {
             Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
-            Ok(bytes) => self.run_exec(worker, &bytes, seq, call, deadline, &mut capture, wake).await,
+            Ok(bytes) => self.run_exec(worker, &bytes, seq, call, deadline, &mut capture, wake, progress).await,
         };
         let _ = started;
         match result {
@@ -567,12 +579,16 @@ impl Session {
         deadline: tokio::time::Instant,
         capture: &mut Capture,
         wake: &mut watch::Receiver<u64>,
+        progress: Option<ProgressFn>,
     ) -> Result<(ExecReport, Result<(), String>), Interrupt> {
         let Worker { requests, replies, stdout, stderr, out_buf, err_buf, mounts, .. } = w;
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
         let mut drain_until = deadline;
         let mut written = false;
+        let begun = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval_at(begun + PROGRESS_EVERY, PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             if let (Some(_), Some((want_out, want_err))) = (&report, drained) {
                 let out_done = !want_out || stdout.is_none() || capture.mark_seen(Stream::Stdout);
@@ -595,6 +611,17 @@ impl Session {
                 }
                 _ = sleep_until(deadline), if running => return Err(Interrupt::Timeout),
                 _ = sleep_until(drain_until), if !running => break,
+                _ = tick.tick(), if running && progress.is_some() => {
+                    if let Some(report) = &progress {
+                        report(Progress {
+                            elapsed_ms: begun.elapsed().as_millis() as u64,
+                            stdout_bytes: capture.stdout.total,
+                            stderr_bytes: capture.stderr.total,
+                            stdout_tail: capture.stdout.latest(PROGRESS_TAIL_BYTES),
+                            stderr_tail: capture.stderr.latest(PROGRESS_TAIL_BYTES),
+                        });
+                    }
+                }
                 msg = replies.recv() => match msg {
                     Some(Ok(Reply::Result(r))) if running && r.id == seq => {
                         report = Some(r);
