@@ -136,6 +136,24 @@ export interface ExecResult {
   /** False when the output limit cut the logs short. */
   logComplete: boolean
   diagnostic?: string
+  /** Images for the model (at most 4 per execution). */
+  images: Array<ImageResult>
+  /** Notes about rich output (images not sent, ...). */
+  notes: Array<string>
+}
+
+/** An image the code produced (a matplotlib figure, `display(img)`, ...). */
+export interface ImageResult {
+  /** `image/png` or `image/jpeg`. */
+  mimeType: string
+  /** Base64 of the image bytes. */
+  data: string
+  /** Where the image is saved inside the sandbox (under /scratch). */
+  sandboxPath: string
+  width?: number
+  height?: number
+  /** e.g. `640x480 PNG, 23.1KB`. */
+  description: string
 }
 
 export interface Limits {
@@ -216,6 +234,17 @@ export interface SandboxOptions {
    * on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
    */
   prewarm?: boolean
+  /**
+   * The user's Python packages: a virtualenv, or site directories,
+   * colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
+   * A user setting: never let the model choose it.
+   */
+  pythonPackages?: string
+  /**
+   * Also use the system's dist-packages. Default
+   * `$PI_PYTHON_TOOL_SYSTEM_SITE` = `1`.
+   */
+  systemSitePackages?: boolean
 }
 
 export interface SandboxPaths {
@@ -256,6 +285,10 @@ export interface StatusResult {
   limits: Limits
   paths: SandboxPaths
   bwrap?: BwrapInfo
+  /** Site directories of the user's Python packages. */
+  siteDirs: Array<string>
+  /** Python package settings that were skipped, and why. */
+  pythonNotes: Array<string>
   /** Whether a spare sandbox is kept ready. */
   prewarm: boolean
   /** The spare sandbox: `none`, `starting` or `ready`. */

@@ -33,6 +33,13 @@ const PROMPT_TIMEOUT_MS = 30_000;
 type PromptOutcome = "allow" | "deny" | "timeout" | "aborted" | "shutdown";
 type UI = { notify(message: string, type?: "info" | "warning" | "error"): void };
 
+interface ImageInfo {
+  path: string;
+  mimeType: string;
+  width?: number;
+  height?: number;
+}
+
 /** One registration's state (pi evaluates the module again on /reload). */
 interface State {
   sandbox?: PythonSandbox;
@@ -57,8 +64,10 @@ export function progressLine(p: ExecProgress): string {
   return `running ${(p.elapsedMs / 1000).toFixed(1)}s · stdout ${formatBytes(p.stdoutBytes)} · stderr ${formatBytes(p.stderrBytes)}`;
 }
 
-function textResult(text: string, details: Record<string, unknown>) {
-  return { content: [{ type: "text" as const, text }], details };
+type Content = { type: "text"; text: string } | { type: "image"; data: string; mimeType: string };
+
+function textResult(text: string, details: Record<string, unknown>, images: Content[] = []) {
+  return { content: [{ type: "text" as const, text } as Content, ...images], details };
 }
 
 function unavailable(action: string, diagnostic: string) {
@@ -235,7 +244,9 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           diagnostic,
           exceptionType: r.exception?.type,
           permissionPath: r.permissionPath,
-        });
+          images: r.images.map((i) => ({ path: i.sandboxPath, mimeType: i.mimeType, width: i.width, height: i.height })),
+          notes: r.notes,
+        }, r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType })));
       } finally {
         signal?.removeEventListener("abort", onAbort);
       }
@@ -267,7 +278,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const shown = expanded ? body : body.slice(0, 10);
       const hidden = body.length - shown.length;
       const tail = hidden > 0 ? `\n${theme.fg("muted", `... (${hidden} more lines, expand to see all)`)}` : "";
-      return new Text(`${mark} python ${label}${secs}\n${shown.join("\n")}${tail}`, 0, 0);
+      const images = ((result.details as { images?: ImageInfo[] })?.images ?? []).map((i) =>
+        theme.fg("accent", `[image ${i.width ?? "?"}x${i.height ?? "?"} ${i.mimeType.replace("image/", "").toUpperCase()}] ${i.path}`),
+      );
+      const imageLines = images.length > 0 ? `\n${images.join("\n")}` : "";
+      return new Text(`${mark} python ${label}${secs}${imageLines}\n${shown.join("\n")}${tail}`, 0, 0);
     },
   });
 

@@ -7,7 +7,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), "..");
-const APT_PACKAGES = ["bubblewrap", "libseccomp-dev", "python3"];
+const APT_PACKAGES = ["bubblewrap", "libseccomp-dev", "python3", "python3-venv"];
 const isRoot = process.getuid?.() === 0;
 
 export function run(cmd, args, opts = {}) {

@@ -42,6 +42,10 @@ pub struct SandboxSpec {
     /// (host path, path relative to /workspace) bound read-only over a
     /// writable workspace.
     pub protected: Vec<(PathBuf, PathBuf)>,
+    /// The user's Python packages: directories mounted read-only at their
+    /// own paths, and the site directories the worker adds.
+    pub python_mounts: Vec<PathBuf>,
+    pub site_dirs: Vec<PathBuf>,
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -79,7 +83,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
             push(&mut a, &["--ro-bind-try", dir, dir]);
         }
     }
-    for file in ["/etc/ld.so.cache", "/etc/localtime"] {
+    // The dynamic linker's cache, the time zone, and font configuration
+    // (for plotting libraries): system configuration, no secrets.
+    for file in ["/etc/ld.so.cache", "/etc/localtime", "/etc/fonts"] {
         push(&mut a, &["--ro-bind-try", file, file]);
     }
     for dir in &spec.interpreter_mounts {
@@ -94,7 +100,7 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
     push_bind(&mut a, "--ro-bind", &spec.worker_file, Path::new(WORKER));
-    for root in &spec.read_roots {
+    for root in spec.read_roots.iter().chain(&spec.python_mounts) {
         push_bind(&mut a, "--ro-bind-try", root, root);
     }
     push(&mut a, &["--chdir", WORKSPACE]);
@@ -107,6 +113,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     a.push("--".into());
     a.push(spec.interpreter.clone().into());
     push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", WORKER]);
+    for dir in &spec.site_dirs {
+        a.push("--site".into());
+        a.push(dir.into());
+    }
     a
 }
 
@@ -125,6 +135,8 @@ mod tests {
             worker_file: "/tmp/s/worker.py".into(),
             read_roots: vec![],
             protected: vec![("/home/u/proj/.git/hooks".into(), ".git/hooks".into())],
+            python_mounts: vec![],
+            site_dirs: vec![],
         }
     }
 
@@ -146,6 +158,7 @@ mod tests {
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \
             --ro-bind-try /etc/ld.so.cache /etc/ld.so.cache --ro-bind-try /etc/localtime /etc/localtime \
+            --ro-bind-try /etc/fonts /etc/fonts \
             --ro-bind /home/u/proj /workspace --bind /tmp/s/scratch /scratch \
             --ro-bind /tmp/s/worker.py /worker.py --chdir /workspace \
             --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
@@ -176,6 +189,17 @@ mod tests {
         assert!(has_triple(&argv, ["--ro-bind-try", "/etc", "/etc"]));
         assert!(has_triple(&argv, ["--ro-bind", "/opt/py", "/opt/py"]));
         assert_eq!(argv[argv.len() - 8], "/opt/py/bin/python3");
+    }
+
+    #[test]
+    fn a_user_venv_is_mounted_read_only_and_named_to_the_worker() {
+        let argv = strings(&bwrap_argv(&SandboxSpec {
+            python_mounts: vec!["/home/u/venv".into()],
+            site_dirs: vec!["/home/u/venv/lib/python3.11/site-packages".into()],
+            ..spec()
+        }));
+        assert!(has_triple(&argv, ["--ro-bind-try", "/home/u/venv", "/home/u/venv"]));
+        assert_eq!(argv[argv.len() - 3..], ["/worker.py", "--site", "/home/u/venv/lib/python3.11/site-packages"]);
     }
 
     #[test]

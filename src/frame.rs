@@ -77,6 +77,24 @@ pub struct ExecReport {
     /// Processes other than the worker still alive when the code finished.
     #[serde(default)]
     pub background: u32,
+    /// Images the execution produced, saved under /scratch.
+    #[serde(default)]
+    pub images: Vec<ImageRef>,
+    /// Notes about rich output (images not sent, ...).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// An image file the worker saved under /scratch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImageRef {
+    /// Path inside the sandbox (under /scratch).
+    pub path: String,
+    pub mime: String,
+    #[serde(default)]
+    pub width: Option<u32>,
+    #[serde(default)]
+    pub height: Option<u32>,
 }
 
 /// Worker → host.
@@ -84,7 +102,13 @@ pub struct ExecReport {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
     #[serde(rename_all = "camelCase")]
-    Ready { protocol: u32, runtime_version: String },
+    Ready {
+        protocol: u32,
+        runtime_version: String,
+        /// Site directories the worker skipped, and why.
+        #[serde(default)]
+        site_notes: Vec<String>,
+    },
     Result(ExecReport),
     /// Sent after the result once the end marks are written: `stdout` /
     /// `stderr` say which streams carry a mark (user code may have closed one).
@@ -183,7 +207,7 @@ mod tests {
 
     #[tokio::test]
     async fn ready_frame_round_trips() {
-        let msg = Reply::Ready { protocol: 1, runtime_version: "3.11.2".into() };
+        let msg = Reply::Ready { protocol: 1, runtime_version: "3.11.2".into(), site_notes: vec![] };
         let bytes = encode(&msg).expect("encode");
         assert_eq!(&bytes[..4], &(bytes.len() as u32 - 4).to_be_bytes());
         assert_eq!(read(&bytes).await, Ok(msg));

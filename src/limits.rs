@@ -44,6 +44,10 @@ pub const EXCERPT_HEAD_BYTES: usize = 16 * 1024;
 pub const EXCERPT_TAIL_BYTES: usize = 8 * 1024;
 /// Output a worker writes while no execution runs, kept for diagnostics.
 pub const IDLE_STDERR_BYTES: usize = 4096;
+/// Images sent back per execution (more are saved under /scratch only).
+pub const MAX_IMAGES: usize = 4;
+pub const MAX_IMAGE_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_IMAGES_TOTAL_BYTES: usize = 6 * 1024 * 1024;
 /// How often a running execution reports progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Bytes of each stream's latest output in a progress report.

@@ -38,6 +38,13 @@ pub struct SandboxOptions {
   /// reset, timeout or crash hands over to a ready interpreter. Default:
   /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
   pub prewarm: Option<bool>,
+  /// The user's Python packages: a virtualenv, or site directories,
+  /// colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
+  /// A user setting: never let the model choose it.
+  pub python_packages: Option<String>,
+  /// Also use the system's dist-packages. Default
+  /// `$PI_PYTHON_TOOL_SYSTEM_SITE` = `1`.
+  pub system_site_packages: Option<bool>,
 }
 
 #[napi(object)]
@@ -48,6 +55,21 @@ pub struct ExceptionResult {
   pub message: String,
   /// Formatted traceback without the worker's own frames (bounded).
   pub traceback: String,
+}
+
+/// An image the code produced (a matplotlib figure, `display(img)`, ...).
+#[napi(object)]
+pub struct ImageResult {
+  /// `image/png` or `image/jpeg`.
+  pub mime_type: String,
+  /// Base64 of the image bytes.
+  pub data: String,
+  /// Where the image is saved inside the sandbox (under /scratch).
+  pub sandbox_path: String,
+  pub width: Option<u32>,
+  pub height: Option<u32>,
+  /// e.g. `640x480 PNG, 23.1KB`.
+  pub description: String,
 }
 
 #[napi(object)]
@@ -96,6 +118,10 @@ pub struct ExecResult {
   /// False when the output limit cut the logs short.
   pub log_complete: bool,
   pub diagnostic: Option<String>,
+  /// Images for the model (at most 4 per execution).
+  pub images: Vec<ImageResult>,
+  /// Notes about rich output (images not sent, ...).
+  pub notes: Vec<String>,
 }
 
 #[napi(object)]
@@ -157,6 +183,10 @@ pub struct StatusResult {
   pub limits: Limits,
   pub paths: SandboxPaths,
   pub bwrap: Option<BwrapInfo>,
+  /// Site directories of the user's Python packages.
+  pub site_dirs: Vec<String>,
+  /// Python package settings that were skipped, and why.
+  pub python_notes: Vec<String>,
   /// Whether a spare sandbox is kept ready.
   pub prewarm: bool,
   /// The spare sandbox: `none`, `starting` or `ready`.
@@ -181,6 +211,7 @@ fn path_str(p: &std::path::Path) -> String {
 }
 
 fn to_js(o: Outcome) -> ExecResult {
+  use base64::Engine;
   let text = render(&o);
   let join = |s: &crate::outcome::StreamText| {
     if s.omitted == 0 {
@@ -218,6 +249,19 @@ fn to_js(o: Outcome) -> ExecResult {
     },
     log_complete: o.log_complete,
     diagnostic: o.diagnostic,
+    images: o
+      .images
+      .iter()
+      .map(|i| ImageResult {
+        mime_type: i.mime.clone(),
+        data: base64::engine::general_purpose::STANDARD.encode(&i.data),
+        sandbox_path: i.sandbox_path.clone(),
+        width: i.width,
+        height: i.height,
+        description: i.describe(),
+      })
+      .collect(),
+    notes: o.notes,
   }
 }
 
@@ -268,6 +312,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
   ));
   if let Some(reason) = &r.last_reset_reason {
     text.push_str(&format!("last reset reason: {reason}\n"));
+  }
+  if !r.site_dirs.is_empty() {
+    let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
+    text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
+  }
+  for note in &r.python_notes {
+    text.push_str(&format!("python packages: {note}\n"));
   }
   text.push_str(&format!(
     "spare sandbox: {}\n",
@@ -333,6 +384,8 @@ fn status_to_js(r: StatusReport) -> StatusResult {
       sandbox_scratch: "/scratch".into(),
       log_dir: logs,
     },
+    site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
+    python_notes: r.python_notes.clone(),
     prewarm: r.prewarm,
     spare: match r.spare {
       SpareState::None => "none",
@@ -429,6 +482,8 @@ impl PythonSandbox {
         read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
       },
       prewarm: options.prewarm,
+      python_packages: options.python_packages,
+      system_site_packages: options.system_site_packages,
     });
     Ok(PythonSandbox { session })
   }

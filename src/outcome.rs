@@ -69,6 +69,27 @@ impl StreamText {
     }
 }
 
+/// An image for the model, with where it is saved inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageData {
+    pub sandbox_path: String,
+    pub mime: String,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    pub data: Vec<u8>,
+}
+
+impl ImageData {
+    /// `640x480 PNG, 23.1KB`
+    pub fn describe(&self) -> String {
+        let kind = self.mime.strip_prefix("image/").unwrap_or(&self.mime).to_ascii_uppercase();
+        match (self.width, self.height) {
+            (Some(w), Some(h)) => format!("{w}x{h} {kind}, {}", format_size(self.data.len())),
+            _ => format!("{kind}, {}", format_size(self.data.len())),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogFiles {
     pub stdout: Option<PathBuf>,
@@ -101,6 +122,10 @@ pub struct Outcome {
     pub output_limit_exceeded: bool,
     /// Log files of the streams that had output (a quiet stream has none).
     pub log_paths: LogFiles,
+    /// Images produced by the code (matplotlib figures, display(), ...).
+    pub images: Vec<ImageData>,
+    /// Notes about rich output (images not sent, ...).
+    pub notes: Vec<String>,
     /// The code was handed to an interpreter.
     pub started: bool,
     pub log_complete: bool,
@@ -125,6 +150,8 @@ impl Outcome {
             permission_is_dir: false,
             output_limit_exceeded: false,
             log_paths: LogFiles::default(),
+            images: Vec::new(),
+            notes: Vec::new(),
             started: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
@@ -204,6 +231,12 @@ pub fn render(o: &Outcome) -> String {
     if let Some(repr) = &o.repr {
         let label = if o.repr_truncated { "result (truncated)" } else { "result" };
         let _ = write!(t, "\n\n{label}: {repr}");
+    }
+    for (i, image) in o.images.iter().enumerate() {
+        let _ = write!(t, "\n\nimage {}: {} ({}), attached", i + 1, image.sandbox_path, image.describe());
+    }
+    for note in &o.notes {
+        let _ = write!(t, "\n\nnote: {note}");
     }
     // The streams share what the rest leaves of the ceiling.
     let mut tail = String::new();

@@ -122,6 +122,90 @@ pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, Stri
     Ok(Interpreter { configured, path: real, mounts })
 }
 
+/// User-controlled Python packages: a virtualenv or site directories,
+/// colon-separated (never set by the model).
+pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
+/// `1` adds the system's own dist-packages.
+pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
+pub const SYSTEM_DIST_PACKAGES: &str = "/usr/lib/python3/dist-packages";
+
+/// The user's Python packages, as the sandbox sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PythonEnv {
+    /// Host directories to mount read-only at their own paths.
+    pub mounts: Vec<PathBuf>,
+    /// Directories the worker adds with `site.addsitedir`.
+    pub site_dirs: Vec<PathBuf>,
+    /// What was skipped, and why.
+    pub notes: Vec<String>,
+}
+
+/// Decide the Python environment from the settings. `list_site` lists a
+/// venv's `lib/python3.*/site-packages` directories; `resolve` is realpath.
+pub fn python_env(
+    setting: Option<&str>,
+    system_site: bool,
+    resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
+    is_venv: impl Fn(&Path) -> bool,
+    list_site: impl Fn(&Path) -> Vec<PathBuf>,
+) -> PythonEnv {
+    let mut env = PythonEnv::default();
+    for entry in setting.unwrap_or("").split(':').map(str::trim).filter(|s| !s.is_empty()) {
+        if !entry.starts_with('/') {
+            env.notes.push(format!("{VENV_ENV}: {entry} is not an absolute path; ignored"));
+            continue;
+        }
+        let real = match resolve(Path::new(entry)) {
+            Ok(r) => r,
+            Err(e) => {
+                env.notes.push(format!("{VENV_ENV}: {entry} cannot be used ({e}); ignored"));
+                continue;
+            }
+        };
+        let sites = if is_venv(&real) { list_site(&real) } else { vec![real.clone()] };
+        if sites.is_empty() {
+            env.notes.push(format!("{VENV_ENV}: {entry} is a virtualenv without lib/python3.*/site-packages; ignored"));
+            continue;
+        }
+        if !real.starts_with("/usr") && !env.mounts.contains(&real) {
+            env.mounts.push(real);
+        }
+        env.site_dirs.extend(sites);
+    }
+    if system_site {
+        env.site_dirs.push(SYSTEM_DIST_PACKAGES.into());
+    }
+    env
+}
+
+/// [`python_env`] from the environment variables and the file system.
+pub fn python_env_from_host(setting: Option<&str>, system_site: bool) -> PythonEnv {
+    python_env(
+        setting,
+        system_site,
+        |p| {
+            let real = std::fs::canonicalize(p)?;
+            if !real.is_dir() {
+                return Err(std::io::Error::other("not a directory"));
+            }
+            Ok(real)
+        },
+        |p| p.join("pyvenv.cfg").is_file(),
+        |venv| {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python3."))
+                .map(|e| e.path().join("site-packages"))
+                .filter(|p| p.is_dir())
+                .collect();
+            found.sort();
+            found
+        },
+    )
+}
+
 /// Is `/bin` a link into `/usr` on this host?
 pub fn merged_usr() -> bool {
     std::fs::canonicalize("/bin").is_ok_and(|p| p == Path::new("/usr/bin"))
@@ -187,6 +271,30 @@ mod tests {
         assert_eq!(interpreter_mounts(Path::new("/opt/py/python3")), Ok(vec![PathBuf::from("/opt/py")]));
         assert!(interpreter_mounts(Path::new("/bin/python3")).is_err());
         assert!(interpreter_mounts(Path::new("/python3")).is_err());
+    }
+
+    #[test]
+    fn python_env_from_settings() {
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            match p.to_str() {
+                Some("/venv") | Some("/site") | Some("/empty-venv") => Ok(p.to_path_buf()),
+                Some("/link") => Ok("/venv".into()),
+                _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            }
+        };
+        let is_venv = |p: &Path| p == Path::new("/venv") || p == Path::new("/empty-venv");
+        let list = |p: &Path| if p == Path::new("/venv") { vec![PathBuf::from("/venv/lib/python3.11/site-packages")] } else { vec![] };
+        let env = python_env(Some("/link: /site :rel:/missing:/empty-venv"), true, resolve, is_venv, list);
+        assert_eq!(env.mounts, [PathBuf::from("/venv"), "/site".into()]);
+        assert_eq!(
+            env.site_dirs,
+            [PathBuf::from("/venv/lib/python3.11/site-packages"), "/site".into(), SYSTEM_DIST_PACKAGES.into()]
+        );
+        assert_eq!(env.notes.len(), 3, "{:?}", env.notes);
+        assert!(env.notes[0].contains("rel is not an absolute path"));
+        assert!(env.notes[1].contains("/missing cannot be used"));
+        assert!(env.notes[2].contains("without lib/python3.*/site-packages"));
+        assert_eq!(python_env(None, false, resolve, is_venv, list), PythonEnv::default());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, P
 use crate::limits::*;
 use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
 pub use crate::permissions::MountConfig;
-use crate::probe::{self, Bwrap, Interpreter};
+use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::seccomp;
 use crate::spawn::{kill_group, spawn_sandbox};
 
@@ -44,6 +44,11 @@ pub struct SessionOptions {
     pub interpreter: Option<String>,
     /// Initial mounts; change them later with [`Session::set_mounts`].
     pub mounts: MountConfig,
+    /// The user's Python packages (a venv or site directories, colon
+    /// separated); default `$PI_PYTHON_TOOL_VENV`.
+    pub python_packages: Option<String>,
+    /// Add the system's dist-packages; default `$PI_PYTHON_TOOL_SYSTEM_SITE` = 1.
+    pub system_site_packages: Option<bool>,
     /// Keep a spare sandbox ready (default: `$PI_PYTHON_TOOL_PREWARM`,
     /// on unless it is `0`, `false`, `off` or `no`).
     pub prewarm: Option<bool>,
@@ -97,6 +102,10 @@ pub struct StatusReport {
     pub denied_reads: Vec<PathBuf>,
     pub dirs: Option<Dirs>,
     pub bwrap: Option<Bwrap>,
+    /// Site directories added for the user's Python packages.
+    pub site_dirs: Vec<PathBuf>,
+    /// Settings of the Python environment that were skipped, and why.
+    pub python_notes: Vec<String>,
     /// Keep a started spare sandbox ready after the first execution.
     pub prewarm: bool,
     pub spare: SpareState,
@@ -134,6 +143,7 @@ struct Facts {
     bwrap: Bwrap,
     interpreter: Interpreter,
     merged_usr: bool,
+    python: PythonEnv,
 }
 
 struct Inner {
@@ -288,6 +298,8 @@ impl Session {
             denied_reads: Vec::new(),
             dirs: None,
             bwrap: None,
+            site_dirs: Vec::new(),
+            python_notes: Vec::new(),
             prewarm: opts.prewarm.unwrap_or_else(prewarm_from_env),
             spare: SpareState::None,
         };
@@ -477,7 +489,7 @@ impl Session {
         let _ = started;
         match result {
             Ok((report, drained_ok)) => {
-                apply_report(&mut o, report);
+                apply_report(&mut o, report, &dirs.scratch);
                 if let Err(why) = drained_ok {
                     // The worker misbehaved after its result: keep the result,
                     // but its interpreter is gone.
@@ -667,9 +679,19 @@ impl Session {
                 let bwrap = probe::probe_bwrap().await?;
                 let configured = self.opts.interpreter.clone().or_else(|| std::env::var(probe::INTERPRETER_ENV).ok());
                 let interpreter = probe::resolve_interpreter(configured.as_deref())?;
-                let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr() });
+                let venv = self.opts.python_packages.clone().or_else(|| std::env::var(probe::VENV_ENV).ok());
+                let system_site = self
+                    .opts
+                    .system_site_packages
+                    .unwrap_or_else(|| std::env::var(probe::SYSTEM_SITE_ENV).is_ok_and(|v| v.trim() == "1"));
+                let python = probe::python_env_from_host(venv.as_deref(), system_site);
+                let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python });
                 inner.facts = Some(facts.clone());
-                self.shared.lock().report.bwrap = Some(facts.bwrap.clone());
+                let mut sh = self.shared.lock();
+                sh.report.bwrap = Some(facts.bwrap.clone());
+                sh.report.site_dirs = facts.python.site_dirs.clone();
+                sh.report.python_notes = facts.python.notes.clone();
+                drop(sh);
                 facts
             }
         };
@@ -767,6 +789,8 @@ impl Session {
             scratch_dir: dirs.scratch.clone(),
             worker_file: dirs.worker_file.clone(),
             read_roots: mounts.read_roots.clone(),
+            python_mounts: facts.python.mounts.clone(),
+            site_dirs: facts.python.site_dirs.clone(),
         };
         let bpf = seccomp::bpf_memfd()
             .map_err(|e| (Status::WorkerError, format!("The seccomp filter could not be built: {e}")))?;
@@ -941,7 +965,17 @@ impl Session {
                     return Err(failed(format!("the worker did not report ready within {}s", STARTUP_DEADLINE.as_secs()), &diag));
                 }
                 msg = replies.recv() => match msg {
-                    Some(Ok(Reply::Ready { protocol, runtime_version })) if protocol == PROTOCOL_VERSION => return Ok(runtime_version),
+                    Some(Ok(Reply::Ready { protocol, runtime_version, site_notes })) if protocol == PROTOCOL_VERSION => {
+                        if !site_notes.is_empty() {
+                            let mut sh = self.shared.lock();
+                            for note in site_notes {
+                                if !sh.report.python_notes.contains(&note) {
+                                    sh.report.python_notes.push(note);
+                                }
+                            }
+                        }
+                        return Ok(runtime_version);
+                    }
                     Some(Ok(Reply::Ready { protocol, .. })) => {
                         return Err(failed(format!("the worker speaks protocol {protocol}, not {PROTOCOL_VERSION}"), &diag));
                     }
@@ -1118,7 +1152,52 @@ fn reply_kind(r: &Reply) -> &'static str {
     }
 }
 
-fn apply_report(o: &mut Outcome, r: ExecReport) {
+/// Read an image the worker saved under /scratch, refusing anything that
+/// is not a regular file inside the host scratch directory (user code
+/// controls that directory and could plant a symlink to a host file).
+fn read_image(scratch: &Path, sandbox_path: &str, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let rel = Path::new(sandbox_path.strip_prefix("/scratch/").ok_or("not under /scratch")?);
+    if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        return Err("not a plain path".into());
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(scratch.join(rel))
+        .map_err(|e| e.to_string())?;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
+    let root = std::fs::canonicalize(scratch).map_err(|e| e.to_string())?;
+    if !opened.starts_with(&root) {
+        return Err("it resolves outside the scratch directory".into());
+    }
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() || meta.len() > max {
+        return Err(format!("not a regular file of at most {max} bytes"));
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.take(max).read_to_end(&mut data).map_err(|e| e.to_string())?;
+    Ok(data)
+}
+
+fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &Path) {
+    for image in r.images.into_iter().take(MAX_IMAGES) {
+        match read_image(scratch, &image.path, MAX_IMAGE_BYTES as u64) {
+            Ok(data) if o.images.iter().map(|i| i.data.len()).sum::<usize>() + data.len() <= MAX_IMAGES_TOTAL_BYTES => {
+                o.images.push(crate::outcome::ImageData {
+                    sandbox_path: image.path,
+                    mime: image.mime,
+                    width: image.width,
+                    height: image.height,
+                    data,
+                });
+            }
+            Ok(_) => o.notes.push(format!("{} was not sent: over the image budget", image.path)),
+            Err(e) => o.notes.push(format!("{} was not sent: {e}", image.path)),
+        }
+    }
+    o.notes.extend(r.notes.into_iter().take(8).map(|n| bound_bytes(n, 1024).0));
     o.status = match r.status {
         WorkerStatus::Ok => Status::Ok,
         WorkerStatus::RuntimeError => Status::RuntimeError,

@@ -23,6 +23,10 @@ MAX_MESSAGE = 8 * 1024
 MAX_TRACEBACK = 16 * 1024
 MAX_TYPE = 128
 DRAIN_CAP = 1.0
+MAX_IMAGES = 4
+MAX_IMAGE_BYTES = 4 * 1024 * 1024
+MAX_IMAGES_TOTAL = 6 * 1024 * 1024
+IMAGE_DIR = "/scratch/.pi-images"
 
 
 def write_all(fd, data):
@@ -49,6 +53,7 @@ if sys.version_info < (3, 10):
 import ast
 import base64
 import builtins
+import io
 import json
 import time
 import traceback
@@ -237,7 +242,162 @@ def install_read_hook():
     sys.addaudithook(hook)
 
 
-def run(code, namespace):
+def setup_site(dirs):
+    """Add the user's chosen site directories (a venv's site-packages, ...).
+
+    Returns notes for directories that were skipped. -I -S stay in force:
+    nothing else of the host's Python environment is used.
+    """
+    import site
+    notes = []
+    here = "python%d.%d" % sys.version_info[:2]
+    added = False
+    for d in dirs:
+        parts = d.split("/")
+        other = [p for p in parts if p.startswith("python3.") and p != here]
+        if other:
+            notes.append("%s is for %s, but the interpreter is %s; skipped" % (d, other[0], here))
+        elif not os.path.isdir(d):
+            notes.append("%s is not a directory inside the sandbox; skipped" % d)
+        else:
+            site.addsitedir(d)
+            added = True
+    if added:
+        # Native libraries size their thread pools by the CPU count, and each
+        # thread's reservation counts against RLIMIT_AS: keep one thread.
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    return notes
+
+
+class Rich(object):
+    """Images and notes produced by one execution (display() and the final value)."""
+
+    def __init__(self, exec_id):
+        self.exec_id = exec_id
+        self.images = []
+        self.notes = []
+        self.sent_bytes = 0
+        self.saved = 0
+        # The objects shown, kept alive so that identity means something.
+        self.shown = []
+
+    def add_image(self, mime, data, ext):
+        self.saved += 1
+        n = self.saved
+        if not os.path.isdir(IMAGE_DIR):
+            os.makedirs(IMAGE_DIR, exist_ok=True)
+        path = "%s/%04d-%d.%s" % (IMAGE_DIR, self.exec_id, n, ext)
+        with open(path, "wb") as f:
+            f.write(data)
+        width = height = None
+        if mime == "image/png" and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+            width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        send = mime in ("image/png", "image/jpeg")
+        if not send:
+            self.notes.append("%s saved as %s (not sent to the model: %s is not an image format it reads)" % (ext.upper(), path, mime))
+        elif len(self.images) >= MAX_IMAGES:
+            self.notes.append("image saved as %s but not sent: at most %d images per execution" % (path, MAX_IMAGES))
+            send = False
+        elif len(data) > MAX_IMAGE_BYTES or self.sent_bytes + len(data) > MAX_IMAGES_TOTAL:
+            self.notes.append("image saved as %s but not sent: %d bytes is over the image budget" % (path, len(data)))
+            send = False
+        if send:
+            self.sent_bytes += len(data)
+            self.images.append({"path": path, "mime": mime, "width": width, "height": height, "bytes": len(data)})
+
+    def show(self, obj):
+        """Record `obj` if it renders as an image; returns whether it did."""
+        if any(o is obj for o in self.shown):
+            return True
+        image = image_of(obj)
+        if image is None:
+            return False
+        self.shown.append(obj)
+        try:
+            self.add_image(*image)
+        except OSError as e:
+            self.notes.append("an image could not be saved: %s" % e)
+        return True
+
+    def collect_figures(self):
+        """Like a notebook's inline backend: open matplotlib figures are shown and closed."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        try:
+            for num in plt.get_fignums():
+                self.show(plt.figure(num))
+            plt.close("all")
+        except Exception as e:
+            self.notes.append("matplotlib figures could not be rendered: %s" % type(e).__name__)
+
+
+def image_of(obj):
+    """(mime, bytes, extension) for an object that renders as an image, else None."""
+    try:
+        module = type(obj).__module__ or ""
+        if module.startswith("matplotlib") and hasattr(obj, "savefig"):
+            buf = io.BytesIO()
+            obj.savefig(buf, format="png", bbox_inches="tight")
+            return "image/png", buf.getvalue(), "png"
+        if module.startswith("PIL") and hasattr(obj, "save") and hasattr(obj, "size"):
+            buf = io.BytesIO()
+            obj.save(buf, format="PNG")
+            return "image/png", buf.getvalue(), "png"
+        for method, mime, ext in (("_repr_png_", "image/png", "png"), ("_repr_jpeg_", "image/jpeg", "jpg"),
+                                  ("_repr_svg_", "image/svg+xml", "svg")):
+            fn = getattr(type(obj), method, None)
+            if not callable(fn):
+                continue
+            data = fn(obj)
+            if isinstance(data, tuple):
+                data = data[0]
+            if isinstance(data, str):
+                data = data.encode("utf-8") if ext == "svg" else base64.b64decode(data)
+            if data:
+                return mime, bytes(data), ext
+    except Exception:
+        return None
+    return None
+
+
+def text_of(value):
+    """A table for DataFrames, markdown where offered, else repr()."""
+    module = type(value).__module__ or ""
+    if module.startswith("pandas") and hasattr(value, "to_string"):
+        for kwargs in ({"max_rows": 60, "max_cols": 20}, {"max_rows": 60}):
+            try:
+                return value.to_string(**kwargs)
+            except TypeError:
+                continue
+            except Exception:
+                break
+    fn = getattr(type(value), "_repr_markdown_", None)
+    if callable(fn):
+        try:
+            text = fn(value)
+            if isinstance(text, tuple):
+                text = text[0]
+            if isinstance(text, str) and text:
+                return text
+        except Exception:
+            pass
+    return safe_repr(value)
+
+
+def make_display(state):
+    def display(*objs):
+        """Show objects as a notebook would: images go back to the model, the rest is printed."""
+        for obj in objs:
+            rich = state.get("rich")
+            if rich is None or not rich.show(obj):
+                print(text_of(obj))
+    return display
+
+
+def run(code, namespace, rich=None):
     """Execute `code`; returns (status, repr or None, exception dict or None)."""
     try:
         tree = compile(code, "<python>", "exec", ast.PyCF_ONLY_AST)
@@ -256,10 +416,14 @@ def run(code, namespace):
     except BaseException as e:
         return "runtime_error", None, describe(e)
     finally:
+        if rich is not None:
+            rich.collect_figures()
         flush_streams()
     if value is None:
         return "ok", None, None
-    return "ok", safe_repr(value), None
+    if rich is not None and rich.show(value):
+        return "ok", None, None
+    return "ok", text_of(value), None
 
 
 def flush_streams():
@@ -310,7 +474,9 @@ def end_streams(nonce, background):
 
 
 def serve():
-    namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins}
+    state = {}
+    namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins,
+                 "display": make_display(state)}
     while True:
         try:
             request = read_request()
@@ -331,7 +497,11 @@ def serve():
         except ValueError as e:
             send({"type": "error", "id": req_id, "message": "exec code is not base64 UTF-8: %s" % e})
             continue
-        status, value, exception = run(code, namespace)
+        rich = state["rich"] = Rich(req_id)
+        try:
+            status, value, exception = run(code, namespace, rich)
+        finally:
+            state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
         background = live_processes()
         path = is_dir = None
@@ -339,7 +509,8 @@ def serve():
             path, is_dir = exception.pop("path"), exception.pop("isDir")
         send({"type": "result", "id": req_id, "status": status, "repr": text,
               "reprTruncated": truncated, "exception": exception, "background": background,
-              "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir)})
+              "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
+              "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
         marked = end_streams(request["nonce"], background)
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
 
@@ -347,12 +518,15 @@ def serve():
 def main():
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
+    site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
+    site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
     os.environ.pop("PWD", None)
     install_read_hook()
     send({"type": "ready", "protocol": PROTOCOL,
-          "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3])})
+          "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
+          "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]})
     serve()
 
 
