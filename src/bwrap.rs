@@ -17,8 +17,19 @@ pub const SECCOMP_FD: i32 = 5;
 /// Paths every sandbox mounts itself; a read root may not land on or under
 /// one of them.
 pub const RESERVED_MOUNTS: &[&str] = &[
-    "/workspace", "/scratch", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
-    "/libx32", "/proc", "/dev", "/worker.py",
+    "/workspace",
+    "/scratch",
+    "/tmp",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/dev",
+    "/worker.py",
 ];
 
 /// Everything that varies between sandboxes.

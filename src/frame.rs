@@ -112,9 +112,16 @@ pub enum Reply {
     Result(ExecReport),
     /// Sent after the result once the end marks are written: `stdout` /
     /// `stderr` say which streams carry a mark (user code may have closed one).
-    Drained { id: u64, stdout: bool, stderr: bool },
+    Drained {
+        id: u64,
+        stdout: bool,
+        stderr: bool,
+    },
     /// The worker refused a request or could not set itself up.
-    Error { id: Option<u64>, message: String },
+    Error {
+        id: Option<u64>,
+        message: String,
+    },
 }
 
 /// The bytes the worker writes on a stream to end one execution's output.
@@ -127,9 +134,7 @@ pub fn end_mark(nonce: &str) -> Vec<u8> {
 
 /// Serialise a message into one frame (length prefix included).
 pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, FrameError> {
-    let body = serde_json::to_vec(message).map_err(|e| FrameError::Malformed {
-        reason: e.to_string(),
-    })?;
+    let body = serde_json::to_vec(message).map_err(|e| FrameError::Malformed { reason: e.to_string() })?;
     if body.len() > MAX_FRAME_BYTES {
         return Err(FrameError::Oversize { len: body.len() });
     }
@@ -151,9 +156,7 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, FrameError> {
 
 /// Parse a frame body into a worker reply.
 pub fn decode_reply(body: &[u8]) -> Result<Reply, FrameError> {
-    serde_json::from_slice(body).map_err(|e| FrameError::Malformed {
-        reason: e.to_string(),
-    })
+    serde_json::from_slice(body).map_err(|e| FrameError::Malformed { reason: e.to_string() })
 }
 
 /// Read one frame body from `reader`.

@@ -20,253 +20,253 @@ use crate::session::{self, Availability, Session, SessionOptions, SpareState, St
 /// Options for a new sandbox session.
 #[napi(object)]
 pub struct SandboxOptions {
-  /// Host project directory, mounted at `/workspace`. Resolved with realpath
-  /// when the sandbox starts.
-  pub project_dir: String,
-  /// Parent of the session's private directory (default
-  /// `<os tmpdir>/pi-python-sandbox-<uid>`, created with mode 0700).
-  pub runtime_root: Option<String>,
-  /// Absolute path of the Python 3.10+ interpreter. Default:
-  /// `$PI_PYTHON_TOOL_INTERPRETER`, else `/usr/bin/python3`. Never looked up
-  /// on PATH.
-  pub interpreter: Option<String>,
-  /// Mount `/workspace` read-write (default false: read-only).
-  pub workspace_writable: Option<bool>,
-  /// Canonical host directories to mount read-only at their own paths.
-  pub read_roots: Option<Vec<String>>,
-  /// After the first execution keep a started spare sandbox, so that a
-  /// reset, timeout or crash hands over to a ready interpreter. Default:
-  /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
-  pub prewarm: Option<bool>,
-  /// The user's Python packages: a virtualenv, or site directories,
-  /// colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
-  /// A user setting: never let the model choose it.
-  pub python_packages: Option<String>,
-  /// Also use the system's dist-packages. Default
-  /// `$PI_PYTHON_TOOL_SYSTEM_SITE` = `1`.
-  pub system_site_packages: Option<bool>,
+    /// Host project directory, mounted at `/workspace`. Resolved with realpath
+    /// when the sandbox starts.
+    pub project_dir: String,
+    /// Parent of the session's private directory (default
+    /// `<os tmpdir>/pi-python-sandbox-<uid>`, created with mode 0700).
+    pub runtime_root: Option<String>,
+    /// Absolute path of the Python 3.10+ interpreter. Default:
+    /// `$PI_PYTHON_TOOL_INTERPRETER`, else `/usr/bin/python3`. Never looked up
+    /// on PATH.
+    pub interpreter: Option<String>,
+    /// Mount `/workspace` read-write (default false: read-only).
+    pub workspace_writable: Option<bool>,
+    /// Canonical host directories to mount read-only at their own paths.
+    pub read_roots: Option<Vec<String>>,
+    /// After the first execution keep a started spare sandbox, so that a
+    /// reset, timeout or crash hands over to a ready interpreter. Default:
+    /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
+    pub prewarm: Option<bool>,
+    /// The user's Python packages: a virtualenv, or site directories,
+    /// colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
+    /// A user setting: never let the model choose it.
+    pub python_packages: Option<String>,
+    /// Also use the system's dist-packages. Default
+    /// `$PI_PYTHON_TOOL_SYSTEM_SITE` = `1`.
+    pub system_site_packages: Option<bool>,
 }
 
 #[napi(object)]
 pub struct ExceptionResult {
-  /// The exception class name, e.g. `ValueError`.
-  #[napi(js_name = "type")]
-  pub type_name: String,
-  pub message: String,
-  /// Formatted traceback without the worker's own frames (bounded).
-  pub traceback: String,
+    /// The exception class name, e.g. `ValueError`.
+    #[napi(js_name = "type")]
+    pub type_name: String,
+    pub message: String,
+    /// Formatted traceback without the worker's own frames (bounded).
+    pub traceback: String,
 }
 
 /// An image the code produced (a matplotlib figure, `display(img)`, ...).
 #[napi(object)]
 pub struct ImageResult {
-  /// `image/png` or `image/jpeg`.
-  pub mime_type: String,
-  /// Base64 of the image bytes.
-  pub data: String,
-  /// Where the image is saved inside the sandbox (under /scratch).
-  pub sandbox_path: String,
-  pub width: Option<u32>,
-  pub height: Option<u32>,
-  /// e.g. `640x480 PNG, 23.1KB`.
-  pub description: String,
+    /// `image/png` or `image/jpeg`.
+    pub mime_type: String,
+    /// Base64 of the image bytes.
+    pub data: String,
+    /// Where the image is saved inside the sandbox (under /scratch).
+    pub sandbox_path: String,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    /// e.g. `640x480 PNG, 23.1KB`.
+    pub description: String,
 }
 
 #[napi(object)]
 pub struct LogPaths {
-  pub stdout: Option<String>,
-  pub stderr: Option<String>,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
 }
 
 /// The result of one `execute` call.
 #[napi(object)]
 pub struct ExecResult {
-  /// `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,
-  /// `output_limit`, `worker_error` or `unavailable`.
-  pub status: String,
-  /// True for every status but `ok`.
-  pub is_error: bool,
-  /// The model-facing text, within 50 KiB and 2,000 lines.
-  pub text: String,
-  pub duration_ms: f64,
-  /// Worker generation: 1 for the session's first interpreter, +1 per start.
-  pub generation: f64,
-  /// Interpreter state from before this call is gone.
-  pub state_lost: bool,
-  pub state_lost_reason: Option<String>,
-  /// repr() of the final expression, when it is not None (bounded to 8 KiB).
-  pub repr: Option<String>,
-  pub repr_truncated: bool,
-  /// Captured stdout (head and tail when long; the log has all of it).
-  pub stdout: String,
-  pub stderr: String,
-  /// Bytes written on each stream by this execution.
-  pub stdout_bytes: f64,
-  pub stderr_bytes: f64,
-  /// `stdout`/`stderr` omit the middle of a long stream.
-  pub excerpt_truncated: bool,
-  pub exception: Option<ExceptionResult>,
-  /// The path a read was refused for (`permission_needed`).
-  pub permission_path: Option<String>,
-  /// The refused read was a directory listing (its covering directory is
-  /// the path itself).
-  pub permission_is_dir: bool,
-  pub output_limit_exceeded: bool,
-  /// Host paths of this execution's stdout/stderr logs; a stream without
-  /// output has no log file.
-  pub log_paths: LogPaths,
-  /// False when the output limit cut the logs short.
-  pub log_complete: bool,
-  pub diagnostic: Option<String>,
-  /// Images for the model (at most 4 per execution).
-  pub images: Vec<ImageResult>,
-  /// Notes about rich output (images not sent, ...).
-  pub notes: Vec<String>,
+    /// `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,
+    /// `output_limit`, `worker_error` or `unavailable`.
+    pub status: String,
+    /// True for every status but `ok`.
+    pub is_error: bool,
+    /// The model-facing text, within 50 KiB and 2,000 lines.
+    pub text: String,
+    pub duration_ms: f64,
+    /// Worker generation: 1 for the session's first interpreter, +1 per start.
+    pub generation: f64,
+    /// Interpreter state from before this call is gone.
+    pub state_lost: bool,
+    pub state_lost_reason: Option<String>,
+    /// repr() of the final expression, when it is not None (bounded to 8 KiB).
+    pub repr: Option<String>,
+    pub repr_truncated: bool,
+    /// Captured stdout (head and tail when long; the log has all of it).
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes written on each stream by this execution.
+    pub stdout_bytes: f64,
+    pub stderr_bytes: f64,
+    /// `stdout`/`stderr` omit the middle of a long stream.
+    pub excerpt_truncated: bool,
+    pub exception: Option<ExceptionResult>,
+    /// The path a read was refused for (`permission_needed`).
+    pub permission_path: Option<String>,
+    /// The refused read was a directory listing (its covering directory is
+    /// the path itself).
+    pub permission_is_dir: bool,
+    pub output_limit_exceeded: bool,
+    /// Host paths of this execution's stdout/stderr logs; a stream without
+    /// output has no log file.
+    pub log_paths: LogPaths,
+    /// False when the output limit cut the logs short.
+    pub log_complete: bool,
+    pub diagnostic: Option<String>,
+    /// Images for the model (at most 4 per execution).
+    pub images: Vec<ImageResult>,
+    /// Notes about rich output (images not sent, ...).
+    pub notes: Vec<String>,
 }
 
 #[napi(object)]
 pub struct Limits {
-  pub max_code_bytes: u32,
-  pub default_timeout_seconds: u32,
-  pub max_timeout_seconds: u32,
-  pub startup_deadline_seconds: u32,
-  pub cleanup_deadline_seconds: u32,
-  pub output_budget_bytes: u32,
-  pub max_repr_bytes: u32,
-  pub max_frame_bytes: u32,
-  pub rlimit_as_bytes: f64,
-  pub rlimit_fsize_bytes: f64,
-  pub rlimit_nofile: u32,
-  pub core_dumps: String,
-  pub note: String,
+    pub max_code_bytes: u32,
+    pub default_timeout_seconds: u32,
+    pub max_timeout_seconds: u32,
+    pub startup_deadline_seconds: u32,
+    pub cleanup_deadline_seconds: u32,
+    pub output_budget_bytes: u32,
+    pub max_repr_bytes: u32,
+    pub max_frame_bytes: u32,
+    pub rlimit_as_bytes: f64,
+    pub rlimit_fsize_bytes: f64,
+    pub rlimit_nofile: u32,
+    pub core_dumps: String,
+    pub note: String,
 }
 
 #[napi(object)]
 pub struct SandboxPaths {
-  pub project_dir: String,
-  pub sandbox_project: String,
-  pub scratch_dir: Option<String>,
-  pub sandbox_scratch: String,
-  pub log_dir: Option<String>,
+    pub project_dir: String,
+    pub sandbox_project: String,
+    pub scratch_dir: Option<String>,
+    pub sandbox_scratch: String,
+    pub log_dir: Option<String>,
 }
 
 #[napi(object)]
 pub struct BwrapInfo {
-  pub path: String,
-  pub version: String,
-  pub setuid: bool,
+    pub path: String,
+    pub version: String,
+    pub setuid: bool,
 }
 
 /// What `status()` reports. Starts nothing.
 #[napi(object)]
 pub struct StatusResult {
-  /// `unverified` (nothing started yet), `available` or `unavailable`.
-  pub available: String,
-  pub diagnostic: Option<String>,
-  pub worker_running: bool,
-  /// An execution is in progress.
-  pub busy: bool,
-  pub generation: f64,
-  pub executions: f64,
-  pub runtime_version: Option<String>,
-  pub last_reset_reason: Option<String>,
-  pub disposed: bool,
-  /// `read-only` or `read-write`.
-  pub workspace_mode: String,
-  pub read_roots: Vec<String>,
-  /// Counts effective changes of mode or read roots.
-  pub mount_epoch: f64,
-  /// A permission-mode event has been applied.
-  pub permissions_seen: bool,
-  /// Directories whose reads the user denied in this session.
-  pub denied_reads: Vec<String>,
-  pub limits: Limits,
-  pub paths: SandboxPaths,
-  pub bwrap: Option<BwrapInfo>,
-  /// Site directories of the user's Python packages.
-  pub site_dirs: Vec<String>,
-  /// Python package settings that were skipped, and why.
-  pub python_notes: Vec<String>,
-  /// Whether a spare sandbox is kept ready.
-  pub prewarm: bool,
-  /// The spare sandbox: `none`, `starting` or `ready`.
-  pub spare: String,
-  /// The report as text for the model.
-  pub text: String,
+    /// `unverified` (nothing started yet), `available` or `unavailable`.
+    pub available: String,
+    pub diagnostic: Option<String>,
+    pub worker_running: bool,
+    /// An execution is in progress.
+    pub busy: bool,
+    pub generation: f64,
+    pub executions: f64,
+    pub runtime_version: Option<String>,
+    pub last_reset_reason: Option<String>,
+    pub disposed: bool,
+    /// `read-only` or `read-write`.
+    pub workspace_mode: String,
+    pub read_roots: Vec<String>,
+    /// Counts effective changes of mode or read roots.
+    pub mount_epoch: f64,
+    /// A permission-mode event has been applied.
+    pub permissions_seen: bool,
+    /// Directories whose reads the user denied in this session.
+    pub denied_reads: Vec<String>,
+    pub limits: Limits,
+    pub paths: SandboxPaths,
+    pub bwrap: Option<BwrapInfo>,
+    /// Site directories of the user's Python packages.
+    pub site_dirs: Vec<String>,
+    /// Python package settings that were skipped, and why.
+    pub python_notes: Vec<String>,
+    /// Whether a spare sandbox is kept ready.
+    pub prewarm: bool,
+    /// The spare sandbox: `none`, `starting` or `ready`.
+    pub spare: String,
+    /// The report as text for the model.
+    pub text: String,
 }
 
 #[napi(object)]
 pub struct ResetResult {
-  /// Host scratch directory (kept), if one was made.
-  pub scratch_dir: Option<String>,
-  pub text: String,
+    /// Host scratch directory (kept), if one was made.
+    pub scratch_dir: Option<String>,
+    pub text: String,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
-  Error::new(Status::InvalidArg, msg.into())
+    Error::new(Status::InvalidArg, msg.into())
 }
 
 fn path_str(p: &std::path::Path) -> String {
-  p.to_string_lossy().into_owned()
+    p.to_string_lossy().into_owned()
 }
 
 fn to_js(o: Outcome) -> ExecResult {
-  use base64::Engine;
-  let text = render(&o);
-  let join = |s: &crate::outcome::StreamText| {
-    if s.omitted == 0 {
-      format!("{}{}", s.head, s.tail)
-    } else {
-      format!("{}\n...[{} bytes omitted]...\n{}", s.head, s.omitted, s.tail)
+    use base64::Engine;
+    let text = render(&o);
+    let join = |s: &crate::outcome::StreamText| {
+        if s.omitted == 0 {
+            format!("{}{}", s.head, s.tail)
+        } else {
+            format!("{}\n...[{} bytes omitted]...\n{}", s.head, s.omitted, s.tail)
+        }
+    };
+    ExecResult {
+        status: o.status.as_str().into(),
+        is_error: o.status.is_failure(),
+        text,
+        duration_ms: o.duration_ms as f64,
+        generation: o.generation as f64,
+        state_lost: o.state_lost,
+        state_lost_reason: o.state_lost_reason.clone(),
+        repr: o.repr.clone(),
+        repr_truncated: o.repr_truncated,
+        stdout: join(&o.stdout),
+        stderr: join(&o.stderr),
+        stdout_bytes: o.stdout.total as f64,
+        stderr_bytes: o.stderr.total as f64,
+        excerpt_truncated: o.stdout.omitted > 0 || o.stderr.omitted > 0,
+        exception: o.exception.map(|e| ExceptionResult {
+            type_name: e.type_name,
+            message: e.message,
+            traceback: e.traceback,
+        }),
+        permission_path: o.permission_path,
+        permission_is_dir: o.permission_is_dir,
+        output_limit_exceeded: o.output_limit_exceeded,
+        log_paths: LogPaths {
+            stdout: o.log_paths.stdout.as_deref().map(path_str),
+            stderr: o.log_paths.stderr.as_deref().map(path_str),
+        },
+        log_complete: o.log_complete,
+        diagnostic: o.diagnostic,
+        images: o
+            .images
+            .iter()
+            .map(|i| ImageResult {
+                mime_type: i.mime.clone(),
+                data: base64::engine::general_purpose::STANDARD.encode(&i.data),
+                sandbox_path: i.sandbox_path.clone(),
+                width: i.width,
+                height: i.height,
+                description: i.describe(),
+            })
+            .collect(),
+        notes: o.notes,
     }
-  };
-  ExecResult {
-    status: o.status.as_str().into(),
-    is_error: o.status.is_failure(),
-    text,
-    duration_ms: o.duration_ms as f64,
-    generation: o.generation as f64,
-    state_lost: o.state_lost,
-    state_lost_reason: o.state_lost_reason.clone(),
-    repr: o.repr.clone(),
-    repr_truncated: o.repr_truncated,
-    stdout: join(&o.stdout),
-    stderr: join(&o.stderr),
-    stdout_bytes: o.stdout.total as f64,
-    stderr_bytes: o.stderr.total as f64,
-    excerpt_truncated: o.stdout.omitted > 0 || o.stderr.omitted > 0,
-    exception: o.exception.map(|e| ExceptionResult {
-      type_name: e.type_name,
-      message: e.message,
-      traceback: e.traceback,
-    }),
-    permission_path: o.permission_path,
-    permission_is_dir: o.permission_is_dir,
-    output_limit_exceeded: o.output_limit_exceeded,
-    log_paths: LogPaths {
-      stdout: o.log_paths.stdout.as_deref().map(path_str),
-      stderr: o.log_paths.stderr.as_deref().map(path_str),
-    },
-    log_complete: o.log_complete,
-    diagnostic: o.diagnostic,
-    images: o
-      .images
-      .iter()
-      .map(|i| ImageResult {
-        mime_type: i.mime.clone(),
-        data: base64::engine::general_purpose::STANDARD.encode(&i.data),
-        sandbox_path: i.sandbox_path.clone(),
-        width: i.width,
-        height: i.height,
-        description: i.describe(),
-      })
-      .collect(),
-    notes: o.notes,
-  }
 }
 
 fn limits() -> Limits {
-  Limits {
+    Limits {
     max_code_bytes: MAX_CODE_BYTES as u32,
     default_timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
     max_timeout_seconds: MAX_TIMEOUT_SECONDS,
@@ -285,171 +285,172 @@ fn limits() -> Limits {
 }
 
 fn status_to_js(r: StatusReport) -> StatusResult {
-  let (available, diagnostic) = match &r.availability {
-    Availability::Unverified => ("unverified", None),
-    Availability::Available => ("available", None),
-    Availability::Unavailable(d) => ("unavailable", Some(d.clone())),
-  };
-  let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
-  let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
-  let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
-  let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
-  let mut text = format!(
-    "python tool: {}\n",
-    match available {
-      "unverified" => "not started yet (no execution so far)",
-      a => a,
+    let (available, diagnostic) = match &r.availability {
+        Availability::Unverified => ("unverified", None),
+        Availability::Available => ("available", None),
+        Availability::Unavailable(d) => ("unavailable", Some(d.clone())),
+    };
+    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
+    let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
+    let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
+    let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
+    let mut text = format!(
+        "python tool: {}\n",
+        match available {
+            "unverified" => "not started yet (no execution so far)",
+            a => a,
+        }
+    );
+    if let Some(d) = &diagnostic {
+        text.push_str(&format!("diagnostic: {d}\n"));
     }
-  );
-  if let Some(d) = &diagnostic {
-    text.push_str(&format!("diagnostic: {d}\n"));
-  }
-  text.push_str(&format!(
-    "worker running: {} (generation {}{})\n",
-    if r.worker_running { "yes" } else { "no" },
-    r.generation,
-    r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
-  ));
-  if let Some(reason) = &r.last_reset_reason {
-    text.push_str(&format!("last reset reason: {reason}\n"));
-  }
-  if !r.site_dirs.is_empty() {
-    let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
-    text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
-  }
-  for note in &r.python_notes {
-    text.push_str(&format!("python packages: {note}\n"));
-  }
-  text.push_str(&format!(
-    "spare sandbox: {}\n",
-    match (r.prewarm, r.spare) {
-      (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
-      (true, SpareState::None) => "none yet",
-      (true, SpareState::Starting) => "starting",
-      (true, SpareState::Ready) => "ready",
+    text.push_str(&format!(
+        "worker running: {} (generation {}{})\n",
+        if r.worker_running { "yes" } else { "no" },
+        r.generation,
+        r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
+    ));
+    if let Some(reason) = &r.last_reset_reason {
+        text.push_str(&format!("last reset reason: {reason}\n"));
     }
-  ));
-  text.push_str(&format!(
-    "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
-    r.project_dir.display(),
-    scratch.as_deref().unwrap_or("(not allocated yet)"),
-    logs.as_deref().unwrap_or("(not allocated yet)"),
-  ));
-  if roots.is_empty() {
-    text.push_str("read roots mounted: none\n");
-  } else {
-    text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
-  }
-  text.push_str(&format!(
-    "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
+    if !r.site_dirs.is_empty() {
+        let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
+        text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
+    }
+    for note in &r.python_notes {
+        text.push_str(&format!("python packages: {note}\n"));
+    }
+    text.push_str(&format!(
+        "spare sandbox: {}\n",
+        match (r.prewarm, r.spare) {
+            (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
+            (true, SpareState::None) => "none yet",
+            (true, SpareState::Starting) => "starting",
+            (true, SpareState::Ready) => "ready",
+        }
+    ));
+    text.push_str(&format!(
+        "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
+        r.project_dir.display(),
+        scratch.as_deref().unwrap_or("(not allocated yet)"),
+        logs.as_deref().unwrap_or("(not allocated yet)"),
+    ));
+    if roots.is_empty() {
+        text.push_str("read roots mounted: none\n");
+    } else {
+        text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
+    }
+    text.push_str(&format!(
+        "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
      address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
      These are per-process limits, not aggregate quotas.",
-    MAX_CODE_BYTES / 1024,
-    DEFAULT_TIMEOUT_SECONDS,
-    MAX_TIMEOUT_SECONDS,
-    OUTPUT_BUDGET_BYTES / 1024,
-    MAX_REPR_BYTES / 1024,
-    RLIMIT_AS_BYTES >> 20,
-    RLIMIT_FSIZE_BYTES >> 20,
-    RLIMIT_NOFILE
-  ));
-  if let Some(b) = &r.bwrap {
-    let (x, y, z) = b.version;
-    text.push_str(&format!(
-      "\nbubblewrap: {} {x}.{y}.{z}{}",
-      b.path.display(),
-      if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
+        MAX_CODE_BYTES / 1024,
+        DEFAULT_TIMEOUT_SECONDS,
+        MAX_TIMEOUT_SECONDS,
+        OUTPUT_BUDGET_BYTES / 1024,
+        MAX_REPR_BYTES / 1024,
+        RLIMIT_AS_BYTES >> 20,
+        RLIMIT_FSIZE_BYTES >> 20,
+        RLIMIT_NOFILE
     ));
-  }
-  StatusResult {
-    available: available.into(),
-    diagnostic,
-    worker_running: r.worker_running,
-    busy: r.busy,
-    generation: r.generation as f64,
-    executions: r.executions as f64,
-    runtime_version: r.runtime_version,
-    last_reset_reason: r.last_reset_reason,
-    disposed: r.disposed,
-    workspace_mode: mode.into(),
-    read_roots: roots,
-    mount_epoch: r.mount_epoch as f64,
-    permissions_seen: r.permissions_seen,
-    denied_reads: r.denied_reads.iter().map(|p| path_str(p)).collect(),
-    limits: limits(),
-    paths: SandboxPaths {
-      project_dir: path_str(&r.project_dir),
-      sandbox_project: "/workspace".into(),
-      scratch_dir: scratch,
-      sandbox_scratch: "/scratch".into(),
-      log_dir: logs,
-    },
-    site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
-    python_notes: r.python_notes.clone(),
-    prewarm: r.prewarm,
-    spare: match r.spare {
-      SpareState::None => "none",
-      SpareState::Starting => "starting",
-      SpareState::Ready => "ready",
+    if let Some(b) = &r.bwrap {
+        let (x, y, z) = b.version;
+        text.push_str(&format!(
+            "\nbubblewrap: {} {x}.{y}.{z}{}",
+            b.path.display(),
+            if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
+        ));
     }
-    .into(),
-    bwrap: r.bwrap.map(|b| BwrapInfo {
-      path: path_str(&b.path),
-      version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),
-      setuid: b.setuid,
-    }),
-    text,
-  }
+    StatusResult {
+        available: available.into(),
+        diagnostic,
+        worker_running: r.worker_running,
+        busy: r.busy,
+        generation: r.generation as f64,
+        executions: r.executions as f64,
+        runtime_version: r.runtime_version,
+        last_reset_reason: r.last_reset_reason,
+        disposed: r.disposed,
+        workspace_mode: mode.into(),
+        read_roots: roots,
+        mount_epoch: r.mount_epoch as f64,
+        permissions_seen: r.permissions_seen,
+        denied_reads: r.denied_reads.iter().map(|p| path_str(p)).collect(),
+        limits: limits(),
+        paths: SandboxPaths {
+            project_dir: path_str(&r.project_dir),
+            sandbox_project: "/workspace".into(),
+            scratch_dir: scratch,
+            sandbox_scratch: "/scratch".into(),
+            log_dir: logs,
+        },
+        site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
+        python_notes: r.python_notes.clone(),
+        prewarm: r.prewarm,
+        spare: match r.spare {
+            SpareState::None => "none",
+            SpareState::Starting => "starting",
+            SpareState::Ready => "ready",
+        }
+        .into(),
+        bwrap: r.bwrap.map(|b| BwrapInfo {
+            path: path_str(&b.path),
+            version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),
+            setuid: b.setuid,
+        }),
+        text,
+    }
 }
 
 #[napi(object)]
 pub struct SkippedRoot {
-  pub root: String,
-  pub reason: String,
+    pub root: String,
+    pub reason: String,
 }
 
 /// What applying a `tool-permissions:mode` payload did.
 #[napi(object)]
 pub struct ModeChange {
-  /// The payload was an object and was applied.
-  pub applied: bool,
-  /// The mounts changed.
-  pub changed: bool,
-  /// A running interpreter was killed for it.
-  pub discarded: bool,
-  /// What to tell the user, when something changed.
-  pub notification: Option<String>,
-  pub workspace_mode: String,
-  pub read_roots: Vec<String>,
-  pub skipped: Vec<SkippedRoot>,
+    /// The payload was an object and was applied.
+    pub applied: bool,
+    /// The mounts changed.
+    pub changed: bool,
+    /// A running interpreter was killed for it.
+    pub discarded: bool,
+    /// What to tell the user, when something changed.
+    pub notification: Option<String>,
+    pub workspace_mode: String,
+    pub read_roots: Vec<String>,
+    pub skipped: Vec<SkippedRoot>,
 }
 
 /// What to do about a read outside the mounts.
 #[napi(object)]
 pub struct ReadVerdict {
-  /// Ask the user (through pi-tool-permissions).
-  pub prompt: bool,
-  /// Why the read is refused without asking (when `prompt` is false).
-  pub diagnostic: Option<String>,
+    /// Ask the user (through pi-tool-permissions).
+    pub prompt: bool,
+    /// Why the read is refused without asking (when `prompt` is false).
+    pub diagnostic: Option<String>,
 }
 
 /// Kill every sandbox and delete every session directory of this process,
 /// synchronously. For `process.on("exit")`: a `process.exit()` skips the
 /// addon's own environment cleanup.
 #[napi]
+#[allow(dead_code)] // called from JS only
 pub fn cleanup_all() {
-  session::cleanup_all();
+    session::cleanup_all();
 }
 
 /// Progress of a running execution (about twice a second).
 #[napi(object)]
 pub struct ExecProgress {
-  pub elapsed_ms: f64,
-  pub stdout_bytes: f64,
-  pub stderr_bytes: f64,
-  /// The latest stdout (up to 2 KiB).
-  pub stdout_tail: String,
-  pub stderr_tail: String,
+    pub elapsed_ms: f64,
+    pub stdout_bytes: f64,
+    pub stderr_bytes: f64,
+    /// The latest stdout (up to 2 KiB).
+    pub stdout_tail: String,
+    pub stderr_tail: String,
 }
 
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
@@ -458,167 +459,170 @@ static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 /// Nothing starts until the first `execute`.
 #[napi]
 pub struct PythonSandbox {
-  session: Arc<Session>,
+    session: Arc<Session>,
 }
 
 #[napi]
 impl PythonSandbox {
-  #[napi(constructor)]
-  pub fn new(env: Env, options: SandboxOptions) -> Result<Self> {
-    if options.project_dir.is_empty() {
-      return Err(invalid("projectDir is required"));
+    #[napi(constructor)]
+    pub fn new(env: Env, options: SandboxOptions) -> Result<Self> {
+        if options.project_dir.is_empty() {
+            return Err(invalid("projectDir is required"));
+        }
+        if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
+            // Best effort: kill sandboxes and delete session directories when
+            // the Node environment shuts down.
+            env.add_env_cleanup_hook((), |_| session::cleanup_all())?;
+        }
+        let session = Session::new(SessionOptions {
+            project_dir: PathBuf::from(options.project_dir),
+            runtime_root: options.runtime_root.map(PathBuf::from),
+            interpreter: options.interpreter,
+            mounts: MountConfig {
+                workspace_writable: options.workspace_writable.unwrap_or(false),
+                read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+            },
+            prewarm: options.prewarm,
+            python_packages: options.python_packages,
+            system_site_packages: options.system_site_packages,
+        });
+        Ok(PythonSandbox { session })
     }
-    if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
-      // Best effort: kill sandboxes and delete session directories when
-      // the Node environment shuts down.
-      env.add_env_cleanup_hook((), |_| session::cleanup_all())?;
+
+    /// Run `code` in the session's interpreter. `timeoutSeconds` is an
+    /// integer 1-120 (default 30). `callId` names the call for `cancel()`.
+    /// `onProgress` is called about twice a second while the code runs.
+    /// Rejects (code `InvalidArg`) on bad input without touching the
+    /// interpreter; every other failure is a result with a failure status.
+    #[napi]
+    pub async fn execute(
+        &self,
+        code: String,
+        timeout_seconds: Option<f64>,
+        call_id: Option<u32>,
+        on_progress: Option<ThreadsafeFunction<ExecProgress, (), ExecProgress, Status, false, true>>,
+    ) -> Result<ExecResult> {
+        if code.len() > MAX_CODE_BYTES {
+            return Err(invalid(format!(
+                "Code exceeds the {} KiB UTF-8 limit ({} bytes).",
+                MAX_CODE_BYTES / 1024,
+                code.len()
+            )));
+        }
+        let timeout = match timeout_seconds {
+            None => DEFAULT_TIMEOUT_SECONDS,
+            Some(t) if t.fract() == 0.0 && (MIN_TIMEOUT_SECONDS as f64..=MAX_TIMEOUT_SECONDS as f64).contains(&t) => {
+                t as u32
+            }
+            Some(_) => return Err(invalid("timeoutSeconds must be an integer between 1 and 120.")),
+        };
+        let progress: Option<crate::outcome::ProgressFn> = on_progress.map(|f| {
+            let f = Arc::new(f);
+            Arc::new(move |p: crate::outcome::Progress| {
+                f.call(
+                    ExecProgress {
+                        elapsed_ms: p.elapsed_ms as f64,
+                        stdout_bytes: p.stdout_bytes as f64,
+                        stderr_bytes: p.stderr_bytes as f64,
+                        stdout_tail: p.stdout_tail,
+                        stderr_tail: p.stderr_tail,
+                    },
+                    ThreadsafeFunctionCallMode::NonBlocking,
+                );
+            }) as crate::outcome::ProgressFn
+        });
+        Ok(to_js(self.session.execute_with_progress(code, timeout, call_id, progress).await))
     }
-    let session = Session::new(SessionOptions {
-      project_dir: PathBuf::from(options.project_dir),
-      runtime_root: options.runtime_root.map(PathBuf::from),
-      interpreter: options.interpreter,
-      mounts: MountConfig {
-        workspace_writable: options.workspace_writable.unwrap_or(false),
-        read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
-      },
-      prewarm: options.prewarm,
-      python_packages: options.python_packages,
-      system_site_packages: options.system_site_packages,
-    });
-    Ok(PythonSandbox { session })
-  }
 
-  /// Run `code` in the session's interpreter. `timeoutSeconds` is an
-  /// integer 1-120 (default 30). `callId` names the call for `cancel()`.
-  /// `onProgress` is called about twice a second while the code runs.
-  /// Rejects (code `InvalidArg`) on bad input without touching the
-  /// interpreter; every other failure is a result with a failure status.
-  #[napi]
-  pub async fn execute(
-    &self,
-    code: String,
-    timeout_seconds: Option<f64>,
-    call_id: Option<u32>,
-    on_progress: Option<ThreadsafeFunction<ExecProgress, (), ExecProgress, Status, false, true>>,
-  ) -> Result<ExecResult> {
-    if code.len() > MAX_CODE_BYTES {
-      return Err(invalid(format!(
-        "Code exceeds the {} KiB UTF-8 limit ({} bytes).",
-        MAX_CODE_BYTES / 1024,
-        code.len()
-      )));
+    /// Cancel the call named `callId` (queued or running), or the running
+    /// call when omitted: its sandbox is killed. Returns whether anything
+    /// was targeted.
+    #[napi]
+    pub fn cancel(&self, call_id: Option<u32>) -> bool {
+        self.session.cancel(call_id)
     }
-    let timeout = match timeout_seconds {
-      None => DEFAULT_TIMEOUT_SECONDS,
-      Some(t) if t.fract() == 0.0 && (MIN_TIMEOUT_SECONDS as f64..=MAX_TIMEOUT_SECONDS as f64).contains(&t) => t as u32,
-      Some(_) => return Err(invalid("timeoutSeconds must be an integer between 1 and 120.")),
-    };
-    let progress: Option<crate::outcome::ProgressFn> = on_progress.map(|f| {
-      let f = Arc::new(f);
-      Arc::new(move |p: crate::outcome::Progress| {
-        f.call(
-          ExecProgress {
-            elapsed_ms: p.elapsed_ms as f64,
-            stdout_bytes: p.stdout_bytes as f64,
-            stderr_bytes: p.stderr_bytes as f64,
-            stdout_tail: p.stdout_tail,
-            stderr_tail: p.stderr_tail,
-          },
-          ThreadsafeFunctionCallMode::NonBlocking,
-        );
-      }) as crate::outcome::ProgressFn
-    });
-    Ok(to_js(self.session.execute_with_progress(code, timeout, call_id, progress).await))
-  }
 
-  /// Cancel the call named `callId` (queued or running), or the running
-  /// call when omitted: its sandbox is killed. Returns whether anything
-  /// was targeted.
-  #[napi]
-  pub fn cancel(&self, call_id: Option<u32>) -> bool {
-    self.session.cancel(call_id)
-  }
-
-  /// Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:
-  /// edits/auto/yolo mount /workspace read-write, anything else read-only;
-  /// read roots are resolved and filtered. An effective change kills the
-  /// running sandbox; the next execution starts with the new mounts.
-  #[napi]
-  pub fn apply_mode_event(&self, payload: serde_json::Value) -> ModeChange {
-    let current = self.session.status().mounts;
-    let Some(event) = permissions::parse_mode_event(&payload) else {
-      return ModeChange {
-        applied: false,
-        changed: false,
-        discarded: false,
-        notification: None,
-        workspace_mode: if current.workspace_writable { "read-write" } else { "read-only" }.into(),
-        read_roots: current.read_roots.iter().map(|p| path_str(p)).collect(),
-        skipped: vec![],
-      };
-    };
-    let project = std::fs::canonicalize(self.session.project_dir()).ok();
-    let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
-    let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots() };
-    let result = self.session.set_mounts(wanted.clone());
-    let notification = result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
-    ModeChange {
-      applied: true,
-      changed: result.is_some(),
-      discarded: result == Some(true),
-      notification,
-      workspace_mode: if wanted.workspace_writable { "read-write" } else { "read-only" }.into(),
-      read_roots: wanted.read_roots.iter().map(|p| path_str(p)).collect(),
-      skipped: plan.skipped.into_iter().map(|s| SkippedRoot { root: s.root, reason: s.reason }).collect(),
+    /// Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:
+    /// edits/auto/yolo mount /workspace read-write, anything else read-only;
+    /// read roots are resolved and filtered. An effective change kills the
+    /// running sandbox; the next execution starts with the new mounts.
+    #[napi]
+    pub fn apply_mode_event(&self, payload: serde_json::Value) -> ModeChange {
+        let current = self.session.status().mounts;
+        let Some(event) = permissions::parse_mode_event(&payload) else {
+            return ModeChange {
+                applied: false,
+                changed: false,
+                discarded: false,
+                notification: None,
+                workspace_mode: if current.workspace_writable { "read-write" } else { "read-only" }.into(),
+                read_roots: current.read_roots.iter().map(|p| path_str(p)).collect(),
+                skipped: vec![],
+            };
+        };
+        let project = std::fs::canonicalize(self.session.project_dir()).ok();
+        let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
+        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots() };
+        let result = self.session.set_mounts(wanted.clone());
+        let notification =
+            result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
+        ModeChange {
+            applied: true,
+            changed: result.is_some(),
+            discarded: result == Some(true),
+            notification,
+            workspace_mode: if wanted.workspace_writable { "read-write" } else { "read-only" }.into(),
+            read_roots: wanted.read_roots.iter().map(|p| path_str(p)).collect(),
+            skipped: plan.skipped.into_iter().map(|s| SkippedRoot { root: s.root, reason: s.reason }).collect(),
+        }
     }
-  }
 
-  /// Decide about a read of `path` that the sandbox refused: prompt the
-  /// user, or refuse at once (earlier denial, no permission extension, no UI).
-  #[napi]
-  pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
-    let report = self.session.status();
-    match permissions::read_decision(&path, &report.denied_reads, report.permissions_seen, has_ui) {
-      ReadDecision::Prompt => ReadVerdict { prompt: true, diagnostic: None },
-      ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
+    /// Decide about a read of `path` that the sandbox refused: prompt the
+    /// user, or refuse at once (earlier denial, no permission extension, no UI).
+    #[napi]
+    pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
+        let report = self.session.status();
+        match permissions::read_decision(&path, &report.denied_reads, report.permissions_seen, has_ui) {
+            ReadDecision::Prompt => ReadVerdict { prompt: true, diagnostic: None },
+            ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
+        }
     }
-  }
 
-  /// Remember a denied read for the session; returns the diagnostic for
-  /// the result. `why` is e.g. "denied by the user" or "no answer in 30 s".
-  #[napi]
-  pub fn record_denied(&self, path: String, is_dir: bool, why: String) -> String {
-    if let Some(p) = permissions::normalize(&path) {
-      self.session.record_denied(permissions::covering_dir(&p, is_dir));
+    /// Remember a denied read for the session; returns the diagnostic for
+    /// the result. `why` is e.g. "denied by the user" or "no answer in 30 s".
+    #[napi]
+    pub fn record_denied(&self, path: String, is_dir: bool, why: String) -> String {
+        if let Some(p) = permissions::normalize(&path) {
+            self.session.record_denied(permissions::covering_dir(&p, is_dir));
+        }
+        permissions::denied_diagnostic(&path, &why)
     }
-    permissions::denied_diagnostic(&path, &why)
-  }
 
-  /// Kill the sandbox and discard interpreter state; scratch files stay.
-  /// The next `execute` starts a fresh interpreter.
-  #[napi]
-  pub async fn reset(&self) -> Result<ResetResult> {
-    let dirs = self.session.reset().await;
-    let scratch = dirs.map(|d| path_str(&d.scratch));
-    let text = format!(
-      "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
+    /// Kill the sandbox and discard interpreter state; scratch files stay.
+    /// The next `execute` starts a fresh interpreter.
+    #[napi]
+    pub async fn reset(&self) -> Result<ResetResult> {
+        let dirs = self.session.reset().await;
+        let scratch = dirs.map(|d| path_str(&d.scratch));
+        let text = format!(
+            "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
        A fresh interpreter starts on the next execution.",
-      scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
-    );
-    Ok(ResetResult { scratch_dir: scratch, text })
-  }
+            scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
+        );
+        Ok(ResetResult { scratch_dir: scratch, text })
+    }
 
-  /// Readiness, generation, limits and paths. Starts nothing, never waits.
-  #[napi]
-  pub fn status(&self) -> StatusResult {
-    status_to_js(self.session.status())
-  }
+    /// Readiness, generation, limits and paths. Starts nothing, never waits.
+    #[napi]
+    pub fn status(&self) -> StatusResult {
+        status_to_js(self.session.status())
+    }
 
-  /// Kill the sandbox and delete the session's scratch and log
-  /// directories. Idempotent; later calls answer `unavailable`.
-  #[napi]
-  pub async fn dispose(&self, reason: Option<String>) -> Result<()> {
-    self.session.dispose(reason.as_deref().unwrap_or("disposed")).await;
-    Ok(())
-  }
+    /// Kill the sandbox and delete the session's scratch and log
+    /// directories. Idempotent; later calls answer `unavailable`.
+    #[napi]
+    pub async fn dispose(&self, reason: Option<String>) -> Result<()> {
+        self.session.dispose(reason.as_deref().unwrap_or("disposed")).await;
+        Ok(())
+    }
 }

@@ -251,9 +251,14 @@ pub fn render(o: &Outcome) -> String {
     }
     if o.state_lost {
         let reason = o.state_lost_reason.as_deref().unwrap_or("sandbox killed");
-        let _ = write!(tail, "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution.");
+        let _ = write!(
+            tail,
+            "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution."
+        );
     } else if o.status != Status::Unavailable {
-        tail.push_str("\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain).");
+        tail.push_str(
+            "\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain).",
+        );
     }
     if o.output_limit_exceeded {
         let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
@@ -266,7 +271,11 @@ pub fn render(o: &Outcome) -> String {
         if o.log_complete {
             let _ = write!(tail, "\nFull output saved to: {}", logs.join(", "));
         } else {
-            let _ = write!(tail, "\nPartial output saved to: {}; the log was cut off by the output limit.", logs.join(", "));
+            let _ = write!(
+                tail,
+                "\nPartial output saved to: {}; the log was cut off by the output limit.",
+                logs.join(", ")
+            );
         }
     }
     if let Some(d) = &o.diagnostic {
@@ -323,7 +332,8 @@ mod tests {
 
     #[test]
     fn lost_state_names_its_reason() {
-        let o = Outcome { status: Status::Timeout, state_lost: true, state_lost_reason: Some("timeout".into()), ..ok() };
+        let o =
+            Outcome { status: Status::Timeout, state_lost: true, state_lost_reason: Some("timeout".into()), ..ok() };
         assert!(render(&o).contains("Interpreter state was LOST (timeout)."));
     }
 
@@ -353,8 +363,15 @@ mod tests {
     #[test]
     fn failure_statuses() {
         assert!(!Status::Ok.is_failure());
-        for s in [Status::RuntimeError, Status::PermissionNeeded, Status::Timeout, Status::Cancelled,
-                  Status::OutputLimit, Status::WorkerError, Status::Unavailable] {
+        for s in [
+            Status::RuntimeError,
+            Status::PermissionNeeded,
+            Status::Timeout,
+            Status::Cancelled,
+            Status::OutputLimit,
+            Status::WorkerError,
+            Status::Unavailable,
+        ] {
             assert!(s.is_failure(), "{}", s.as_str());
         }
     }

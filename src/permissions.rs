@@ -125,10 +125,16 @@ pub fn plan_mounts(
         // Checked on the path as given, then again where it resolves.
         let why_not = |p: &Path| -> Option<String> {
             if let Some(m) = reserved(p) {
-                return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
+                return Some(if m == "/" {
+                    "the whole filesystem".into()
+                } else {
+                    format!("reserved sandbox mount {m}")
+                });
             }
             match project {
-                Some(project) if p.starts_with(project) => Some("inside the project, already readable under /workspace".into()),
+                Some(project) if p.starts_with(project) => {
+                    Some("inside the project, already readable under /workspace".into())
+                }
                 _ => None,
             }
         };
@@ -168,7 +174,9 @@ pub fn plan_mounts(
 pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPlan, discarded: bool) -> Option<String> {
     let mut changes: Vec<String> = Vec::new();
     if old.workspace_writable != new.workspace_writable {
-        changes.push(if new.workspace_writable { "/workspace is now read-write" } else { "/workspace is now read-only" }.into());
+        changes.push(
+            if new.workspace_writable { "/workspace is now read-write" } else { "/workspace is now read-only" }.into(),
+        );
     }
     if old.read_roots != new.read_roots {
         if plan.mounted.is_empty() {
@@ -208,8 +216,20 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
 /// hooks and config, editor and agent settings, shell start-up files).
 /// They stay read-only when /workspace is writable.
 pub const DEFAULT_PROTECTED: &[&str] = &[
-    ".git/hooks", ".git/config", ".pi", ".vscode", ".idea", ".mcp.json", ".envrc",
-    ".bashrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zprofile", ".zshenv",
+    ".git/hooks",
+    ".git/config",
+    ".pi",
+    ".vscode",
+    ".idea",
+    ".mcp.json",
+    ".envrc",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
 ];
 /// Overrides [`DEFAULT_PROTECTED`]: a colon-separated list of paths
 /// relative to the project (empty: protect nothing).
@@ -343,7 +363,19 @@ mod tests {
 
     #[test]
     fn each_skip_reason_is_named() {
-        let p = plan(&["relative/x", "/", "/tmp/pi-scratch", "/usr/share", "/workspace", "/proc/1", "/home/u/proj/sub", "/home/u/proj"], "/home/u/proj");
+        let p = plan(
+            &[
+                "relative/x",
+                "/",
+                "/tmp/pi-scratch",
+                "/usr/share",
+                "/workspace",
+                "/proc/1",
+                "/home/u/proj/sub",
+                "/home/u/proj",
+            ],
+            "/home/u/proj",
+        );
         assert!(p.mounted.is_empty(), "{:?}", p.mounted);
         assert_eq!(
             reasons(&p),
@@ -382,8 +414,13 @@ mod tests {
         assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into() }]);
         assert_eq!(p.skipped[0].reason, "reserved sandbox mount /usr");
         assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
-        let note = change_notification(&MountConfig::default(), &MountConfig { workspace_writable: false, read_roots: p.roots() }, &p, true)
-            .expect("changed");
+        let note = change_notification(
+            &MountConfig::default(),
+            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &p,
+            true,
+        )
+        .expect("changed");
         assert!(note.contains("/srv/data (requested as /link)"), "{note}");
         assert!(note.contains("interpreter state discarded"), "{note}");
         assert!(note.contains("skipped: /sneaky (reserved sandbox mount /usr)"), "{note}");
@@ -401,8 +438,12 @@ mod tests {
     #[test]
     fn read_decisions() {
         let denied = vec![PathBuf::from("/etc")];
-        assert!(matches!(read_decision("/etc/hostname", &denied, true, true), ReadDecision::Deny(d) if d.contains("denied earlier")));
-        assert!(matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension")));
+        assert!(
+            matches!(read_decision("/etc/hostname", &denied, true, true), ReadDecision::Deny(d) if d.contains("denied earlier"))
+        );
+        assert!(
+            matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension"))
+        );
         assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
         assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
     }

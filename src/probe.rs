@@ -46,11 +46,8 @@ pub fn parse_bwrap_version(out: &str) -> Option<(u32, u32, u32)> {
 /// Which bwrap to run: the first of the standard locations, else `PATH`.
 pub fn find_bwrap(path_env: Option<&str>, exists: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let fixed = BWRAP_CANDIDATES.iter().map(PathBuf::from);
-    let from_path = path_env
-        .unwrap_or("")
-        .split(':')
-        .filter(|d| d.starts_with('/'))
-        .map(|d| Path::new(d).join("bwrap"));
+    let from_path =
+        path_env.unwrap_or("").split(':').filter(|d| d.starts_with('/')).map(|d| Path::new(d).join("bwrap"));
     fixed.chain(from_path).find(|p| exists(p))
 }
 
@@ -75,11 +72,7 @@ pub fn interpreter_mounts(real: &Path) -> Result<Vec<PathBuf>, String> {
         return Ok(vec![]);
     }
     let bin = real.parent().unwrap_or(Path::new("/"));
-    let prefix = if bin.file_name().is_some_and(|n| n == "bin") {
-        bin.parent().unwrap_or(Path::new("/"))
-    } else {
-        bin
-    };
+    let prefix = if bin.file_name().is_some_and(|n| n == "bin") { bin.parent().unwrap_or(Path::new("/")) } else { bin };
     if prefix == Path::new("/") {
         return Err(format!(
             "Interpreter {} has no installation prefix that can be mounted on its own \
@@ -214,9 +207,8 @@ pub fn merged_usr() -> bool {
 /// Find bwrap, ask its version, and check it.
 pub async fn probe_bwrap() -> Result<Bwrap, String> {
     let path_env = std::env::var("PATH").ok();
-    let path = find_bwrap(path_env.as_deref(), |p| p.is_file()).ok_or_else(|| {
-        format!("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}")
-    })?;
+    let path = find_bwrap(path_env.as_deref(), |p| p.is_file())
+        .ok_or_else(|| format!("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}"))?;
     let out = tokio::process::Command::new(&path)
         .arg("--version")
         .env_clear()
@@ -283,7 +275,13 @@ mod tests {
             }
         };
         let is_venv = |p: &Path| p == Path::new("/venv") || p == Path::new("/empty-venv");
-        let list = |p: &Path| if p == Path::new("/venv") { vec![PathBuf::from("/venv/lib/python3.11/site-packages")] } else { vec![] };
+        let list = |p: &Path| {
+            if p == Path::new("/venv") {
+                vec![PathBuf::from("/venv/lib/python3.11/site-packages")]
+            } else {
+                vec![]
+            }
+        };
         let env = python_env(Some("/link: /site :rel:/missing:/empty-venv"), true, resolve, is_venv, list);
         assert_eq!(env.mounts, [PathBuf::from("/venv"), "/site".into()]);
         assert_eq!(

@@ -29,9 +29,16 @@ pub enum Action {
 pub enum When {
     Always,
     /// `(arg & mask) == value`.
-    ArgMasked { arg: u32, mask: u64, value: u64 },
+    ArgMasked {
+        arg: u32,
+        mask: u64,
+        value: u64,
+    },
     /// `arg != value`.
-    ArgNot { arg: u32, value: u64 },
+    ArgNot {
+        arg: u32,
+        value: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +81,8 @@ pub fn rules() -> Vec<Rule> {
     const PEEK: &str = "no reading or writing of another process's memory";
     const KEXEC: &str = "no loading of a new kernel";
     const HANDLE: &str = "file handles can reach files outside the mounts";
-    const URING: &str = "io_uring bypasses the filter (IORING_OP_SOCKET reaches sockets) and is a large kernel attack surface";
+    const URING: &str =
+        "io_uring bypasses the filter (IORING_OP_SOCKET reaches sockets) and is a large kernel attack surface";
     const KEYS: &str = "the kernel keyring is shared with the host user and a common exploit target";
     const NS: &str = "no new namespaces: they unlock kernel surface meant for privileged users";
     const MOUNT: &str = "no changes to the mount table";
@@ -101,7 +109,13 @@ pub fn rules() -> Vec<Rule> {
         eperm("add_key", false, KEYS),
         eperm("request_key", false, KEYS),
         eperm("setns", false, NS),
-        Rule { syscall: "clone3", action: Action::Enosys, when: When::Always, required: false, reason: "its flags are in memory the filter cannot read; ENOSYS makes libc fall back to clone" },
+        Rule {
+            syscall: "clone3",
+            action: Action::Enosys,
+            when: When::Always,
+            required: false,
+            reason: "its flags are in memory the filter cannot read; ENOSYS makes libc fall back to clone",
+        },
         eperm("mount", false, MOUNT),
         eperm("umount2", false, MOUNT),
         eperm("pivot_root", false, MOUNT),
@@ -115,7 +129,11 @@ pub fn rules() -> Vec<Rule> {
         eperm("mount_setattr", false, MOUNT),
         eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI }, TTY),
         eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX }, TTY),
-        eperm_when("personality", When::ArgNot { arg: 0, value: 0 }, "other personalities disable ASLR or change the ABI"),
+        eperm_when(
+            "personality",
+            When::ArgNot { arg: 0, value: 0 },
+            "other personalities disable ASLR or change the ABI",
+        ),
         eperm("syslog", false, OBSOLETE),
         eperm("uselib", false, OBSOLETE),
         eperm("acct", false, OBSOLETE),
@@ -181,11 +199,8 @@ pub fn build_filter(rules: &[Rule]) -> Result<ScmpFilterContext, SeccompError> {
 /// left at the end after writing gives it an empty program.)
 pub fn export_bpf(rules: &[Rule]) -> Result<OwnedFd, SeccompError> {
     let ctx = build_filter(rules)?;
-    let fd = nix::sys::memfd::memfd_create(
-        c"pi-python-seccomp",
-        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)?;
+    let fd = nix::sys::memfd::memfd_create(c"pi-python-seccomp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(std::io::Error::from)?;
     let mut file = File::from(fd);
     ctx.export_bpf(&mut file)?;
     file.seek(SeekFrom::Start(0))?;
@@ -230,8 +245,18 @@ mod tests {
     fn the_spec_calls_are_refused_unconditionally_with_eperm() {
         let rules = rules();
         for name in [
-            "socket", "socketpair", "ptrace", "bpf", "userfaultfd", "perf_event_open", "process_vm_readv",
-            "process_vm_writev", "kexec_load", "kexec_file_load", "open_by_handle_at", "name_to_handle_at",
+            "socket",
+            "socketpair",
+            "ptrace",
+            "bpf",
+            "userfaultfd",
+            "perf_event_open",
+            "process_vm_readv",
+            "process_vm_writev",
+            "kexec_load",
+            "kexec_file_load",
+            "open_by_handle_at",
+            "name_to_handle_at",
         ] {
             let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
             assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
@@ -242,12 +267,36 @@ mod tests {
     #[test]
     fn hardening_rules_are_as_documented() {
         let rules = rules();
-        let always: Vec<_> = rules.iter().filter(|r| r.when == When::Always && r.action == Action::Eperm).map(|r| r.syscall).collect();
+        let always: Vec<_> =
+            rules.iter().filter(|r| r.when == When::Always && r.action == Action::Eperm).map(|r| r.syscall).collect();
         for name in [
-            "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key", "setns",
-            "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
-            "fspick", "mount_setattr", "syslog", "uselib", "acct", "modify_ldt", "quotactl", "mbind",
-            "migrate_pages", "move_pages", "set_mempolicy",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "setns",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "open_tree",
+            "move_mount",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "mount_setattr",
+            "syslog",
+            "uselib",
+            "acct",
+            "modify_ldt",
+            "quotactl",
+            "mbind",
+            "migrate_pages",
+            "move_pages",
+            "set_mempolicy",
         ] {
             assert!(always.contains(&name), "{name}");
         }
@@ -255,14 +304,18 @@ mod tests {
         assert_eq!(clone3.action, Action::Enosys);
         for call in ["clone", "unshare"] {
             let masks: Vec<_> = rules.iter().filter(|r| r.syscall == call).map(|r| r.when).collect();
-            let expected: Vec<_> = NAMESPACE_FLAGS.iter().map(|&(_, f)| When::ArgMasked { arg: 0, mask: f, value: f }).collect();
+            let expected: Vec<_> =
+                NAMESPACE_FLAGS.iter().map(|&(_, f)| When::ArgMasked { arg: 0, mask: f, value: f }).collect();
             assert_eq!(masks, expected, "{call}: one rule per namespace flag, nothing else");
         }
         let ioctls: Vec<_> = rules.iter().filter(|r| r.syscall == "ioctl").map(|r| r.when).collect();
-        assert_eq!(ioctls, [
-            When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI },
-            When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX },
-        ]);
+        assert_eq!(
+            ioctls,
+            [
+                When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI },
+                When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX },
+            ]
+        );
         let personality = rules.iter().find(|r| r.syscall == "personality").expect("personality");
         assert_eq!(personality.when, When::ArgNot { arg: 0, value: 0 });
     }

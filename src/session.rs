@@ -199,8 +199,11 @@ enum Interrupt {
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
+/// A live session: its id, the sandbox process groups it runs, its directory.
+type LiveEntry = (u64, Vec<i32>, Option<PathBuf>);
+
 /// Sessions alive in this process, for best-effort cleanup at exit.
-static LIVE: parking_lot::Mutex<Vec<(u64, Vec<i32>, Option<PathBuf>)>> = parking_lot::Mutex::new(Vec::new());
+static LIVE: parking_lot::Mutex<Vec<LiveEntry>> = parking_lot::Mutex::new(Vec::new());
 
 fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
     let mut live = LIVE.lock();
@@ -371,9 +374,8 @@ impl Session {
     ) -> Outcome {
         let started = Instant::now();
         // Internal ids live above u32::MAX / 2 so they never meet a caller's.
-        let call = call_id.unwrap_or_else(|| {
-            (self.auto_call.fetch_add(1, Ordering::Relaxed) as u32 % (u32::MAX / 2)) + u32::MAX / 2
-        });
+        let call = call_id
+            .unwrap_or_else(|| (self.auto_call.fetch_add(1, Ordering::Relaxed) as u32 % (u32::MAX / 2)) + u32::MAX / 2);
         let mut wake = self.wake.subscribe();
         let mut inner = tokio::select! {
             guard = self.ops.lock() => guard,
@@ -391,14 +393,19 @@ impl Session {
             return self.finish_static(call, Status::Unavailable, DISPOSED.into());
         }
         if self.is_cancelled(call) {
-            return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
+            return self.finish_static(
+                call,
+                Status::Cancelled,
+                "Cancelled before execution; the interpreter was not touched.".into(),
+            );
         }
         {
             let mut sh = self.shared.lock();
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
-        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake, progress).await;
+        let mut outcome =
+            self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake, progress).await;
         self.refill_spare(&inner);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
@@ -425,6 +432,7 @@ impl Session {
         Outcome::static_result(status, sh.report.generation, diagnostic)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn execute_locked(
         &self,
         inner: &mut Inner,
@@ -437,7 +445,11 @@ impl Session {
     ) -> Outcome {
         let generation = || self.shared.lock().report.generation;
         if code.len() > MAX_CODE_BYTES {
-            return Outcome::static_result(Status::Unavailable, generation(), format!("Code exceeds the {MAX_CODE_BYTES} byte limit."));
+            return Outcome::static_result(
+                Status::Unavailable,
+                generation(),
+                format!("Code exceeds the {MAX_CODE_BYTES} byte limit."),
+            );
         }
         let timeout_seconds = timeout_seconds.clamp(MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS);
 
@@ -461,7 +473,11 @@ impl Session {
             }
         }
         let Some(dirs) = inner.dirs.clone() else {
-            return Outcome::static_result(Status::WorkerError, generation(), "internal error: no session directory".into());
+            return Outcome::static_result(
+                Status::WorkerError,
+                generation(),
+                "internal error: no session directory".into(),
+            );
         };
         inner.exec_seq += 1;
         let seq = inner.exec_seq;
@@ -476,11 +492,8 @@ impl Session {
 
         let worker = inner.worker.as_mut().expect("started above");
         discard_idle_output(worker).await;
-        let request = Request::Exec {
-            id: seq,
-            code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()),
-            nonce,
-        };
+        let request =
+            Request::Exec { id: seq, code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()), nonce };
         let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
         let result = match frame::encode(&request) {
             Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
@@ -548,10 +561,7 @@ impl Session {
                 }
                 let exit = self.kill_worker(inner, &mut capture, &reason).await;
                 let diagnostic = if matches!(interrupt, Interrupt::Died) {
-                    format!(
-                        "The worker died: the sandbox {}. Code is never replayed automatically.",
-                        exit_text(exit)
-                    )
+                    format!("The worker died: the sandbox {}. Code is never replayed automatically.", exit_text(exit))
                 } else {
                     diagnostic
                 };
@@ -712,7 +722,12 @@ impl Session {
 
     /// Make the session's interpreter: the spare when one is ready for the
     /// current mounts, else a cold start that waits for the ready frame.
-    async fn start_worker(&self, inner: &mut Inner, call: u32, wake: &mut watch::Receiver<u64>) -> Result<(), Box<Outcome>> {
+    async fn start_worker(
+        &self,
+        inner: &mut Inner,
+        call: u32,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Result<(), Box<Outcome>> {
         let generation = self.shared.lock().report.generation;
         let (facts, dirs, project) = self.prepare(inner).await.map_err(|msg| {
             self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
@@ -774,7 +789,8 @@ impl Session {
         wake: &mut watch::Receiver<u64>,
     ) -> Result<Worker, (Status, String)> {
         let protected = if mounts.workspace_writable {
-            let names = crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
+            let names =
+                crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
             crate::permissions::protected_binds(&project, &names, |p| std::fs::canonicalize(p))
         } else {
             vec![]
@@ -801,7 +817,13 @@ impl Session {
         tokio::spawn(async move {
             loop {
                 let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
-                let end = matches!(item, Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. }));
+                let end = matches!(
+                    item,
+                    Err(FrameError::Eof
+                        | FrameError::Truncated { .. }
+                        | FrameError::Io { .. }
+                        | FrameError::Oversize { .. })
+                );
                 if tx.send(item).is_err() || end {
                     break;
                 }
@@ -932,7 +954,12 @@ impl Session {
     }
 
     /// Wait for the ready frame, collecting stderr for the diagnostic.
-    async fn await_ready(&self, w: &mut Worker, call: Option<u32>, wake: &mut watch::Receiver<u64>) -> Result<String, (Status, String)> {
+    async fn await_ready(
+        &self,
+        w: &mut Worker,
+        call: Option<u32>,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Result<String, (Status, String)> {
         let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
         let mut diag: Vec<u8> = Vec::new();
         let failed = |why: String, diag: &[u8]| {
@@ -1005,8 +1032,13 @@ impl Session {
 
     /// Kill the sandbox after an interrupted execution, keep the output that
     /// was already written, and wait (bounded) for everything to exit.
-    async fn kill_worker(&self, inner: &mut Inner, capture: &mut Capture, reason: &str) -> Option<std::process::ExitStatus> {
-        let Some(mut w) = inner.worker.take() else { return None };
+    async fn kill_worker(
+        &self,
+        inner: &mut Inner,
+        capture: &mut Capture,
+        reason: &str,
+    ) -> Option<std::process::ExitStatus> {
+        let mut w = inner.worker.take()?;
         kill_group(w.pid);
         let Worker { stdout, stderr, out_buf, err_buf, .. } = &mut w;
         let _ = timeout(CLEANUP_DEADLINE, async {
@@ -1052,12 +1084,8 @@ impl Session {
         private_dir(&parent)?;
         let root = parent.join(format!("{:016x}", random_u64()));
         DirBuilder::new().mode(0o700).create(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-        let dirs = Dirs {
-            scratch: root.join("scratch"),
-            logs: root.join("logs"),
-            worker_file: root.join("worker.py"),
-            root,
-        };
+        let dirs =
+            Dirs { scratch: root.join("scratch"), logs: root.join("logs"), worker_file: root.join("worker.py"), root };
         let made = (|| -> std::io::Result<()> {
             DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
             DirBuilder::new().mode(0o700).create(&dirs.logs)?;

@@ -39,11 +39,28 @@ fn fixture(name: &str) -> Option<Fixture> {
 
 fn can_sandbox() -> Result<(), String> {
     let ok = std::process::Command::new("bwrap")
-        .args(["--unshare-user", "--unshare-pid", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64",
-               "--symlink", "usr/lib", "/lib", "--", "/usr/bin/true"])
+        .args([
+            "--unshare-user",
+            "--unshare-pid",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--",
+            "/usr/bin/true",
+        ])
         .status()
         .map_err(|e| format!("bwrap not runnable: {e}"))?;
-    if ok.success() { Ok(()) } else { Err(format!("bwrap cannot create namespaces here ({ok})")) }
+    if ok.success() {
+        Ok(())
+    } else {
+        Err(format!("bwrap cannot create namespaces here ({ok})"))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,13 +149,25 @@ async fn reads_outside_the_mounts_become_permission_needed() {
         assert!(!o.state_lost);
     }
     // Runtime paths, the scratch and stat-like probes pass; state survived.
-    let fine = s.execute(
-        "import os, json\nopen('/usr/lib/os-release').close(); open('/scratch/a', 'w').close()\n\
-         (os.path.exists('/etc/hostname'), os.listdir('/scratch'), x)".into(), 30, None).await;
+    let fine = s
+        .execute(
+            "import os, json\nopen('/usr/lib/os-release').close(); open('/scratch/a', 'w').close()\n\
+         (os.path.exists('/etc/hostname'), os.listdir('/scratch'), x)"
+                .into(),
+            30,
+            None,
+        )
+        .await;
     assert_eq!(fine.status, Status::Ok, "{}", render(&fine));
     assert_eq!(fine.repr.as_deref(), Some("(False, ['a'], 1)"));
     // Caught by user code, it is an ordinary exception.
-    let caught = s.execute("try:\n    open('/etc/hostname')\nexcept Exception as e:\n    r = type(e).__name__\nr".into(), 30, None).await;
+    let caught = s
+        .execute(
+            "try:\n    open('/etc/hostname')\nexcept Exception as e:\n    r = type(e).__name__\nr".into(),
+            30,
+            None,
+        )
+        .await;
     assert_eq!(caught.repr.as_deref(), Some("'SandboxReadDenied'"));
     s.dispose("test").await;
 }
@@ -149,14 +178,18 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     let s = &f.session;
     let first = s.execute("v = 1\nopen('/workspace/w.txt', 'w')".into(), 30, None).await;
     assert_eq!(first.exception.as_ref().map(|e| e.type_name.as_str()), Some("OSError"), "{}", render(&first));
-    let changed = s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    let changed =
+        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
     assert_eq!(changed, Some(true), "a running interpreter was discarded");
     let second = s.execute("open('/workspace/w.txt', 'w').write('hi')\n'v' in globals()".into(), 30, None).await;
     assert_eq!(second.repr.as_deref(), Some("False"), "{}", render(&second));
     assert!(second.state_lost);
     assert!(second.state_lost_reason.as_deref().unwrap_or("").contains("permission mode"));
     assert_eq!(std::fs::read_to_string(f.dir.join("project/w.txt")).expect("written"), "hi");
-    assert_eq!(s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] }), None);
+    assert_eq!(
+        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] }),
+        None
+    );
     s.dispose("test").await;
 }
 
