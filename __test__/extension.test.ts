@@ -110,6 +110,26 @@ async function waitUntil(cond: () => boolean, timeoutMs: number): Promise<boolea
   return true;
 }
 
+/** The outer bwrap processes (one per sandbox) of session dir `root`. */
+function sandboxes(root: string): number[] {
+  return descendants().filter((pid) => {
+    const cmd = readProc(String(pid), "cmdline") ?? "";
+    const parent = Number((readProc(String(pid), "stat") ?? "").split(") ")[1]?.split(" ")[1]);
+    return cmd.includes(`${root}/worker.py`) && !(readProc(String(parent), "cmdline") ?? "").includes(`${root}/worker.py`);
+  });
+}
+
+/**
+ * The interpreter that ran in session dir `root` is gone: of the sandboxes
+ * alive before (`before`), at most the pristine spare is left.
+ */
+async function assertInterpreterGone(root: string, before: number[], h: PiHarness, what: string): Promise<void> {
+  const gone = await waitUntil(() => before.filter((pid) => sandboxes(root).includes(pid)).length <= 1, 3000);
+  const left = before.filter((pid) => sandboxes(root).includes(pid));
+  assert.ok(gone, `${what}: sandboxes still alive: ${left.join(", ")}`);
+  if (left.length === 1) assert.notEqual((await status(h)).spare, "none", `${what}: the one left is the spare`);
+}
+
 /** The sandbox of session dir `root` is gone (allowing a moment for the kernel to reap it). */
 async function assertSandboxGone(root: string, what: string): Promise<void> {
   const gone = await waitUntil(() => sandboxTree(root).length === 0, 3000);
@@ -369,6 +389,10 @@ test("abort: a running call is cancelled promptly and loses state", async (t) =>
   if (skipWithoutSandbox(t)) return;
   const h = await setup(t);
   assert.equal((await call(h, { code: "kept = 1" })).details.status, "ok");
+  const sessionRoot = dirname((await status(h)).paths.scratchDir);
+  // The running interpreter and (once started) the spare.
+  await waitUntil(() => sandboxes(sessionRoot).length === 2, 3000);
+  const sandboxesBefore = sandboxes(sessionRoot);
 
   const controller = new AbortController();
   let abortedAt = 0;
@@ -387,7 +411,7 @@ test("abort: a running call is cancelled promptly and loses state", async (t) =>
   assert.equal(r.details.isError, true);
   assert.equal(r.details.stateLost, true);
   assert.match(r.text, /Interpreter state was LOST/);
-  await assertSandboxGone(dirname((await status(h)).paths.scratchDir), "after cancel");
+  await assertInterpreterGone(sessionRoot, sandboxesBefore, h, "after cancel");
 
   // The next call gets a fresh interpreter.
   const next = await call(h, { code: "kept" });
@@ -427,6 +451,8 @@ test("reset discards state and keeps scratch; status reports mode, limits and pa
   const write = await call(h, { code: "v = 7\nopen('/scratch/keep.txt', 'w').write('kept across reset')" });
   assert.equal(write.details.status, "ok", write.text);
   const report = await status(h);
+  await waitUntil(() => sandboxes(dirname(report.paths.scratchDir)).length === 2, 3000);
+  const resetBefore = sandboxes(dirname(report.paths.scratchDir));
 
   const reset = await call(h, { action: "reset" });
   assert.equal(reset.details.status, "ok");
@@ -434,7 +460,7 @@ test("reset discards state and keeps scratch; status reports mode, limits and pa
   assert.match(reset.text, /[Ss]cratch files are preserved/);
   assert.equal(reset.details.scratchDir, report.paths.scratchDir);
   assert.ok(reset.text.includes(report.paths.scratchDir), "reset names the scratch dir");
-  await assertSandboxGone(dirname(report.paths.scratchDir), "after reset");
+  await assertInterpreterGone(dirname(report.paths.scratchDir), resetBefore, h, "after reset");
 
   const lost = await call(h, { code: "v" });
   assert.equal(lost.details.exceptionType, "NameError");

@@ -50,9 +50,9 @@ pub struct SandboxSpec {
     pub worker_file: PathBuf,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
-    /// (host path, path relative to /workspace) bound read-only over a
-    /// writable workspace.
-    pub protected: Vec<(PathBuf, PathBuf)>,
+    /// (host path, path relative to /workspace, read-only) bound over a
+    /// writable workspace, in order.
+    pub protected: Vec<(PathBuf, PathBuf, bool)>,
     /// The user's Python packages: directories mounted read-only at their
     /// own paths, and the site directories the worker adds.
     pub python_mounts: Vec<PathBuf>,
@@ -105,8 +105,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     let workspace_flag = if spec.workspace_writable { "--bind" } else { "--ro-bind" };
     push_bind(&mut a, workspace_flag, &spec.project_dir, Path::new(WORKSPACE));
     if spec.workspace_writable {
-        for (host, rel) in &spec.protected {
-            push_bind(&mut a, "--ro-bind", host, &Path::new(WORKSPACE).join(rel));
+        for (host, rel, read_only) in &spec.protected {
+            let flag = if *read_only { "--ro-bind" } else { "--bind" };
+            push_bind(&mut a, flag, host, &Path::new(WORKSPACE).join(rel));
         }
     }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
@@ -145,7 +146,10 @@ mod tests {
             scratch_dir: "/tmp/s/scratch".into(),
             worker_file: "/tmp/s/worker.py".into(),
             read_roots: vec![],
-            protected: vec![("/home/u/proj/.git/hooks".into(), ".git/hooks".into())],
+            protected: vec![
+                ("/home/u/proj/.git".into(), ".git".into(), false),
+                ("/home/u/proj/.git/hooks".into(), ".git/hooks".into(), true),
+            ],
             python_mounts: vec![],
             site_dirs: vec![],
         }
@@ -185,7 +189,10 @@ mod tests {
         assert!(!has_triple(&argv, ["--ro-bind", "/home/u/proj", "/workspace"]));
         // Protected paths come right after, so they cover the writable bind.
         let at = argv.iter().position(|a| a == "/workspace").expect("workspace");
-        assert_eq!(argv[at + 1..at + 4], ["--ro-bind", "/home/u/proj/.git/hooks", "/workspace/.git/hooks"]);
+        assert_eq!(
+            argv[at + 1..at + 7],
+            ["--bind", "/home/u/proj/.git", "/workspace/.git", "--ro-bind", "/home/u/proj/.git/hooks", "/workspace/.git/hooks"]
+        );
     }
 
     #[test]

@@ -206,6 +206,15 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(Status::InvalidArg, msg.into())
 }
 
+/// A call id is an integer below 2^31 - 1 (the ids above are the addon's own).
+fn call_id_of(id: f64) -> Result<u32> {
+    if id.fract() == 0.0 && (0.0..(u32::MAX / 2) as f64).contains(&id) {
+        Ok(id as u32)
+    } else {
+        Err(invalid(format!("callId must be an integer from 0 to {}; got {id}", u32::MAX / 2 - 1)))
+    }
+}
+
 fn path_str(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()
 }
@@ -466,8 +475,11 @@ pub struct PythonSandbox {
 impl PythonSandbox {
     #[napi(constructor)]
     pub fn new(env: Env, options: SandboxOptions) -> Result<Self> {
-        if options.project_dir.is_empty() {
-            return Err(invalid("projectDir is required"));
+        if !options.project_dir.starts_with('/') {
+            return Err(invalid("projectDir must be an absolute path"));
+        }
+        if options.runtime_root.as_deref().is_some_and(|r| !r.starts_with('/')) {
+            return Err(invalid("runtimeRoot must be an absolute path"));
         }
         if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
             // Best effort: kill sandboxes and delete session directories when
@@ -499,7 +511,7 @@ impl PythonSandbox {
         &self,
         code: String,
         timeout_seconds: Option<f64>,
-        call_id: Option<u32>,
+        call_id: Option<f64>,
         on_progress: Option<ThreadsafeFunction<ExecProgress, (), ExecProgress, Status, false, true>>,
     ) -> Result<ExecResult> {
         if code.len() > MAX_CODE_BYTES {
@@ -531,6 +543,7 @@ impl PythonSandbox {
                 );
             }) as crate::outcome::ProgressFn
         });
+        let call_id = call_id.map(call_id_of).transpose()?;
         Ok(to_js(self.session.execute_with_progress(code, timeout, call_id, progress).await))
     }
 
@@ -538,8 +551,9 @@ impl PythonSandbox {
     /// call when omitted: its sandbox is killed. Returns whether anything
     /// was targeted.
     #[napi]
-    pub fn cancel(&self, call_id: Option<u32>) -> bool {
-        self.session.cancel(call_id)
+    pub fn cancel(&self, call_id: Option<f64>) -> Result<bool> {
+        let call_id = call_id.map(call_id_of).transpose()?;
+        Ok(self.session.cancel(call_id))
     }
 
     /// Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:

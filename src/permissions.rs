@@ -244,30 +244,78 @@ pub fn protected_names(override_list: Option<&str>) -> Vec<String> {
     }
 }
 
-/// Which existing protected paths to bind read-only over a writable
-/// workspace: (host path, path relative to the project). A name that
-/// resolves outside the project needs nothing (it is not writable there);
-/// one that does not exist cannot be protected without creating it on the
-/// host, and is left out.
-pub fn protected_binds(
+/// How the protected paths are kept read-only in a writable workspace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protection {
+    /// (host path, path relative to /workspace, read-only), in mount order:
+    /// first the directories above protected paths, bound onto themselves
+    /// read-write so that they are mount points and cannot be renamed away
+    /// with the read-only mounts inside them; then the protected paths.
+    pub binds: Vec<(PathBuf, PathBuf, bool)>,
+    /// Protected paths that do not exist: mounting over them would create
+    /// them in the project, so the session removes them if code creates them.
+    pub missing: Vec<PathBuf>,
+}
+
+/// Plan the protection of `names` inside `project`. `resolve` is realpath;
+/// `is_dir` tells a directory from a file (a `.git` *file* points git at
+/// another directory, so the file itself is protected).
+pub fn protection(
     project: &Path,
     names: &[String],
     resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
-) -> Vec<(PathBuf, PathBuf)> {
-    let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
-    for name in names {
+    is_dir: impl Fn(&Path) -> bool,
+) -> Protection {
+    let mut anchors: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
+    let mut read_only: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
+    let mut missing = Vec::new();
+    let inside = |p: &Path| -> Option<(PathBuf, PathBuf)> {
+        let real = resolve(&project.join(p)).ok()?;
+        let rel = real.strip_prefix(project).ok()?.to_path_buf();
+        (!rel.as_os_str().is_empty()).then_some((real, rel))
+    };
+    'names: for name in names {
         let rel = Path::new(name.trim_start_matches('/'));
-        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             continue;
         }
-        let Ok(real) = resolve(&project.join(rel)) else { continue };
-        let Ok(inside) = real.strip_prefix(project) else { continue };
-        if inside.as_os_str().is_empty() || binds.iter().any(|(h, _)| *h == real) {
-            continue;
+        let parts: Vec<_> = rel.components().collect();
+        let mut prefix = PathBuf::new();
+        for part in &parts[..parts.len() - 1] {
+            prefix.push(part);
+            let Some((real, real_rel)) = inside(&prefix) else {
+                // The first missing component is what code could create
+                // (and what is removed again: never a path below a link).
+                if resolve(&project.join(&prefix)).is_err() && !missing.contains(&prefix) {
+                    missing.push(prefix.clone());
+                }
+                continue 'names;
+            };
+            if !is_dir(&real) {
+                // A `.git` file (a worktree's) points git elsewhere: protect it.
+                if !read_only.iter().any(|(h, _, _)| *h == real) {
+                    read_only.push((real, real_rel, true));
+                }
+                continue 'names;
+            }
+            if !anchors.iter().any(|(h, _, _)| *h == real) {
+                anchors.push((real, real_rel, false));
+            }
         }
-        binds.push((real.clone(), inside.to_path_buf()));
+        match inside(rel) {
+            Some((real, real_rel)) => {
+                if !read_only.iter().any(|(h, _, _)| *h == real) {
+                    read_only.push((real, real_rel, true));
+                }
+            }
+            None if resolve(&project.join(rel)).is_err() && !missing.iter().any(|m| m == rel) => {
+                missing.push(rel.to_path_buf())
+            }
+            None => {}
+        }
     }
-    binds
+    anchors.extend(read_only);
+    Protection { binds: anchors, missing }
 }
 
 /// The directory a refused read is about: the path itself for a directory
@@ -449,28 +497,49 @@ mod tests {
     }
 
     #[test]
-    fn protected_paths_are_the_existing_ones_inside_the_project() {
+    fn protected_paths_are_planned_with_their_parents_as_mount_points() {
         let resolve = |p: &Path| -> std::io::Result<PathBuf> {
             match p.to_str() {
-                Some("/p/.git/hooks") | Some("/p/.vscode") => Ok(p.to_path_buf()),
+                Some("/p/.git") | Some("/p/.git/hooks") | Some("/p/.vscode") => Ok(p.to_path_buf()),
                 Some("/p/.pi") => Ok("/p/config/pi".into()),
                 Some("/p/.bashrc") => Ok("/home/u/.bashrc".into()),
                 _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
             }
         };
-        let binds = protected_binds(Path::new("/p"), &protected_names(None), resolve);
+        let p = protection(Path::new("/p"), &protected_names(None), resolve, |_| true);
         assert_eq!(
-            binds,
+            p.binds,
             [
-                (PathBuf::from("/p/.git/hooks"), PathBuf::from(".git/hooks")),
-                ("/p/config/pi".into(), "config/pi".into()),
-                ("/p/.vscode".into(), ".vscode".into()),
-            ]
+                (PathBuf::from("/p/.git"), PathBuf::from(".git"), false),
+                ("/p/.git/hooks".into(), ".git/hooks".into(), true),
+                ("/p/config/pi".into(), "config/pi".into(), true),
+                ("/p/.vscode".into(), ".vscode".into(), true),
+            ],
+            "the .git directory is a mount point, so it cannot be renamed away"
+        );
+        let missing: Vec<_> = p.missing.iter().map(|m| m.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            missing,
+            [".git/config", ".idea", ".mcp.json", ".envrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zprofile", ".zshenv"]
         );
         assert_eq!(protected_names(Some(".a: .b/c ::")), [".a", ".b/c"]);
         assert!(protected_names(Some("")).is_empty());
-        let escape = protected_binds(Path::new("/p"), &["../etc".into(), "/abs".into()], |p| Ok(p.to_path_buf()));
-        assert_eq!(escape, [(PathBuf::from("/p/abs"), PathBuf::from("abs"))]);
+        let escape = protection(Path::new("/p"), &["../etc".into(), "/abs".into()], |p| Ok(p.to_path_buf()), |_| true);
+        assert_eq!(escape.binds, [(PathBuf::from("/p/abs"), PathBuf::from("abs"), true)]);
+    }
+
+    #[test]
+    fn a_git_file_is_protected_itself() {
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            if p == Path::new("/p/.git") {
+                Ok(p.to_path_buf())
+            } else {
+                Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+            }
+        };
+        let p = protection(Path::new("/p"), &[".git/hooks".into(), ".git/config".into()], resolve, |_| false);
+        assert_eq!(p.binds, [(PathBuf::from("/p/.git"), PathBuf::from(".git"), true)]);
+        assert!(p.missing.is_empty());
     }
 
     #[test]

@@ -137,6 +137,11 @@ struct Worker {
     err_buf: Vec<u8>,
     /// The mounts this sandbox was started with.
     mounts: MountConfig,
+    /// The canonical project directory it mounts.
+    project: PathBuf,
+    /// Protected paths that did not exist when it started (relative to
+    /// the project): removed again if the code creates them.
+    unprotected: Vec<PathBuf>,
 }
 
 struct Facts {
@@ -155,6 +160,8 @@ struct Inner {
     pending_loss: Option<String>,
     /// Exit status of a sandbox that ended by itself, before it was reaped.
     exit_status: Option<std::process::ExitStatus>,
+    /// The last sandbox start failed: no spare with the same setup.
+    start_failed: bool,
 }
 
 /// The spare sandbox slot.
@@ -180,7 +187,7 @@ const DISPOSED: &str = "The python session was disposed; no interpreter is avail
 const REMOUNT_REASON: &str = "the sandbox was restarted because the permission mode or read roots changed";
 
 /// What a sandbox being started is for.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
     Active,
     Spare,
@@ -319,6 +326,7 @@ impl Session {
                 exec_seq: 0,
                 pending_loss: None,
                 exit_status: None,
+                start_failed: false,
             }),
             shared: parking_lot::Mutex::new(Shared {
                 report,
@@ -491,6 +499,8 @@ impl Session {
         o.started = true;
 
         let worker = inner.worker.as_mut().expect("started above");
+        let guarded = (worker.project.clone(), worker.unprotected.clone());
+        let exec_start = std::time::SystemTime::now();
         discard_idle_output(worker).await;
         let request =
             Request::Exec { id: seq, code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()), nonce };
@@ -573,6 +583,7 @@ impl Session {
                 o.log_complete = !o.output_limit_exceeded;
             }
         }
+        o.notes.extend(sweep_protected(&guarded.0, &guarded.1, &dirs.scratch, seq, exec_start));
         if let Some(e) = &capture.log_error {
             let note = format!("Writing the log files failed: {e}");
             o.diagnostic = Some(match o.diagnostic.take() {
@@ -749,9 +760,11 @@ impl Session {
         match self.launch(&facts, &dirs, project, mounts, Role::Active, Some(call), wake).await {
             Ok(worker) => {
                 inner.worker = Some(worker);
+                inner.start_failed = false;
                 Ok(())
             }
             Err((status, msg)) => {
+                inner.start_failed = true;
                 self.shared.lock().report.last_reset_reason = Some("startup_failure".into());
                 Err(Box::new(Outcome::static_result(status, generation, msg)))
             }
@@ -788,19 +801,22 @@ impl Session {
         call: Option<u32>,
         wake: &mut watch::Receiver<u64>,
     ) -> Result<Worker, (Status, String)> {
-        let protected = if mounts.workspace_writable {
+        let protection = if mounts.workspace_writable {
             let names =
                 crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
-            crate::permissions::protected_binds(&project, &names, |p| std::fs::canonicalize(p))
+            crate::permissions::protection(&project, &names, |p| std::fs::canonicalize(p), |p| p.is_dir())
         } else {
-            vec![]
+            crate::permissions::Protection::default()
         };
+        if role == Role::Spare && self.is_disposed() {
+            return Err((Status::Cancelled, "the session was disposed".into()));
+        }
         let spec = SandboxSpec {
-            protected,
+            protected: protection.binds,
+            project_dir: project.clone(),
             interpreter: facts.interpreter.path.clone(),
             interpreter_mounts: facts.interpreter.mounts.clone(),
             merged_usr: facts.merged_usr,
-            project_dir: project,
             workspace_writable: mounts.workspace_writable,
             scratch_dir: dirs.scratch.clone(),
             worker_file: dirs.worker_file.clone(),
@@ -839,6 +855,8 @@ impl Session {
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
             mounts,
+            project,
+            unprotected: protection.missing,
         };
         let record = |pid: Option<i32>| match role {
             Role::Active => self.set_active(pid),
@@ -878,7 +896,7 @@ impl Session {
             sh.report.spare = SpareState::None;
         }
         if w.mounts != *mounts || !matches!(w.child.try_wait(), Ok(None)) {
-            kill_group(w.pid);
+            reap(*w);
             self.sync_live();
             return None;
         }
@@ -889,7 +907,7 @@ impl Session {
     fn discard_spare(&self) {
         let old = std::mem::replace(&mut *self.spare.lock(), Spare::Empty);
         if let Spare::Ready(w) = old {
-            kill_group(w.pid);
+            reap(*w);
         }
         let pid = {
             let mut sh = self.shared.lock();
@@ -905,6 +923,9 @@ impl Session {
     /// Start a spare in the background if prewarming is on and none exists.
     fn refill_spare(&self, inner: &Inner) {
         let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
+        if inner.start_failed {
+            return;
+        }
         {
             let sh = self.shared.lock();
             if !sh.report.prewarm || sh.report.disposed {
@@ -937,7 +958,7 @@ impl Session {
                 }
                 other => {
                     if let Ok(w) = other {
-                        kill_group(w.pid);
+                        reap(w);
                     }
                     if matches!(*slot, Spare::Starting) {
                         *slot = Spare::Empty;
@@ -1178,6 +1199,48 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Drained { .. } => "drained",
         Reply::Error { .. } => "error",
     }
+}
+
+/// Kill a sandbox nobody waits for and collect its exit on a plain thread
+/// (this may run on the JS thread, outside any async runtime), so that no
+/// zombie is left behind.
+fn reap(w: Worker) {
+    kill_group(w.pid);
+    let pid = nix::unistd::Pid::from_raw(w.pid);
+    drop(w);
+    let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
+        let _ = nix::sys::wait::waitpid(pid, None);
+    });
+}
+
+/// Protected paths cannot be mounted read-only before they exist. One that
+/// appeared during this execution (changed at or after `since`) was made by
+/// the code: move it out of the project into /scratch/.pi-quarantine (or
+/// delete it when that is another file system), and say so.
+fn sweep_protected(project: &Path, unprotected: &[PathBuf], scratch: &Path, seq: u64, since: std::time::SystemTime) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let mut notes = Vec::new();
+    for rel in unprotected {
+        let path = project.join(rel);
+        // lstat: a link is judged (and moved) as the link itself.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        if meta.ctime() < since {
+            continue; // there before this execution: not the code's doing
+        }
+        let quarantine = scratch.join(".pi-quarantine");
+        let name = format!("{seq:04}-{}", rel.to_string_lossy().replace('/', "_"));
+        let moved = std::fs::create_dir_all(&quarantine).is_ok() && std::fs::rename(&path, quarantine.join(&name)).is_ok();
+        let gone = moved
+            || if meta.is_dir() { std::fs::remove_dir_all(&path).is_ok() } else { std::fs::remove_file(&path).is_ok() };
+        let what = format!("The code created {} in the project, a path that can make the host run code", rel.display());
+        notes.push(match (moved, gone) {
+            (true, _) => format!("{what}; it was moved to /scratch/.pi-quarantine/{name}."),
+            (false, true) => format!("{what}; it was deleted."),
+            (false, false) => format!("{what}; it could NOT be removed: check {} before using the project.", path.display()),
+        });
+    }
+    notes
 }
 
 /// Read an image the worker saved under /scratch, refusing anything that

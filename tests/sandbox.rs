@@ -32,6 +32,9 @@ fn fixture(name: &str) -> Option<Fixture> {
     let session = Session::new(SessionOptions {
         project_dir: project,
         runtime_root: Some(dir.join("runtime")),
+        // No background spare: a test that ends while one starts would race
+        // the runtime's shutdown.
+        prewarm: Some(false),
         ..Default::default()
     });
     Some(Fixture { dir, session })
@@ -219,5 +222,34 @@ for p in [".git/hooks/pre-commit", ".git/config", ".vscode/tasks.json", "src.py"
     assert!(out.contains(".vscode/tasks.json errno30"), "{out}");
     assert!(out.contains("src.py wrote"), "{out}");
     assert_eq!(std::fs::read_to_string(project.join(".git/config")).expect("config"), "[core]\n");
+
+    // The directory above protected paths cannot be renamed away with them.
+    let moved = stdout_of(&f, "import os
+try:
+    os.rename('/workspace/.git', '/workspace/.git-moved'); print('renamed')
+except OSError as e:
+    print('errno%d' % e.errno)").await;
+    assert!(moved.contains("errno16"), "EBUSY expected: {moved}");
+    // A protected path the code creates is taken out of the project again.
+    let created = f.session.execute("import os
+os.makedirs('/workspace/.idea')
+open('/workspace/.mcp.json', 'w').write('{}')".into(), 30, None).await;
+    assert_eq!(created.status, Status::Ok, "{}", render(&created));
+    assert!(!project.join(".idea").exists() && !project.join(".mcp.json").exists());
+    let text = render(&created);
+    assert!(text.contains("The code created .idea in the project"), "{text}");
+    assert!(text.contains("moved to /scratch/.pi-quarantine/") || text.contains("it was deleted"), "{text}");
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_git_file_cannot_be_redirected_in_a_writable_workspace() {
+    let Some(f) = fixture("gitfile") else { return };
+    let project = f.dir.join("project");
+    std::fs::write(project.join(".git"), "gitdir: /elsewhere/.git/worktrees/x\n").expect("git file");
+    f.session.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    let out = stdout_of(&f, "try:\n    open('/workspace/.git', 'w').write('gitdir: evil')\n    print('wrote')\nexcept OSError as e:\n    print('errno%d' % e.errno)").await;
+    assert!(out.contains("errno30"), "{out}");
+    assert_eq!(std::fs::read_to_string(project.join(".git")).expect("git file"), "gitdir: /elsewhere/.git/worktrees/x\n");
     f.session.dispose("test").await;
 }

@@ -1,0 +1,776 @@
+/**
+ * The escape catalogue: one named test per way out of the sandbox, each run from inside it.
+ * Run: node --import tsx --test __test__/escapes.test.ts
+ *
+ * Attempts already covered by sandbox.test.ts are not repeated here: socket/socketpair, ptrace,
+ * bpf, userfaultfd, perf_event_open, process_vm_*, kexec_*, *_handle_at with bad pointers; TCP and
+ * AF_UNIX connections to host servers; /etc/shadow, the host home, host /tmp and symlinks out of
+ * the project; /workspace read-only without a mode event; /proc; the environment; NoNewPrivs,
+ * Seccomp=2 and capabilities; nested user namespaces via unshare(1).
+ *
+ * System calls are made through ctypes with x86_64 numbers and arguments chosen so that an
+ * allowed call fails differently (EFAULT, EBADF, EINVAL, ...) or succeeds, while the filter
+ * answers EPERM (ENOSYS for clone3). Every probe also runs OUTSIDE the filter, in bubblewrap with
+ * the same namespaces and every capability of its user namespace (`--uid 0 --cap-add ALL`), so
+ * that the kernel's own namespace-capability checks pass there: a probe whose baseline is not
+ * EPERM proves that the EPERM inside comes from the filter. `gated` calls check a capability of
+ * the initial namespace (or a sysctl) first; their baseline is reported, not asserted.
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { createServer, type Server } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, type TestContext, test } from "node:test";
+import { workerPids } from "./helpers/host-procs.ts";
+import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { type ExecResult, makeFixture, PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
+
+const CONCURRENCY = 4;
+const EPERM = 1;
+const ENOSYS = 38;
+const EROFS = 30;
+const SIGSYS = 31;
+
+/** A `py` literal for a JS string. */
+const lit = (s: string) => JSON.stringify(s);
+
+function assertOk(r: ExecResult): void {
+  assert.equal(r.status, "ok", show(r));
+}
+
+/** The last stdout line of an ok result, parsed as JSON. */
+function jsonOut<T = any>(r: ExecResult): T {
+  assertOk(r);
+  const lines = r.stdout.trim().split("\n");
+  return JSON.parse(lines[lines.length - 1]);
+}
+
+/** The x86_64 system call numbers below are meaningless elsewhere: skip loudly. */
+function skipUnlessX64(t: TestContext): boolean {
+  if (process.arch === "x64") return false;
+  console.log(`# SKIP ${t.name}: the probes use x86_64 system call numbers, this is ${process.arch}`);
+  t.skip(`x86_64 system call numbers; this is ${process.arch}`);
+  return true;
+}
+
+const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
+
+/**
+ * Run Python in bubblewrap with the sandbox's namespaces but without its seccomp filter, with
+ * every capability of the new user namespace, optionally with `project` read-only at /workspace.
+ * Prints stdout; rejects when Python fails.
+ */
+function unfiltered(code: string, project?: string): Promise<string> {
+  const argv = [
+    "--unshare-user", "--uid", "0", "--cap-add", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+    "--unshare-net", "--die-with-parent", "--new-session",
+    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    ...(project ? ["--ro-bind", project, "/workspace"] : []),
+    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
+  ];
+  return new Promise((resolve, reject) => {
+    execFile("bwrap", argv, { timeout: 20_000, encoding: "utf8" }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
+      else resolve(stdout);
+    });
+  });
+}
+
+const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
+
+// ---------------------------------------------------------------------------------------------
+/**
+ * The filter's table, probed all at once (one sandbox, one baseline) and asserted one test per
+ * call. `args` are chosen so that the unfiltered kernel fails without doing anything.
+ */
+interface Probe {
+  title: string;
+  nr: number;
+  args: number[];
+  /** What the filter answers (default EPERM). */
+  expect?: number;
+  gated?: boolean;
+}
+
+const CLONE_FS = 0x200;
+const CLONE_THREAD = 0x10000;
+const NAMESPACE_FLAGS: [string, number][] = [
+  ["CLONE_NEWTIME", 0x80],
+  ["CLONE_NEWNS", 0x20000],
+  ["CLONE_NEWCGROUP", 0x2000000],
+  ["CLONE_NEWUTS", 0x4000000],
+  ["CLONE_NEWIPC", 0x8000000],
+  ["CLONE_NEWUSER", 0x10000000],
+  ["CLONE_NEWPID", 0x20000000],
+  ["CLONE_NEWNET", 0x40000000],
+];
+const U32 = 0xffffffff;
+
+const PROBES: Probe[] = [
+  // io_uring: bad params pointer -> EFAULT; bad ring fd -> EBADF.
+  { title: "io_uring_setup", nr: 425, args: [1, 1] },
+  { title: "io_uring_enter", nr: 426, args: [-1, 0, 0, 0, 0, 0] },
+  { title: "io_uring_register", nr: 427, args: [-1, 0, 0, 0] },
+  // Keyrings: an unknown keyctl operation -> EOPNOTSUPP; bad type pointers -> EFAULT.
+  { title: "keyctl", nr: 250, args: [9999, 0, 0, 0, 0] },
+  { title: "add_key", nr: 248, args: [1, 1, 1, 0, -3] },
+  { title: "request_key", nr: 249, args: [1, 1, 1, 0] },
+  { title: "setns", nr: 308, args: [-1, 0] }, // EBADF
+  // The mount table: bad pointers -> EFAULT, bad flags -> EINVAL, bad fds -> EBADF.
+  { title: "mount", nr: 165, args: [1, 1, 1, 0, 0] },
+  { title: "umount2", nr: 166, args: [1, U32] },
+  { title: "pivot_root", nr: 155, args: [1, 1] },
+  { title: "chroot", nr: 161, args: [1] },
+  { title: "open_tree", nr: 428, args: [-1, 1, U32] },
+  { title: "move_mount", nr: 429, args: [-1, 1, -1, 1, U32] },
+  { title: "fsopen", nr: 430, args: [1, U32] },
+  { title: "fsconfig", nr: 431, args: [-1, 0, 0, 0, 0] },
+  { title: "fsmount", nr: 432, args: [-1, U32, 0] },
+  { title: "fspick", nr: 433, args: [-1, 1, U32] },
+  { title: "mount_setattr", nr: 442, args: [-1, 1, U32, 0, 0] },
+  // Terminal control on fd 0 (/dev/null, not a tty): ENOTTY when allowed.
+  { title: "ioctl TIOCLINUX", nr: 16, args: [0, 0x541c, 0] },
+  { title: "ioctl TIOCSTI on a non-tty", nr: 16, args: [0, 0x5412, 0] },
+  // Obsolete and host-wide calls.
+  { title: "syslog", nr: 103, args: [10, 0, 0], gated: true }, // dmesg_restrict / CAP_SYSLOG
+  { title: "uselib", nr: 134, args: [1] }, // EFAULT, or ENOSYS without CONFIG_USELIB
+  { title: "acct", nr: 163, args: [1], gated: true }, // CAP_SYS_PACCT of the initial namespace
+  { title: "modify_ldt", nr: 154, args: [99, 0, 0] }, // ENOSYS for an unknown function
+  { title: "quotactl", nr: 179, args: [U32, 1, 0, 1] },
+  // NUMA policy: unaligned address / no such pid / bad pointers / bad mode.
+  { title: "mbind", nr: 237, args: [1, 4096, 0, 0, 0, 0] },
+  { title: "migrate_pages", nr: 256, args: [999999, 1, 1, 1] },
+  { title: "move_pages", nr: 279, args: [0, 1, 1, 1, 1, 0] },
+  { title: "set_mempolicy", nr: 238, args: [99, 0, 0] },
+  // Namespaces: an invalid flag beside each namespace flag makes the unfiltered kernel answer
+  // EINVAL before it creates anything (unshare: bit 0 is not an unshare flag; clone:
+  // CLONE_THREAD without CLONE_SIGHAND, and CLONE_FS with CLONE_NEWNS/NEWUSER).
+  ...NAMESPACE_FLAGS.map(([name, flag]) => ({ title: `unshare with ${name}`, nr: 272, args: [flag | 1] })),
+  ...NAMESPACE_FLAGS.map(([name, flag]) => ({ title: `clone with ${name}`, nr: 56, args: [flag | CLONE_THREAD | CLONE_FS, 0, 0, 0, 0] })),
+  // clone3: NULL args of size 0 -> EINVAL when allowed; the filter says ENOSYS.
+  { title: "clone3 with ENOSYS", nr: 435, args: [0, 0], expect: ENOSYS },
+];
+
+function tableProbe(probes: Probe[]): string {
+  return py`
+    import ctypes, json
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    def call(nr, args):
+        ctypes.set_errno(0)
+        ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+        return {"ret": ret, "errno": ctypes.get_errno()}
+    probes = json.loads(${lit(JSON.stringify(probes.map((p) => [p.title, p.nr, p.args])))})
+    print(json.dumps({title: call(nr, args) for title, nr, args in probes}))
+  `;
+}
+
+type Answer = { ret: number; errno: number };
+
+describe("seccomp: the hardening table, call by call", { concurrency: CONCURRENCY }, () => {
+  let inside: Record<string, Answer> | undefined;
+  let outside: Record<string, Answer> | undefined;
+  let base: string | undefined;
+  let sandbox: PythonSandbox | undefined;
+
+  before(async () => {
+    if (sandboxSkipReason() !== null || process.arch !== "x64") return;
+    base = mkdtempSync(join(tmpdir(), "pps-escape-"));
+    await mkdir(join(base, "project"));
+    sandbox = new PythonSandbox({ projectDir: join(base, "project"), runtimeRoot: join(base, "runtime") });
+    const code = tableProbe(PROBES);
+    const [r, baseline] = await Promise.all([sandbox.execute(code), unfiltered(code)]);
+    inside = jsonOut(r);
+    outside = lastJson(baseline);
+  });
+  after(async () => {
+    await sandbox?.dispose("test end");
+    if (base) rmSync(base, { recursive: true, force: true });
+  });
+
+  for (const p of PROBES) {
+    // "clone with CLONE_NEWNS" is the catalogue's "blocks clone with CLONE_NEWNS".
+    test(p.title === "clone3 with ENOSYS" ? "clone3 answers ENOSYS (raw call)" : `blocks ${p.title}`, (t) => {
+      if (skip(t)) return;
+      assert.ok(inside && outside, "the probes did not run");
+      const want = p.expect ?? EPERM;
+      assert.deepEqual(inside[p.title], { ret: -1, errno: want }, `${p.title} inside the sandbox`);
+      const free = outside[p.title];
+      if (p.gated && free.errno === EPERM) {
+        t.diagnostic(`${p.title}: the unfiltered kernel also answers EPERM here (${JSON.stringify(free)}); the filter is defence in depth`);
+        return;
+      }
+      assert.notEqual(free.errno, want, `unfiltered, ${p.title} must not answer ${want} (${JSON.stringify(free)})`);
+      if (want === EPERM) assert.notEqual(free.errno, EPERM, `${p.title} unfiltered: ${JSON.stringify(free)}`);
+    });
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+/**
+ * Open a socket with io_uring's IORING_OP_SOCKET (no socket(2) call), then connect(2) it to a
+ * Unix socket path: the way around a filter that only refuses socket(2). Prints the step that
+ * failed and its errno, or "connected".
+ */
+const IO_URING_CONNECT = py`
+  import ctypes, json, mmap, os, struct
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  def sc(nr, *args):
+      ctypes.set_errno(0)
+      ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+      return ret, ctypes.get_errno()
+  def attempt(path):
+      params = ctypes.create_string_buffer(120)
+      ring, err = sc(425, 4, ctypes.addressof(params))  # io_uring_setup
+      if ring < 0:
+          return {"step": "io_uring_setup", "errno": err}
+      sq_entries, cq_entries = struct.unpack_from("<2I", params, 0)
+      sq_head, sq_tail, sq_mask, _, _, _, sq_array = struct.unpack_from("<7I", params, 40)
+      cq_head, cq_tail, cq_mask, _, _, cq_cqes = struct.unpack_from("<6I", params, 80)
+      rw = mmap.PROT_READ | mmap.PROT_WRITE
+      sq = mmap.mmap(ring, sq_array + sq_entries * 4, mmap.MAP_SHARED, rw, offset=0)
+      cq = mmap.mmap(ring, cq_cqes + cq_entries * 16, mmap.MAP_SHARED, rw, offset=0x8000000)
+      sqes = mmap.mmap(ring, sq_entries * 64, mmap.MAP_SHARED, rw, offset=0x10000000)
+      # IORING_OP_SOCKET (45): fd = domain (AF_UNIX), off = type (SOCK_STREAM), len = protocol.
+      sqes[0:64] = struct.pack("<BBHiQQIIQHHIQQ", 45, 0, 0, 1, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0)
+      tail = struct.unpack_from("<I", sq, sq_tail)[0]
+      mask = struct.unpack_from("<I", sq, sq_mask)[0]
+      struct.pack_into("<I", sq, sq_array + (tail & mask) * 4, 0)
+      struct.pack_into("<I", sq, sq_tail, tail + 1)
+      n, err = sc(426, ring, 1, 1, 1, 0, 0)  # io_uring_enter(to_submit=1, min_complete=1, GETEVENTS)
+      if n < 0:
+          return {"step": "io_uring_enter", "errno": err}
+      head = struct.unpack_from("<I", cq, cq_head)[0]
+      _, res, _ = struct.unpack_from("<QiI", cq, cq_cqes + (head & struct.unpack_from("<I", cq, cq_mask)[0]) * 16)
+      if res < 0:
+          return {"step": "IORING_OP_SOCKET", "errno": -res}
+      addr = struct.pack("<H108s", 1, path.encode())
+      buf = ctypes.create_string_buffer(addr, len(addr))
+      r, err = sc(42, res, ctypes.addressof(buf), len(addr))  # connect
+      if r < 0:
+          return {"step": "connect", "errno": err}
+      os.write(res, b"hello through io_uring\n")
+      return {"step": "connected", "errno": 0}
+  print(json.dumps(attempt("/workspace/host.sock")))
+`;
+
+describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => {
+  test("blocks io_uring socket (IORING_OP_SOCKET to a host Unix socket in the project)", async (t) => {
+    if (skip(t)) return;
+    const { sb, project } = await makeFixture(t);
+    const received: string[] = [];
+    const server: Server = createServer((c) => c.on("data", (d) => received.push(String(d))));
+    await new Promise<void>((resolve) => server.listen(join(project, "host.sock"), resolve));
+    t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+    const inside = jsonOut(await sb.execute(IO_URING_CONNECT));
+    assert.deepEqual(inside, { step: "io_uring_setup", errno: EPERM });
+    await sleep(100);
+    assert.deepEqual(received, [], "a connection reached the host socket");
+
+    // Without the filter the same code reaches the host server through the read-only bind
+    // mount, despite the network namespace: what the io_uring rules close.
+    const free = lastJson(await unfiltered(IO_URING_CONNECT, project));
+    if (free.step === "io_uring_setup" && free.errno === EPERM) {
+      t.diagnostic("io_uring is disabled on this host (kernel.io_uring_disabled); the baseline cannot show the bypass");
+      return;
+    }
+    assert.deepEqual(free, { step: "connected", errno: 0 }, "the unfiltered baseline should reach the host socket");
+    assert.ok(await waitUntil(() => received.join("").includes("hello through io_uring"), 2000), `server got ${received}`);
+  });
+
+  test("blocks TIOCSTI (typing into its own controlling terminal)", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    // In a new session, make a fresh pty the controlling terminal, then push a character into
+    // its input queue: allowed for one's own terminal (legacy_tiocsti=1), EIO when the host
+    // disables TIOCSTI, EPERM only from the filter.
+    const code = py`
+      import json, subprocess, sys
+      script = '''
+      import fcntl, json, os, termios
+      os.setsid()
+      master, slave = os.openpty()
+      fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+      try:
+          fcntl.ioctl(slave, termios.TIOCSTI, b"X")
+          out = "injected"
+      except OSError as e:
+          out = e.errno
+      print(json.dumps(out))
+      '''.replace("\n      ", "\n")
+      r = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True)
+      print(r.stdout.strip() or json.dumps("failed: " + r.stderr[-300:]))
+    `;
+    assert.equal(jsonOut(await sb.execute(code)), EPERM);
+    const free = lastJson(await unfiltered(code));
+    assert.notEqual(free, EPERM, `unfiltered: ${free}`);
+    t.diagnostic(`unfiltered TIOCSTI: ${free}`);
+  });
+
+  test("blocks unshare of a user namespace (a real attempt)", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const code = py`
+      import ctypes, json
+      libc = ctypes.CDLL(None, use_errno=True)
+      ret = libc.unshare(0x10000000)  # CLONE_NEWUSER
+      print(json.dumps({"ret": ret, "errno": ctypes.get_errno()}))
+    `;
+    assert.deepEqual(jsonOut(await sb.execute(code)), { ret: -1, errno: EPERM });
+    // Unfiltered (and without --disable-userns) the kernel creates it.
+    assert.deepEqual(lastJson(await unfiltered(code)), { ret: 0, errno: 0 });
+  });
+
+  test("clone3 answers ENOSYS and fork, threads and subprocesses still work", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(py`
+      import ctypes, json, os, subprocess, threading
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      # A valid clone3 argument block (flags 0, exit signal SIGCHLD): would fork if allowed.
+      args = (ctypes.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)
+      ret = libc.syscall(ctypes.c_long(435), ctypes.byref(args), ctypes.c_long(88))
+      if ret == 0:
+          os._exit(0)
+      err = ctypes.get_errno()
+      seen = []
+      th = threading.Thread(target=lambda: seen.append("thread"))
+      th.start(); th.join()
+      pid = os.fork()
+      if pid == 0:
+          os._exit(7)
+      code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+      echo = subprocess.run(["echo", "sub"], capture_output=True, text=True).stdout.strip()
+      print(json.dumps({"clone3": [ret, err], "thread": seen, "fork": code, "subprocess": echo}))
+    `);
+    assert.deepEqual(jsonOut(r), { clone3: [-1, ENOSYS], thread: ["thread"], fork: 7, subprocess: "sub" });
+  });
+
+  test("blocks personality ADDR_NO_RANDOMIZE", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const code = py`
+      import ctypes, json, subprocess
+      libc = ctypes.CDLL(None, use_errno=True)
+      ctypes.set_errno(0)
+      norand = libc.personality(0x0040000)  # ADDR_NO_RANDOMIZE
+      norand_errno = ctypes.get_errno()
+      ctypes.set_errno(0)
+      linux = libc.personality(0)  # PER_LINUX: the default, allowed
+      linux_errno = ctypes.get_errno()
+      import shutil
+      setarch = subprocess.run(["setarch", "x86_64", "-R", "true"], capture_output=True).returncode if shutil.which("setarch") else None
+      print(json.dumps({"norand": [norand, norand_errno], "linux": [linux, linux_errno], "setarch -R": setarch}))
+    `;
+    const inside = jsonOut(await sb.execute(code));
+    assert.deepEqual(inside.norand, [-1, EPERM]);
+    assert.deepEqual(inside.linux, [0, 0], "personality(PER_LINUX) must stay allowed");
+    assert.notEqual(inside["setarch -R"], 0, "setarch -R (no ASLR) succeeded");
+    const free = lastJson(await unfiltered(code));
+    assert.deepEqual(free.norand, [0, 0], `unfiltered: ${JSON.stringify(free)}`);
+    if (free["setarch -R"] !== null) assert.equal(free["setarch -R"], 0);
+  });
+
+  /** A subprocess that makes one foreign-ABI getpid; prints its return code and output. */
+  const foreignAbi = (child: string) => py`
+    import json, subprocess, sys
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", ${lit(child)}], capture_output=True, text=True)
+    print(json.dumps({"returncode": r.returncode, "stdout": r.stdout.strip()}))
+  `;
+
+  test("kills x32 syscalls", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    // getpid (39) with __X32_SYSCALL_BIT: same audit arch, so only the filter's x32 check stops it.
+    const code = foreignAbi(
+      "import ctypes; libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long; " +
+        "print(libc.syscall(ctypes.c_long(39 | 0x40000000)), ctypes.get_errno())",
+    );
+    const inside = jsonOut(await sb.execute(code));
+    assert.equal(inside.returncode, -SIGSYS, `x32 call was not killed: ${JSON.stringify(inside)}`);
+    const free = lastJson(await unfiltered(code));
+    assert.equal(free.returncode, 0, `unfiltered: ${JSON.stringify(free)}`);
+    t.diagnostic(`unfiltered x32 getpid: ${free.stdout} (ENOSYS = kernel without x32)`);
+  });
+
+  test("kills i386 syscalls (int 0x80)", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    // mov eax, 20 (i386 getpid); int 0x80; ret -- from an executable anonymous mapping.
+    const child = [
+      "import ctypes, mmap",
+      "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)",
+      "m.write(bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3]))",
+      "print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())",
+    ].join("\n");
+    const free = lastJson(await unfiltered(foreignAbi(child)));
+    assert.notEqual(free.returncode, -SIGSYS, `unfiltered: ${JSON.stringify(free)}`);
+    t.diagnostic(`unfiltered i386 getpid: ${JSON.stringify(free)}`);
+    const inside = jsonOut(await sb.execute(foreignAbi(child)));
+    if (free.returncode !== 0) {
+      // No ia32 emulation in this kernel: int 0x80 faults before any filter sees it.
+      t.diagnostic("this kernel has no i386 emulation; int 0x80 never reaches seccomp");
+      assert.equal(inside.returncode, free.returncode);
+      return;
+    }
+    assert.equal(inside.returncode, -SIGSYS, `i386 call was not killed: ${JSON.stringify(inside)}`);
+  });
+
+  test("no DNS", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(py`
+      import json, os, socket
+      def attempt(fn):
+          try:
+              return ["ok", repr(fn())[:80]]
+          except OSError as e:
+              return [type(e).__name__, e.errno]
+      print(json.dumps({
+          "getaddrinfo": attempt(lambda: socket.getaddrinfo("example.com", 80)),
+          "udp": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)),
+          "resolver files": [p for p in ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf",
+                             "/run/systemd/resolve", "/var/run/nscd/socket", "/run/dbus") if os.path.exists(p)],
+      }))
+    `);
+    const out = jsonOut(r);
+    assert.equal(out.getaddrinfo[0], "gaierror", JSON.stringify(out));
+    assert.deepEqual(out.udp, ["PermissionError", EPERM], "a UDP socket for a DNS query could be created");
+    assert.deepEqual(out["resolver files"], [], "resolver configuration or sockets are visible");
+  });
+
+  test("ptrace of another sandbox process fails", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const code = py`
+      import ctypes, json, os, subprocess, time
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def ptrace(req, pid):
+          ctypes.set_errno(0)
+          return [libc.syscall(ctypes.c_long(101), ctypes.c_long(req), ctypes.c_long(pid), None, None), ctypes.get_errno()]
+      child = subprocess.Popen(["sleep", "30"])
+      time.sleep(0.1)
+      attach = ptrace(16, child.pid)  # PTRACE_ATTACH
+      if attach[0] == 0:
+          os.waitpid(child.pid, 0)
+          ptrace(17, child.pid)  # PTRACE_DETACH
+      seize = ptrace(0x4206, child.pid)  # PTRACE_SEIZE
+      child.kill()
+      child.wait()
+      # The other direction: a child asking to be traced by the worker.
+      r, w = os.pipe()
+      pid = os.fork()
+      if pid == 0:
+          os.write(w, json.dumps(ptrace(0, 0)).encode())  # PTRACE_TRACEME
+          os._exit(0)
+      os.close(w)
+      traceme = json.loads(os.read(r, 100))
+      os.waitpid(pid, 0)
+      print(json.dumps({"attach": attach, "seize": seize, "traceme": traceme}))
+    `;
+    assert.deepEqual(jsonOut(await sb.execute(code)), { attach: [-1, EPERM], seize: [-1, EPERM], traceme: [-1, EPERM] });
+    assert.deepEqual(lastJson(await unfiltered(code)), { attach: [0, 0], seize: [0, 0], traceme: [0, 0] });
+  });
+
+  test("process_vm_readv of another process fails", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    // A forked child reads its parent's buffer with valid iovecs.
+    const code = py`
+      import ctypes, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      class iovec(ctypes.Structure):
+          _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+      secret = ctypes.create_string_buffer(b"parent-secret-0123456789")
+      r, w = os.pipe()
+      pid = os.fork()
+      if pid == 0:
+          buf = ctypes.create_string_buffer(24)
+          local, remote = iovec(ctypes.addressof(buf), 24), iovec(ctypes.addressof(secret), 24)
+          ctypes.set_errno(0)
+          ret = libc.syscall(ctypes.c_long(310), ctypes.c_long(os.getppid()), ctypes.byref(local), ctypes.c_long(1),
+                             ctypes.byref(remote), ctypes.c_long(1), ctypes.c_long(0))
+          os.write(w, json.dumps({"ret": ret, "errno": ctypes.get_errno(), "read": buf.value.decode("latin1")}).encode())
+          os._exit(0)
+      os.close(w)
+      out = json.loads(os.read(r, 4096))
+      os.waitpid(pid, 0)
+      print(json.dumps(out))
+    `;
+    assert.deepEqual(jsonOut(await sb.execute(code)), { ret: -1, errno: EPERM, read: "" });
+    assert.deepEqual(lastJson(await unfiltered(code)), { ret: 24, errno: 0, read: "parent-secret-0123456789" });
+  });
+
+  test("another session's processes are invisible and cannot be traced or signalled", async (t) => {
+    if (skip(t)) return;
+    const fx = await makeFixture(t);
+    const victim = fx.open();
+    assertOk(await victim.execute("secret = 'victim-secret'"));
+    const scratch = victim.status().paths.scratchDir;
+    assert.ok(scratch);
+    const [pid] = workerPids(scratch);
+    assert.ok(pid, "the victim's worker was not found on the host");
+    const r = await fx.sb.execute(py`
+      import ctypes, json, os, signal
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def sc(nr, *args):
+          ctypes.set_errno(0)
+          return [libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args]), ctypes.get_errno()]
+      def kill():
+          try:
+              os.kill(${pid}, 0)
+              return "signalled"
+          except OSError as e:
+              return e.errno
+      print(json.dumps({
+          "proc": os.path.exists("/proc/${pid}"),
+          "kill": kill(),
+          "ptrace": sc(101, 16, ${pid}, 0, 0),
+          "process_vm_readv": sc(310, ${pid}, 1, 1, 1, 1, 0),
+          "pidfd_open": sc(434, ${pid}, 0),
+      }))
+    `);
+    const out = jsonOut(r);
+    assert.equal(out.proc, false, "the other sandbox's worker is visible in /proc");
+    assert.equal(out.kill, 3, "kill() must answer ESRCH");
+    assert.deepEqual(out.ptrace, [-1, EPERM]);
+    assert.deepEqual(out.process_vm_readv, [-1, EPERM]);
+    assert.deepEqual(out.pidfd_open, [-1, 3], "pidfd_open must answer ESRCH");
+    assert.equal((await victim.execute("secret")).repr, "'victim-secret'", "the victim was disturbed");
+  });
+
+  test("no host file descriptor reaches the sandbox", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(py`
+      import json, os, subprocess
+      def table(pid="self"):
+          out = {}
+          for fd in os.listdir("/proc/%s/fd" % pid):
+              try:
+                  out[fd] = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+              except OSError:
+                  pass  # the descriptor listdir itself used
+          return out
+      child = subprocess.run(["python3", "-I", "-S", "-c",
+          "import json, os; print(json.dumps(sorted(os.listdir('/proc/self/fd'))))"], capture_output=True, text=True)
+      print(json.dumps({"worker": table(), "child": json.loads(child.stdout)}))
+    `);
+    const out = jsonOut(r);
+    // 0 = /dev/null, 1/2 = output pipes, 3/4 = the protocol pipes; the seccomp memfd is gone.
+    assert.deepEqual(Object.keys(out.worker).sort(), ["0", "1", "2", "3", "4"], JSON.stringify(out.worker));
+    assert.equal(out.worker["0"], "/dev/null");
+    for (const fd of ["1", "2", "3", "4"]) assert.match(out.worker[fd], /^pipe:/, `fd ${fd}: ${out.worker[fd]}`);
+    // A subprocess gets 0-2 and the descriptor of its own listdir; not the protocol pipes.
+    assert.deepEqual(out.child, ["0", "1", "2", "3"]);
+  });
+
+  test("writing /workspace in manual mode fails, also for a writer started in yolo mode", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // A background writer holding /workspace/log.txt open, started while the mount was writable.
+    assertOk(await sb.execute(
+      `import subprocess\nsubprocess.Popen(["sh", "-c", "exec 3>>/workspace/log.txt; while :; do echo x >&3; sleep 0.05; done"])\nNone`,
+    ));
+    const log = join(project, "log.txt");
+    assert.ok(await waitUntil(() => existsSync(log) && readFileSync(log, "utf8").length > 4, 3000), "the writer never wrote");
+    const change = sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    assert.deepEqual([change.changed, change.discarded, change.workspaceMode], [true, true, "read-only"]);
+    await sleep(300);
+    const size = readFileSync(log, "utf8").length;
+    await sleep(500);
+    assert.equal(readFileSync(log, "utf8").length, size, "a writer from the writable mode outlived it");
+    const r = await sb.execute(py`
+      import json
+      def attempt(path):
+          try:
+              open(path, "a").write("manual")
+              return "written"
+          except OSError as e:
+              return e.errno
+      print(json.dumps([attempt("/workspace/log.txt"), attempt("/workspace/new.txt")]))
+    `);
+    assert.deepEqual(jsonOut(r), [EROFS, EROFS]);
+    assert.equal(r.stateLost, true);
+    assert.equal(existsSync(join(project, "new.txt")), false);
+  });
+
+  test("the only writable host directory is /scratch (read-only mode)", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(py`
+      import json
+      mounts = []
+      for line in open("/proc/self/mountinfo"):
+          f = line.split()
+          fstype = f[f.index("-") + 1]
+          mounts.append([f[4], f[5].split(",")[0], fstype])
+      print(json.dumps(mounts))
+    `);
+    const mounts: [string, string, string][] = jsonOut(r);
+    const kernelFs = new Set(["tmpfs", "proc", "devtmpfs", "devpts", "mqueue", "sysfs"]);
+    const writableHost = mounts.filter(([, mode, fs]) => mode === "rw" && !kernelFs.has(fs)).map(([p]) => p);
+    assert.deepEqual(writableHost, ["/scratch"], JSON.stringify(mounts));
+    assert.ok(mounts.some(([p, mode]) => p === "/workspace" && mode === "ro"), "/workspace is not read-only");
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+/**
+ * Yolo (and edits/auto) mount /workspace read-write; paths that make the host run code or
+ * configure tools (src/permissions.rs DEFAULT_PROTECTED) stay read-only even then.
+ */
+const PROTECTED_FILES = [
+  ".git/config", ".git/hooks/pre-commit", ".pi/settings.json", ".vscode/settings.json", ".idea/workspace.xml",
+  ".mcp.json", ".envrc", ".bashrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zprofile", ".zshenv",
+];
+/** New files in protected directories. */
+const PROTECTED_NEW = [".git/hooks/post-checkout", ".vscode/tasks.json", ".pi/extensions/evil.ts", ".idea/evil.xml"];
+
+async function protectedProject(project: string): Promise<void> {
+  for (const file of PROTECTED_FILES) {
+    await mkdir(join(project, file, ".."), { recursive: true });
+    await writeFile(join(project, file), `original ${file}\n`);
+  }
+  await writeFile(join(project, ".git/HEAD"), "ref: refs/heads/main\n");
+}
+
+/** Python: try to write each of FILES and NEW (creating parents) and src/main.py. */
+const WRITE_ATTEMPTS = py`
+  import json, os
+  def attempt(fn):
+      try:
+          fn()
+          return "written"
+      except OSError as e:
+          return e.errno
+  def write(path):
+      def go():
+          os.makedirs(os.path.dirname(path), exist_ok=True)
+          with open(path, "w") as f:
+              f.write("pwned\n")
+      return attempt(go)
+  print(json.dumps({
+      "files": {p: write("/workspace/" + p) for p in FILES},
+      "new": {p: write("/workspace/" + p) for p in NEW},
+      "other": write("/workspace/src/main.py"),
+  }))
+`;
+
+const writeAttempts = (files: string[], fresh: string[]) =>
+  `FILES = ${JSON.stringify(files)}\nNEW = ${JSON.stringify(fresh)}\n${WRITE_ATTEMPTS}`;
+
+describe("protected paths in a writable workspace", { concurrency: CONCURRENCY }, () => {
+  test("writing a protected path in yolo mode fails with EROFS; other project writes succeed", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    await protectedProject(project);
+    const mode = sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal(mode.workspaceMode, "read-write");
+    const out = jsonOut(await sb.execute(writeAttempts(PROTECTED_FILES, PROTECTED_NEW)));
+    const all = { ...out.files, ...out.new } as Record<string, string | number>;
+    if (Object.values(all).every((v) => v === "written")) t.todo("protected paths not yet mounted");
+    assert.equal(out.other, "written", "an ordinary project write must succeed in yolo mode");
+    assert.equal(await readFile(join(project, "src/main.py"), "utf8"), "pwned\n");
+    for (const [path, outcome] of Object.entries(all)) assert.equal(outcome, EROFS, `${path}: ${outcome}`);
+    for (const file of PROTECTED_FILES) {
+      assert.equal(readFileSync(join(project, file), "utf8"), `original ${file}\n`, `${file} changed on the host`);
+    }
+  });
+
+  test(
+    "a protected path cannot be swapped out by renaming its parent",
+    async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const { sb, project } = await makeFixture(t);
+      await protectedProject(project);
+      sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+      // Bind mounts move with a renamed parent directory: renaming .git and recreating
+      // .git/hooks and .git/config leaves the read-only binds behind in .git-moved.
+      const r = await sb.execute(py`
+        import json, os
+        def attempt(fn):
+            try:
+                fn()
+                return "done"
+            except OSError as e:
+                return e.errno
+        def replace_git():
+            os.rename("/workspace/.git", "/workspace/.git-moved")
+            os.makedirs("/workspace/.git/hooks")
+            open("/workspace/.git/hooks/pre-commit", "w").write("pwned\n")
+            open("/workspace/.git/config", "w").write("[core]\n\thooksPath = /tmp\n")
+        def replace_vscode():
+            os.rename("/workspace/.vscode", "/workspace/.vscode-moved")
+        print(json.dumps({"git": attempt(replace_git), "vscode": attempt(replace_vscode)}))
+      `);
+      const out = jsonOut(r);
+      assert.equal(out.vscode, 16, "a protected directory must not be renamable (EBUSY)");
+      assert.notEqual(out.git, "done", "renaming .git swapped out the protected hooks and config");
+      assert.equal(readFileSync(join(project, ".git/hooks/pre-commit"), "utf8"), "original .git/hooks/pre-commit\n");
+      assert.equal(readFileSync(join(project, ".git/config"), "utf8"), "original .git/config\n");
+    },
+  );
+
+  test(
+    "a protected path that does not exist yet cannot be created in yolo mode",
+    async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const { sb, project } = await makeFixture(t);
+      await mkdir(join(project, ".git/hooks"), { recursive: true });
+      await writeFile(join(project, ".git/config"), "[core]\n");
+      sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+      // .pi/extensions, .vscode/tasks.json, .mcp.json and .envrc are read by tools on the host.
+      const fresh = [".pi/extensions/evil.ts", ".vscode/tasks.json", ".mcp.json", ".envrc", ".bashrc"];
+      // Nothing can be mounted over a path that does not exist without
+      // creating it in the project; the session takes what the code created
+      // out of the project again right after the execution, and says so.
+      const r = await sb.execute(writeAttempts([], fresh));
+      const out = jsonOut(r);
+      assert.equal(out.other, "written");
+      for (const path of fresh) {
+        const top = path.split("/")[0];
+        assert.equal(existsSync(join(project, top)), false, `${top} is still in the project after the execution`);
+        assert.match(r.text, new RegExp(`The code created ${top.replace(".", "\\.")} in the project`));
+      }
+    },
+  );
+
+  test(
+    "a worktree's .git file cannot be redirected to a gitdir inside the project",
+    async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const { sb, project, base } = await makeFixture(t);
+      // A linked worktree: .git is a file naming the real git directory outside the project.
+      const gitdir = join(base, "main-repo.git");
+      await mkdir(join(gitdir, "hooks"), { recursive: true });
+      await writeFile(join(gitdir, "config"), "[core]\n");
+      await writeFile(join(project, ".git"), `gitdir: ${gitdir}\n`);
+      sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+      const r = await sb.execute(py`
+        import json, os
+        try:
+            os.makedirs("/workspace/evil-git/hooks")
+            open("/workspace/evil-git/hooks/pre-commit", "w").write("#!/bin/sh\necho pwned\n")
+            open("/workspace/.git", "w").write("gitdir: evil-git\n")
+            out = "redirected"
+        except OSError as e:
+            out = e.errno
+        print(json.dumps(out))
+      `);
+      assert.notEqual(jsonOut(r), "redirected", "git on the host would now run hooks written by the sandbox");
+      assert.equal(readFileSync(join(project, ".git"), "utf8"), `gitdir: ${gitdir}\n`);
+    },
+  );
+});

@@ -1,0 +1,106 @@
+/**
+ * Host-side views of processes and descriptors for the escape, fault and soak tests: the process
+ * tree under a sandbox, the sandbox worker's host pid, and this process's fd count and RSS.
+ */
+import { readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { hostPidsWithCmdline } from "./sandbox-fixture.ts";
+
+/** Parent pid of `pid`, or null when it is gone. */
+export function parentOf(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // The command name may hold spaces and parentheses; the fields after the last ')' do not.
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return Number(fields[1]);
+  } catch {
+    return null;
+  }
+}
+
+/** Every live descendant of `root` (children, grandchildren, ...). */
+export function descendantsOf(root: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const ppid = parentOf(Number(entry));
+    if (ppid === null) continue;
+    const list = children.get(ppid) ?? [];
+    list.push(Number(entry));
+    children.set(ppid, list);
+  }
+  const out: number[] = [];
+  const queue = [root];
+  while (queue.length) {
+    const next = children.get(queue.shift() as number) ?? [];
+    out.push(...next);
+    queue.push(...next);
+  }
+  return out;
+}
+
+function cmdline(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
+  } catch {
+    return "";
+  }
+}
+
+/**
+ * Host pids of the Python workers of the sandboxes whose bubblewrap command line contains
+ * `needle` (a session's scratch directory names exactly one session; a runtime root names all of
+ * a fixture's sessions).
+ */
+export function workerPids(needle: string): number[] {
+  const found = new Set<number>();
+  for (const bwrap of hostPidsWithCmdline(needle)) {
+    for (const pid of descendantsOf(bwrap)) {
+      if (cmdline(pid).includes("/worker.py")) found.add(pid);
+    }
+  }
+  return [...found];
+}
+
+/** Number of open descriptors of this process. */
+export function fdCount(): number {
+  return readdirSync("/proc/self/fd").length;
+}
+
+/** This process's descriptors and what they point at, for a failure message. */
+export function fdTable(): Record<string, string> {
+  const table: Record<string, string> = {};
+  for (const fd of readdirSync("/proc/self/fd")) {
+    try {
+      table[fd] = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      table[fd] = "(closed while listing)";
+    }
+  }
+  return table;
+}
+
+/** Descriptors present in `after` but not in `before`, with their targets. */
+export function fdDiff(before: Record<string, string>, after: Record<string, string>): Record<string, string> {
+  const diff: Record<string, string> = {};
+  for (const [fd, target] of Object.entries(after)) {
+    if (before[fd] !== target) diff[fd] = target;
+  }
+  return diff;
+}
+
+/** Zombies whose parent is this process, as "pid (command)". */
+export function ownZombies(): string[] {
+  const zombies: string[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+      if (fields[0] === "Z" && Number(fields[1]) === process.pid) zombies.push(`${entry} (${comm})`);
+    } catch {
+      // gone
+    }
+  }
+  return zombies;
+}
