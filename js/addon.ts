@@ -12,6 +12,28 @@ const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 
 let cached: { binding?: Binding; error?: string } | undefined;
 
+const PREBUILT = ["linux-x64", "linux-arm64"];
+
+/** Why the addon did not load, naming what is missing for which platform. */
+function missingAddonMessage(err: unknown): string {
+  const detail = err instanceof Error ? err.message.split("\n")[0] : String(err);
+  const key = `${process.platform}-${process.arch}`;
+  const pkg = `pi-python-sandbox-${key}-gnu`;
+  const report = process.report?.getReport() as { header?: { glibcVersionRuntime?: string } } | undefined;
+  const glibc = Boolean(report?.header?.glibcVersionRuntime);
+  const override = process.env.NAPI_RS_NATIVE_LIBRARY_PATH;
+  let reason: string;
+  if (override) reason = `NAPI_RS_NATIVE_LIBRARY_PATH=${override} could not be loaded (${detail})`;
+  else if (!PREBUILT.includes(key) || !glibc)
+    reason = `there is no prebuilt addon for ${key}${glibc ? "" : " with musl"} (prebuilt: linux-x64-gnu, linux-arm64-gnu)`;
+  else if (/Cannot find native binding/.test(detail)) reason = `the platform package ${pkg} is not installed (were optional dependencies skipped?)`;
+  else reason = detail;
+  return (
+    `The sandbox's native addon could not be loaded: ${reason}. Reinstall with \`pi install npm:pi-python-sandbox\` ` +
+    `(it brings ${pkg}), set NAPI_RS_NATIVE_LIBRARY_PATH to a built .node file, or build from a checkout with \`npm run build\`.`
+  );
+}
+
 /** The addon, or the reason it cannot be used on this machine. */
 export function loadAddon(): { binding?: Binding; error?: string } {
   if (cached) return cached;
@@ -33,12 +55,7 @@ export function loadAddon(): { binding?: Binding; error?: string } {
       process.once("exit", () => binding.cleanupAll());
     }
   } catch (err) {
-    const detail = err instanceof Error ? err.message.split("\n")[0] : String(err);
-    cached = {
-      error:
-        `The sandbox's native addon could not be loaded for ${process.platform}-${process.arch} (${detail}). ` +
-        "Reinstall with `pi install npm:pi-python-sandbox`, or build it from a checkout with `npm run build`.",
-    };
+    cached = { error: missingAddonMessage(err) };
   }
   return cached;
 }

@@ -6,6 +6,8 @@ import { spawnSync } from "node:child_process";
 import { chmodSync, copyFileSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { packTest } from "./pack-test.mjs";
+import { ensurePi1Host, runPi1Tests } from "./pi1-host.mjs";
 import { isRoot, prepare, root, run } from "./prepare.mjs";
 
 const UNPRIVILEGED = 65534; // nobody
@@ -42,6 +44,21 @@ function engineTestsUnprivileged() {
   }
 }
 
+/**
+ * The pi end-to-end files again under pi 1.x on Node 22 (scripts/pi1-host.mjs). The host is
+ * installed from the registry on first use; if that fails, the run is skipped, except under CI.
+ */
+function pi1EndToEnd() {
+  try {
+    ensurePi1Host();
+  } catch (err) {
+    if (process.env.CI === "true") throw err;
+    console.log(`\n# SKIP pi 1.x end-to-end tests: the pi 1.x host could not be installed (${err.message.split("\n")[0]})`);
+    return;
+  }
+  runPi1Tests();
+}
+
 try {
   prepare();
   run("cargo", ["test", "--locked"]);
@@ -53,6 +70,9 @@ try {
   // Node 20 cannot strip types and `node --test DIR` finds no .ts files:
   // the list is explicit.
   run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files]);
+  pi1EndToEnd();
+  // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).
+  await packTest();
 } catch (err) {
   console.error(err.message);
   process.exit(err.exitCode ?? 1);

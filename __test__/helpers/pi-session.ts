@@ -1,6 +1,10 @@
 /**
  * Test harness: a REAL pi 0.73 agent session (SDK, no TUI, no network, no API key) with extension
  * packages loaded exactly as `pi -e <dir>` would load them, driven by pi-ai's scripted faux model.
+ * The same harness drives pi 1.x (`@earendil-works/*`, Node 22) when the tests run with
+ * `--import ./__test__/helpers/pi1-host.mjs` (`npm run test:pi1`); see PI_HOST and createHostModel
+ * for the two differences (faux provider object and ModelRuntime; `mode` in bindExtensions). The
+ * notes below were checked against 0.73; the suites built on them pass on 1.6.0 too.
  *
  * How it maps onto pi 0.73 (checked against node_modules/@mariozechner/pi-coding-agent/dist):
  * - The session is owned by an `AgentSessionRuntime` built with the same kind of factory as
@@ -27,34 +31,41 @@ import { randomUUID } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import {
-  type AgentSession,
-  type AgentSessionRuntime,
-  AuthStorage,
-  type CreateAgentSessionRuntimeFactory,
-  createAgentSession,
-  createAgentSessionRuntime,
-  createEventBus,
-  DefaultResourceLoader,
-  type EventBus,
-  type ExtensionCommandContextActions,
-  type ExtensionError,
-  type ExtensionFactory,
-  type ExtensionUIContext,
-  type ExtensionUIDialogOptions,
-  ModelRegistry,
-  type ResourceLoader,
-  SessionManager,
-  SettingsManager,
-  type Theme,
+import type {
+  AgentSession,
+  AgentSessionRuntime,
+  CreateAgentSessionRuntimeFactory,
+  EventBus,
+  ExtensionCommandContextActions,
+  ExtensionError,
+  ExtensionFactory,
+  ExtensionUIContext,
+  ExtensionUIDialogOptions,
+  ResourceLoader,
+  Theme,
 } from "@mariozechner/pi-coding-agent";
-import {
-  type FauxProviderRegistration,
-  getApiProvider,
-  registerFauxProvider,
-  type ToolResultMessage,
-  unregisterApiProviders,
-} from "@mariozechner/pi-ai";
+import type { FauxProviderRegistration, ToolResultMessage } from "@mariozechner/pi-ai";
+// Namespace imports: the two hosts export different value sets (a missing named import would fail
+// at link time). Under pi 1.x these `@mariozechner/*` names resolve to `@earendil-works/*` through
+// the resolve hook of ./pi1-host.mjs.
+import * as piAgent from "@mariozechner/pi-coding-agent";
+import * as piAi from "@mariozechner/pi-ai";
+
+/**
+ * The pi the harness drives: "pi0" is @mariozechner/pi-coding-agent 0.73 (the repository's
+ * devDependencies), "pi1" is @earendil-works/pi-coding-agent 1.x from .hosts/pi1, selected with
+ * `node --import ./__test__/helpers/pi1-host.mjs` (scripts/pi1-host.mjs does that).
+ */
+export const PI_HOST: "pi0" | "pi1" = "fauxProvider" in piAi ? "pi1" : "pi0";
+/** The host's pi-coding-agent version, e.g. "0.73.1" or "1.6.0". */
+export const PI_VERSION: string = (piAgent as { VERSION?: string }).VERSION ?? "unknown";
+if (process.env.PI_HOST && process.env.PI_HOST !== PI_HOST) {
+  throw new Error(
+    `PI_HOST=${process.env.PI_HOST} but @mariozechner/pi-ai resolved to a ${PI_HOST} host (pi ${PI_VERSION}); ` +
+      "run pi 1.x tests with `node scripts/pi1-host.mjs --test` (it adds --import ./__test__/helpers/pi1-host.mjs)",
+  );
+}
+const { createAgentSession, createAgentSessionRuntime, createEventBus, DefaultResourceLoader, SessionManager, SettingsManager } = piAgent;
 
 export type AgentMessage = AgentSession["messages"][number];
 /** The tool as the agent loop calls it: pi's wrapper injects the extension ctx into execute(). */
@@ -93,8 +104,8 @@ export interface PiHarness {
   readonly session: AgentSession;
   readonly runtime: AgentSessionRuntime;
   readonly faux: FauxProviderRegistration;
-  /** The extension bus (`pi.events`) of the current session. */
-  readonly events: EventBus;
+  /** The extension bus (`pi.events`) of the current session, with a count of live subscriptions. */
+  readonly events: CountingEventBus;
   readonly resourceLoader: ResourceLoader;
   readonly agentDir: string;
   readonly hasUI: boolean;
@@ -141,10 +152,19 @@ function assertExtensionsLoaded(resourceLoader: ResourceLoader): void {
 
 /** pi's own `theme` export is a proxy over this global (set by initTheme() in the TUI). */
 function currentTheme(): Theme {
-  const theme = (globalThis as Record<symbol, Theme | undefined>)[Symbol.for("@mariozechner/pi-coding-agent:theme")];
+  const g = globalThis as Record<symbol, Theme | undefined>;
+  const theme = g[Symbol.for("@earendil-works/pi-coding-agent:theme")] ?? g[Symbol.for("@mariozechner/pi-coding-agent:theme")];
   if (!theme) throw new Error("Theme not initialized. Call initTheme() first.");
   return theme;
 }
+
+const lazyTheme = new Proxy({} as Theme, {
+  get: (_target, prop) => {
+    const theme = currentTheme();
+    const value = Reflect.get(theme, prop, theme);
+    return typeof value === "function" ? value.bind(theme) : value;
+  },
+});
 
 function createUIContext(hooks: UIHooks, notifications: Notification[], selects: SelectCall[]): ExtensionUIContext {
   const noop = () => {};
@@ -176,14 +196,102 @@ function createUIContext(hooks: UIHooks, notifications: Notification[], selects:
     addAutocompleteProvider: noop,
     setEditorComponent: noop,
     getEditorComponent: () => undefined,
+    // Like pi's own `theme` export: a proxy that looks the theme up on use. pi 1.x copies the UI
+    // context with a spread (reading this getter) even when no theme is initialised.
     get theme() {
-      return currentTheme();
+      return lazyTheme;
     },
     getAllThemes: () => [],
     getTheme: () => undefined,
     setTheme: () => ({ success: false, error: "UI not available" }),
     getToolsExpanded: () => false,
     setToolsExpanded: noop,
+  };
+}
+
+/** An extension bus that counts its live subscriptions, to find listeners that outlive a session or a reload. */
+export interface CountingEventBus extends EventBus {
+  clear(): void;
+  /** Subscriptions made through `on` and not yet unsubscribed (or cleared), on `channel` or on all channels. */
+  listenerCount(channel?: string): number;
+}
+
+function countingEventBus(bus: EventBus & { clear(): void }): CountingEventBus {
+  const live = new Map<string, number>();
+  return {
+    emit: (channel, data) => bus.emit(channel, data),
+    on: (channel, handler) => {
+      const off = bus.on(channel, handler);
+      live.set(channel, (live.get(channel) ?? 0) + 1);
+      let done = false;
+      return () => {
+        if (done) return off();
+        done = true;
+        live.set(channel, live.get(channel)! - 1);
+        return off();
+      };
+    },
+    clear: () => {
+      live.clear();
+      bus.clear();
+    },
+    listenerCount: (channel) =>
+      channel === undefined ? [...live.values()].reduce((a, b) => a + b, 0) : (live.get(channel) ?? 0),
+  };
+}
+
+/** The model side of a harness, which differs between the hosts. */
+interface HostModel {
+  faux: FauxProviderRegistration;
+  /** Registers the faux provider on every (re)load of the extensions. */
+  fauxExtension: ExtensionFactory;
+  /** What createAgentSession needs to find and authorise the model, fresh per session. */
+  modelServices(): Promise<Record<string, unknown>>;
+  dispose(): void;
+}
+
+async function createHostModel(agentDir: string): Promise<HostModel> {
+  if (PI_HOST === "pi1") {
+    // pi 1.x: a faux provider object, registered through an extension factory, and a ModelRuntime
+    // (no network, no models.json) in place of AuthStorage/ModelRegistry.
+    const ai = piAi as unknown as { fauxProvider(): FauxProviderRegistration & { provider: unknown } };
+    const handle = ai.fauxProvider();
+    const ModelRuntime = (piAgent as unknown as {
+      ModelRuntime: { create(options: Record<string, unknown>): Promise<unknown> };
+    }).ModelRuntime;
+    return {
+      faux: Object.assign(handle, { unregister: () => {} }),
+      fauxExtension: (pi) => {
+        (pi.registerProvider as unknown as (provider: unknown) => void)(handle.provider);
+      },
+      modelServices: async () => ({
+        modelRuntime: await ModelRuntime.create({
+          authPath: join(agentDir, "auth.json"),
+          modelsPath: null,
+          allowModelNetwork: false,
+          refreshOnCreate: false,
+        }),
+      }),
+      dispose: () => {},
+    };
+  }
+  // pi 0.73: the process-global API registry. See the header: the extension factory registers the
+  // faux stream again after every reload's resetApiProviders().
+  const faux = piAi.registerFauxProvider();
+  const fauxStream = piAi.getApiProvider(faux.api)!.streamSimple;
+  const fauxProviderName = `harness-faux-${randomUUID()}`;
+  const authStorage = piAgent.AuthStorage.inMemory();
+  authStorage.setRuntimeApiKey(faux.getModel().provider, "faux-key");
+  return {
+    faux,
+    fauxExtension: (pi) => {
+      pi.registerProvider(fauxProviderName, { api: faux.api, streamSimple: fauxStream });
+    },
+    modelServices: async () => ({ authStorage, modelRegistry: piAgent.ModelRegistry.inMemory(authStorage) }),
+    dispose: () => {
+      faux.unregister();
+      piAi.unregisterApiProviders(`provider:${fauxProviderName}`);
+    },
   };
 }
 
@@ -198,21 +306,13 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
   const uiContext = createUIContext(ui, notifications, selects);
 
   const agentDir = await mkdtemp(join(tmpdir(), "pi-harness-agent-"));
-  const faux = registerFauxProvider();
-  // See the header: re-registers the faux stream after every reload's resetApiProviders().
-  const fauxStream = getApiProvider(faux.api)!.streamSimple;
-  const fauxProviderName = `harness-faux-${randomUUID()}`;
-  const fauxExtension: ExtensionFactory = (pi) => {
-    pi.registerProvider(fauxProviderName, { api: faux.api, streamSimple: fauxStream });
-  };
-
-  const authStorage = AuthStorage.inMemory();
-  authStorage.setRuntimeApiKey(faux.getModel().provider, "faux-key");
-  const busBySession = new WeakMap<AgentSession, EventBus>();
+  const host = await createHostModel(agentDir);
+  const faux = host.faux;
+  const busBySession = new WeakMap<AgentSession, CountingEventBus>();
 
   // Same shape as the factory in pi's main.js; the runtime calls it again for /new, /fork, /resume.
   const createRuntime: CreateAgentSessionRuntimeFactory = async ({ cwd, agentDir, sessionManager, sessionStartEvent }) => {
-    const eventBus = createEventBus();
+    const eventBus = countingEventBus(createEventBus());
     const settingsManager = SettingsManager.inMemory();
     const resourceLoader = new DefaultResourceLoader({
       cwd,
@@ -220,7 +320,7 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
       settingsManager,
       eventBus,
       additionalExtensionPaths: extensionPaths,
-      extensionFactories: [fauxExtension],
+      extensionFactories: [host.fauxExtension],
       // Hermetic: no discovery in cwd/.pi or agentDir, no skills, prompts, themes or AGENTS.md.
       noExtensions: true,
       noSkills: true,
@@ -230,21 +330,20 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
     });
     await resourceLoader.reload();
     assertExtensionsLoaded(resourceLoader);
-    const modelRegistry = ModelRegistry.inMemory(authStorage);
+    const modelServices = await host.modelServices();
     const created = await createAgentSession({
       cwd,
       agentDir,
-      authStorage,
-      modelRegistry,
+      ...modelServices,
       settingsManager,
       resourceLoader,
       sessionManager,
       sessionStartEvent,
       model: faux.getModel(),
-    });
+    } as Parameters<typeof createAgentSession>[0]);
     busBySession.set(created.session, eventBus);
-    const services = { cwd, agentDir, authStorage, settingsManager, modelRegistry, resourceLoader, diagnostics: [] };
-    return { ...created, services, diagnostics: [] };
+    const services = { cwd, agentDir, ...modelServices, settingsManager, resourceLoader, diagnostics: [] };
+    return { ...created, services, diagnostics: [] } as unknown as Awaited<ReturnType<CreateAgentSessionRuntimeFactory>>;
   };
 
   let runtime: AgentSessionRuntime | undefined;
@@ -272,6 +371,8 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
   const bind = async (session: AgentSession) => {
     await session.bindExtensions({
       uiContext: hasUI ? uiContext : undefined,
+      // pi 1.x also takes the mode (ctx.mode); the harness stands for RPC mode with a UI, print without.
+      ...(PI_HOST === "pi1" ? { mode: hasUI ? "rpc" : "print" } : {}),
       commandContextActions,
       onError: (error) => {
         extensionErrors.push(error);
@@ -287,8 +388,7 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
           await runtime.dispose();
         }
       } finally {
-        faux.unregister();
-        unregisterApiProviders(`provider:${fauxProviderName}`);
+        host.dispose();
         await rm(agentDir, { recursive: true, force: true });
       }
     })());
