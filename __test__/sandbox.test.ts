@@ -20,7 +20,7 @@ import {
   type ExecResult,
   FIXTURE_CONTENT,
   hostPidsWithCmdline,
-  makeFixture,
+  makeFixture as makeFixtureWithSpare,
   py,
   runUnfiltered,
   show,
@@ -28,6 +28,12 @@ import {
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+/**
+ * This suite checks the engine's own lifecycle ("nothing is left after a
+ * reset"), so its sandboxes keep no spare; the spare has its own suite below.
+ */
+const makeFixture: typeof makeFixtureWithSpare = (t, options = {}) => makeFixtureWithSpare(t, { prewarm: false, ...options });
 
 const CONCURRENCY = 4;
 const EPERM = 1;
@@ -1353,5 +1359,43 @@ describe("host process lifetime", { concurrency: CONCURRENCY }, () => {
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000), "sandbox outlived its host");
     await assertNoSandboxProcess(runtimeRoot);
     assert.deepEqual(await readdir(runtimeRoot), [], "session directory left behind");
+  });
+});
+
+describe("spare sandbox", () => {
+  test("a ready spare takes over after a reset and a timeout, and never carries state", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, runtimeRoot } = await makeFixtureWithSpare(t);
+    assert.equal(sb.status().spare, "none", "nothing starts before the first execution");
+    assertOk(await sb.execute("secret = 'first'"));
+    assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000), "the spare became ready");
+    const spareAndActive = hostPidsWithCmdline(runtimeRoot).length;
+    await sb.reset();
+    const afterReset = await sb.execute("'secret' in globals()");
+    assert.equal(afterReset.repr, "False");
+    assert.equal(afterReset.generation, 2);
+    assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000), "a new spare was started");
+    const timedOut = await sb.execute("secret = 'second'\nwhile True: pass", 1);
+    assert.equal(timedOut.status, "timeout");
+    const afterTimeout = await sb.execute("'secret' in globals()");
+    assert.equal(afterTimeout.repr, "False");
+    assert.equal(afterTimeout.generation, 3);
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length <= spareAndActive, 5000), "no sandbox piles up");
+  });
+
+  test("a mount change discards the spare; prewarm off keeps none", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, open } = await makeFixtureWithSpare(t);
+    assertOk(await sb.execute("1"));
+    assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000));
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal(sb.status().spare, "none");
+    const write = await sb.execute("open('/workspace/w.txt', 'w').write('x')");
+    assertOk(write);
+    const off = open({ prewarm: false });
+    assertOk(await off.execute("1"));
+    await sleep(300);
+    assert.equal(off.status().spare, "none");
+    assert.equal(off.status().prewarm, false);
   });
 });

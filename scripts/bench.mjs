@@ -232,18 +232,19 @@ function jupyterKernel() {
 import json, time, statistics
 from jupyter_client.manager import start_new_kernel
 t = time.perf_counter(); km, kc = start_new_kernel(kernel_name="python3"); start = (time.perf_counter() - t) * 1000
-kc.execute_interactive("1", timeout=30)
+kc.execute_interactive("None", timeout=30)
 times = []
 for _ in range(${runs(200)}):
     t = time.perf_counter(); kc.execute_interactive("x = 1", timeout=30); times.append((time.perf_counter() - t) * 1000)
 kc.stop_channels(); km.shutdown_kernel(now=True)
-print(json.dumps({"start": start, "median": statistics.median(times)}))`;
+print("\\nBENCH " + json.dumps({"start": start, "median": statistics.median(times)}))`;
   const r = spawnSync(py, ["-c", script], { encoding: "utf8", timeout: 120_000 });
   if (r.status !== 0) {
     console.log(`jupyter kernel: skipped (${(r.stderr || "").trim().split("\n").pop()})`);
     return;
   }
-  return JSON.parse(r.stdout.trim().split("\n").pop());
+  const line = r.stdout.split("\n").find((l) => l.startsWith("BENCH "));
+  return JSON.parse(line.slice("BENCH ".length));
 }
 
 async function jupyter() {

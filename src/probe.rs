@@ -204,8 +204,14 @@ pub fn merged_usr() -> bool {
     std::fs::canonicalize("/bin").is_ok_and(|p| p == Path::new("/usr/bin"))
 }
 
-/// Find bwrap, ask its version, and check it.
+/// [`probe_bwrap_now`], once per process when it succeeds.
 pub async fn probe_bwrap() -> Result<Bwrap, String> {
+    static FOUND: tokio::sync::OnceCell<Bwrap> = tokio::sync::OnceCell::const_new();
+    FOUND.get_or_try_init(probe_bwrap_now).await.cloned()
+}
+
+/// Find bwrap, ask its version, and check it.
+pub async fn probe_bwrap_now() -> Result<Bwrap, String> {
     let path_env = std::env::var("PATH").ok();
     let path = find_bwrap(path_env.as_deref(), |p| p.is_file())
         .ok_or_else(|| format!("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}"))?;
