@@ -59,21 +59,36 @@ function pi1EndToEnd() {
   runPi1Tests();
 }
 
+const steps = [];
+async function step(name, fn) {
+  console.log(`\n# step: ${name}`);
+  await fn();
+  steps.push(name);
+}
+
 try {
   prepare();
-  run("cargo", ["test", "--locked"]);
-  if (isRoot) engineTestsUnprivileged();
+  await step("rustfmt and clippy", () => {
+    run("cargo", ["fmt", "--check"]);
+    run("cargo", ["clippy", "--locked", "--all-targets", "--features", "addon", "--", "-D", "warnings"]);
+  });
+  await step("cargo test (unit, engine, frame fuzz corpus)", () => run("cargo", ["test", "--locked"]));
+  if (isRoot) await step("engine sandbox tests as an unprivileged user", engineTestsUnprivileged);
   const files = readdirSync(join(root, "__test__"))
     .filter((f) => f.endsWith(".test.ts"))
     .sort()
     .map((f) => join("__test__", f));
   // Node 20 cannot strip types and `node --test DIR` finds no .ts files:
   // the list is explicit.
-  run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files]);
-  pi1EndToEnd();
+  await step("addon, escape, fault and pi 0.73 suites", () =>
+    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files]),
+  );
+  await step("pi 1.x suites", pi1EndToEnd);
   // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).
-  await packTest();
+  await step("packed install", packTest);
+  console.log(`\n${steps.map((s) => `# ok: ${s}`).join("\n")}\nsummary: ${steps.length} passed, 0 failed`);
 } catch (err) {
   console.error(err.message);
+  console.log(`\nsummary: ${steps.length} passed, 1 failed`);
   process.exit(err.exitCode ?? 1);
 }

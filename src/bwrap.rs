@@ -191,7 +191,14 @@ mod tests {
         let at = argv.iter().position(|a| a == "/workspace").expect("workspace");
         assert_eq!(
             argv[at + 1..at + 7],
-            ["--bind", "/home/u/proj/.git", "/workspace/.git", "--ro-bind", "/home/u/proj/.git/hooks", "/workspace/.git/hooks"]
+            [
+                "--bind",
+                "/home/u/proj/.git",
+                "/workspace/.git",
+                "--ro-bind",
+                "/home/u/proj/.git/hooks",
+                "/workspace/.git/hooks"
+            ]
         );
     }
 

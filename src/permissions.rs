@@ -303,11 +303,10 @@ pub fn protection(
             }
         }
         match inside(rel) {
-            Some((real, real_rel)) => {
-                if !read_only.iter().any(|(h, _, _)| *h == real) {
-                    read_only.push((real, real_rel, true));
-                }
+            Some((real, real_rel)) if !read_only.iter().any(|(h, _, _)| *h == real) => {
+                read_only.push((real, real_rel, true));
             }
+            Some(_) => {}
             None if resolve(&project.join(rel)).is_err() && !missing.iter().any(|m| m == rel) => {
                 missing.push(rel.to_path_buf())
             }
@@ -520,7 +519,18 @@ mod tests {
         let missing: Vec<_> = p.missing.iter().map(|m| m.to_string_lossy().into_owned()).collect();
         assert_eq!(
             missing,
-            [".git/config", ".idea", ".mcp.json", ".envrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zprofile", ".zshenv"]
+            [
+                ".git/config",
+                ".idea",
+                ".mcp.json",
+                ".envrc",
+                ".bash_profile",
+                ".bash_login",
+                ".profile",
+                ".zshrc",
+                ".zprofile",
+                ".zshenv"
+            ]
         );
         assert_eq!(protected_names(Some(".a: .b/c ::")), [".a", ".b/c"]);
         assert!(protected_names(Some("")).is_empty());

@@ -1217,7 +1217,13 @@ fn reap(w: Worker) {
 /// appeared during this execution (changed at or after `since`) was made by
 /// the code: move it out of the project into /scratch/.pi-quarantine (or
 /// delete it when that is another file system), and say so.
-fn sweep_protected(project: &Path, unprotected: &[PathBuf], scratch: &Path, seq: u64, since: std::time::SystemTime) -> Vec<String> {
+fn sweep_protected(
+    project: &Path,
+    unprotected: &[PathBuf],
+    scratch: &Path,
+    seq: u64,
+    since: std::time::SystemTime,
+) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
     let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mut notes = Vec::new();
@@ -1230,14 +1236,17 @@ fn sweep_protected(project: &Path, unprotected: &[PathBuf], scratch: &Path, seq:
         }
         let quarantine = scratch.join(".pi-quarantine");
         let name = format!("{seq:04}-{}", rel.to_string_lossy().replace('/', "_"));
-        let moved = std::fs::create_dir_all(&quarantine).is_ok() && std::fs::rename(&path, quarantine.join(&name)).is_ok();
+        let moved =
+            std::fs::create_dir_all(&quarantine).is_ok() && std::fs::rename(&path, quarantine.join(&name)).is_ok();
         let gone = moved
             || if meta.is_dir() { std::fs::remove_dir_all(&path).is_ok() } else { std::fs::remove_file(&path).is_ok() };
         let what = format!("The code created {} in the project, a path that can make the host run code", rel.display());
         notes.push(match (moved, gone) {
             (true, _) => format!("{what}; it was moved to /scratch/.pi-quarantine/{name}."),
             (false, true) => format!("{what}; it was deleted."),
-            (false, false) => format!("{what}; it could NOT be removed: check {} before using the project.", path.display()),
+            (false, false) => {
+                format!("{what}; it could NOT be removed: check {} before using the project.", path.display())
+            }
         });
     }
     notes

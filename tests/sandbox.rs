@@ -224,16 +224,28 @@ for p in [".git/hooks/pre-commit", ".git/config", ".vscode/tasks.json", "src.py"
     assert_eq!(std::fs::read_to_string(project.join(".git/config")).expect("config"), "[core]\n");
 
     // The directory above protected paths cannot be renamed away with them.
-    let moved = stdout_of(&f, "import os
+    let moved = stdout_of(
+        &f,
+        "import os
 try:
     os.rename('/workspace/.git', '/workspace/.git-moved'); print('renamed')
 except OSError as e:
-    print('errno%d' % e.errno)").await;
+    print('errno%d' % e.errno)",
+    )
+    .await;
     assert!(moved.contains("errno16"), "EBUSY expected: {moved}");
     // A protected path the code creates is taken out of the project again.
-    let created = f.session.execute("import os
+    let created = f
+        .session
+        .execute(
+            "import os
 os.makedirs('/workspace/.idea')
-open('/workspace/.mcp.json', 'w').write('{}')".into(), 30, None).await;
+open('/workspace/.mcp.json', 'w').write('{}')"
+                .into(),
+            30,
+            None,
+        )
+        .await;
     assert_eq!(created.status, Status::Ok, "{}", render(&created));
     assert!(!project.join(".idea").exists() && !project.join(".mcp.json").exists());
     let text = render(&created);
@@ -250,6 +262,9 @@ async fn a_git_file_cannot_be_redirected_in_a_writable_workspace() {
     f.session.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
     let out = stdout_of(&f, "try:\n    open('/workspace/.git', 'w').write('gitdir: evil')\n    print('wrote')\nexcept OSError as e:\n    print('errno%d' % e.errno)").await;
     assert!(out.contains("errno30"), "{out}");
-    assert_eq!(std::fs::read_to_string(project.join(".git")).expect("git file"), "gitdir: /elsewhere/.git/worktrees/x\n");
+    assert_eq!(
+        std::fs::read_to_string(project.join(".git")).expect("git file"),
+        "gitdir: /elsewhere/.git/worktrees/x\n"
+    );
     f.session.dispose("test").await;
 }
