@@ -293,6 +293,10 @@ export interface StatusResult {
   prewarm: boolean
   /** The spare sandbox: `none`, `starting` or `ready`. */
   spare: string
+  /** Number of rules in the seccomp filter. */
+  seccompRules: number
+  /** Project paths kept read-only when /workspace is writable. */
+  protectedPaths: Array<string>
   /** The report as text for the model. */
   text: string
 }

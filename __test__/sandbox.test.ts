@@ -1399,3 +1399,20 @@ describe("spare sandbox", () => {
     assert.equal(off.status().prewarm, false);
   });
 });
+
+test("status says which hardening is active and what is not contained", async (t) => {
+  const { sb } = await makeFixture(t);
+  const st = sb.status();
+  assert.ok(st.seccompRules >= 40, `${st.seccompRules} rules`);
+  assert.ok(st.protectedPaths.includes(".git/hooks") && st.protectedPaths.includes(".mcp.json"));
+  assert.match(st.text, /hardening: seccomp filter of \d+ rules \(native architecture only\); no nested user namespaces/);
+  assert.match(st.text, /Not applied: limits on the number of processes or on total memory/);
+  const saved = process.env.PI_PYTHON_TOOL_PROTECTED;
+  process.env.PI_PYTHON_TOOL_PROTECTED = "";
+  t.after(() => {
+    if (saved === undefined) delete process.env.PI_PYTHON_TOOL_PROTECTED;
+    else process.env.PI_PYTHON_TOOL_PROTECTED = saved;
+  });
+  assert.deepEqual(sb.status().protectedPaths, []);
+  assert.match(sb.status().text, /protected paths when \/workspace is writable: none \(PI_PYTHON_TOOL_PROTECTED is empty\)/);
+});

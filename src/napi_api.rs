@@ -191,6 +191,10 @@ pub struct StatusResult {
     pub prewarm: bool,
     /// The spare sandbox: `none`, `starting` or `ready`.
     pub spare: String,
+    /// Number of rules in the seccomp filter.
+    pub seccomp_rules: u32,
+    /// Project paths kept read-only when /workspace is writable.
+    pub protected_paths: Vec<String>,
     /// The report as text for the model.
     pub text: String,
 }
@@ -370,7 +374,22 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
         ));
     }
+    let protected =
+        crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
+    text.push_str(&format!(
+        "\nhardening: seccomp filter of {} rules (native architecture only); no nested user namespaces; \
+         all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
+         Not applied: limits on the number of processes or on total memory (no cgroup limits).",
+        crate::seccomp::rules().len(),
+        if protected.is_empty() {
+            "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
+        } else {
+            protected.join(", ")
+        }
+    ));
     StatusResult {
+        seccomp_rules: crate::seccomp::rules().len() as u32,
+        protected_paths: protected,
         available: available.into(),
         diagnostic,
         worker_running: r.worker_running,
