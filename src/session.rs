@@ -675,14 +675,8 @@ impl Session {
                         return match report { Some(r) => Ok((r, Err(why))), None => Err(Interrupt::Violation(why)) };
                     }
                 },
-                n = read_opt(stdout, out_buf) => match n {
-                    Some(n) if n > 0 => capture.feed(Stream::Stdout, &out_buf[..n]),
-                    _ => { capture.finish(Stream::Stdout); *stdout = None; }
-                },
-                n = read_opt(stderr, err_buf) => match n {
-                    Some(n) if n > 0 => capture.feed(Stream::Stderr, &err_buf[..n]),
-                    _ => { capture.finish(Stream::Stderr); *stderr = None; }
-                },
+                n = read_opt(stdout, out_buf) => take_read(capture, Stream::Stdout, stdout, out_buf, n),
+                n = read_opt(stderr, err_buf) => take_read(capture, Stream::Stderr, stderr, err_buf, n),
             }
             if capture.overflowed {
                 return Err(Interrupt::OutputLimit);
@@ -1065,14 +1059,8 @@ impl Session {
         let _ = timeout(CLEANUP_DEADLINE, async {
             while stdout.is_some() || stderr.is_some() {
                 tokio::select! {
-                    n = read_opt(stdout, out_buf) => match n {
-                        Some(n) if n > 0 => capture.feed(Stream::Stdout, &out_buf[..n]),
-                        _ => { capture.finish(Stream::Stdout); *stdout = None; }
-                    },
-                    n = read_opt(stderr, err_buf) => match n {
-                        Some(n) if n > 0 => capture.feed(Stream::Stderr, &err_buf[..n]),
-                        _ => { capture.finish(Stream::Stderr); *stderr = None; }
-                    },
+                    n = read_opt(stdout, out_buf) => take_read(capture, Stream::Stdout, stdout, out_buf, n),
+                    n = read_opt(stderr, err_buf) => take_read(capture, Stream::Stderr, stderr, err_buf, n),
                 }
             }
         })
@@ -1336,6 +1324,17 @@ fn bound_bytes(mut s: String, max: usize) -> (String, bool) {
 fn stream_text(e: &crate::capture::Excerpt) -> StreamText {
     let (head, omitted, tail) = e.parts();
     StreamText { head, omitted, tail, total: e.total }
+}
+
+/// Hand a read result to the capture; a closed or failed stream is finished.
+fn take_read<R>(capture: &mut Capture, which: Stream, slot: &mut Option<R>, buf: &[u8], n: Option<usize>) {
+    match n {
+        Some(n) if n > 0 => capture.feed(which, &buf[..n]),
+        _ => {
+            capture.finish(which);
+            *slot = None;
+        }
+    }
 }
 
 /// Read from an optional stream; `None` when it is closed or failed.
