@@ -485,7 +485,14 @@ test("reset discards state and keeps scratch; status reports mode, limits and pa
 async function startSandbox(h: PiHarness, code = "alive = True"): Promise<{ root: string; scratch: string; logs: string }> {
   const r = await call(h, { code: `${code}\nopen('/scratch/s.txt', 'w').write('s')\nprint('started')` });
   assert.equal(r.details.status, "ok", r.text);
-  const report = await status(h);
+  // The spare starts in the background: wait for it, so that process
+  // counts are settled.
+  let report = await status(h);
+  for (let i = 0; i < 250 && report.spare !== "ready"; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    report = await status(h);
+  }
+  assert.equal(report.spare, "ready", "the spare sandbox became ready");
   const scratch: string = report.paths.scratchDir;
   const logs: string = report.paths.logDir;
   assert.ok(existsSync(join(scratch, "s.txt")));
