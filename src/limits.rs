@@ -48,6 +48,8 @@ pub const IDLE_STDERR_BYTES: usize = 4096;
 pub const MAX_IMAGES: usize = 4;
 pub const MAX_IMAGE_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_IMAGES_TOTAL_BYTES: usize = 6 * 1024 * 1024;
+/// How long after an execution the spare sandbox is started.
+pub const SPARE_DELAY: Duration = Duration::from_millis(20);
 /// How often a running execution reports progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Bytes of each stream's latest output in a progress report.

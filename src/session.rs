@@ -937,6 +937,9 @@ impl Session {
         self.shared.lock().report.spare = SpareState::Starting;
         let Some(me) = self.weak.upgrade() else { return };
         tokio::spawn(async move {
+            // Forking the host process costs a few milliseconds of both
+            // cores: let the result that triggered this reach JS first.
+            tokio::time::sleep(SPARE_DELAY).await;
             let mounts = me.shared.lock().report.mounts.clone();
             let mut wake = me.wake.subscribe();
             let made = me.launch(&facts, &dirs, project, mounts.clone(), Role::Spare, None, &mut wake).await;
