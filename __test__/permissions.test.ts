@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, 
 import { join } from "node:path";
 import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { fauxAssistantMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
@@ -231,4 +232,25 @@ test("no UI (print mode): immediate denial, no prompt", async (t) => {
   assert.equal(r.details.status, "permission_needed");
   assert.match(r.text, /no UI to ask/);
   assert.equal(s.prompts.length, 0);
+});
+
+test("a denial is remembered for the pi session, also after /tree replaces the sandbox", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  answerPrompts(s, () => ({ outcome: "deny" }));
+  s.mode("manual");
+  const code = `open('${s.outside}/secret.txt').read()`;
+  assert.equal((await s.run({ code })).details.status, "permission_needed");
+  assert.equal(s.prompts.length, 1);
+  s.h.faux.setResponses([fauxAssistantMessage("one"), fauxAssistantMessage("two")]);
+  await s.h.prompt("first");
+  await s.h.prompt("second");
+  const firstAnswer = s.h.session.sessionManager
+    .getEntries()
+    .find((e) => e.type === "message" && e.message.role === "assistant")!;
+  await s.h.navigateTree(firstAnswer.id);
+  const again = await s.run({ code });
+  assert.equal(again.details.status, "permission_needed");
+  assert.match(again.text, /denied earlier in this session/);
+  assert.equal(s.prompts.length, 1, "no second prompt");
 });

@@ -50,6 +50,8 @@ interface State {
   cwd?: string;
   ui?: UI;
   nextPromptId: number;
+  /** Reads the user refused in this pi session; outlive a sandbox replaced by /tree. */
+  denied: { path: string; isDir: boolean }[];
   pending: Map<number, (outcome: PromptOutcome) => void>;
 }
 
@@ -80,7 +82,7 @@ function unavailable(action: string, diagnostic: string) {
 }
 
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
-  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
+  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map(), denied: [] };
 
   /** Apply a mode payload to the sandbox and tell the user what changed. */
   function applyMode(sandbox: PythonSandbox, payload: unknown, notify: boolean): void {
@@ -132,6 +134,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     state.sandbox = sandbox;
     state.projectDir = projectDir;
     if (state.modePayload !== undefined) applyMode(sandbox, state.modePayload, false);
+    for (const d of state.denied) sandbox.recordDenied(d.path, d.isDir, "denied earlier in this session");
     return sandbox;
   }
 
@@ -213,6 +216,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
               shutdown: "the session ended",
             }[outcome];
             diagnostic = target.recordDenied(path, r.permissionIsDir, why);
+            state.denied.push({ path, isDir: r.permissionIsDir });
             break;
           }
           if (target.status().mountEpoch === epoch) {
@@ -323,6 +327,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     for (const off of unsubscribe.splice(0)) off();
     state.modePayload = undefined;
     state.ui = undefined;
+    state.denied = [];
     await disposeSandbox("session_shutdown");
   });
   pi.on("session_tree", async () => {
