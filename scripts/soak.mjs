@@ -18,6 +18,7 @@ import { createRequire } from "node:module";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { hostPidsWithCmdline } from "./lib/procs.mjs";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const MiB = 1024 * 1024;
@@ -33,22 +34,9 @@ export function rssBytes() {
   return Number(line.split(/\s+/)[1]) * 1024;
 }
 
-/** Host pids whose command line contains `needle`. */
-function pidsWith(needle) {
-  const found = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`).includes(needle)) found.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return found;
-}
 
 async function settle(runtimeRoot) {
-  for (let i = 0; i < 200 && pidsWith(runtimeRoot).length > 0; i++) await sleep(25);
+  for (let i = 0; i < 200 && hostPidsWithCmdline(runtimeRoot).length > 0; i++) await sleep(25);
   globalThis.gc?.();
   await sleep(50);
   globalThis.gc?.();
@@ -239,7 +227,7 @@ export async function soak({
     tally.check(Math.abs(middle.fds - start.fds) <= fdTolerance, `fds start ${start.fds} -> middle ${middle.fds} (tolerance ${fdTolerance})`);
     tally.check(Math.abs(fdGrowth) <= fdTolerance, `fds start ${start.fds} -> end ${end.fds} (tolerance ${fdTolerance})`);
     tally.check(rssGrowth <= rssToleranceMiB, `rss start ${start.rssMiB} -> end ${end.rssMiB} MiB (tolerance ${rssToleranceMiB} MiB)`);
-    tally.check(pidsWith(runtimeRoot).length === 0, `sandbox processes left: ${pidsWith(runtimeRoot)}`);
+    tally.check(hostPidsWithCmdline(runtimeRoot).length === 0, `sandbox processes left: ${hostPidsWithCmdline(runtimeRoot)}`);
     const leftDirs = readdirSync(runtimeRoot);
     tally.check(leftDirs.length === 0, `session directories left: ${leftDirs}`);
     log(`# growth: fds ${fdGrowth >= 0 ? "+" : ""}${fdGrowth} (tolerance ${fdTolerance}), rss ${rssGrowth >= 0 ? "+" : ""}${rssGrowth.toFixed(1)} MiB (tolerance ${rssToleranceMiB} MiB)`);

@@ -1,7 +1,7 @@
 // A minimal client for `pi --mode rpc`: spawns the real CLI and reads its JSON lines. Plain
 // JavaScript so that scripts/pack-test.mjs (no TypeScript loader) and the node:test files share it.
 import { spawn } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -137,18 +137,7 @@ export function toolText(result) {
 }
 
 /** Live processes whose command line mentions `needle`. */
-export function processesMentioning(needle) {
-  const pids = [];
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      if (readFileSync(`/proc/${name}/cmdline`, "utf8").includes(needle)) pids.push(Number(name));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return pids;
-}
+export { hostPidsWithCmdline as processesMentioning } from "../../scripts/lib/procs.mjs";
 
 /** Files mapped into process `pid` whose path ends with `suffix` (e.g. ".node"). */
 export function mappedFiles(pid, suffix) {

@@ -7,7 +7,6 @@
  * test fails.
  */
 import { execFile } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
@@ -71,19 +70,7 @@ export function show(r: ExecResult): string {
   return JSON.stringify({ ...r, text: undefined }).slice(0, 4000);
 }
 
-/** Host pids whose command line contains `needle` (zombies have none and never match). */
-export function hostPidsWithCmdline(needle: string): number[] {
-  const found: number[] = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`).includes(needle)) found.push(Number(entry));
-    } catch {
-      // The process ended while we looked.
-    }
-  }
-  return found;
-}
+export { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
