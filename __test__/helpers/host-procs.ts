@@ -38,6 +38,17 @@ export function descendantsOf(root: number): number[] {
   return out;
 }
 
+/** "pid state ppid=N pgid=N: command line", for a failure message. */
+export function describeProcess(pid: number): string {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return `${pid} ${fields[0]} ppid=${fields[1]} pgid=${fields[2]}: ${cmdline(pid).slice(0, 300)}`;
+  } catch {
+    return `${pid} (gone)`;
+  }
+}
+
 function cmdline(pid: number): string {
   try {
     return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
@@ -55,7 +66,9 @@ export function workerPids(needle: string): number[] {
   const found = new Set<number>();
   for (const bwrap of hostPidsWithCmdline(needle)) {
     for (const pid of descendantsOf(bwrap)) {
-      if (cmdline(pid).includes("/worker.py")) found.add(pid);
+      // bubblewrap's own command line names /worker.py too (a mount and the command).
+      const argv = cmdline(pid).split(" ");
+      if (!argv[0].endsWith("/bwrap") && argv.includes("/worker.py")) found.add(pid);
     }
   }
   return [...found];
