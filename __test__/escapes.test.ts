@@ -24,6 +24,7 @@ import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, type TestContext, test } from "node:test";
+import { fileURLToPath } from "node:url";
 import { workerPids } from "./helpers/host-procs.ts";
 import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { type ExecResult, makeFixture, PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
@@ -31,8 +32,11 @@ import { type ExecResult, makeFixture, PythonSandbox, py, show, sleep, waitUntil
 const CONCURRENCY = 4;
 const EPERM = 1;
 const ENOSYS = 38;
+const ENXIO = 6;
 const EROFS = 30;
 const SIGSYS = 31;
+
+const INDEX_CJS = fileURLToPath(new URL("../index.cjs", import.meta.url));
 
 /** A `py` literal for a JS string. */
 const lit = (s: string) => JSON.stringify(s);
@@ -311,6 +315,68 @@ describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => 
     const free = lastJson(await unfiltered(code));
     assert.notEqual(free, EPERM, `unfiltered: ${free}`);
     t.diagnostic(`unfiltered TIOCSTI: ${free}`);
+  });
+
+  test("cannot reach the host's controlling terminal, also when the host runs in one", async (t) => {
+    if (skip(t)) return;
+    // pi runs in a terminal. Host Node here gets a pty as its controlling terminal (Python's
+    // pty.fork), proves it can open /dev/tty, then runs code in a sandbox that tries the same.
+    const fx = await makeFixture(t);
+    const resultFile = join(fx.base, "tty.json");
+    const code = py`
+      import fcntl, json, os, termios
+      def attempt(f):
+          try:
+              f()
+              return "done"
+          except OSError as e:
+              return e.errno
+      def inject():
+          fd = os.open("/dev/tty", os.O_RDWR)
+          fcntl.ioctl(fd, termios.TIOCSTI, b"X")
+      stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+      print(json.dumps({
+          "tty_nr": int(stat[4]),
+          "open": attempt(lambda: os.close(os.open("/dev/tty", os.O_RDWR))),
+          "inject": attempt(inject),
+      }))
+    `;
+    const host = `
+      const fs = require("node:fs");
+      const stat = fs.readFileSync("/proc/self/stat", "utf8").split(")").pop().trim().split(" ");
+      let own;
+      try { fs.closeSync(fs.openSync("/dev/tty", "r+")); own = "opened"; } catch (e) { own = e.code; }
+      const { PythonSandbox } = require(${lit(INDEX_CJS)});
+      const sb = new PythonSandbox({ projectDir: ${lit(fx.project)}, runtimeRoot: ${lit(fx.runtimeRoot)} });
+      sb.execute(${lit(code)}).then(async (r) => {
+        fs.writeFileSync(${lit(resultFile)}, JSON.stringify({ own, ttyNr: Number(stat[4]), r }));
+        await sb.dispose();
+      });
+    `;
+    const driver = py`
+      import os, pty, sys
+      pid, fd = pty.fork()
+      if pid == 0:
+          os.execv(sys.argv[1], [sys.argv[1], "-e", sys.argv[2]])
+      while True:
+          try:
+              if not os.read(fd, 4096):
+                  break
+          except OSError:
+              break
+      _, status = os.waitpid(pid, 0)
+      sys.exit(os.waitstatus_to_exitcode(status))
+    `;
+    await new Promise<void>((resolve, reject) =>
+      execFile("python3", ["-c", driver, process.execPath, host], { timeout: 30_000 }, (err, _out, stderr) =>
+        err ? reject(new Error(`pty host failed: ${err.message}\n${stderr}`)) : resolve(),
+      ),
+    );
+    const { own, ttyNr, r } = JSON.parse(readFileSync(resultFile, "utf8"));
+    assert.equal(own, "opened", "the host should have a controlling terminal (baseline)");
+    assert.notEqual(ttyNr, 0, "the host's /proc/self/stat names its terminal (baseline)");
+    const out = jsonOut(r);
+    assert.deepEqual(out, { tty_nr: 0, open: ENXIO, inject: ENXIO }, "the sandbox has no controlling terminal");
   });
 
   test("blocks unshare of a user namespace (a real attempt)", async (t) => {

@@ -18,7 +18,7 @@ import { chmod, mkdir, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { fdDiff, fdTable, ownZombies, parentOf } from "./helpers/host-procs.ts";
+import { describeProcess, fdDiff, fdTable, ownZombies, parentOf, workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import {
   type ExecResult,
@@ -45,7 +45,7 @@ function assertOk(r: ExecResult): void {
 async function assertNoProcess(needle: string, ms = 5000): Promise<void> {
   assert.ok(
     await waitUntil(() => hostPidsWithCmdline(needle).length === 0, ms),
-    `processes remain: ${hostPidsWithCmdline(needle)}`,
+    `processes remain: ${hostPidsWithCmdline(needle).map(describeProcess).join("; ")}`,
   );
 }
 
@@ -181,6 +181,49 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     if (lingering > 0) t.diagnostic(`${lingering} sandbox processes still starting after the failed call (a spare)`);
     await sb.dispose();
     await assertNoProcess(fx.runtimeRoot);
+  });
+
+  test("a sandbox killed at any moment of its start leaves no process behind", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Each start is cancelled a little later than the one before, so that some kills land while
+    // bubblewrap is still building the sandbox (before its namespace init exists or has tied
+    // itself to its parent). The interpreter never becomes ready and would live for 999 s.
+    const fx = await makeFixture(t);
+    const marker = "999.0417";
+    const sb = fx.open({ interpreter: await fakeInterpreter(fx, "slowstart", `exec sleep ${marker}`), prewarm: false });
+    const STARTS = 40;
+    for (let i = 0; i < STARTS; i++) {
+      const pending = sb.execute("1", 60, 100 + i);
+      await sleep(i % 20);
+      sb.cancel(100 + i);
+      const r = await pending;
+      assert.equal(r.status, "cancelled", `start ${i}: ${show(r)}`);
+    }
+    await assertNoProcess(fx.runtimeRoot, 3000);
+    await assertNoProcess(marker, 1000);
+    await sb.dispose();
+  });
+
+  test("bubblewrap, the namespace's init and the worker are all in the process group a kill signals", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t, { prewarm: false });
+    assertOk(await sb.execute("1"));
+    const scratch = sb.status().paths.scratchDir as string;
+    const bwraps = hostPidsWithCmdline(scratch);
+    const outer = bwraps.find((pid) => parentOf(pid) === process.pid);
+    assert.ok(outer, `no bubblewrap child of this process among ${bwraps.map(describeProcess).join("; ")}`);
+    const [worker] = workerPids(scratch);
+    assert.ok(worker, "the worker was not found on the host");
+    const group = (pid: number) => {
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      return { pgid: Number(fields[2]), sid: Number(fields[3]) };
+    };
+    const members = [...new Set([...bwraps, worker])];
+    assert.equal(members.length, 3, `expected bubblewrap, its init and the worker: ${members.map(describeProcess).join("; ")}`);
+    for (const pid of members) {
+      assert.deepEqual(group(pid), { pgid: outer, sid: outer }, describeProcess(pid));
+    }
   });
 
   test("a project directory that vanished is unavailable; once it is back the next call works", async (t) => {

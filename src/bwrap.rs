@@ -77,9 +77,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // Namespaces: own user (no nested ones), pid, ipc, uts, network, cgroup.
     push(&mut a, &["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc"]);
     push(&mut a, &["--unshare-uts", "--hostname", "pi-sandbox", "--unshare-net", "--unshare-cgroup-try"]);
-    // Process hygiene: dies with the host, own session (no TIOCSTI on the
-    // host terminal), no capabilities.
-    push(&mut a, &["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+    // Process hygiene: dies with the host, no capabilities. The new session
+    // (no controlling terminal) is made by spawn.rs, around bwrap itself.
+    push(&mut a, &["--die-with-parent", "--cap-drop", "ALL"]);
     // Filesystem: kernel views, private temp, the runtime read-only.
     push(&mut a, &["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
     push(&mut a, &["--ro-bind", "/usr", "/usr"]);
@@ -168,7 +168,7 @@ mod tests {
         let argv = strings(&bwrap_argv(&spec()));
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
-            --die-with-parent --new-session --cap-drop ALL \
+            --die-with-parent --cap-drop ALL \
             --proc /proc --dev /dev --tmpfs /tmp --ro-bind /usr /usr \
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \

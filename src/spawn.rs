@@ -4,8 +4,15 @@
 //! and in the forked child (before exec) places the pipe ends and the
 //! seccomp program at their fixed fd numbers, marks every other inherited fd
 //! close-on-exec, applies the rlimits (inherited by everything in the
-//! sandbox) and puts bwrap in its own process group. The child runs with an
-//! empty environment. Nothing here decides what the sandbox contains.
+//! sandbox) and makes bwrap the leader of a new session, so that the host's
+//! controlling terminal stays out of reach. The child runs with an empty
+//! environment. Nothing here decides what the sandbox contains.
+//!
+//! Every sandbox process stays in that session's process group: bwrap's own
+//! `--new-session` is not used, because it moves the namespace's init out of
+//! the group while it still has no parent-death signal (bwrap sets that only
+//! after its last fork), and a kill in that window would leave the init and
+//! its child running.
 //!
 //! Spawn from a long-lived thread (a tokio worker, not a blocking-pool
 //! thread): bwrap's parent-death signal fires when the *thread* that forked
@@ -60,6 +67,15 @@ fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
 
 // The functions below run in the forked child of a multi-threaded process:
 // async-signal-safe system calls only, no allocation, no locks.
+
+fn child_new_session() -> io::Result<()> {
+    // SAFETY: setsid(2) in a freshly forked child, which is never a group
+    // leader, so it cannot fail with EPERM.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 fn child_dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: plain dup2 on fds valid in the child; clears FD_CLOEXEC on `to`.
@@ -116,16 +132,11 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd) -> io::R
     let (req_fd, rep_fd, bpf_fd) = (child_req.as_raw_fd(), child_rep.as_raw_fd(), child_bpf.as_raw_fd());
 
     let mut cmd = Command::new(bwrap);
-    cmd.args(argv)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    cmd.args(argv).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     // SAFETY: the closure only makes async-signal-safe system calls.
     unsafe {
         cmd.pre_exec(move || {
+            child_new_session()?;
             child_dup2(req_fd, REQUEST_FD)?;
             child_dup2(rep_fd, REPLY_FD)?;
             child_dup2(bpf_fd, SECCOMP_FD)?;
@@ -150,9 +161,9 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd) -> io::R
     })
 }
 
-/// SIGKILL the sandbox's process group. bwrap is the leader; killing it
-/// tears down the pid namespace, and with it every process inside,
-/// including those that called setsid().
+/// SIGKILL the sandbox's process group: bwrap, the namespace's init and
+/// the worker. Killing the init tears down the pid namespace, and with it
+/// every process inside, including those that called setsid().
 pub fn kill_group(pid: i32) {
     if pid > 0 {
         // SAFETY: kill(2) on a process group we created; errors (already
