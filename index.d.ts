@@ -293,6 +293,11 @@ export interface StatusResult {
   prewarm: boolean
   /** The spare sandbox: `none`, `starting` or `ready`. */
   spare: string
+  /**
+   * How the running worker was loaded: `source` (compiled at start) or
+   * `bytecode` (compiled by an earlier sandbox); absent when none runs.
+   */
+  workerCode?: string
   /** Number of rules in the seccomp filter. */
   seccompRules: number
   /** Project paths kept read-only when /workspace is writable. */

@@ -12,8 +12,9 @@
  * - Top-level tests run one at a time (node:test's default within a file): the harness allows only
  *   one live harness per process once anything reloads.
  * - Sandbox processes are counted as descendants of this process whose command line contains
- *   "/worker.py" (bwrap's argv binds `<session dir>/worker.py` to `/worker.py`, and the sandboxed
- *   interpreter runs `/worker.py`).
+ *   "/worker.py", which "/worker.pyc" contains too (bwrap's argv mounts the worker there and the
+ *   sandboxed interpreter runs it); one session's sandboxes are those whose bwrap command line
+ *   names `<session dir>/scratch`.
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
@@ -24,6 +25,7 @@ import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
@@ -48,12 +50,7 @@ function runtimeRoot(): string {
 
 /** Session directories under the runtime root (empty when the root does not exist). */
 function runtimeDirs(): string[] {
-  try {
-    return readdirSync(runtimeRoot()).sort();
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return [];
-    throw err;
-  }
+  return sessionDirs(runtimeRoot());
 }
 
 // --- processes ------------------------------------------------------------------------------------
@@ -97,7 +94,7 @@ function sandboxProcesses(): number[] {
 
 /** The processes of the sandbox whose session dir is `root`: its bwrap and everything below it. */
 function sandboxTree(root: string): number[] {
-  const bwraps = descendants().filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes(`${root}/worker.py`));
+  const bwraps = descendants().filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes(`${root}/scratch`));
   return [...new Set(bwraps.flatMap((pid) => [pid, ...descendants(pid)]))].sort((a, b) => a - b);
 }
 
@@ -115,7 +112,7 @@ function sandboxes(root: string): number[] {
   return descendants().filter((pid) => {
     const cmd = readProc(String(pid), "cmdline") ?? "";
     const parent = Number((readProc(String(pid), "stat") ?? "").split(") ")[1]?.split(" ")[1]);
-    return cmd.includes(`${root}/worker.py`) && !(readProc(String(parent), "cmdline") ?? "").includes(`${root}/worker.py`);
+    return cmd.includes(`${root}/scratch`) && !(readProc(String(parent), "cmdline") ?? "").includes(`${root}/scratch`);
   });
 }
 

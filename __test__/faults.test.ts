@@ -13,7 +13,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { chmodSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { chmod, mkdir, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
@@ -26,6 +26,7 @@ import {
   hostPidsWithCmdline,
   makeFixture,
   py,
+  sessionDirs,
   show,
   sleep,
   waitUntil,
@@ -132,6 +133,15 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     );
   });
 
+  test("a code frame mid-execution (code that forges the worker's bytecode) is a protocol violation", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    await violation(
+      t,
+      'import json, os\nb = json.dumps({"type": "code", "pyc": "QUINCgAAAAAAAAAAAAAAAAAAAA=="}).encode()\nos.write(4, len(b).to_bytes(4, "big") + b)\nimport time\ntime.sleep(5)',
+      /Protocol violation: unexpected code frame/,
+    );
+  });
+
   test("a result frame for another execution id is a protocol violation", async (t) => {
     if (skipWithoutSandbox(t)) return;
     await violation(
@@ -149,6 +159,8 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
       ["garbage", `printf '${octal(frameBytes("hello"))}' >&4; exec sleep 30`, /did not start: bad frame: frame is not a valid message/],
       ["oversize", "printf '\\377\\377\\377\\377' >&4; exec sleep 30", /did not start: bad frame: frame of 4294967295 bytes exceeds/],
       ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 1/],
+      ["code-not-base64", `printf '${octal(frameBytes('{"type":"code","pyc":"%%%"}'))}' >&4; exec sleep 30`, /did not start: the worker's code is not base64/],
+      ["code-not-pyc", `printf '${octal(frameBytes(`{"type":"code","pyc":"${Buffer.alloc(64, 35).toString("base64")}"}`))}' >&4; exec sleep 30`, /did not start: the worker's code does not start with a \.pyc magic number/],
     ];
     for (const [name, script, diagnostic] of cases) {
       const sb = fx.open({ interpreter: await fakeInterpreter(fx, name, script) });
@@ -161,6 +173,37 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
       await sb.dispose();
     }
     await assertNoProcess(fx.runtimeRoot);
+  });
+
+  test("stored bytecode whose worker sends its code unasked is refused, deleted, and the start made from source", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await makeFixture(t);
+    // Asked (started from source with --emit-code), this interpreter sends a well-formed image and
+    // becomes ready but never answers a request; started as /worker.pyc it sends the image unasked.
+    const image = Buffer.concat([Buffer.from("AB\r\n"), Buffer.alloc(20)]).toString("base64");
+    const code = frameBytes(JSON.stringify({ type: "code", pyc: image }));
+    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 1, runtimeVersion: "0.0.0" }));
+    const interpreter = await fakeInterpreter(
+      fx,
+      "emitter",
+      `case "$*" in\n  *--emit-code*) printf '${octal(Buffer.concat([code, ready]))}' >&4 ;;\n  *) printf '${octal(code)}' >&4 ;;\nesac\nexec sleep 30`,
+    );
+    const sb = fx.open({ interpreter, prewarm: false });
+    const first = await sb.execute("1", 1);
+    assert.equal(first.status, "timeout", show(first));
+    const store = join(fx.runtimeRoot, ".worker-code");
+    const [stored] = readdirSync(store);
+    assert.match(stored ?? "", /^worker-[0-9a-f]{16}\.pyc$/, "the image was stored once the sandbox was ready");
+    // Mark the stored file (its mode) to tell it from a new one.
+    chmodSync(join(store, stored), 0o600);
+    // The bytecode start fails at once (had the frame been ignored, it would wait 10 s for ready),
+    // the image is deleted, and the source start that follows gets as far as the first one did.
+    const started = Date.now();
+    const second = await sb.execute("1", 1);
+    assert.equal(second.status, "timeout", show(second));
+    assert.ok(Date.now() - started < 8000, `took ${Date.now() - started} ms`);
+    assert.deepEqual(readdirSync(store), [stored], "stored again by the source start");
+    assert.equal(statSync(join(store, stored)).mode & 0o777, 0o400, "the refused image was replaced");
   });
 
   test("a worker that never becomes ready is a worker_error after the 10 s deadline; nothing is left", async (t) => {
@@ -505,7 +548,7 @@ describe("host process death", () => {
     await assertNoProcess(runtimeRoot, 5000);
     t.diagnostic(`${before} sandbox processes gone ${Date.now() - killedAt} ms after the SIGKILL`);
     // Documented: a killed Node cannot delete its session directories.
-    const left = existsSync(runtimeRoot) ? readdirSync(runtimeRoot).length : 0;
+    const left = sessionDirs(runtimeRoot).length;
     t.diagnostic(`${left} session directories left behind by the killed host (documented)`);
   });
 });
@@ -549,7 +592,7 @@ describe("leaks", () => {
     const after = fdTable();
     assert.deepEqual(fdDiff(before, after), {}, `descriptors opened and not closed (before ${Object.keys(before).length}, after ${Object.keys(after).length})`);
     assert.equal(Object.keys(after).length, Object.keys(before).length);
-    assert.deepEqual(readdirSync(fx.runtimeRoot), [], "session directories left after dispose");
+    assert.deepEqual(sessionDirs(fx.runtimeRoot), [], "session directories left after dispose");
     // Zombies are the subject of the next test; here they are only reported.
     const zombies = ownZombies();
     if (zombies.length > 0) t.diagnostic(`zombies of this process: ${zombies.join(", ")}`);

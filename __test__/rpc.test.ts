@@ -11,12 +11,13 @@
  * Run: node --import tsx --test __test__/rpc.test.ts
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { piCli, processesMentioning, type RpcPi, startRpcPi, toolText } from "./helpers/rpc-client.mjs";
+import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 type Line = Record<string, any>;
@@ -68,9 +69,9 @@ test(`pi --mode rpc (${PI_HOST}): the faux model calls python, 42 arrives on std
   assert.equal(end.result.details?.status, "ok");
 
   // The session's sandbox is alive between calls, in this pi's runtime root.
-  const sessionDirs = readdirSync(runtimeRoot);
-  assert.equal(sessionDirs.length, 1, `one session dir in ${runtimeRoot}`);
-  assert.ok(processesMentioning(join(runtimeRoot, sessionDirs[0])).length > 0, "the sandbox runs");
+  const dirs = sessionDirs(runtimeRoot);
+  assert.equal(dirs.length, 1, `one session dir in ${runtimeRoot}`);
+  assert.ok(processesMentioning(join(runtimeRoot, dirs[0])).length > 0, "the sandbox runs");
 
   // The model got the result and finished the run.
   const toolResult = await pi.waitFor((l: Line) => l.type === "message_end" && l.message?.role === "toolResult", "the tool result message");
@@ -88,6 +89,6 @@ test(`pi --mode rpc (${PI_HOST}): the faux model calls python, 42 arrives on std
   assert.ok(exit, `pi did not exit within 10 s of stdin closing\n${pi.context()}`);
   assert.deepEqual(exit, { code: 0, signal: null }, pi.stderr);
   assert.deepEqual(processesMentioning(runtimeRoot), [], "no sandbox process is left");
-  assert.deepEqual(existsSync(runtimeRoot) ? readdirSync(runtimeRoot) : [], [], "no session dir is left");
+  assert.deepEqual(sessionDirs(runtimeRoot), [], "no session dir is left");
   assert.doesNotMatch(pi.stderr, /error|failed to load/i, "stderr is clean");
 });

@@ -23,6 +23,7 @@ import {
   makeFixture as makeFixtureWithSpare,
   py,
   runUnfiltered,
+  sessionDirs,
   show,
   sleep,
   waitUntil,
@@ -1358,7 +1359,7 @@ describe("host process lifetime", { concurrency: CONCURRENCY }, () => {
     assert.equal(await host.exited, 0);
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000), "sandbox outlived its host");
     await assertNoSandboxProcess(runtimeRoot);
-    assert.deepEqual(await readdir(runtimeRoot), [], "session directory left behind");
+    assert.deepEqual(sessionDirs(runtimeRoot), [], "session directory left behind");
   });
 });
 
@@ -1397,6 +1398,70 @@ describe("spare sandbox", () => {
     await sleep(300);
     assert.equal(off.status().spare, "none");
     assert.equal(off.status().prewarm, false);
+  });
+});
+
+describe("worker bytecode", () => {
+  /** The one stored image under `runtimeRoot`. */
+  async function storedImage(runtimeRoot: string): Promise<string> {
+    const names = await readdir(join(runtimeRoot, ".worker-code"));
+    assert.equal(names.length, 1, `one image: ${names}`);
+    assert.match(names[0], /^worker-[0-9a-f]{16}\.pyc$/);
+    return join(runtimeRoot, ".worker-code", names[0]);
+  }
+
+  const failing = py`
+    def inner():
+        return 1 / 0
+    def outer():
+        return inner()
+    outer()
+  `;
+
+  test("the first sandbox stores the compiled worker; later ones run it and behave the same", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, runtimeRoot } = await makeFixture(t);
+    const first = await sb.execute(failing);
+    assert.equal(sb.status().workerCode, "source");
+    const image = await storedImage(runtimeRoot);
+    const info = await stat(image);
+    assert.equal(info.mode & 0o777, 0o400);
+    assert.equal((await stat(join(runtimeRoot, ".worker-code"))).mode & 0o777, 0o700);
+    const magic = (await readFile(image)).subarray(0, 4);
+    const versionMagic = await sb.execute("import importlib.util\nimportlib.util.MAGIC_NUMBER.hex()");
+    assert.equal(versionMagic.repr, `'${magic.toString("hex")}'`, "the image carries this interpreter's magic number");
+
+    await sb.reset();
+    const second = await sb.execute(failing);
+    assert.equal(sb.status().workerCode, "bytecode");
+    // Tracebacks still hide the worker's frames and show the user's.
+    assert.equal(second.status, "runtime_error", show(second));
+    assert.equal(second.exception?.traceback, first.exception?.traceback);
+    assert.match(second.exception?.traceback ?? "", /line 4, in outer\n.*line 2, in inner\nZeroDivisionError/);
+    assert.doesNotMatch(second.exception?.traceback ?? "", /worker/);
+    const state = await sb.execute("x = 41\nx + 1");
+    assert.equal(state.repr, "42");
+    assert.equal((await sb.execute("x")).repr, "41", "state persists under the bytecode worker");
+    const visible = await sb.execute("import os\n[os.path.exists(p) for p in ('/worker.py', '/worker.pyc')]");
+    assert.equal(visible.repr, "[False, True]", `only the image is mounted: ${show(visible)}`);
+    assert.equal((await stat(image)).mtimeMs, info.mtimeMs, "the image is not rewritten by later starts");
+  });
+
+  test("a stored image that does not start is deleted and the start is made from source, unseen", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, runtimeRoot } = await makeFixture(t);
+    assertOk(await sb.execute("1"));
+    const image = await storedImage(runtimeRoot);
+    await chmod(image, 0o600);
+    await writeFile(image, Buffer.concat([Buffer.from([0, 0, 13, 10]), Buffer.alloc(64, 0x2a)]));
+    await sb.reset();
+    const r = await sb.execute("'fresh'");
+    assert.equal(r.repr, "'fresh'", show(r));
+    assert.equal(sb.status().workerCode, "source");
+    assert.equal((await stat(image)).mode & 0o777, 0o400, "a new image replaced the broken one");
+    await sb.reset();
+    assertOk(await sb.execute("1"));
+    assert.equal(sb.status().workerCode, "bytecode");
   });
 });
 

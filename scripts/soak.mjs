@@ -19,6 +19,7 @@ import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { hostPidsWithCmdline } from "./lib/procs.mjs";
+import { sessionDirs } from "./lib/runtime-root.mjs";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const MiB = 1024 * 1024;
@@ -228,7 +229,7 @@ export async function soak({
     tally.check(Math.abs(fdGrowth) <= fdTolerance, `fds start ${start.fds} -> end ${end.fds} (tolerance ${fdTolerance})`);
     tally.check(rssGrowth <= rssToleranceMiB, `rss start ${start.rssMiB} -> end ${end.rssMiB} MiB (tolerance ${rssToleranceMiB} MiB)`);
     tally.check(hostPidsWithCmdline(runtimeRoot).length === 0, `sandbox processes left: ${hostPidsWithCmdline(runtimeRoot)}`);
-    const leftDirs = readdirSync(runtimeRoot);
+    const leftDirs = sessionDirs(runtimeRoot);
     tally.check(leftDirs.length === 0, `session directories left: ${leftDirs}`);
     log(`# growth: fds ${fdGrowth >= 0 ? "+" : ""}${fdGrowth} (tolerance ${fdTolerance}), rss ${rssGrowth >= 0 ? "+" : ""}${rssGrowth.toFixed(1)} MiB (tolerance ${rssToleranceMiB} MiB)`);
     log(`# ran: phase 1 ${executions} executions + ${resets} resets; phase 2 ${sessions} x (${per} executions + ${perResets} resets); ${((Date.now() - started) / 1000).toFixed(1)} s in all`);

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 pub const WORKSPACE: &str = "/workspace";
 pub const SCRATCH: &str = "/scratch";
 pub const WORKER: &str = "/worker.py";
+/// The worker compiled by a previous sandbox (see `bytecode`).
+pub const WORKER_PYC: &str = "/worker.pyc";
 /// Fixed fd numbers inside the sandbox (set up by `spawn` before exec).
 pub const REQUEST_FD: i32 = 3;
 pub const REPLY_FD: i32 = 4;
@@ -30,7 +32,18 @@ pub const RESERVED_MOUNTS: &[&str] = &[
     "/proc",
     "/dev",
     "/worker.py",
+    "/worker.pyc",
 ];
+
+/// Which form of the worker a sandbox runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerCode {
+    /// The source (host path), compiled by the interpreter at start; with
+    /// `emit`, the worker sends its compiled form back.
+    Source { path: PathBuf, emit: bool },
+    /// A `.pyc` image (host path) an earlier sandbox compiled.
+    Bytecode(PathBuf),
+}
 
 /// Everything that varies between sandboxes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +59,8 @@ pub struct SandboxSpec {
     pub project_dir: PathBuf,
     pub workspace_writable: bool,
     pub scratch_dir: PathBuf,
-    /// Host path of the worker script.
-    pub worker_file: PathBuf,
+    /// The worker to run.
+    pub worker: WorkerCode,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
     /// (host path, path relative to /workspace, read-only) bound over a
@@ -111,7 +124,11 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
         }
     }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
-    push_bind(&mut a, "--ro-bind", &spec.worker_file, Path::new(WORKER));
+    let (worker_host, worker) = match &spec.worker {
+        WorkerCode::Source { path, .. } => (path, WORKER),
+        WorkerCode::Bytecode(path) => (path, WORKER_PYC),
+    };
+    push_bind(&mut a, "--ro-bind", worker_host, Path::new(worker));
     for root in spec.read_roots.iter().chain(&spec.python_mounts) {
         push_bind(&mut a, "--ro-bind-try", root, root);
     }
@@ -124,7 +141,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     a.push(SECCOMP_FD.to_string().into());
     a.push("--".into());
     a.push(spec.interpreter.clone().into());
-    push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", WORKER]);
+    push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", worker]);
+    if matches!(spec.worker, WorkerCode::Source { emit: true, .. }) {
+        a.push("--emit-code".into());
+    }
     for dir in &spec.site_dirs {
         a.push("--site".into());
         a.push(dir.into());
@@ -144,7 +164,7 @@ mod tests {
             project_dir: "/home/u/proj".into(),
             workspace_writable: false,
             scratch_dir: "/tmp/s/scratch".into(),
-            worker_file: "/tmp/s/worker.py".into(),
+            worker: WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: false },
             read_roots: vec![],
             protected: vec![
                 ("/home/u/proj/.git".into(), ".git".into(), false),
@@ -180,6 +200,32 @@ mod tests {
             --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 \
             -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py";
         assert_eq!(argv.join(" "), expected);
+    }
+
+    #[test]
+    fn the_worker_runs_as_source_asked_to_emit_its_code_or_as_bytecode() {
+        let tail = |worker| {
+            let argv = strings(&bwrap_argv(&SandboxSpec { worker, site_dirs: vec!["/v/site".into()], ..spec() }));
+            let bind = argv.iter().position(|a| a.starts_with("/worker")).expect("worker bind");
+            let command = argv.iter().position(|a| a == "--").expect("--");
+            (argv[bind - 2..=bind].join(" "), argv[command + 1..].join(" "))
+        };
+        let emit = WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: true };
+        assert_eq!(
+            tail(emit),
+            (
+                "--ro-bind /tmp/s/worker.py /worker.py".into(),
+                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --emit-code --site /v/site".into()
+            )
+        );
+        let pyc = WorkerCode::Bytecode("/rt/.worker-code/worker-00ff.pyc".into());
+        assert_eq!(
+            tail(pyc),
+            (
+                "--ro-bind /rt/.worker-code/worker-00ff.pyc /worker.pyc".into(),
+                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.pyc --site /v/site".into()
+            )
+        );
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub enum Reply {
         site_notes: Vec<String>,
     },
     Result(ExecReport),
+    /// The worker's own compiled module as a `.pyc` image (base64), sent
+    /// first thing when the host started it with `--emit-code`.
+    Code {
+        pyc: String,
+    },
     /// Sent after the result once the end marks are written: `stdout` /
     /// `stderr` say which streams carry a mark (user code may have closed one).
     Drained {

@@ -5,6 +5,7 @@
 //! `napi_api` (behind the `addon` feature) knows about Node.
 
 pub mod bwrap;
+pub mod bytecode;
 pub mod capture;
 pub mod frame;
 pub mod limits;

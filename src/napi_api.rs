@@ -191,6 +191,9 @@ pub struct StatusResult {
     pub prewarm: bool,
     /// The spare sandbox: `none`, `starting` or `ready`.
     pub spare: String,
+    /// How the running worker was loaded: `source` (compiled at start) or
+    /// `bytecode` (compiled by an earlier sandbox); absent when none runs.
+    pub worker_code: Option<String>,
     /// Number of rules in the seccomp filter.
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
@@ -421,6 +424,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             SpareState::Ready => "ready",
         }
         .into(),
+        worker_code: r.worker_code.map(String::from),
         bwrap: r.bwrap.map(|b| BwrapInfo {
             path: path_str(&b.path),
             version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),

@@ -21,7 +21,7 @@ use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout};
 
-use crate::bwrap::{bwrap_argv, SandboxSpec, SCRATCH, WORKSPACE};
+use crate::bwrap::{bwrap_argv, SandboxSpec, WorkerCode, SCRATCH, WORKSPACE};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
@@ -109,6 +109,9 @@ pub struct StatusReport {
     /// Keep a started spare sandbox ready after the first execution.
     pub prewarm: bool,
     pub spare: SpareState,
+    /// How the running worker was loaded: compiled from source, or from the
+    /// bytecode an earlier sandbox produced.
+    pub worker_code: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +145,8 @@ struct Worker {
     /// Protected paths that did not exist when it started (relative to
     /// the project): removed again if the code creates them.
     unprotected: Vec<PathBuf>,
+    /// "source" or "bytecode" (see `bytecode`).
+    code: &'static str,
 }
 
 struct Facts {
@@ -149,6 +154,20 @@ struct Facts {
     interpreter: Interpreter,
     merged_usr: bool,
     python: PythonEnv,
+    /// Key of the worker's compiled form for this interpreter.
+    code_key: Option<u64>,
+}
+
+/// What one sandbox start is made of.
+struct Start<'a> {
+    facts: &'a Facts,
+    dirs: &'a Dirs,
+    /// The canonical project directory.
+    project: PathBuf,
+    mounts: MountConfig,
+    role: Role,
+    /// The execution waiting for this start (none for a spare).
+    call: Option<u32>,
 }
 
 struct Inner {
@@ -234,7 +253,7 @@ pub fn cleanup_all() {
     }
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut buf = [0u8; 8];
     // SAFETY: getrandom writes at most buf.len() bytes into buf.
     let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -252,7 +271,7 @@ pub fn default_runtime_root() -> PathBuf {
 }
 
 /// Create (or verify) a directory that only we can use.
-fn private_dir(path: &Path) -> Result<(), String> {
+pub(crate) fn private_dir(path: &Path) -> Result<(), String> {
     match DirBuilder::new().mode(0o700).create(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -312,6 +331,7 @@ impl Session {
             python_notes: Vec::new(),
             prewarm: opts.prewarm.unwrap_or_else(prewarm_from_env),
             spare: SpareState::None,
+            worker_code: None,
         };
         Arc::new_cyclic(|weak| Session {
             id,
@@ -700,7 +720,8 @@ impl Session {
                     .system_site_packages
                     .unwrap_or_else(|| std::env::var(probe::SYSTEM_SITE_ENV).is_ok_and(|v| v.trim() == "1"));
                 let python = probe::python_env_from_host(venv.as_deref(), system_site);
-                let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python });
+                let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
+                let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python, code_key });
                 inner.facts = Some(facts.clone());
                 let mut sh = self.shared.lock();
                 sh.report.bwrap = Some(facts.bwrap.clone());
@@ -747,11 +768,13 @@ impl Session {
         if let Some(spare) = self.take_spare(&mounts) {
             bump();
             self.set_active(Some(spare.pid));
+            self.shared.lock().report.worker_code = Some(spare.code);
             inner.worker = Some(*spare);
             return Ok(());
         }
         let generation = bump();
-        match self.launch(&facts, &dirs, project, mounts, Role::Active, Some(call), wake).await {
+        let start = Start { facts: &facts, dirs: &dirs, project, mounts, role: Role::Active, call: Some(call) };
+        match self.launch(start, wake).await {
             Ok(worker) => {
                 inner.worker = Some(worker);
                 inner.start_failed = false;
@@ -783,22 +806,39 @@ impl Session {
         live_update(self.id, pids, dir);
     }
 
-    /// Start one sandbox and wait for it to report ready.
-    #[allow(clippy::too_many_arguments)]
-    async fn launch(
+    /// Start one sandbox and wait for it to report ready: from the stored
+    /// bytecode when there is one, else from source (asking the worker for
+    /// its compiled form). Bytecode that fails to start is deleted and the
+    /// start is made again from source.
+    async fn launch(&self, start: Start<'_>, wake: &mut watch::Receiver<u64>) -> Result<Worker, (Status, String)> {
+        let runtime_root = start.dirs.root.parent().unwrap_or(&start.dirs.root);
+        let stored = start.facts.code_key.and_then(|key| crate::bytecode::cached(runtime_root, key));
+        if let Some(pyc) = stored {
+            match self.launch_once(&start, wake, WorkerCode::Bytecode(pyc.clone())).await {
+                Err((status, why)) if status != Status::Cancelled => {
+                    tracing::warn!("stored worker bytecode {} did not start ({why}); deleted", pyc.display());
+                    let _ = std::fs::remove_file(&pyc);
+                }
+                done => return done,
+            }
+        }
+        let code = WorkerCode::Source { path: start.dirs.worker_file.clone(), emit: start.facts.code_key.is_some() };
+        self.launch_once(&start, wake, code).await
+    }
+
+    /// Start one sandbox running `code` and wait for it to report ready.
+    async fn launch_once(
         &self,
-        facts: &Facts,
-        dirs: &Dirs,
-        project: PathBuf,
-        mounts: MountConfig,
-        role: Role,
-        call: Option<u32>,
+        start: &Start<'_>,
         wake: &mut watch::Receiver<u64>,
+        code: WorkerCode,
     ) -> Result<Worker, (Status, String)> {
+        let Start { facts, dirs, project, mounts, role, call } = start;
+        let (role, call) = (*role, *call);
         let protection = if mounts.workspace_writable {
             let names =
                 crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
-            crate::permissions::protection(&project, &names, |p| std::fs::canonicalize(p), |p| p.is_dir())
+            crate::permissions::protection(project, &names, |p| std::fs::canonicalize(p), |p| p.is_dir())
         } else {
             crate::permissions::Protection::default()
         };
@@ -813,7 +853,7 @@ impl Session {
             merged_usr: facts.merged_usr,
             workspace_writable: mounts.workspace_writable,
             scratch_dir: dirs.scratch.clone(),
-            worker_file: dirs.worker_file.clone(),
+            worker: code.clone(),
             read_roots: mounts.read_roots.clone(),
             python_mounts: facts.python.mounts.clone(),
             site_dirs: facts.python.site_dirs.clone(),
@@ -848,20 +888,32 @@ impl Session {
             stderr: Some(spawned.stderr),
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
-            mounts,
-            project,
+            mounts: mounts.clone(),
+            project: project.clone(),
             unprotected: protection.missing,
+            code: if matches!(code, WorkerCode::Bytecode(_)) { "bytecode" } else { "source" },
         };
+        let code_kind = worker.code;
         let record = |pid: Option<i32>| match role {
-            Role::Active => self.set_active(pid),
+            Role::Active => {
+                self.set_active(pid);
+                self.shared.lock().report.worker_code = pid.map(|_| code_kind);
+            }
             Role::Spare => {
                 self.shared.lock().spare_pid = pid;
                 self.sync_live();
             }
         };
         record(Some(worker.pid));
-        match self.await_ready(&mut worker, call, wake).await {
-            Ok(version) => {
+        let emit = matches!(code, WorkerCode::Source { emit: true, .. });
+        match self.await_ready(&mut worker, call, wake, emit).await {
+            Ok((version, image)) => {
+                if let (Some(image), Some(key)) = (image, facts.code_key) {
+                    let runtime_root = dirs.root.parent().unwrap_or(&dirs.root);
+                    if let Err(e) = crate::bytecode::store(runtime_root, key, &image) {
+                        tracing::warn!("{e}");
+                    }
+                }
                 let mut sh = self.shared.lock();
                 sh.report.availability = Availability::Available;
                 sh.report.runtime_version = Some(version);
@@ -942,7 +994,9 @@ impl Session {
             tokio::time::sleep(SPARE_DELAY).await;
             let mounts = me.shared.lock().report.mounts.clone();
             let mut wake = me.wake.subscribe();
-            let made = me.launch(&facts, &dirs, project, mounts.clone(), Role::Spare, None, &mut wake).await;
+            let start =
+                Start { facts: &facts, dirs: &dirs, project, mounts: mounts.clone(), role: Role::Spare, call: None };
+            let made = me.launch(start, &mut wake).await;
             let current = {
                 let sh = me.shared.lock();
                 !sh.report.disposed && sh.report.mounts == mounts
@@ -972,14 +1026,18 @@ impl Session {
     }
 
     /// Wait for the ready frame, collecting stderr for the diagnostic.
+    /// With `emit`, the worker's compiled form may come first; it is
+    /// returned (checked) with the interpreter version.
     async fn await_ready(
         &self,
         w: &mut Worker,
         call: Option<u32>,
         wake: &mut watch::Receiver<u64>,
-    ) -> Result<String, (Status, String)> {
+        emit: bool,
+    ) -> Result<(String, Option<Vec<u8>>), (Status, String)> {
         let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
         let mut diag: Vec<u8> = Vec::new();
+        let mut image: Option<Vec<u8>> = None;
         let failed = |why: String, diag: &[u8]| {
             let text = String::from_utf8_lossy(diag).trim().to_string();
             let mut msg = format!("The sandbox did not start: {why}.");
@@ -1019,8 +1077,12 @@ impl Session {
                                 }
                             }
                         }
-                        return Ok(runtime_version);
+                        return Ok((runtime_version, image));
                     }
+                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::bytecode::decode(&pyc) {
+                        Ok(bytes) => image = Some(bytes),
+                        Err(why) => return Err(failed(why, &diag)),
+                    },
                     Some(Ok(Reply::Ready { protocol, .. })) => {
                         return Err(failed(format!("the worker speaks protocol {protocol}, not {PROTOCOL_VERSION}"), &diag));
                     }
@@ -1086,6 +1148,7 @@ impl Session {
         let mut sh = self.shared.lock();
         sh.worker_pid = None;
         sh.report.worker_running = false;
+        sh.report.worker_code = None;
         sh.report.last_reset_reason = Some(reason.to_string());
         drop(sh);
         self.sync_live();
@@ -1188,6 +1251,7 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Ready { .. } => "ready",
         Reply::Result(_) => "result",
         Reply::Drained { .. } => "drained",
+        Reply::Code { .. } => "code",
         Reply::Error { .. } => "error",
     }
 }

@@ -66,9 +66,9 @@ export function workerPids(needle: string): number[] {
   const found = new Set<number>();
   for (const bwrap of hostPidsWithCmdline(needle)) {
     for (const pid of descendantsOf(bwrap)) {
-      // bubblewrap's own command line names /worker.py too (a mount and the command).
+      // bubblewrap's own command line names the worker too (a mount and the command).
       const argv = cmdline(pid).split(" ");
-      if (!argv[0].endsWith("/bwrap") && argv.includes("/worker.py")) found.add(pid);
+      if (!argv[0].endsWith("/bwrap") && argv.some((a) => a === "/worker.py" || a === "/worker.pyc")) found.add(pid);
     }
   }
   return [...found];

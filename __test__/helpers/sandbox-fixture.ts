@@ -71,6 +71,7 @@ export function show(r: ExecResult): string {
 }
 
 export { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";
+export { sessionDirs } from "../../scripts/lib/runtime-root.mjs";
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 

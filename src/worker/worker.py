@@ -14,6 +14,9 @@
 import sys
 import os
 
+# This module's code object, for --emit-code (taken before anything else ran).
+MODULE_CODE = sys._getframe().f_code
+
 REQUEST_FD = 3
 REPLY_FD = 4
 PROTOCOL = 1
@@ -103,7 +106,9 @@ import binascii
 import builtins
 import time
 
-WORKER_FILE = os.path.abspath(__file__)
+# The name tracebacks give the worker's frames, also when it runs as
+# /worker.pyc: the file it was compiled from.
+WORKER_FILE = os.path.abspath(MODULE_CODE.co_filename)
 
 
 def clean(text):
@@ -571,9 +576,26 @@ def serve():
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
 
 
+def send_code():
+    """Send this module, compiled, as a .pyc image (magic number, zero flags
+    and source stamp, then the marshalled code), so that later sandboxes
+    can skip compiling it. Runs before any site directory is read."""
+    import marshal
+    bootstrap = sys.modules.get("_frozen_importlib_external")
+    magic = getattr(bootstrap, "MAGIC_NUMBER", None)
+    if not isinstance(magic, bytes) or len(magic) != 4:
+        return
+    image = magic + bytes(12) + marshal.dumps(MODULE_CODE)
+    text = binascii.b2a_base64(image, newline=False).decode("ascii")
+    if len(text) + 64 <= MAX_FRAME:
+        send({"type": "code", "pyc": text})
+
+
 def main():
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
+    if "--emit-code" in sys.argv[1:]:
+        send_code()
     site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
     site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
