@@ -672,6 +672,28 @@ describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => 
     assert.equal(existsSync(join(project, "new.txt")), false);
   });
 
+  test("write access revoked while the sandbox starts is never used by the code", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Each call starts a sandbox in yolo mode; manual mode arrives a little later each time, so
+    // that some changes land while bubblewrap or the interpreter is still starting (no process to
+    // kill yet). The code waits, then writes: it must meet the read-only mount or be killed.
+    const { project, open } = await makeFixture(t);
+    for (let i = 0; i < 16; i++) {
+      const sb = open({ prewarm: false });
+      sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+      const pending = sb.execute(`import time\ntime.sleep(0.3)\nopen('/workspace/w${i}.txt', 'w').write('x')`);
+      await sleep(i * 3);
+      sb.applyModeEvent({ mode: "manual", readRoots: [] });
+      const r = await pending;
+      assert.equal(existsSync(join(project, `w${i}.txt`)), false, `change after ${i * 3} ms: the write went through: ${show(r)}`);
+      assert.ok(
+        (r.status === "runtime_error" && r.exception?.type === "OSError") || /permission mode or read roots changed/.test(r.diagnostic ?? ""),
+        `change after ${i * 3} ms: ${show(r)}`,
+      );
+      await sb.dispose();
+    }
+  });
+
   test("the only writable host directory is /scratch (read-only mode)", async (t) => {
     if (skip(t)) return;
     const { sb } = await makeFixture(t);

@@ -495,9 +495,15 @@ impl Session {
                 self.drop_worker(inner, "worker_died_idle").await;
             }
         }
-        if inner.worker.is_none() {
+        while inner.worker.is_none() {
             if let Err(outcome) = self.start_worker(inner, call, wake).await {
                 return *outcome;
+            }
+            // A change that came while it started found no process to kill
+            // (only the wake, which the start consumed): start again.
+            let wanted = self.shared.lock().report.mounts.clone();
+            if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+                self.drop_worker(inner, "mounts_changed").await;
             }
         }
         let Some(dirs) = inner.dirs.clone() else {
@@ -653,14 +659,16 @@ impl Session {
             let running = report.is_none();
             tokio::select! {
                 biased;
-                r = requests.write_all(request), if !written => {
-                    if r.is_err() { return Err(Interrupt::Died); }
-                    written = true;
-                }
+                // Before the request goes out: a change that is already
+                // signalled must not let the code start.
                 changed = wake.changed(), if running => {
                     if changed.is_err() || self.is_disposed() { return Err(Interrupt::Disposed); }
                     if self.is_cancelled(call) { return Err(Interrupt::Cancelled); }
                     if self.shared.lock().report.mounts != *mounts { return Err(Interrupt::Remounted); }
+                }
+                r = requests.write_all(request), if !written => {
+                    if r.is_err() { return Err(Interrupt::Died); }
+                    written = true;
                 }
                 _ = sleep_until(deadline), if running => return Err(Interrupt::Timeout),
                 _ = sleep_until(drain_until), if !running => break,
