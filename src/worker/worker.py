@@ -111,9 +111,16 @@ import time
 WORKER_FILE = os.path.abspath(MODULE_CODE.co_filename)
 
 
+# C0 control characters other than tab and newlines, shown as their Unicode
+# pictures (U+2400 + code): JSON would spell each as six bytes, so a bounded
+# field full of them could overflow the reply frame.
+CONTROL_PICTURES = {c: 0x2400 + c for c in range(32) if c not in (9, 10, 13)}
+
+
 def clean(text):
-    """Text that survives UTF-8 encoding (lone surrogates escaped)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """Text that survives UTF-8 encoding (lone surrogates escaped) and
+    whose JSON form is at most twice its UTF-8 size."""
+    return text.translate(CONTROL_PICTURES).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bound(text, limit, keep="head"):
@@ -273,6 +280,10 @@ def install_read_hook():
 
     def hook(event, args):
         if event == "open":
+            # A write is not a read: a grant would mount the path read-only
+            # anyway, so the kernel answers it (ENOENT, EROFS) without a prompt.
+            if len(args) > 2 and isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR):
+                return
             is_dir = False
         elif event == "os.listdir" or event == "os.scandir":
             is_dir = True
@@ -482,9 +493,12 @@ def run(code, namespace, rich=None):
         flush_streams()
     if value is None:
         return "ok", None, None
-    if rich is not None and rich.show(value):
-        return "ok", None, None
-    return "ok", text_of(value), None
+    try:
+        if rich is not None and rich.show(value):
+            return "ok", None, None
+        return "ok", text_of(value), None
+    except BaseException as e:  # a display hook that raised, even SystemExit
+        return "runtime_error", None, describe(e)
 
 
 def flush_streams():
@@ -496,13 +510,14 @@ def flush_streams():
 
 
 def live_processes():
-    """Processes in the sandbox other than its init (pid 1) and this worker."""
+    """Pids of the processes in the sandbox other than its init (pid 1) and
+    this worker."""
     me = os.getpid()
-    count = 0
+    live = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return 0
+        return live
     for entry in entries:
         if not entry.isdigit() or int(entry) in (1, me):
             continue
@@ -513,15 +528,16 @@ def live_processes():
             continue
         state = stat[stat.rfind(b")") + 2:][:1]
         if state not in (b"Z", b"X"):
-            count += 1
-    return count
+            live.add(int(entry))
+    return live
 
 
-def end_streams(nonce, background):
-    """Wait (bounded) for leftover processes, then mark the end of output."""
-    if background:
+def end_streams(nonce, started):
+    """Wait (bounded) for the processes this execution started, then mark
+    the end of output."""
+    if started:
         deadline = time.monotonic() + DRAIN_CAP
-        while time.monotonic() < deadline and live_processes():
+        while time.monotonic() < deadline and started & live_processes():
             time.sleep(0.01)
     mark = b"\0\x1bpipy-end:" + nonce.encode("ascii") + b"\0"
     marked = {}
@@ -559,12 +575,16 @@ def serve():
             send({"type": "error", "id": req_id, "message": "exec code is not base64 UTF-8: %s" % e})
             continue
         rich = state["rich"] = Rich(req_id)
+        # Processes earlier executions left running are not waited for;
+        # /proc is only read before the code when there were any.
+        before = live_processes() if state.get("background") else set()
         try:
             status, value, exception = run(code, namespace, rich)
         finally:
             state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
-        background = live_processes()
+        live = live_processes()
+        background = state["background"] = len(live)
         path = is_dir = None
         if status == "permission_needed":
             path, is_dir = exception.pop("path"), exception.pop("isDir")
@@ -572,7 +592,7 @@ def serve():
               "reprTruncated": truncated, "exception": exception, "background": background,
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
-        marked = end_streams(request["nonce"], background)
+        marked = end_streams(request["nonce"], live - before)
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
 
 
