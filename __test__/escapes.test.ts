@@ -18,8 +18,8 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from "node:fs";
+import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -768,7 +768,6 @@ describe("protected paths in a writable workspace", { concurrency: CONCURRENCY }
     assert.equal(mode.workspaceMode, "read-write");
     const out = jsonOut(await sb.execute(writeAttempts(PROTECTED_FILES, PROTECTED_NEW)));
     const all = { ...out.files, ...out.new } as Record<string, string | number>;
-    if (Object.values(all).every((v) => v === "written")) t.todo("protected paths not yet mounted");
     assert.equal(out.other, "written", "an ordinary project write must succeed in yolo mode");
     assert.equal(await readFile(join(project, "src/main.py"), "utf8"), "pwned\n");
     for (const [path, outcome] of Object.entries(all)) assert.equal(outcome, EROFS, `${path}: ${outcome}`);
@@ -810,6 +809,32 @@ describe("protected paths in a writable workspace", { concurrency: CONCURRENCY }
       assert.equal(readFileSync(join(project, ".git/config"), "utf8"), "original .git/config\n");
     },
   );
+
+  test("a protected path that is a symbolic link is put back after the code replaces it", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    // .pi is a link to config/pi: the mount protects the target, the link itself sits in the
+    // writable project and the code replaces it with a directory holding its own settings.
+    await mkdir(join(project, "config/pi"), { recursive: true });
+    await writeFile(join(project, "config/pi/settings.json"), "{}\n");
+    await symlink("config/pi", join(project, ".pi"));
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import os
+      os.remove("/workspace/.pi")
+      os.makedirs("/workspace/.pi/extensions")
+      open("/workspace/.pi/extensions/evil.ts", "w").write("pwned")
+      open("/workspace/config/pi/settings.json", "a").write("x")
+    `);
+    assert.equal(r.status, "runtime_error", show(r));
+    assert.equal(r.exception?.type, "OSError", "the link's target stays read-only");
+    assert.equal(readlinkSync(join(project, ".pi")), "config/pi", "the link was put back");
+    assert.equal(readFileSync(join(project, "config/pi/settings.json"), "utf8"), "{}\n");
+    assert.match(r.notes.join("\n"), /replaced the link \.pi -> config\/pi.*moved to \/scratch\/\.pi-quarantine\/.*the link was restored/);
+    const scratch = sb.status().paths.scratchDir as string;
+    const [moved] = readdirSync(join(scratch, ".pi-quarantine"));
+    assert.equal(readFileSync(join(scratch, ".pi-quarantine", moved, "extensions/evil.ts"), "utf8"), "pwned");
+  });
 
   test(
     "a protected path that does not exist yet cannot be created in yolo mode",

@@ -255,20 +255,35 @@ pub struct Protection {
     /// Protected paths that do not exist: mounting over them would create
     /// them in the project, so the session removes them if code creates them.
     pub missing: Vec<PathBuf>,
+    /// Protected paths, or directories above them, that are symbolic links:
+    /// (relative path, link target). A mount protects the target but cannot
+    /// cover the link itself, so the session puts back a link that code
+    /// replaced or removed.
+    pub links: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Plan the protection of `names` inside `project`. `resolve` is realpath;
 /// `is_dir` tells a directory from a file (a `.git` *file* points git at
-/// another directory, so the file itself is protected).
+/// another directory, so the file itself is protected); `read_link` gives
+/// the target of a path that is a symbolic link.
 pub fn protection(
     project: &Path,
     names: &[String],
     resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
     is_dir: impl Fn(&Path) -> bool,
+    read_link: impl Fn(&Path) -> Option<PathBuf>,
 ) -> Protection {
     let mut anchors: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
     let mut read_only: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
     let mut missing = Vec::new();
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut note_link = |rel: &Path| {
+        if let Some(target) = read_link(&project.join(rel)) {
+            if !links.iter().any(|(l, _)| l == rel) {
+                links.push((rel.to_path_buf(), target));
+            }
+        }
+    };
     let inside = |p: &Path| -> Option<(PathBuf, PathBuf)> {
         let real = resolve(&project.join(p)).ok()?;
         let rel = real.strip_prefix(project).ok()?.to_path_buf();
@@ -283,6 +298,7 @@ pub fn protection(
         let mut prefix = PathBuf::new();
         for part in &parts[..parts.len() - 1] {
             prefix.push(part);
+            note_link(&prefix);
             let Some((real, real_rel)) = inside(&prefix) else {
                 // The first missing component is what code could create
                 // (and what is removed again: never a path below a link).
@@ -302,6 +318,7 @@ pub fn protection(
                 anchors.push((real, real_rel, false));
             }
         }
+        note_link(rel);
         match inside(rel) {
             Some((real, real_rel)) if !read_only.iter().any(|(h, _, _)| *h == real) => {
                 read_only.push((real, real_rel, true));
@@ -314,7 +331,7 @@ pub fn protection(
         }
     }
     anchors.extend(read_only);
-    Protection { binds: anchors, missing }
+    Protection { binds: anchors, missing, links }
 }
 
 /// The directory a refused read is about: the path itself for a directory
@@ -505,7 +522,12 @@ mod tests {
                 _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
             }
         };
-        let p = protection(Path::new("/p"), &protected_names(None), resolve, |_| true);
+        let read_link = |p: &Path| match p.to_str() {
+            Some("/p/.pi") => Some(PathBuf::from("config/pi")),
+            Some("/p/.bashrc") => Some(PathBuf::from("/home/u/.bashrc")),
+            _ => None,
+        };
+        let p = protection(Path::new("/p"), &protected_names(None), resolve, |_| true, read_link);
         assert_eq!(
             p.binds,
             [
@@ -532,9 +554,15 @@ mod tests {
                 ".zshenv"
             ]
         );
+        assert_eq!(
+            p.links,
+            [(PathBuf::from(".pi"), PathBuf::from("config/pi")), (".bashrc".into(), "/home/u/.bashrc".into())],
+            "links are kept whether their target is inside the project or not"
+        );
         assert_eq!(protected_names(Some(".a: .b/c ::")), [".a", ".b/c"]);
         assert!(protected_names(Some("")).is_empty());
-        let escape = protection(Path::new("/p"), &["../etc".into(), "/abs".into()], |p| Ok(p.to_path_buf()), |_| true);
+        let escape =
+            protection(Path::new("/p"), &["../etc".into(), "/abs".into()], |p| Ok(p.to_path_buf()), |_| true, |_| None);
         assert_eq!(escape.binds, [(PathBuf::from("/p/abs"), PathBuf::from("abs"), true)]);
     }
 
@@ -547,7 +575,7 @@ mod tests {
                 Err(std::io::Error::from(std::io::ErrorKind::NotFound))
             }
         };
-        let p = protection(Path::new("/p"), &[".git/hooks".into(), ".git/config".into()], resolve, |_| false);
+        let p = protection(Path::new("/p"), &[".git/hooks".into(), ".git/config".into()], resolve, |_| false, |_| None);
         assert_eq!(p.binds, [(PathBuf::from("/p/.git"), PathBuf::from(".git"), true)]);
         assert!(p.missing.is_empty());
     }

@@ -145,6 +145,9 @@ struct Worker {
     /// Protected paths that did not exist when it started (relative to
     /// the project): removed again if the code creates them.
     unprotected: Vec<PathBuf>,
+    /// Protected links (relative path, target): put back if the code
+    /// replaces them.
+    protected_links: Vec<(PathBuf, PathBuf)>,
     /// "source" or "bytecode" (see `bytecode`).
     code: &'static str,
 }
@@ -525,7 +528,7 @@ impl Session {
         o.started = true;
 
         let worker = inner.worker.as_mut().expect("started above");
-        let guarded = (worker.project.clone(), worker.unprotected.clone());
+        let guarded = (worker.project.clone(), worker.unprotected.clone(), worker.protected_links.clone());
         let exec_start = std::time::SystemTime::now();
         discard_idle_output(worker).await;
         let request =
@@ -609,7 +612,7 @@ impl Session {
                 o.log_complete = !o.output_limit_exceeded;
             }
         }
-        o.notes.extend(sweep_protected(&guarded.0, &guarded.1, &dirs.scratch, seq, exec_start));
+        o.notes.extend(sweep_protected(&guarded.0, &guarded.1, &guarded.2, &dirs.scratch, seq, exec_start));
         if let Some(e) = &capture.log_error {
             let note = format!("Writing the log files failed: {e}");
             o.diagnostic = Some(match o.diagnostic.take() {
@@ -846,7 +849,13 @@ impl Session {
         let protection = if mounts.workspace_writable {
             let names =
                 crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
-            crate::permissions::protection(project, &names, |p| std::fs::canonicalize(p), |p| p.is_dir())
+            crate::permissions::protection(
+                project,
+                &names,
+                |p| std::fs::canonicalize(p),
+                |p| p.is_dir(),
+                |p| std::fs::read_link(p).ok(),
+            )
         } else {
             crate::permissions::Protection::default()
         };
@@ -899,6 +908,7 @@ impl Session {
             mounts: mounts.clone(),
             project: project.clone(),
             unprotected: protection.missing,
+            protected_links: protection.links,
             code: if matches!(code, WorkerCode::Bytecode(_)) { "bytecode" } else { "source" },
         };
         let code_kind = worker.code;
@@ -1276,13 +1286,16 @@ fn reap(w: Worker) {
     });
 }
 
-/// Protected paths cannot be mounted read-only before they exist. One that
-/// appeared during this execution (changed at or after `since`) was made by
-/// the code: move it out of the project into /scratch/.pi-quarantine (or
-/// delete it when that is another file system), and say so.
+/// Protected paths cannot be mounted read-only before they exist, and a
+/// mount cannot cover a symbolic link. One that appeared during this
+/// execution (changed at or after `since`) was made by the code: move it out
+/// of the project into /scratch/.pi-quarantine (or delete it when that is
+/// another file system), and say so. A protected link that the code replaced
+/// or removed is put back.
 fn sweep_protected(
     project: &Path,
     unprotected: &[PathBuf],
+    links: &[(PathBuf, PathBuf)],
     scratch: &Path,
     seq: u64,
     since: std::time::SystemTime,
@@ -1291,28 +1304,53 @@ fn sweep_protected(
     let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mut notes = Vec::new();
     for rel in unprotected {
-        let path = project.join(rel);
         // lstat: a link is judged (and moved) as the link itself.
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(project.join(rel)) else { continue };
         if meta.ctime() < since {
             continue; // there before this execution: not the code's doing
         }
-        let quarantine = scratch.join(".pi-quarantine");
-        let name = format!("{seq:04}-{}", rel.to_string_lossy().replace('/', "_"));
-        let moved =
-            std::fs::create_dir_all(&quarantine).is_ok() && std::fs::rename(&path, quarantine.join(&name)).is_ok();
-        let gone = moved
-            || if meta.is_dir() { std::fs::remove_dir_all(&path).is_ok() } else { std::fs::remove_file(&path).is_ok() };
         let what = format!("The code created {} in the project, a path that can make the host run code", rel.display());
-        notes.push(match (moved, gone) {
-            (true, _) => format!("{what}; it was moved to /scratch/.pi-quarantine/{name}."),
-            (false, true) => format!("{what}; it was deleted."),
-            (false, false) => {
-                format!("{what}; it could NOT be removed: check {} before using the project.", path.display())
+        notes.push(format!("{what}; it {}.", quarantine(project, rel, &meta, scratch, seq)));
+    }
+    for (rel, target) in links {
+        let path = project.join(rel);
+        if std::fs::read_link(&path).is_ok_and(|now| now == *target) {
+            continue;
+        }
+        let what = format!(
+            "The code replaced the link {} -> {} in the project, a path that can make the host run code",
+            rel.display(),
+            target.display()
+        );
+        let replacement = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => format!("; the replacement {}", quarantine(project, rel, &meta, scratch, seq)),
+            Err(_) => String::new(),
+        };
+        let restored = match std::os::unix::fs::symlink(target, &path) {
+            Ok(()) => "the link was restored".to_string(),
+            Err(e) => {
+                format!("the link could NOT be restored ({e}): check {} before using the project", path.display())
             }
-        });
+        };
+        notes.push(format!("{what}{replacement}; {restored}."));
     }
     notes
+}
+
+/// Move `project/rel` (whose lstat is `meta`) into /scratch/.pi-quarantine,
+/// or delete it; says which.
+fn quarantine(project: &Path, rel: &Path, meta: &std::fs::Metadata, scratch: &Path, seq: u64) -> String {
+    let path = project.join(rel);
+    let dir = scratch.join(".pi-quarantine");
+    let name = format!("{seq:04}-{}", rel.to_string_lossy().replace('/', "_"));
+    if std::fs::create_dir_all(&dir).is_ok() && std::fs::rename(&path, dir.join(&name)).is_ok() {
+        return format!("was moved to /scratch/.pi-quarantine/{name}");
+    }
+    let deleted = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+    match deleted {
+        Ok(()) => "was deleted".into(),
+        Err(_) => format!("could NOT be removed: check {} before using the project", path.display()),
+    }
 }
 
 /// Read an image the worker saved under /scratch, refusing anything that
