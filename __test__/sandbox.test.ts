@@ -28,6 +28,7 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
+import { parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 /**
@@ -1426,6 +1427,24 @@ describe("spare sandbox", () => {
     assert.equal(afterTimeout.repr, "False");
     assert.equal(afterTimeout.generation, 3);
     assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length <= spareAndActive, 5000), "no sandbox piles up");
+  });
+
+  test("mode changes racing the spare's start leave one ready spare that status reports", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, runtimeRoot } = await makeFixtureWithSpare(t);
+    // Each change lands while the spare for the previous mounts is waiting or starting; the
+    // next call starts another. A start that was discarded must not take the slot.
+    for (let i = 0; i < 8; i++) {
+      assertOk(await sb.execute("1"));
+      sb.applyModeEvent({ mode: i % 2 === 0 ? "yolo" : "manual", readRoots: [] });
+    }
+    assertOk(await sb.execute("1"));
+    assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000), `spare: ${sb.status().spare}`);
+    const sandboxes = () => hostPidsWithCmdline(runtimeRoot).filter((pid) => parentOf(pid) === process.pid);
+    assert.ok(await waitUntil(() => sandboxes().length === 2, 5000), `expected the active sandbox and one spare: ${sandboxes().length}`);
+    assert.equal(sb.status().spare, "ready");
+    await sleep(300);
+    assert.equal(sandboxes().length, 2, "a discarded start came back");
   });
 
   test("a mount change discards the spare; prewarm off keeps none", async (t) => {

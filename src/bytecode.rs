@@ -26,9 +26,6 @@ use base64::Engine;
 /// Subdirectory of the runtime root that holds the images.
 pub const DIR: &str = ".worker-code";
 
-/// Largest image accepted: its base64 must fit into one reply frame.
-pub const MAX_PYC_BYTES: usize = 96 * 1024;
-
 /// The cache key for running `worker_source` on `interpreter`, or `None`
 /// when the interpreter file cannot be examined (then nothing is cached).
 pub fn key(interpreter: &Path, worker_source: &str) -> Option<u64> {
@@ -55,14 +52,14 @@ pub fn cached(runtime_root: &Path, key: u64) -> Option<PathBuf> {
     (meta.is_file() && meta.uid() == nix::unistd::getuid().as_raw()).then_some(path)
 }
 
-/// Decode and check an image sent by a worker: base64, a size between the
-/// 16-byte header and [`MAX_PYC_BYTES`], and a magic number that ends in
-/// `\r\n` as every CPython one does. The interpreter checks the rest.
+/// Decode and check an image sent by a worker: base64, more than the
+/// 16-byte header (the frame limit bounds the size), and a magic number that
+/// ends in `\r\n` as every CPython one does. The interpreter checks the rest.
 pub fn decode(pyc_base64: &str) -> Result<Vec<u8>, String> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(pyc_base64)
         .map_err(|e| format!("the worker's code is not base64: {e}"))?;
-    if bytes.len() <= 16 || bytes.len() > MAX_PYC_BYTES {
+    if bytes.len() <= 16 {
         return Err(format!("the worker's code has {} bytes", bytes.len()));
     }
     if &bytes[2..4] != b"\r\n" {
@@ -105,7 +102,6 @@ mod tests {
         assert_eq!(decode(&pyc(40_000)).map(|b| b.len()), Ok(40_000));
         assert!(decode("not base64!").unwrap_err().contains("not base64"));
         assert!(decode(&pyc(16)).unwrap_err().contains("16 bytes"));
-        assert!(decode(&pyc(MAX_PYC_BYTES + 1)).unwrap_err().contains("bytes"));
         let no_magic = base64::engine::general_purpose::STANDARD.encode([b'#'; 64]);
         assert!(decode(&no_magic).unwrap_err().contains("magic"));
     }

@@ -377,13 +377,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
         ));
     }
-    let protected =
-        crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
+    let protected = crate::permissions::protected_names_from_env();
+    let seccomp_rules = crate::seccomp::rules().len();
     text.push_str(&format!(
         "\nhardening: seccomp filter of {} rules (native architecture only); no nested user namespaces; \
          all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
          Not applied: limits on the number of processes or on total memory (no cgroup limits).",
-        crate::seccomp::rules().len(),
+        seccomp_rules,
         if protected.is_empty() {
             "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
         } else {
@@ -391,7 +391,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         }
     ));
     StatusResult {
-        seccomp_rules: crate::seccomp::rules().len() as u32,
+        seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
         available: available.into(),
         diagnostic,

@@ -244,6 +244,12 @@ pub fn protected_names(override_list: Option<&str>) -> Vec<String> {
     }
 }
 
+/// The protected names in force for this process (`PI_PYTHON_TOOL_PROTECTED`
+/// or the default).
+pub fn protected_names_from_env() -> Vec<String> {
+    protected_names(std::env::var(PROTECTED_ENV).ok().as_deref())
+}
+
 /// How the protected paths are kept read-only in a writable workspace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Protection {

@@ -189,7 +189,9 @@ struct Inner {
 /// The spare sandbox slot.
 enum Spare {
     Empty,
-    Starting,
+    /// A start is under way; the number tells it from a start that was
+    /// discarded meanwhile (which must not fill the slot).
+    Starting(u64),
     Ready(Box<Worker>),
 }
 
@@ -197,6 +199,7 @@ pub struct Session {
     id: u64,
     weak: std::sync::Weak<Session>,
     spare: parking_lot::Mutex<Spare>,
+    spare_tickets: AtomicU64,
     opts: SessionOptions,
     nonce_base: u64,
     ops: tokio::sync::Mutex<Inner>,
@@ -212,7 +215,8 @@ const REMOUNT_REASON: &str = "the sandbox was restarted because the permission m
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
     Active,
-    Spare,
+    /// The spare start holding this ticket (see [`Spare::Starting`]).
+    Spare(u64),
 }
 
 /// How a running execution ended before producing a complete result.
@@ -340,6 +344,7 @@ impl Session {
             id,
             weak: weak.clone(),
             spare: parking_lot::Mutex::new(Spare::Empty),
+            spare_tickets: AtomicU64::new(0),
             nonce_base: random_u64(),
             opts,
             ops: tokio::sync::Mutex::new(Inner {
@@ -365,7 +370,14 @@ impl Session {
 
     /// A snapshot for `status`; starts nothing and never waits.
     pub fn status(&self) -> StatusReport {
-        self.shared.lock().report.clone()
+        let spare = match *self.spare.lock() {
+            Spare::Empty => SpareState::None,
+            Spare::Starting(_) => SpareState::Starting,
+            Spare::Ready(_) => SpareState::Ready,
+        };
+        let mut report = self.shared.lock().report.clone();
+        report.spare = spare;
+        report
     }
 
     /// Cancel call `call_id`, or the running call when `None`. Returns
@@ -435,8 +447,7 @@ impl Session {
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
-        let mut outcome =
-            self.execute_locked(&mut inner, code, timeout_seconds, call, started, &mut wake, progress).await;
+        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, &mut wake, progress).await;
         self.refill_spare(&inner);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
@@ -470,7 +481,6 @@ impl Session {
         code: String,
         timeout_seconds: u32,
         call: u32,
-        started: Instant,
         wake: &mut watch::Receiver<u64>,
         progress: Option<ProgressFn>,
     ) -> Outcome {
@@ -538,7 +548,6 @@ impl Session {
             Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
             Ok(bytes) => self.run_exec(worker, &bytes, seq, call, deadline, &mut capture, wake, progress).await,
         };
-        let _ = started;
         match result {
             Ok((report, drained_ok)) => {
                 apply_report(&mut o, report, &dirs.scratch);
@@ -819,14 +828,16 @@ impl Session {
 
     /// Start one sandbox and wait for it to report ready: from the stored
     /// bytecode when there is one, else from source (asking the worker for
-    /// its compiled form). Bytecode that fails to start is deleted and the
-    /// start is made again from source.
+    /// its compiled form). Bytecode whose worker failed (exited, or sent
+    /// something wrong) is deleted and the start is made again from source;
+    /// a cancel or the startup deadline is not the image's doing.
     async fn launch(&self, start: Start<'_>, wake: &mut watch::Receiver<u64>) -> Result<Worker, (Status, String)> {
         let runtime_root = start.dirs.root.parent().unwrap_or(&start.dirs.root);
         let stored = start.facts.code_key.and_then(|key| crate::bytecode::cached(runtime_root, key));
         if let Some(pyc) = stored {
+            let began = Instant::now();
             match self.launch_once(&start, wake, WorkerCode::Bytecode(pyc.clone())).await {
-                Err((status, why)) if status != Status::Cancelled => {
+                Err((status, why)) if status != Status::Cancelled && began.elapsed() < STARTUP_DEADLINE => {
                     tracing::warn!("stored worker bytecode {} did not start ({why}); deleted", pyc.display());
                     let _ = std::fs::remove_file(&pyc);
                 }
@@ -847,8 +858,7 @@ impl Session {
         let Start { facts, dirs, project, mounts, role, call } = start;
         let (role, call) = (*role, *call);
         let protection = if mounts.workspace_writable {
-            let names =
-                crate::permissions::protected_names(std::env::var(crate::permissions::PROTECTED_ENV).ok().as_deref());
+            let names = crate::permissions::protected_names_from_env();
             crate::permissions::protection(
                 project,
                 &names,
@@ -859,7 +869,7 @@ impl Session {
         } else {
             crate::permissions::Protection::default()
         };
-        if role == Role::Spare && self.is_disposed() {
+        if matches!(role, Role::Spare(_)) && self.is_disposed() {
             return Err((Status::Cancelled, "the session was disposed".into()));
         }
         let spec = SandboxSpec {
@@ -912,17 +922,25 @@ impl Session {
             code: if matches!(code, WorkerCode::Bytecode(_)) { "bytecode" } else { "source" },
         };
         let code_kind = worker.code;
+        let own_pid = worker.pid;
         let record = |pid: Option<i32>| match role {
             Role::Active => {
                 self.set_active(pid);
                 self.shared.lock().report.worker_code = pid.map(|_| code_kind);
             }
-            Role::Spare => {
-                self.shared.lock().spare_pid = pid;
+            Role::Spare(ticket) => {
+                let ours = matches!(*self.spare.lock(), Spare::Starting(t) if t == ticket);
+                let mut sh = self.shared.lock();
+                match pid {
+                    Some(pid) if ours => sh.spare_pid = Some(pid),
+                    None if sh.spare_pid == Some(own_pid) => sh.spare_pid = None,
+                    _ => {}
+                }
+                drop(sh);
                 self.sync_live();
             }
         };
-        record(Some(worker.pid));
+        record(Some(own_pid));
         let emit = matches!(code, WorkerCode::Source { emit: true, .. });
         match self.await_ready(&mut worker, call, wake, emit).await {
             Ok((version, image)) => {
@@ -954,11 +972,7 @@ impl Session {
         }
         let Spare::Ready(mut w) = std::mem::replace(&mut *slot, Spare::Empty) else { return None };
         drop(slot);
-        {
-            let mut sh = self.shared.lock();
-            sh.spare_pid = None;
-            sh.report.spare = SpareState::None;
-        }
+        self.shared.lock().spare_pid = None;
         if w.mounts != *mounts || !matches!(w.child.try_wait(), Ok(None)) {
             reap(*w);
             self.sync_live();
@@ -973,11 +987,7 @@ impl Session {
         if let Spare::Ready(w) = old {
             reap(*w);
         }
-        let pid = {
-            let mut sh = self.shared.lock();
-            sh.report.spare = SpareState::None;
-            sh.spare_pid.take()
-        };
+        let pid = self.shared.lock().spare_pid.take();
         if let Some(pid) = pid {
             kill_group(pid); // a spare still starting
         }
@@ -996,47 +1006,64 @@ impl Session {
                 return;
             }
         }
-        let Ok(project) = std::fs::canonicalize(&self.opts.project_dir) else { return };
-        {
+        let ticket = {
             let mut slot = self.spare.lock();
             if !matches!(*slot, Spare::Empty) {
                 return;
             }
-            *slot = Spare::Starting;
-        }
-        self.shared.lock().report.spare = SpareState::Starting;
+            let ticket = self.spare_tickets.fetch_add(1, Ordering::Relaxed);
+            *slot = Spare::Starting(ticket);
+            ticket
+        };
         let Some(me) = self.weak.upgrade() else { return };
         tokio::spawn(async move {
+            let ours = |slot: &Spare| matches!(slot, Spare::Starting(t) if *t == ticket);
             // Forking the host process costs a few milliseconds of both
             // cores: let the result that triggered this reach JS first.
             tokio::time::sleep(SPARE_DELAY).await;
+            let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
+                let mut slot = me.spare.lock();
+                if ours(&slot) {
+                    *slot = Spare::Empty;
+                }
+                return;
+            };
             let mounts = me.shared.lock().report.mounts.clone();
             let mut wake = me.wake.subscribe();
-            let start =
-                Start { facts: &facts, dirs: &dirs, project, mounts: mounts.clone(), role: Role::Spare, call: None };
-            let made = me.launch(start, &mut wake).await;
+            let made = if ours(&me.spare.lock()) {
+                let start = Start {
+                    facts: &facts,
+                    dirs: &dirs,
+                    project,
+                    mounts: mounts.clone(),
+                    role: Role::Spare(ticket),
+                    call: None,
+                };
+                me.launch(start, &mut wake).await
+            } else {
+                Err((Status::Cancelled, "discarded before it started".into()))
+            };
             let current = {
                 let sh = me.shared.lock();
                 !sh.report.disposed && sh.report.mounts == mounts
             };
             let mut slot = me.spare.lock();
+            let mine = ours(&slot);
             match made {
-                Ok(w) if current && matches!(*slot, Spare::Starting) => {
-                    *slot = Spare::Ready(Box::new(w));
-                    me.shared.lock().report.spare = SpareState::Ready;
-                }
+                Ok(w) if current && mine => *slot = Spare::Ready(Box::new(w)),
                 other => {
-                    if let Ok(w) = other {
-                        reap(w);
-                    }
-                    if matches!(*slot, Spare::Starting) {
+                    if mine {
                         *slot = Spare::Empty;
                     }
                     drop(slot);
-                    let mut sh = me.shared.lock();
-                    sh.spare_pid = None;
-                    sh.report.spare = SpareState::None;
-                    drop(sh);
+                    if let Ok(w) = other {
+                        let mut sh = me.shared.lock();
+                        if sh.spare_pid == Some(w.pid) {
+                            sh.spare_pid = None;
+                        }
+                        drop(sh);
+                        reap(w);
+                    }
                     me.sync_live();
                 }
             }
