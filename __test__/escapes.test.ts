@@ -24,10 +24,20 @@ import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, type TestContext, test } from "node:test";
-import { fileURLToPath } from "node:url";
 import { workerPids } from "./helpers/host-procs.ts";
 import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { type ExecResult, makeFixture, PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
+import {
+  assertOk,
+  INDEX_CJS,
+  jsonOut,
+  lit,
+  makeFixture,
+  PythonSandbox,
+  py,
+  show,
+  sleep,
+  waitUntil,
+} from "./helpers/sandbox-fixture.ts";
 
 const CONCURRENCY = 4;
 const EPERM = 1;
@@ -36,21 +46,7 @@ const ENXIO = 6;
 const EROFS = 30;
 const SIGSYS = 31;
 
-const INDEX_CJS = fileURLToPath(new URL("../index.cjs", import.meta.url));
 
-/** A `py` literal for a JS string. */
-const lit = (s: string) => JSON.stringify(s);
-
-function assertOk(r: ExecResult): void {
-  assert.equal(r.status, "ok", show(r));
-}
-
-/** The last stdout line of an ok result, parsed as JSON. */
-function jsonOut<T = any>(r: ExecResult): T {
-  assertOk(r);
-  const lines = r.stdout.trim().split("\n");
-  return JSON.parse(lines[lines.length - 1]);
-}
 
 /** The x86_64 system call numbers below are meaningless elsewhere: skip loudly. */
 function skipUnlessX64(t: TestContext): boolean {

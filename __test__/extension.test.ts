@@ -26,7 +26,9 @@ import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
+import { descendantsOf, parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
 const MAX_TEXT_BYTES = 51200;
@@ -63,57 +65,22 @@ function readProc(pid: string, file: string): string | undefined {
   }
 }
 
-/** Pids of every live descendant of `root` (default: this process). */
-function descendants(root = process.pid): number[] {
-  const children = new Map<number, number[]>();
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    const stat = readProc(name, "stat");
-    if (!stat) continue;
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-    const list = children.get(ppid) ?? [];
-    list.push(Number(name));
-    children.set(ppid, list);
-  }
-  const out: number[] = [];
-  const queue = [root];
-  while (queue.length > 0) {
-    for (const child of children.get(queue.shift()!) ?? []) {
-      out.push(child);
-      queue.push(child);
-    }
-  }
-  return out.sort((a, b) => a - b);
-}
-
 /** Sandbox processes (bwrap and the sandboxed interpreter) started by this test process. */
 function sandboxProcesses(): number[] {
-  return descendants().filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes("/worker.py"));
+  return descendantsOf(process.pid).filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes("/worker.py"));
 }
 
 /** The processes of the sandbox whose session dir is `root`: its bwrap and everything below it. */
 function sandboxTree(root: string): number[] {
-  const bwraps = descendants().filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes(`${root}/scratch`));
-  return [...new Set(bwraps.flatMap((pid) => [pid, ...descendants(pid)]))].sort((a, b) => a - b);
-}
-
-async function waitUntil(cond: () => boolean, timeoutMs: number): Promise<boolean> {
-  const end = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > end) return false;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  return true;
+  const bwraps = descendantsOf(process.pid).filter((pid) => (readProc(String(pid), "cmdline") ?? "").includes(`${root}/scratch`));
+  return [...new Set(bwraps.flatMap((pid) => [pid, ...descendantsOf(pid)]))].sort((a, b) => a - b);
 }
 
 /** The outer bwrap processes (one per sandbox) of session dir `root`. */
 function sandboxes(root: string): number[] {
-  return descendants().filter((pid) => {
-    const cmd = readProc(String(pid), "cmdline") ?? "";
-    const parent = Number((readProc(String(pid), "stat") ?? "").split(") ")[1]?.split(" ")[1]);
-    return cmd.includes(`${root}/scratch`) && !(readProc(String(parent), "cmdline") ?? "").includes(`${root}/scratch`);
-  });
+  return descendantsOf(process.pid).filter(
+    (pid) => parentOf(pid) === process.pid && (readProc(String(pid), "cmdline") ?? "").includes(`${root}/scratch`),
+  );
 }
 
 /**
@@ -214,7 +181,7 @@ function lineCount(s: string): number {
 
 test("loading: one sequential python tool, no errors, nothing started, status unverified", async (t) => {
   const cwd = await tempCwd(t);
-  const childrenBefore = descendants();
+  const childrenBefore = descendantsOf(process.pid);
   const dirsBefore = runtimeDirs();
   const rootExistedBefore = existsSync(runtimeRoot());
 
@@ -228,7 +195,7 @@ test("loading: one sequential python tool, no errors, nothing started, status un
   assert.equal(registered.length, 1);
 
   // Loading started nothing and made no directory.
-  assert.deepEqual(descendants(), childrenBefore, "loading created no child process");
+  assert.deepEqual(descendantsOf(process.pid), childrenBefore, "loading created no child process");
   assert.deepEqual(runtimeDirs(), dirsBefore);
   assert.equal(existsSync(runtimeRoot()), rootExistedBefore);
 
@@ -241,7 +208,7 @@ test("loading: one sequential python tool, no errors, nothing started, status un
   assert.equal(report.paths.scratchDir, undefined, "no scratch dir before the first execution");
   assert.equal(report.paths.logDir, undefined);
   assert.equal(report.paths.projectDir, realpathSync(cwd));
-  assert.deepEqual(descendants(), childrenBefore, "status created no child process");
+  assert.deepEqual(descendantsOf(process.pid), childrenBefore, "status created no child process");
   assert.deepEqual(runtimeDirs(), dirsBefore, "status created no directory");
   assert.deepEqual(h.extensionErrors, []);
 });
@@ -388,7 +355,7 @@ test("abort: a running call is cancelled promptly and loses state", async (t) =>
   assert.equal((await call(h, { code: "kept = 1" })).details.status, "ok");
   const sessionRoot = dirname((await status(h)).paths.scratchDir);
   // The running interpreter and (once started) the spare.
-  await waitUntil(() => sandboxes(sessionRoot).length === 2, 3000);
+  assert.ok(await waitUntil(() => sandboxes(sessionRoot).length === 2, 3000), "the active sandbox and its spare run");
   const sandboxesBefore = sandboxes(sessionRoot);
 
   const controller = new AbortController();
@@ -448,7 +415,7 @@ test("reset discards state and keeps scratch; status reports mode, limits and pa
   const write = await call(h, { code: "v = 7\nopen('/scratch/keep.txt', 'w').write('kept across reset')" });
   assert.equal(write.details.status, "ok", write.text);
   const report = await status(h);
-  await waitUntil(() => sandboxes(dirname(report.paths.scratchDir)).length === 2, 3000);
+  assert.ok(await waitUntil(() => sandboxes(dirname(report.paths.scratchDir)).length === 2, 3000), "the active sandbox and its spare run");
   const resetBefore = sandboxes(dirname(report.paths.scratchDir));
 
   const reset = await call(h, { action: "reset" });

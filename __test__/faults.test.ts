@@ -17,13 +17,16 @@ import { chmodSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { chmod, mkdir, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
-import { fileURLToPath } from "node:url";
-import { describeProcess, fdDiff, fdTable, ownZombies, parentOf, workerPids } from "./helpers/host-procs.ts";
+import { assertNoProcess, describeProcess, fdDiff, fdTable, ownZombies, parentOf, workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import {
+  assertOk,
+  assertRecovers,
   type ExecResult,
   type Fixture,
   hostPidsWithCmdline,
+  INDEX_CJS,
+  lit,
   makeFixture,
   py,
   sessionDirs,
@@ -36,19 +39,6 @@ import { soak } from "../scripts/soak.mjs";
 
 const CONCURRENCY = 4;
 const MiB = 1024 * 1024;
-const lit = (s: string) => JSON.stringify(s);
-
-function assertOk(r: ExecResult): void {
-  assert.equal(r.status, "ok", show(r));
-}
-
-/** No host process mentions `needle` (a runtime root or a marker) within `ms`. */
-async function assertNoProcess(needle: string, ms = 5000): Promise<void> {
-  assert.ok(
-    await waitUntil(() => hostPidsWithCmdline(needle).length === 0, ms),
-    `processes remain: ${hostPidsWithCmdline(needle).map(describeProcess).join("; ")}`,
-  );
-}
 
 /** A fake interpreter outside /usr (its prefix gets mounted), running `script` with /bin/sh. */
 async function fakeInterpreter(fx: Fixture, name: string, script: string): Promise<string> {
@@ -71,13 +61,6 @@ function frameBytes(body: string): Buffer {
 /** Bytes as a printf(1) format of octal escapes. */
 const octal = (bytes: Buffer) => [...bytes].map((b) => `\\${b.toString(8).padStart(3, "0")}`).join("");
 
-/** After a failure: the next call of `sb` runs in a fresh interpreter. */
-async function assertRecovers(sb: { execute(code: string): Promise<ExecResult> }, failed: ExecResult): Promise<void> {
-  const next = await sb.execute("'kept' in globals()");
-  assertOk(next);
-  assert.equal(next.repr, "False", "interpreter state survived a fault that killed the sandbox");
-  assert.equal(next.generation, failed.generation + 1);
-}
 
 // ---------------------------------------------------------------------------------------------
 describe("worker faults", { concurrency: CONCURRENCY }, () => {
@@ -501,7 +484,6 @@ describe("bad input at the addon boundary", { concurrency: CONCURRENCY }, () => 
 });
 
 // ---------------------------------------------------------------------------------------------
-const INDEX_CJS = fileURLToPath(new URL("../index.cjs", import.meta.url));
 
 describe("host process death", () => {
   test("SIGKILL of Node with two sandboxes mid-execution leaves no sandbox process", async (t) => {

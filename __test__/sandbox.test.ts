@@ -15,10 +15,12 @@ import { createServer, type Server } from "node:net";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
-import { fileURLToPath } from "node:url";
 import {
-  type ExecResult,
+  assertOk,
   FIXTURE_CONTENT,
+  INDEX_CJS,
+  jsonOut,
+  lit,
   hostPidsWithCmdline,
   makeFixture as makeFixtureWithSpare,
   py,
@@ -28,7 +30,7 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-import { parentOf } from "./helpers/host-procs.ts";
+import { assertNoProcess, parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 /**
@@ -41,20 +43,6 @@ const CONCURRENCY = 4;
 const EPERM = 1;
 const MiB = 1024 * 1024;
 
-/** A `py` literal for a JS string (JSON string syntax is valid Python for these values). */
-const lit = (s: string) => JSON.stringify(s);
-
-function assertOk(r: ExecResult): void {
-  assert.equal(r.status, "ok", show(r));
-  assert.equal(r.isError, false, show(r));
-}
-
-/** The last stdout line of an ok result, parsed as JSON. */
-function jsonOut<T = any>(r: ExecResult): T {
-  assertOk(r);
-  const lines = r.stdout.trim().split("\n");
-  return JSON.parse(lines[lines.length - 1]);
-}
 
 /**
  * Code that leaves a setsid() grandchild running whose command line carries `marker` and which
@@ -87,13 +75,6 @@ async function assertGrandchildGone(marker: string, scratchDir: string): Promise
   assert.equal(readFileSync(beat, "utf8"), before, "heartbeat still changing after the kill");
 }
 
-/** No process on the host mentions this test's runtime root (every sandbox argv does). */
-async function assertNoSandboxProcess(runtimeRoot: string, ms = 5000): Promise<void> {
-  assert.ok(
-    await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, ms),
-    `sandbox processes remain: ${hostPidsWithCmdline(runtimeRoot)}`,
-  );
-}
 
 // ---------------------------------------------------------------------------------------------
 describe("interpreter state and results", { concurrency: CONCURRENCY }, () => {
@@ -468,7 +449,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(s.workerRunning, false);
     assert.equal(s.lastResetReason, "explicit_reset");
     assert.equal(s.generation, 1);
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
     assert.equal(await readFile(join(scratchDir, "keep.txt"), "utf8"), "kept", "scratch survives reset (host)");
     const gone = await sb.execute("x");
     assert.equal(gone.status, "runtime_error", show(gone));
@@ -491,7 +472,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(hostPidsWithCmdline(marker).length, 20);
     await sb.reset();
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000), "background processes survived reset");
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
     const after = await sb.execute("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())");
     assert.equal(after.repr, "[1, 2]");
   });
@@ -643,7 +624,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     );
     assertOk(first);
     assert.equal(first.repr, "2");
-    await assertNoSandboxProcess(runtimeRoot, 8000);
+    await assertNoProcess(runtimeRoot, 8000);
     const next = await sb.execute("'x' in globals()");
     assertOk(next);
     assert.equal(next.repr, "False");
@@ -694,7 +675,7 @@ describe("protocol violations from user code", { concurrency: CONCURRENCY }, () 
     const r = await sb.execute("import os\nos.close(3)", 30);
     assert.ok(Date.now() - started < 6000, `took ${Date.now() - started} ms`);
     assertOk(r); // the code itself ran to completion; the worker dies when it reads the next request
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
     const next = await sb.execute("'kept' in globals()");
     assertOk(next);
     assert.equal(next.repr, "False");
@@ -1258,7 +1239,7 @@ describe("sessions and the JS API", { concurrency: CONCURRENCY }, () => {
     assert.equal(r.stateLost, true);
     assert.equal(existsSync(scratchDir), false, "scratch dir remains");
     assert.equal(existsSync(logDir), false, "log dir remains");
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
     const s = sb.status();
     assert.equal(s.disposed, true);
     assert.equal(s.workerRunning, false);
@@ -1339,7 +1320,6 @@ describe("startup failures", { concurrency: CONCURRENCY }, () => {
 });
 
 // ---------------------------------------------------------------------------------------------
-const INDEX_CJS = fileURLToPath(new URL("../index.cjs", import.meta.url));
 
 /**
  * A separate Node host process that opens a sandbox, leaves a marked background process running
@@ -1392,7 +1372,7 @@ describe("host process lifetime", { concurrency: CONCURRENCY }, () => {
       await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000),
       `sandbox processes outlived their host: ${hostPidsWithCmdline(marker)}`,
     );
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
   });
 
   test("a host process that ends normally kills its sandboxes and deletes their directories", async (t) => {
@@ -1403,7 +1383,7 @@ describe("host process lifetime", { concurrency: CONCURRENCY }, () => {
     assert.equal(await host.ready, "ready ok");
     assert.equal(await host.exited, 0);
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000), "sandbox outlived its host");
-    await assertNoSandboxProcess(runtimeRoot);
+    await assertNoProcess(runtimeRoot);
     assert.deepEqual(sessionDirs(runtimeRoot), [], "session directory left behind");
   });
 });

@@ -2,8 +2,10 @@
  * Host-side views of processes and descriptors for the escape, fault and soak tests: the process
  * tree under a sandbox, the sandbox worker's host pid, and this process's fd count and RSS.
  */
+import assert from "node:assert/strict";
 import { readdirSync, readFileSync, readlinkSync } from "node:fs";
-import { hostPidsWithCmdline } from "./sandbox-fixture.ts";
+import { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";
+import { waitUntil } from "./sandbox-fixture.ts";
 
 /** Parent pid of `pid`, or null when it is gone. */
 export function parentOf(pid: number): number | null {
@@ -35,7 +37,15 @@ export function descendantsOf(root: number): number[] {
     out.push(...next);
     queue.push(...next);
   }
-  return out;
+  return out.sort((a, b) => a - b);
+}
+
+/** No host process mentions `needle` (a runtime root, a session dir or a marker) within `ms`. */
+export async function assertNoProcess(needle: string, ms = 5000): Promise<void> {
+  assert.ok(
+    await waitUntil(() => hostPidsWithCmdline(needle).length === 0, ms),
+    `processes remain: ${hostPidsWithCmdline(needle).map(describeProcess).join("; ")}`,
+  );
 }
 
 /** "pid state ppid=N pgid=N: command line", for a failure message. */

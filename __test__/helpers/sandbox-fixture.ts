@@ -6,15 +6,20 @@
  * sandboxes are disposed and the directory removed in `t.after`, so cleanup runs even when the
  * test fails.
  */
+import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
+import { fileURLToPath } from "node:url";
 import type { ExecResult, PythonSandbox as PythonSandboxClass, SandboxOptions } from "../../index.d.ts";
 
 export type { ExecResult, StatusResult } from "../../index.d.ts";
+
+/** The addon's loader, for tests that start another Node process. */
+export const INDEX_CJS = fileURLToPath(new URL("../../index.cjs", import.meta.url));
 
 const addon = createRequire(import.meta.url)("../../index.cjs") as {
   PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass;
@@ -68,6 +73,30 @@ export function py(strings: TemplateStringsArray, ...values: unknown[]): string 
 /** A one-line summary of a result for assertion messages. */
 export function show(r: ExecResult): string {
   return JSON.stringify({ ...r, text: undefined }).slice(0, 4000);
+}
+
+/** A `py` literal for a JS string (JSON string syntax is valid Python for these values). */
+export const lit = (s: string) => JSON.stringify(s);
+
+export function assertOk(r: ExecResult): void {
+  assert.equal(r.status, "ok", show(r));
+  assert.equal(r.isError, false, show(r));
+}
+
+/** The last stdout line of an ok result, parsed as JSON. */
+export function jsonOut<T = any>(r: ExecResult): T {
+  assertOk(r);
+  const lines = r.stdout.trim().split("\n");
+  return JSON.parse(lines[lines.length - 1]);
+}
+
+/** After a failure that killed the sandbox: the next call runs in a fresh interpreter (the
+ * code that failed had set `kept`). */
+export async function assertRecovers(sb: { execute(code: string): Promise<ExecResult> }, failed: ExecResult): Promise<void> {
+  const next = await sb.execute("'kept' in globals()");
+  assertOk(next);
+  assert.equal(next.repr, "False", "interpreter state survived a fault that killed the sandbox");
+  assert.equal(next.generation, failed.generation + 1);
 }
 
 export { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";
