@@ -270,13 +270,13 @@ def install_read_hook():
     process; never stat or existence checks. Subprocesses are not covered:
     their reads simply fail with the kernel's error.
     """
-    allowed = mountpoints()
+    # The hook runs on every open (each import's included): prefixes are
+    # built once, and the mount points ("/" never among them) match exactly.
+    allowed = frozenset(mountpoints())
+    prefixes = tuple(m + "/" for m in allowed)
 
     def inside(path):
-        for m in allowed:
-            if path == m or path.startswith(m + "/"):
-                return True
-        return False
+        return path in allowed or path.startswith(prefixes)
 
     def hook(event, args):
         if event == "open":
@@ -297,7 +297,7 @@ def install_read_hook():
         elif not isinstance(path, str):
             return  # an fd, or None for the current directory
         try:
-            full = os.path.normpath(os.path.join(os.getcwd(), path))
+            full = os.path.normpath(path if path.startswith("/") else os.path.join(os.getcwd(), path))
         except Exception:
             return
         if inside(full):
