@@ -25,8 +25,8 @@ pub struct MountConfig {
 /// A validated `tool-permissions:mode` payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModeEvent {
-    /// The mode as announced (`manual` for anything unknown).
-    pub mode: String,
+    /// `/workspace` is writable: the edits, auto and yolo modes (anything
+    /// unknown is read-only).
     pub writable: bool,
     /// Root strings as given (validated later by [`plan_mounts`]).
     pub read_roots: Vec<String>,
@@ -38,17 +38,13 @@ pub struct ModeEvent {
 /// changes nothing (`None`).
 pub fn parse_mode_event(payload: &Value) -> Option<ModeEvent> {
     let obj = payload.as_object()?;
-    let mode = obj.get("mode").and_then(Value::as_str).unwrap_or("");
-    let (mode, writable) = match mode {
-        "edits" | "auto" | "yolo" => (mode.to_string(), true),
-        _ => ("manual".to_string(), false),
-    };
+    let writable = matches!(obj.get("mode").and_then(Value::as_str), Some("edits" | "auto" | "yolo"));
     let read_roots = obj
         .get("readRoots")
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
         .unwrap_or_default();
-    Some(ModeEvent { mode, writable, read_roots })
+    Some(ModeEvent { writable, read_roots })
 }
 
 /// A root that was not mounted, and why.

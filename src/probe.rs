@@ -28,8 +28,6 @@ pub struct Bwrap {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interpreter {
-    /// As configured (for messages).
-    pub configured: PathBuf,
     /// Resolved, as mounted and executed.
     pub path: PathBuf,
     /// Host directories to mount read-only for an interpreter outside `/usr`.
@@ -112,7 +110,7 @@ pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, Stri
         return Err(format!("{} is not an executable file. {}", real.display(), missing()));
     }
     let mounts = interpreter_mounts(&real)?;
-    Ok(Interpreter { configured, path: real, mounts })
+    Ok(Interpreter { path: real, mounts })
 }
 
 /// User-controlled Python packages: a virtualenv or site directories,

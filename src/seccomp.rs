@@ -1,7 +1,7 @@
 //! The seccomp policy: which system calls the sandbox refuses, and why.
 //!
 //! The policy is data ([`rules`]) so that it can be reviewed and tested as a
-//! list; [`export_bpf`] compiles it with libseccomp into a sealed memfd that
+//! list; [`export_bpf`] compiles it with libseccomp into a memfd that
 //! bubblewrap loads with `--seccomp FD` as the last step before it executes
 //! the worker, so the filter is in force before any worker or user code
 //! runs and is inherited by every process in the sandbox. Calls of foreign
@@ -199,9 +199,7 @@ pub fn build_filter(rules: &[Rule]) -> Result<ScmpFilterContext, SeccompError> {
 /// left at the end after writing gives it an empty program.)
 pub fn export_bpf(rules: &[Rule]) -> Result<OwnedFd, SeccompError> {
     let ctx = build_filter(rules)?;
-    let fd = nix::sys::memfd::memfd_create(c"pi-python-seccomp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(std::io::Error::from)?;
-    let mut file = File::from(fd);
+    let mut file = memfd()?;
     ctx.export_bpf(&mut file)?;
     file.seek(SeekFrom::Start(0))?;
     Ok(OwnedFd::from(file))
@@ -224,13 +222,17 @@ fn program() -> Result<&'static [u8], String> {
         .map_err(|e| e.clone())
 }
 
+/// An empty close-on-exec memfd for a BPF program.
+fn memfd() -> std::io::Result<File> {
+    let fd = nix::sys::memfd::memfd_create(c"pi-python-seccomp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    Ok(File::from(fd))
+}
+
 /// A fresh memfd holding the policy, at offset 0, for one sandbox start.
 pub fn bpf_memfd() -> Result<OwnedFd, String> {
     use std::io::Write;
     let bytes = program()?;
-    let fd = nix::sys::memfd::memfd_create(c"pi-python-seccomp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(|e| e.to_string())?;
-    let mut file = File::from(fd);
+    let mut file = memfd().map_err(|e| e.to_string())?;
     file.write_all(bytes).map_err(|e| e.to_string())?;
     file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
     Ok(OwnedFd::from(file))
