@@ -4,6 +4,7 @@
 //! The sandbox logic is plain Rust, tested with `cargo test`; only
 //! `napi_api` (behind the `addon` feature) knows about Node.
 
+pub mod beneath;
 pub mod bwrap;
 pub mod bytecode;
 pub mod capture;
@@ -12,6 +13,7 @@ pub mod limits;
 pub mod outcome;
 pub mod permissions;
 pub mod probe;
+pub mod scan;
 pub mod seccomp;
 pub mod session;
 pub mod spawn;

@@ -1,0 +1,477 @@
+//! Host-side file operations on trees the sandbox can write.
+//!
+//! A writable project and the scratch directory change while the host looks
+//! at them: any component of a path inside them may be replaced by a
+//! symbolic link between one system call and the next. Every host-side
+//! open, stat, rename, link restore or read on such a tree goes through a
+//! [`Tree`]: a directory fd for the tree's root (a path the host chose, not
+//! one the sandbox can change) and paths relative to it that are resolved
+//! beneath that fd without following any symbolic or magic link at any
+//! component. `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS)` does that atomically in the kernel; where it is
+//! missing (Linux before 5.6) the path is walked one component at a time
+//! with `O_PATH | O_NOFOLLOW | O_DIRECTORY`, each step relative to the fd of
+//! the last. Renames and link restores act on the fd of the directory that
+//! holds the name, so they can never land outside the tree.
+//!
+//! This module only resolves and acts; what to protect is `protected`'s
+//! decision.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
+/// Kind of a directory entry, as `lstat` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Link,
+    Other,
+}
+
+impl Kind {
+    pub fn of(st: &FileStat) -> Kind {
+        match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+            SFlag::S_IFDIR => Kind::Dir,
+            SFlag::S_IFREG => Kind::File,
+            SFlag::S_IFLNK => Kind::Link,
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// How a path is resolved; `Auto` uses `openat2` and walks only where the
+/// kernel lacks it. Tests force the walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolver {
+    Auto,
+    Walk,
+}
+
+/// The root of a tree the sandbox can write, held open.
+#[derive(Debug)]
+pub struct Tree {
+    fd: OwnedFd,
+    path: PathBuf,
+    resolver: Resolver,
+}
+
+/// Split `rel` into plain names. Anything else (`..`, `.`, a root, an empty
+/// path) is refused: a relative path from the host's own plan has none.
+fn names(rel: &Path) -> io::Result<Vec<&OsStr>> {
+    let mut out = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("not a plain relative path: {}", rel.display()),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn errno(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+#[cfg(test)]
+type WalkHook = Option<Box<dyn FnMut(usize)>>;
+
+#[cfg(test)]
+thread_local! {
+    /// Called by the walk between two components (with the index of the
+    /// next one), so that a test can swap a directory for a link there.
+    pub static WALK_HOOK: std::cell::RefCell<WalkHook> = const { std::cell::RefCell::new(None) };
+}
+
+impl Tree {
+    /// Open the root `path`, which must be a directory and not a link
+    /// itself. The caller vouches for the path above the root.
+    pub fn open(path: &Path) -> io::Result<Tree> {
+        Tree::open_with(path, Resolver::Auto)
+    }
+
+    pub fn open_with(path: &Path, resolver: Resolver) -> io::Result<Tree> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display())))?;
+        Ok(Tree { fd, path: path.to_path_buf(), resolver })
+    }
+
+    /// The host path of the root (for messages; never for access).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn root_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Open `rel` beneath the root with `flags` (`O_CLOEXEC | O_NOFOLLOW`
+    /// are always added). Fails with ELOOP when any component, the last
+    /// included, is a symbolic link, and never resolves outside the root.
+    pub fn open_at(&self, rel: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+        let parts = names(rel)?;
+        let flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        let fd = match self.resolver {
+            Resolver::Auto => match self.openat2(rel, flags) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => self.walk(&parts, flags)?,
+                other => other?,
+            },
+            Resolver::Walk => self.walk(&parts, flags)?,
+        };
+        // O_PATH | O_NOFOLLOW opens a trailing link itself: refuse it.
+        let st = nix::sys::stat::fstat(&fd).map_err(errno)?;
+        if Kind::of(&st) == Kind::Link {
+            return Err(errno(Errno::ELOOP));
+        }
+        Ok(fd)
+    }
+
+    fn openat2(&self, rel: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+        let how = OpenHow::new().flags(flags).resolve(
+            ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+        nix::fcntl::openat2(self.fd.as_fd(), rel, how).map_err(errno)
+    }
+
+    /// One component at a time, each relative to the fd of the last: an
+    /// intermediate component must be a real directory (`O_DIRECTORY` with
+    /// `O_NOFOLLOW` refuses a link), the last is opened with `O_NOFOLLOW`.
+    fn walk(&self, parts: &[&OsStr], flags: OFlag) -> io::Result<OwnedFd> {
+        let mut cur: Option<OwnedFd> = None;
+        for (i, part) in parts.iter().enumerate() {
+            #[cfg(test)]
+            WALK_HOOK.with(|h| {
+                if let Some(f) = h.borrow_mut().as_mut() {
+                    f(i)
+                }
+            });
+            let dir = cur.as_ref().map(|f| f.as_fd()).unwrap_or(self.fd.as_fd());
+            let last = i + 1 == parts.len();
+            let step =
+                if last { flags } else { OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC };
+            let next = nix::fcntl::openat(dir, *part, step, Mode::empty()).map_err(|e| match e {
+                Errno::ENOTDIR if !last => {
+                    // A link (or a file) where a directory was expected.
+                    errno(Errno::ELOOP)
+                }
+                e => errno(e),
+            })?;
+            cur = Some(next);
+        }
+        match cur {
+            Some(fd) => Ok(fd),
+            // An empty path is the root itself.
+            None => self.fd.try_clone(),
+        }
+    }
+
+    /// The directory `rel` (the root for an empty path), as an `O_PATH` fd.
+    pub fn dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        if rel.as_os_str().is_empty() {
+            return self.fd.try_clone();
+        }
+        self.open_at(rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
+    }
+
+    /// The directory holding the last component of `rel`, and that name.
+    pub fn parent(&self, rel: &Path) -> io::Result<(OwnedFd, OsString)> {
+        let parts = names(rel)?;
+        let Some((name, _)) = parts.split_last() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the root has no parent in its tree"));
+        };
+        let dir = self.dir(rel.parent().unwrap_or(Path::new("")))?;
+        Ok((dir, name.to_os_string()))
+    }
+
+    /// `lstat` of `rel`: `None` when it (or a directory above it) does not
+    /// exist. A link above it is an error, a link at it is reported as one.
+    pub fn lstat(&self, rel: &Path) -> io::Result<Option<FileStat>> {
+        let (dir, name) = match self.parent(rel) {
+            Ok(p) => p,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        stat_in(dir.as_fd(), &name)
+    }
+
+    /// The target of the link `rel`.
+    pub fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        let (dir, name) = self.parent(rel)?;
+        read_link_in(dir.as_fd(), &name)
+    }
+
+    /// Create the link `rel` -> `target` (the directory above must exist).
+    pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        nix::unistd::symlinkat(target, dir.as_fd(), name.as_os_str()).map_err(errno)
+    }
+
+    /// The entries of directory `rel` (see [`list_dir`]).
+    pub fn list(&self, rel: &Path, max: usize) -> io::Result<(Vec<(OsString, Kind)>, bool)> {
+        let fd = if rel.as_os_str().is_empty() {
+            nix::fcntl::openat(
+                self.fd.as_fd(),
+                ".",
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(errno)?
+        } else {
+            self.open_at(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?
+        };
+        list_dir(fd, max)
+    }
+
+    /// A regular file of at most `max` bytes, read whole.
+    pub fn read_regular(&self, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
+        let fd = self.open_at(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
+        read_bounded(fd, max)
+    }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; `None` for a missing name.
+pub fn stat_in(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<FileStat>> {
+    match nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(errno(e)),
+    }
+}
+
+/// `readlinkat(dir, name)`.
+pub fn read_link_in(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<PathBuf> {
+    let target = nix::fcntl::readlinkat(dir, name).map_err(errno)?;
+    Ok(PathBuf::from(target))
+}
+
+/// Rename `from` to `to` inside the one directory `dir`, never replacing
+/// an existing `to` (`renameat2(RENAME_NOREPLACE)`): the entry stays on its
+/// file system and in its directory, whatever it is.
+pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &OsStr, to: &OsStr) -> io::Result<()> {
+    nix::fcntl::renameat2(dir, from, dir, to, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(errno)
+}
+
+/// Open the entry `name` of `dir` as a directory without following a link
+/// (one component: nothing else to resolve).
+pub fn open_child_dir(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno)
+}
+
+/// The names in directory `fd` (not `.` and `..`), with their kind as
+/// `lstat` sees it, at most `max` of them; the flag says whether more were
+/// left out.
+pub fn list_dir(fd: OwnedFd, max: usize) -> io::Result<(Vec<(OsString, Kind)>, bool)> {
+    let raw = fd.as_raw_fd();
+    let mut dir = nix::dir::Dir::from_fd(fd).map_err(errno)?;
+    let mut out = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(errno)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if out.len() == max {
+            return Ok((out, true));
+        }
+        let name = OsStr::from_bytes(name).to_os_string();
+        let kind = match entry.file_type() {
+            Some(nix::dir::Type::Directory) => Kind::Dir,
+            Some(nix::dir::Type::File) => Kind::File,
+            Some(nix::dir::Type::Symlink) => Kind::Link,
+            Some(_) => Kind::Other,
+            // File systems without d_type: ask.
+            None => {
+                // SAFETY: `raw` is the fd owned by `dir`, alive for the loop.
+                let dirfd = unsafe { BorrowedFd::borrow_raw(raw) };
+                stat_in(dirfd, &name)?.map(|st| Kind::of(&st)).unwrap_or(Kind::Other)
+            }
+        };
+        out.push((name, kind));
+    }
+    Ok((out, false))
+}
+
+/// Read an open regular file of at most `max` bytes.
+pub fn read_bounded(fd: OwnedFd, max: u64) -> io::Result<Vec<u8>> {
+    let file = File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    if meta.len() > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("larger than {max} bytes")));
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.take(max).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// Delete the tree at `path`, which the host made (a session directory)
+/// and whose contents the sandbox may have written. std's `remove_dir_all`
+/// opens every directory with `O_NOFOLLOW` relative to its parent and
+/// unlinks links as links (the CVE-2022-21658 fix), so a link planted
+/// inside never takes the removal elsewhere.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    std::fs::remove_dir_all(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    struct Tmp(PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn tmp(tag: &str) -> Tmp {
+        let p = std::env::temp_dir().join(format!(
+            "pps-beneath-{tag}-{}-{:x}",
+            std::process::id(),
+            crate::session::random_u64()
+        ));
+        std::fs::create_dir_all(p.join("a/b")).expect("mkdir");
+        std::fs::write(p.join("a/b/f"), "inside").expect("write");
+        Tmp(p)
+    }
+
+    fn both(root: &Path) -> [Tree; 2] {
+        [Tree::open_with(root, Resolver::Auto).expect("open"), Tree::open_with(root, Resolver::Walk).expect("open")]
+    }
+
+    #[test]
+    fn plain_paths_resolve_with_either_resolver() {
+        let t = tmp("plain");
+        for tree in both(&t.0) {
+            assert_eq!(tree.read_regular(Path::new("a/b/f"), 100).expect("read"), b"inside");
+            assert!(tree.lstat(Path::new("a/missing/x")).expect("lstat").is_none());
+            assert!(tree.lstat(Path::new("a/b")).expect("lstat").is_some());
+        }
+    }
+
+    #[test]
+    fn a_link_at_any_component_is_refused() {
+        let t = tmp("links");
+        let outside = tmp("outside");
+        std::fs::write(outside.0.join("secret"), "host").expect("write");
+        symlink(&outside.0, t.0.join("abs")).expect("link");
+        symlink("a/b", t.0.join("rel")).expect("link");
+        symlink("f", t.0.join("a/b/last")).expect("link");
+        symlink("/proc/self/root", t.0.join("magic")).expect("link");
+        for tree in both(&t.0) {
+            for rel in ["abs/secret", "rel/f", "a/b/last", "magic/etc/hostname", "abs", "rel"] {
+                let err = tree.read_regular(Path::new(rel), 100).expect_err(rel);
+                assert!(
+                    matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)),
+                    "{rel} with {:?}: {err}",
+                    tree.resolver
+                );
+            }
+            for bad in ["../x", "/etc/passwd", "a/../a/b/f", ""] {
+                assert!(tree.read_regular(Path::new(bad), 100).is_err(), "{bad}");
+            }
+            // lstat of a name that is a link reports the link itself.
+            let st = tree.lstat(Path::new("a/b/last")).expect("lstat").expect("exists");
+            assert_eq!(Kind::of(&st), Kind::Link);
+            assert!(tree.lstat(Path::new("abs/secret")).is_err(), "a link above the name is an error");
+        }
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_between_steps_is_refused() {
+        let t = tmp("swap");
+        let outside = tmp("swap-out");
+        std::fs::create_dir_all(outside.0.join("b")).expect("mkdir");
+        std::fs::write(outside.0.join("b/f"), "host").expect("write");
+        let tree = Tree::open_with(&t.0, Resolver::Walk).expect("open");
+        let (root, out) = (t.0.clone(), outside.0.clone());
+        WALK_HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |i| {
+                if i == 1 {
+                    // After `a` was opened: replace it with a link outside.
+                    std::fs::rename(root.join("a"), root.join("a-moved")).expect("move");
+                    symlink(&out, root.join("a")).expect("link");
+                }
+            }))
+        });
+        // The walk already holds the real `a`: it reads the original file.
+        let got = tree.read_regular(Path::new("a/b/f"), 100);
+        WALK_HOOK.with(|h| *h.borrow_mut() = None);
+        assert_eq!(got.expect("the held directory is used"), b"inside");
+        // A fresh resolution meets the link and refuses it.
+        for tree in both(&t.0) {
+            let err = tree.read_regular(Path::new("a/b/f"), 100).expect_err("link");
+            assert!(matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)), "{err}");
+        }
+    }
+
+    #[test]
+    fn racing_link_swaps_never_reach_outside() {
+        let t = tmp("race");
+        let outside = tmp("race-out");
+        std::fs::create_dir_all(outside.0.join("b")).expect("mkdir");
+        std::fs::write(outside.0.join("b/f"), "host").expect("write");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (root, out, flag) = (t.0.clone(), outside.0.clone(), stop.clone());
+        let swapper = std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && n < 20_000 {
+                let _ = std::fs::rename(root.join("a"), root.join("a-real"));
+                let _ = symlink(&out, root.join("a"));
+                let _ = std::fs::remove_file(root.join("a"));
+                let _ = std::fs::rename(root.join("a-real"), root.join("a"));
+                n += 1;
+            }
+        });
+        for tree in both(&t.0) {
+            for _ in 0..5_000 {
+                if let Ok(data) = tree.read_regular(Path::new("a/b/f"), 100) {
+                    assert_eq!(data, b"inside", "read a file outside the tree");
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().expect("swapper");
+    }
+
+    #[test]
+    fn renames_stay_in_their_directory_and_never_replace() {
+        let t = tmp("rename");
+        let tree = Tree::open(&t.0).expect("open");
+        std::fs::write(t.0.join("a/taken"), "x").expect("write");
+        let (dir, name) = tree.parent(Path::new("a/b")).expect("parent");
+        assert_eq!(
+            rename_noreplace(dir.as_fd(), &name, OsStr::new("taken")).expect_err("taken").raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        rename_noreplace(dir.as_fd(), &name, OsStr::new("b2")).expect("rename");
+        assert!(t.0.join("a/b2/f").exists());
+        tree.symlink(Path::new("b2"), Path::new("a/b")).expect("symlink");
+        assert_eq!(tree.read_link(Path::new("a/b")).expect("readlink"), PathBuf::from("b2"));
+    }
+}

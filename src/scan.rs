@@ -1,0 +1,141 @@
+//! The bounded walk of a project tree.
+//!
+//! One breadth-first walk, bounded by the number of entries it reads and by
+//! depth (never by time, so that the same project gives the same answer on
+//! a loaded machine). Dependency trees (`node_modules`, virtual
+//! environments, build outputs) are walked last, so that a large one cannot
+//! use up the bound before the project's own directories are seen. Links
+//! are reported as links and never followed; every directory is opened
+//! through [`Tree`], beneath the root. The caller decides what an entry
+//! means and whether to descend into a directory.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use crate::beneath::{Kind, Tree};
+
+/// Directory names walked after everything else.
+pub const DEPENDENCY_DIRS: &[&str] = &[
+    "node_modules",
+    ".venv",
+    "venv",
+    "target",
+    "__pycache__",
+    ".tox",
+    ".nox",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".gradle",
+    "dist",
+    "build",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Directory entries read at most.
+    pub max_entries: usize,
+    /// Deepest directory level descended into (the root is level 0).
+    pub max_depth: usize,
+}
+
+pub const DEFAULT_LIMITS: Limits = Limits { max_entries: 50_000, max_depth: 24 };
+/// Override the bounds (whole numbers; anything else keeps the default).
+pub const ENTRIES_ENV: &str = "PI_PYTHON_TOOL_SCAN_ENTRIES";
+pub const DEPTH_ENV: &str = "PI_PYTHON_TOOL_SCAN_DEPTH";
+
+/// The bounds in force: `entries` and `depth` as given in the environment.
+pub fn limits(entries: Option<&str>, depth: Option<&str>) -> Limits {
+    let parse = |v: Option<&str>, default: usize| v.and_then(|v| v.trim().parse().ok()).unwrap_or(default);
+    Limits {
+        max_entries: parse(entries, DEFAULT_LIMITS.max_entries),
+        max_depth: parse(depth, DEFAULT_LIMITS.max_depth),
+    }
+}
+
+/// The bounds in force for this process.
+pub fn limits_from_env() -> Limits {
+    limits(std::env::var(ENTRIES_ENV).ok().as_deref(), std::env::var(DEPTH_ENV).ok().as_deref())
+}
+
+/// What the visitor wants done with a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    Descend,
+    Skip,
+}
+
+/// How far a walk got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Entries read.
+    pub entries: usize,
+    /// Every directory within the depth was read to the end.
+    pub complete: bool,
+}
+
+/// Walk `tree` breadth-first, calling `visit(rel, kind)` for every entry.
+/// A directory that cannot be opened (it vanished, or became a link) is
+/// passed over: the walk never follows what the sandbox put there.
+pub fn walk(tree: &Tree, limits: Limits, mut visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+    let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(PathBuf::new(), 0)]);
+    let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
+    let mut summary = Summary { entries: 0, complete: true };
+    while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {
+        let room = limits.max_entries.saturating_sub(summary.entries);
+        let Ok((entries, more)) = tree.list(&dir, room) else { continue };
+        summary.entries += entries.len();
+        for (name, kind) in entries {
+            let rel = dir.join(&name);
+            if visit(&rel, kind) == Visit::Skip || kind != Kind::Dir {
+                continue;
+            }
+            if depth + 1 > limits.max_depth {
+                summary.complete = false;
+                continue;
+            }
+            let deferred = name.to_str().is_some_and(|n| DEPENDENCY_DIRS.contains(&n));
+            if deferred { &mut later } else { &mut queue }.push_back((rel, depth + 1));
+        }
+        if more {
+            summary.complete = false;
+            break;
+        }
+    }
+    summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn walks_breadth_first_with_dependency_trees_last_and_stops_at_its_bounds() {
+        let root =
+            std::env::temp_dir().join(format!("pps-scan-{}-{:x}", std::process::id(), crate::session::random_u64()));
+        for d in ["node_modules/pkg/deep", "src/a/b", "docs"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        std::fs::write(root.join("src/a/b/f.py"), "").expect("write");
+        std::fs::write(root.join("node_modules/pkg/deep/x.js"), "").expect("write");
+        symlink("/etc", root.join("src/etc-link")).expect("link");
+        let tree = Tree::open(&root).expect("open");
+        let mut seen = Vec::new();
+        let all = walk(&tree, DEFAULT_LIMITS, |rel, kind| {
+            seen.push((rel.to_string_lossy().into_owned(), kind));
+            Visit::Descend
+        });
+        assert!(all.complete);
+        assert_eq!(all.entries, seen.len());
+        let order: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+        let pos = |p: &str| order.iter().position(|o| *o == p).unwrap_or_else(|| panic!("{p} not seen in {order:?}"));
+        assert!(pos("src/a/b/f.py") < pos("node_modules/pkg"), "dependency trees come last: {order:?}");
+        assert!(seen.contains(&("src/etc-link".into(), Kind::Link)));
+        assert!(!order.iter().any(|p| p.starts_with("src/etc-link/")), "a link was followed");
+        let bounded = walk(&tree, Limits { max_entries: 4, max_depth: 24 }, |_, _| Visit::Descend);
+        assert_eq!((bounded.entries, bounded.complete), (4, false));
+        let shallow = walk(&tree, Limits { max_entries: 1000, max_depth: 1 }, |_, _| Visit::Descend);
+        assert!(!shallow.complete);
+        std::fs::remove_dir_all(&root).expect("cleanup");
+    }
+}
