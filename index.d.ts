@@ -55,9 +55,11 @@ export declare class PythonSandbox {
   status(): StatusResult
   /**
    * Kill the sandbox and delete the session's scratch and log
-   * directories. Idempotent; later calls answer `unavailable`.
+   * directories. Idempotent; later calls answer `unavailable`. Resolves
+   * with notes for the user: protected names that the last check of a
+   * writable project made inert, and how to restore them.
    */
-  dispose(reason?: string | undefined | null): Promise<void>
+  dispose(reason?: string | undefined | null): Promise<Array<string>>
 }
 
 export interface BwrapInfo {

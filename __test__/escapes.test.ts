@@ -816,20 +816,30 @@ describe("protected paths in a writable workspace", { concurrency: CONCURRENCY }
     await symlink("config/pi", join(project, ".pi"));
     sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     const r = await sb.execute(py`
-      import os
-      os.remove("/workspace/.pi")
-      os.makedirs("/workspace/.pi/extensions")
-      open("/workspace/.pi/extensions/evil.ts", "w").write("pwned")
-      open("/workspace/config/pi/settings.json", "a").write("x")
+      import json, os
+      def attempt(fn):
+          try:
+              fn()
+              return "done"
+          except OSError as e:
+              return e.errno
+      def replace():
+          os.remove("/workspace/.pi")
+          os.makedirs("/workspace/.pi/extensions")
+          open("/workspace/.pi/extensions/evil.ts", "w").write("pwned")
+      print(json.dumps({
+          "replace": attempt(replace),
+          "target": attempt(lambda: open("/workspace/config/pi/settings.json", "a").write("x")),
+      }))
     `);
-    assert.equal(r.status, "runtime_error", show(r));
-    assert.equal(r.exception?.type, "OSError", "the link's target stays read-only");
+    const out = jsonOut(r);
+    assert.equal(out.target, EROFS, "the link's target stays read-only");
     assert.equal(readlinkSync(join(project, ".pi")), "config/pi", "the link was put back");
     assert.equal(readFileSync(join(project, "config/pi/settings.json"), "utf8"), "{}\n");
-    assert.match(r.notes.join("\n"), /replaced the link \.pi -> config\/pi.*moved to \/scratch\/\.pi-quarantine\/.*the link was restored/);
-    const scratch = sb.status().paths.scratchDir as string;
-    const [moved] = readdirSync(join(scratch, ".pi-quarantine"));
-    assert.equal(readFileSync(join(scratch, ".pi-quarantine", moved, "extensions/evil.ts"), "utf8"), "pwned");
+    assert.match(r.notes.join("\n"), /The protected link \.pi -> config\/pi was replaced in the project; it was put back/);
+    // Whatever replaced it is kept, renamed in place so that no tool reads it.
+    const inert = readdirSync(project).filter((n) => n.startsWith(".pi.pi-inert"));
+    assert.ok(inert.length >= 1, `no inert copy in ${readdirSync(project)}`);
   });
 
   test(
@@ -843,15 +853,16 @@ describe("protected paths in a writable workspace", { concurrency: CONCURRENCY }
       // .pi/extensions, .vscode/tasks.json, .mcp.json and .envrc are read by tools on the host.
       const fresh = [".pi/extensions/evil.ts", ".vscode/tasks.json", ".mcp.json", ".envrc", ".bashrc"];
       // Nothing can be mounted over a path that does not exist without
-      // creating it in the project; the session takes what the code created
-      // out of the project again right after the execution, and says so.
+      // creating it in the project; the session renames what appears, in
+      // place, to a name no tool reads, and says so.
       const r = await sb.execute(writeAttempts([], fresh));
       const out = jsonOut(r);
       assert.equal(out.other, "written");
       for (const path of fresh) {
         const top = path.split("/")[0];
         assert.equal(existsSync(join(project, top)), false, `${top} is still in the project after the execution`);
-        assert.match(r.text, new RegExp(`The code created ${top.replace(".", "\\.")} in the project`));
+        assert.ok(existsSync(join(project, `${top}.pi-inert`)), `${top} was not kept as ${top}.pi-inert`);
+        assert.match(r.text, new RegExp(`${top.replace(".", "\\.")} appeared in the project .* renamed to ${top.replace(".", "\\.")}\\.pi-inert`));
       }
     },
   );

@@ -15,6 +15,19 @@ pub const WORKER_PYC: &str = "/worker.pyc";
 pub const REQUEST_FD: i32 = 3;
 pub const REPLY_FD: i32 = 4;
 pub const SECCOMP_FD: i32 = 5;
+/// Mount sources passed as fds (see [`FdBind`]) are placed from here up.
+pub const MOUNT_FD_BASE: i32 = 6;
+
+/// A bind mount whose source bubblewrap gets as an open fd (placed at
+/// `fd` by `spawn`), never as a path it would resolve at start: for
+/// sources inside a tree the sandbox can write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FdBind {
+    pub fd: i32,
+    /// Where it goes, inside the sandbox.
+    pub dest: PathBuf,
+    pub read_only: bool,
+}
 
 /// Paths every sandbox mounts itself; a read root may not land on or under
 /// one of them.
@@ -63,12 +76,14 @@ pub struct SandboxSpec {
     pub worker: WorkerCode,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
-    /// (host path, path relative to /workspace, read-only) bound over a
-    /// writable workspace, in order.
-    pub protected: Vec<(PathBuf, PathBuf, bool)>,
+    /// Bound over a writable workspace, in order (see `protected`).
+    pub protected: Vec<FdBind>,
     /// The user's Python packages: directories mounted read-only at their
     /// own paths, and the site directories the worker adds.
     pub python_mounts: Vec<PathBuf>,
+    /// Python package directories inside a tree the sandbox can write,
+    /// mounted read-only from fds at their own paths.
+    pub python_fd_mounts: Vec<FdBind>,
     pub site_dirs: Vec<PathBuf>,
 }
 
@@ -80,6 +95,12 @@ fn push_bind(argv: &mut Vec<OsString>, flag: &str, src: &Path, dest: &Path) {
     argv.push(flag.into());
     argv.push(src.into());
     argv.push(dest.into());
+}
+
+fn push_fd_bind(argv: &mut Vec<OsString>, bind: &FdBind) {
+    argv.push(if bind.read_only { "--ro-bind-fd" } else { "--bind-fd" }.into());
+    argv.push(bind.fd.to_string().into());
+    argv.push(bind.dest.clone().into());
 }
 
 /// The full bwrap argv (without the program name), in the order the
@@ -118,9 +139,8 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     let workspace_flag = if spec.workspace_writable { "--bind" } else { "--ro-bind" };
     push_bind(&mut a, workspace_flag, &spec.project_dir, Path::new(WORKSPACE));
     if spec.workspace_writable {
-        for (host, rel, read_only) in &spec.protected {
-            let flag = if *read_only { "--ro-bind" } else { "--bind" };
-            push_bind(&mut a, flag, host, &Path::new(WORKSPACE).join(rel));
+        for bind in &spec.protected {
+            push_fd_bind(&mut a, bind);
         }
     }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
@@ -131,6 +151,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     push_bind(&mut a, "--ro-bind", worker_host, Path::new(worker));
     for root in spec.read_roots.iter().chain(&spec.python_mounts) {
         push_bind(&mut a, "--ro-bind-try", root, root);
+    }
+    for bind in &spec.python_fd_mounts {
+        push_fd_bind(&mut a, bind);
     }
     push(&mut a, &["--chdir", WORKSPACE]);
     // Environment: nothing of the host's.
@@ -167,10 +190,11 @@ mod tests {
             worker: WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: false },
             read_roots: vec![],
             protected: vec![
-                ("/home/u/proj/.git".into(), ".git".into(), false),
-                ("/home/u/proj/.git/hooks".into(), ".git/hooks".into(), true),
+                FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
+                FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
             ],
             python_mounts: vec![],
+            python_fd_mounts: vec![],
             site_dirs: vec![],
         }
     }
@@ -237,14 +261,8 @@ mod tests {
         let at = argv.iter().position(|a| a == "/workspace").expect("workspace");
         assert_eq!(
             argv[at + 1..at + 7],
-            [
-                "--bind",
-                "/home/u/proj/.git",
-                "/workspace/.git",
-                "--ro-bind",
-                "/home/u/proj/.git/hooks",
-                "/workspace/.git/hooks"
-            ]
+            ["--bind-fd", "6", "/workspace/sub", "--ro-bind-fd", "7", "/workspace/sub/.git"],
+            "protected sources are fds, never paths bubblewrap would resolve"
         );
     }
 
@@ -271,6 +289,16 @@ mod tests {
         }));
         assert!(has_triple(&argv, ["--ro-bind-try", "/home/u/venv", "/home/u/venv"]));
         assert_eq!(argv[argv.len() - 3..], ["/worker.py", "--site", "/home/u/venv/lib/python3.11/site-packages"]);
+    }
+
+    #[test]
+    fn a_venv_inside_the_project_is_mounted_from_an_fd() {
+        let argv = strings(&bwrap_argv(&SandboxSpec {
+            python_fd_mounts: vec![FdBind { fd: 8, dest: "/home/u/proj/.venv".into(), read_only: true }],
+            ..spec()
+        }));
+        assert!(has_triple(&argv, ["--ro-bind-fd", "8", "/home/u/proj/.venv"]));
+        assert!(!argv.iter().any(|a| a == "/workspace/sub"), "protected binds only in a writable workspace");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod outcome;
 pub mod permissions;
 pub mod probe;
+pub mod protected;
 pub mod scan;
 pub mod seccomp;
 pub mod session;

@@ -377,7 +377,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
         ));
     }
-    let protected = crate::permissions::protected_names_from_env();
+    let protected = crate::protected::describe(&crate::protected::patterns_from_env());
     let seccomp_rules = crate::seccomp::rules().len();
     text.push_str(&format!(
         "\nhardening: seccomp filter of {} rules (native architecture only); no nested user namespaces; \
@@ -639,13 +639,16 @@ impl PythonSandbox {
     /// The next `execute` starts a fresh interpreter.
     #[napi]
     pub async fn reset(&self) -> Result<ResetResult> {
-        let dirs = self.session.reset().await;
+        let (dirs, notes) = self.session.reset().await;
         let scratch = dirs.map(|d| path_str(&d.scratch));
-        let text = format!(
+        let mut text = format!(
             "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
        A fresh interpreter starts on the next execution.",
             scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
         );
+        for note in notes {
+            text.push_str(&format!("\n\nnote: {note}"));
+        }
         Ok(ResetResult { scratch_dir: scratch, text })
     }
 
@@ -656,10 +659,11 @@ impl PythonSandbox {
     }
 
     /// Kill the sandbox and delete the session's scratch and log
-    /// directories. Idempotent; later calls answer `unavailable`.
+    /// directories. Idempotent; later calls answer `unavailable`. Resolves
+    /// with notes for the user: protected names that the last check of a
+    /// writable project made inert, and how to restore them.
     #[napi]
-    pub async fn dispose(&self, reason: Option<String>) -> Result<()> {
-        self.session.dispose(reason.as_deref().unwrap_or("disposed")).await;
-        Ok(())
+    pub async fn dispose(&self, reason: Option<String>) -> Result<Vec<String>> {
+        Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await)
     }
 }

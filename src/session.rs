@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,13 +21,15 @@ use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout};
 
-use crate::bwrap::{bwrap_argv, SandboxSpec, WorkerCode, SCRATCH, WORKSPACE};
+use crate::beneath::Tree;
+use crate::bwrap::{bwrap_argv, FdBind, SandboxSpec, WorkerCode, MOUNT_FD_BASE, SCRATCH, WORKSPACE};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
 use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
+use crate::protected::{self, Guard};
 use crate::seccomp;
 use crate::spawn::{kill_group, spawn_sandbox};
 
@@ -127,27 +129,38 @@ struct Shared {
     spare_pid: Option<i32>,
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
+    /// The active sandbox's guard and init pid, for checks after a kill
+    /// that does not hold the operation lock.
+    active_guard: Option<(Arc<Guard>, Option<i32>)>,
 }
 
 struct Worker {
     child: tokio::process::Child,
     pid: i32,
     requests: tokio::net::unix::pipe::Sender,
-    replies: mpsc::UnboundedReceiver<Result<Reply, FrameError>>,
+    /// Bounded: a sandbox that floods frames waits on its pipe, never on
+    /// host memory.
+    replies: mpsc::Receiver<Result<Reply, FrameError>>,
+    /// Frames are expected (a start or a request in flight); one that
+    /// arrives otherwise makes the reply task kill the sandbox at once.
+    expecting: Arc<AtomicBool>,
+    /// Why the reply task killed the sandbox, when it did.
+    killed_for: Arc<parking_lot::Mutex<Option<String>>>,
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
     out_buf: Vec<u8>,
     err_buf: Vec<u8>,
     /// The mounts this sandbox was started with.
     mounts: MountConfig,
-    /// The canonical project directory it mounts.
-    project: PathBuf,
-    /// Protected paths that did not exist when it started (relative to
-    /// the project): removed again if the code creates them.
-    unprotected: Vec<PathBuf>,
-    /// Protected links (relative path, target): put back if the code
-    /// replaces them.
-    protected_links: Vec<(PathBuf, PathBuf)>,
+    /// The protected paths of a writable workspace (see `protected`).
+    guard: Option<Arc<Guard>>,
+    /// Ends the guard's watch when the worker is dropped.
+    _watch: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The pid namespace's init (host pid), once known: when it is gone,
+    /// every process of the sandbox is.
+    init_pid: Option<i32>,
+    /// What the protection plan said, for the first result it serves.
+    plan_notes: Vec<String>,
     /// "source" or "bytecode" (see `bytecode`).
     code: &'static str,
 }
@@ -206,6 +219,9 @@ pub struct Session {
     shared: parking_lot::Mutex<Shared>,
     wake: watch::Sender<u64>,
     auto_call: AtomicU64,
+    /// Notes for the next result, found between executions (protected
+    /// names made inert, ...).
+    notes: protected::Notes,
 }
 
 const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
@@ -255,7 +271,7 @@ pub fn cleanup_all() {
             kill_group(pid);
         }
         if let Some(dir) = dir {
-            let _ = std::fs::remove_dir_all(dir);
+            let _ = crate::beneath::remove_tree(&dir);
         }
     }
 }
@@ -362,9 +378,11 @@ impl Session {
                 spare_pid: None,
                 running_call: None,
                 cancelled: HashSet::new(),
+                active_guard: None,
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
+            notes: protected::Notes::default(),
         })
     }
 
@@ -502,7 +520,11 @@ impl Session {
         }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
-            if let Ok(Some(status)) = w.child.try_wait() {
+            let killed_for = w.killed_for.lock().take();
+            if let Some(why) = killed_for {
+                inner.pending_loss = Some(format!("the sandbox was killed between executions: {why}"));
+                self.drop_worker(inner, "worker_error").await;
+            } else if let Ok(Some(status)) = w.child.try_wait() {
                 let what = exit_text(Some(status));
                 inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}"));
                 self.drop_worker(inner, "worker_died_idle").await;
@@ -538,8 +560,7 @@ impl Session {
         o.started = true;
 
         let worker = inner.worker.as_mut().expect("started above");
-        let guarded = (worker.project.clone(), worker.unprotected.clone(), worker.protected_links.clone());
-        let exec_start = std::time::SystemTime::now();
+        let guard = worker.guard.clone();
         discard_idle_output(worker).await;
         let request =
             Request::Exec { id: seq, code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()), nonce };
@@ -621,7 +642,15 @@ impl Session {
                 o.log_complete = !o.output_limit_exceeded;
             }
         }
-        o.notes.extend(sweep_protected(&guarded.0, &guarded.1, &guarded.2, &dirs.scratch, seq, exec_start));
+        if let Some(guard) = guard {
+            // The names where protected entries live, now; the whole
+            // project off the result's path (its notes reach the next result).
+            o.notes.extend(guard.check_holders());
+            if inner.worker.is_some() {
+                tokio::task::spawn_blocking(move || guard.check_all_pending());
+            }
+        }
+        o.notes.extend(self.notes.lock().drain(..));
         if let Some(e) = &capture.log_error {
             let note = format!("Writing the log files failed: {e}");
             o.diagnostic = Some(match o.diagnostic.take() {
@@ -652,7 +681,8 @@ impl Session {
         wake: &mut watch::Receiver<u64>,
         progress: Option<ProgressFn>,
     ) -> Result<(ExecReport, Result<(), String>), Interrupt> {
-        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, mounts, .. } = w;
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, mounts, expecting, .. } = w;
+        expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
         let mut drain_until = deadline;
@@ -701,6 +731,8 @@ impl Session {
                         drain_until = tokio::time::Instant::now() + DRAIN_CAP + DRAIN_SLACK;
                     }
                     Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
+                        // Nothing more is due until the next request.
+                        expecting.store(false, Ordering::Release);
                         drained = Some((o, e));
                     }
                     Some(Ok(other)) => {
@@ -785,7 +817,9 @@ impl Session {
             sh.report.generation += 1;
             sh.report.generation
         };
-        if let Some(spare) = self.take_spare(&mounts) {
+        if let Some(mut spare) = self.take_spare(&mounts) {
+            self.notes.lock().append(&mut spare.plan_notes);
+            self.shared.lock().active_guard = spare.guard.clone().map(|g| (g, spare.init_pid));
             bump();
             self.set_active(Some(spare.pid));
             self.shared.lock().report.worker_code = Some(spare.code);
@@ -795,7 +829,9 @@ impl Session {
         let generation = bump();
         let start = Start { facts: &facts, dirs: &dirs, project, mounts, role: Role::Active, call: Some(call) };
         match self.launch(start, wake).await {
-            Ok(worker) => {
+            Ok(mut worker) => {
+                self.notes.lock().append(&mut worker.plan_notes);
+                self.shared.lock().active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
                 inner.worker = Some(worker);
                 inner.start_failed = false;
                 Ok(())
@@ -857,23 +893,70 @@ impl Session {
     ) -> Result<Worker, (Status, String)> {
         let Start { facts, dirs, project, mounts, role, call } = start;
         let (role, call) = (*role, *call);
-        let protection = if mounts.workspace_writable {
-            let names = crate::permissions::protected_names_from_env();
-            crate::permissions::protection(
-                project,
-                &names,
-                |p| std::fs::canonicalize(p),
-                |p| p.is_dir(),
-                |p| std::fs::read_link(p).ok(),
-            )
+        let plan = if mounts.workspace_writable {
+            let (root, sink) = (project.clone(), self.notes.clone());
+            let planned = tokio::task::spawn_blocking(move || {
+                let limits = crate::scan::limits_from_env();
+                protected::plan(&root, &protected::patterns_from_env(), limits, &protected::HostGit::from_env(), sink)
+            })
+            .await;
+            match planned {
+                Ok(Ok(plan)) => Some(plan),
+                Ok(Err(e)) => {
+                    return Err((
+                        Status::WorkerError,
+                        format!("The protected paths of {} could not be planned: {e}", project.display()),
+                    ))
+                }
+                Err(e) => return Err((Status::WorkerError, format!("The protected paths could not be planned: {e}"))),
+            }
         } else {
-            crate::permissions::Protection::default()
+            None
         };
         if matches!(role, Role::Spare(_)) && self.is_disposed() {
             return Err((Status::Cancelled, "the session was disposed".into()));
         }
+        let (binds, guard, plan_notes) = match plan {
+            Some(p) => (p.binds, Some(Arc::new(p.guard)), p.notes),
+            None => (Vec::new(), None, Vec::new()),
+        };
+        let mut mount_fds = Vec::new();
+        let mut protected_binds = Vec::new();
+        for b in binds {
+            protected_binds.push(FdBind {
+                fd: MOUNT_FD_BASE + mount_fds.len() as i32,
+                dest: Path::new(WORKSPACE).join(&b.rel),
+                read_only: b.read_only,
+            });
+            mount_fds.push(b.fd);
+        }
+        // Package directories inside the project (a venv there) or the
+        // scratch directory are trees the sandbox may have written: mounted
+        // from fds opened beneath them, never by path.
+        let mut python_mounts = Vec::new();
+        let mut python_fd_mounts = Vec::new();
+        for dir in &facts.python.mounts {
+            let tree_root = [project.as_path(), dirs.scratch.as_path()].into_iter().find(|r| dir.starts_with(r));
+            let Some(root) = tree_root else {
+                python_mounts.push(dir.clone());
+                continue;
+            };
+            let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
+            let opened = Tree::open(root).and_then(|t| t.dir(rel));
+            match opened {
+                Ok(fd) => {
+                    python_fd_mounts.push(FdBind {
+                        fd: MOUNT_FD_BASE + mount_fds.len() as i32,
+                        dest: dir.clone(),
+                        read_only: true,
+                    });
+                    mount_fds.push(fd);
+                }
+                Err(e) => tracing::warn!("{} not mounted: {e}", dir.display()),
+            }
+        }
         let spec = SandboxSpec {
-            protected: protection.binds,
+            protected: protected_binds,
             project_dir: project.clone(),
             interpreter: facts.interpreter.path.clone(),
             interpreter_mounts: facts.interpreter.mounts.clone(),
@@ -882,15 +965,21 @@ impl Session {
             scratch_dir: dirs.scratch.clone(),
             worker: code.clone(),
             read_roots: mounts.read_roots.clone(),
-            python_mounts: facts.python.mounts.clone(),
+            python_mounts,
+            python_fd_mounts,
             site_dirs: facts.python.site_dirs.clone(),
         };
         let bpf = seccomp::bpf_memfd()
             .map_err(|e| (Status::WorkerError, format!("The seccomp filter could not be built: {e}")))?;
-        let spawned = spawn_sandbox(&facts.bwrap.path, &bwrap_argv(&spec), bpf)
+        let spawned = spawn_sandbox(&facts.bwrap.path, &bwrap_argv(&spec), bpf, mount_fds)
             .map_err(|e| (Status::WorkerError, format!("bubblewrap could not be started: {e}")))?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        // Two frames in flight at most: a flood waits on the pipe. A frame
+        // that no start or request asked for kills the sandbox at once.
+        let (tx, rx) = mpsc::channel(2);
         let mut reader = spawned.replies;
+        let expecting = Arc::new(AtomicBool::new(true));
+        let killed_for: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
+        let (expect, killed, group) = (expecting.clone(), killed_for.clone(), spawned.pid);
         tokio::spawn(async move {
             loop {
                 let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
@@ -901,7 +990,13 @@ impl Session {
                         | FrameError::Io { .. }
                         | FrameError::Oversize { .. })
                 );
-                if tx.send(item).is_err() || end {
+                if !end && !expect.load(Ordering::Acquire) {
+                    tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
+                    *killed.lock() = Some("it sent a protocol frame while no execution ran".into());
+                    kill_group(group);
+                    break;
+                }
+                if tx.send(item).await.is_err() || end {
                     break;
                 }
             }
@@ -911,14 +1006,17 @@ impl Session {
             pid: spawned.pid,
             requests: spawned.requests,
             replies: rx,
+            expecting,
+            killed_for,
             stdout: Some(spawned.stdout),
             stderr: Some(spawned.stderr),
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
             mounts: mounts.clone(),
-            project: project.clone(),
-            unprotected: protection.missing,
-            protected_links: protection.links,
+            guard,
+            _watch: None,
+            init_pid: None,
+            plan_notes,
             code: if matches!(code, WorkerCode::Bytecode(_)) { "bytecode" } else { "source" },
         };
         let code_kind = worker.code;
@@ -949,6 +1047,12 @@ impl Session {
                     if let Err(e) = crate::bytecode::store(runtime_root, key, &image) {
                         tracing::warn!("{e}");
                     }
+                }
+                worker.init_pid = child_of(worker.pid);
+                if let Some(guard) = worker.guard.clone() {
+                    let (stop, stopped) = tokio::sync::oneshot::channel();
+                    tokio::spawn(protected::watch(guard, stopped));
+                    worker._watch = Some(stop);
                 }
                 let mut sh = self.shared.lock();
                 sh.report.availability = Availability::Available;
@@ -1114,6 +1218,7 @@ impl Session {
                 }
                 msg = replies.recv() => match msg {
                     Some(Ok(Reply::Ready { protocol, runtime_version, site_notes })) if protocol == PROTOCOL_VERSION => {
+                        w.expecting.store(false, Ordering::Release);
                         if !site_notes.is_empty() {
                             let mut sh = self.shared.lock();
                             for note in site_notes {
@@ -1176,6 +1281,7 @@ impl Session {
         })
         .await;
         let exit = timeout(CLEANUP_DEADLINE, w.child.wait()).await.ok().and_then(|r| r.ok());
+        check_after_kill(&w).await;
         self.after_worker_gone(reason);
         inner.exit_status.take().or(exit)
     }
@@ -1185,6 +1291,7 @@ impl Session {
         if let Some(mut w) = inner.worker.take() {
             kill_group(w.pid);
             let _ = timeout(CLEANUP_DEADLINE, w.child.wait()).await;
+            check_after_kill(&w).await;
         }
         self.after_worker_gone(reason);
     }
@@ -1192,6 +1299,7 @@ impl Session {
     fn after_worker_gone(&self, reason: &str) {
         let mut sh = self.shared.lock();
         sh.worker_pid = None;
+        sh.active_guard = None;
         sh.report.worker_running = false;
         sh.report.worker_code = None;
         sh.report.last_reset_reason = Some(reason.to_string());
@@ -1233,10 +1341,16 @@ impl Session {
         sh.report.mounts = mounts;
         sh.report.mount_epoch += 1;
         let pid = sh.worker_pid;
+        let guard = sh.active_guard.clone();
         drop(sh);
         self.discard_spare();
         if let Some(pid) = pid {
             kill_group(pid);
+        }
+        // The killed sandbox may have left protected names: check now, not
+        // at the next execution (this may run on the JS thread).
+        if let Some((guard, init)) = guard {
+            let _ = std::thread::Builder::new().name("pps-guard".into()).spawn(move || settle_and_check(&guard, init));
         }
         self.wake.send_modify(|n| *n += 1);
         Some(pid.is_some())
@@ -1255,17 +1369,19 @@ impl Session {
     }
 
     /// Kill the sandbox and discard interpreter state; scratch is kept.
-    pub async fn reset(&self) -> Option<Dirs> {
+    /// Returns the session directories and notes for the user.
+    pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
         let mut inner = self.ops.lock().await;
         self.drop_worker(&mut inner, "explicit_reset").await;
         inner.pending_loss = None;
         self.refill_spare(&inner);
-        inner.dirs.clone()
+        (inner.dirs.clone(), self.notes.lock().drain(..).collect())
     }
 
     /// Kill the sandbox and delete the session's directories. Idempotent;
-    /// later calls answer `unavailable`.
-    pub async fn dispose(&self, reason: &str) {
+    /// later calls answer `unavailable`. Returns notes for the user (what
+    /// the last checks of the project found).
+    pub async fn dispose(&self, reason: &str) -> Vec<String> {
         let pid = {
             let mut sh = self.shared.lock();
             sh.report.disposed = true;
@@ -1280,10 +1396,11 @@ impl Session {
         let mut inner = self.ops.lock().await;
         self.drop_worker(&mut inner, reason).await;
         if let Some(dirs) = inner.dirs.take() {
-            let _ = std::fs::remove_dir_all(&dirs.root);
+            let _ = crate::beneath::remove_tree(&dirs.root);
         }
         self.shared.lock().report.dirs = None;
         self.sync_live();
+        self.notes.lock().drain(..).collect()
     }
 
     pub fn sandbox_paths() -> (&'static str, &'static str) {
@@ -1313,100 +1430,14 @@ fn reap(w: Worker) {
     });
 }
 
-/// Protected paths cannot be mounted read-only before they exist, and a
-/// mount cannot cover a symbolic link. One that appeared during this
-/// execution (changed at or after `since`) was made by the code: move it out
-/// of the project into /scratch/.pi-quarantine (or delete it when that is
-/// another file system), and say so. A protected link that the code replaced
-/// or removed is put back.
-fn sweep_protected(
-    project: &Path,
-    unprotected: &[PathBuf],
-    links: &[(PathBuf, PathBuf)],
-    scratch: &Path,
-    seq: u64,
-    since: std::time::SystemTime,
-) -> Vec<String> {
-    use std::os::unix::fs::MetadataExt;
-    let since = since.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-    let mut notes = Vec::new();
-    for rel in unprotected {
-        // lstat: a link is judged (and moved) as the link itself.
-        let Ok(meta) = std::fs::symlink_metadata(project.join(rel)) else { continue };
-        if meta.ctime() < since {
-            continue; // there before this execution: not the code's doing
-        }
-        let what = format!("The code created {} in the project, a path that can make the host run code", rel.display());
-        notes.push(format!("{what}; it {}.", quarantine(project, rel, &meta, scratch, seq)));
-    }
-    for (rel, target) in links {
-        let path = project.join(rel);
-        if std::fs::read_link(&path).is_ok_and(|now| now == *target) {
-            continue;
-        }
-        let what = format!(
-            "The code replaced the link {} -> {} in the project, a path that can make the host run code",
-            rel.display(),
-            target.display()
-        );
-        let replacement = match std::fs::symlink_metadata(&path) {
-            Ok(meta) => format!("; the replacement {}", quarantine(project, rel, &meta, scratch, seq)),
-            Err(_) => String::new(),
-        };
-        let restored = match std::os::unix::fs::symlink(target, &path) {
-            Ok(()) => "the link was restored".to_string(),
-            Err(e) => {
-                format!("the link could NOT be restored ({e}): check {} before using the project", path.display())
-            }
-        };
-        notes.push(format!("{what}{replacement}; {restored}."));
-    }
-    notes
-}
-
-/// Move `project/rel` (whose lstat is `meta`) into /scratch/.pi-quarantine,
-/// or delete it; says which.
-fn quarantine(project: &Path, rel: &Path, meta: &std::fs::Metadata, scratch: &Path, seq: u64) -> String {
-    let path = project.join(rel);
-    let dir = scratch.join(".pi-quarantine");
-    let name = format!("{seq:04}-{}", rel.to_string_lossy().replace('/', "_"));
-    if std::fs::create_dir_all(&dir).is_ok() && std::fs::rename(&path, dir.join(&name)).is_ok() {
-        return format!("was moved to /scratch/.pi-quarantine/{name}");
-    }
-    let deleted = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
-    match deleted {
-        Ok(()) => "was deleted".into(),
-        Err(_) => format!("could NOT be removed: check {} before using the project", path.display()),
-    }
-}
-
-/// Read an image the worker saved under /scratch, refusing anything that
-/// is not a regular file inside the host scratch directory (user code
-/// controls that directory and could plant a symlink to a host file).
+/// Read an image the worker saved under /scratch. The sandbox controls
+/// that directory: the file is opened beneath it without following links.
 fn read_image(scratch: &Path, sandbox_path: &str, max: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    use std::os::fd::AsRawFd;
     let rel = Path::new(sandbox_path.strip_prefix("/scratch/").ok_or("not under /scratch")?);
-    if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-        return Err("not a plain path".into());
-    }
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(scratch.join(rel))
-        .map_err(|e| e.to_string())?;
-    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
-    let root = std::fs::canonicalize(scratch).map_err(|e| e.to_string())?;
-    if !opened.starts_with(&root) {
-        return Err("it resolves outside the scratch directory".into());
-    }
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() || meta.len() > max {
-        return Err(format!("not a regular file of at most {max} bytes"));
-    }
-    let mut data = Vec::with_capacity(meta.len() as usize);
-    file.take(max).read_to_end(&mut data).map_err(|e| e.to_string())?;
-    Ok(data)
+    Tree::open(scratch).and_then(|t| t.read_regular(rel, max)).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::EXDEV) => "it is or passes through a symbolic link".to_string(),
+        _ => e.to_string(),
+    })
 }
 
 fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &Path) {
@@ -1503,4 +1534,42 @@ async fn discard_idle_output(w: &mut Worker) {
             }
         }
     }
+}
+
+/// The first child of `pid` (bubblewrap's: the pid namespace's init).
+fn child_of(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether `pid` has exited (gone, or a zombie).
+fn exited(pid: i32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).copied();
+            matches!(state, Some(b'Z' | b'X'))
+        }
+    }
+}
+
+/// After a writable sandbox was killed: wait (bounded) until its pid
+/// namespace is empty, so that no process of it can still create a name,
+/// then check the whole project for protected names it left.
+async fn check_after_kill(w: &Worker) {
+    let Some(guard) = w.guard.clone() else { return };
+    let init = w.init_pid;
+    let _ = tokio::task::spawn_blocking(move || settle_and_check(&guard, init)).await;
+}
+
+/// Blocking: wait for the killed sandbox's init to exit (the kernel ends
+/// every other process of the namespace before it does), then check.
+fn settle_and_check(guard: &Guard, init: Option<i32>) {
+    if let Some(init) = init {
+        let until = Instant::now() + CLEANUP_DEADLINE;
+        while !exited(init) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    guard.check_all_pending();
 }

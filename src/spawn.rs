@@ -27,7 +27,7 @@ use std::process::Stdio;
 use tokio::net::unix::pipe;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
-use crate::bwrap::{REPLY_FD, REQUEST_FD, SECCOMP_FD};
+use crate::bwrap::{MOUNT_FD_BASE, REPLY_FD, REQUEST_FD, SECCOMP_FD};
 use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE};
 
 /// A running sandbox and the host ends of its channels.
@@ -53,11 +53,11 @@ fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
-/// Duplicate `fd` to a number >= 10 so that placing the child's fds at
-/// 3, 4 and 5 can never overwrite one of the others.
-fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+/// Duplicate `fd` to a number >= `min`, above every number the child's fds
+/// are placed at, so that placing one can never overwrite another.
+fn dup_high(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we own.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
     if new < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -121,15 +121,28 @@ fn child_parent_death_signal() -> io::Result<()> {
     Ok(())
 }
 
-/// Start `bwrap argv` with the protocol pipes and the seccomp program.
-pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd) -> io::Result<Spawned> {
+/// Most mount-source fds one sandbox gets.
+pub const MAX_MOUNT_FDS: usize = 2048;
+
+/// Start `bwrap argv` with the protocol pipes, the seccomp program and
+/// `mounts`, the mount sources that argv names as fds: `mounts[i]` is
+/// placed at `MOUNT_FD_BASE + i` (bubblewrap closes each after its mount).
+pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: Vec<OwnedFd>) -> io::Result<Spawned> {
+    if mounts.len() > MAX_MOUNT_FDS {
+        return Err(io::Error::other(format!("{} mount sources, at most {MAX_MOUNT_FDS}", mounts.len())));
+    }
+    let first_free = MOUNT_FD_BASE + mounts.len() as RawFd;
     let (req_read, req_write) = cloexec_pipe()?;
     let (rep_read, rep_write) = cloexec_pipe()?;
-    let child_req = dup_high(&req_read)?;
-    let child_rep = dup_high(&rep_write)?;
-    let child_bpf = dup_high(&seccomp)?;
-    drop((req_read, rep_write, seccomp));
+    let high = first_free + 10;
+    let child_req = dup_high(&req_read, high)?;
+    let child_rep = dup_high(&rep_write, high)?;
+    let child_bpf = dup_high(&seccomp, high)?;
+    let child_mounts = mounts.iter().map(|fd| dup_high(fd, high)).collect::<io::Result<Vec<_>>>()?;
+    drop((req_read, rep_write, seccomp, mounts));
     let (req_fd, rep_fd, bpf_fd) = (child_req.as_raw_fd(), child_rep.as_raw_fd(), child_bpf.as_raw_fd());
+    // Raw numbers for the child (which must not allocate).
+    let mount_fds: Vec<RawFd> = child_mounts.iter().map(|f| f.as_raw_fd()).collect();
 
     let mut cmd = Command::new(bwrap);
     cmd.args(argv).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
@@ -140,14 +153,17 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd) -> io::R
             child_dup2(req_fd, REQUEST_FD)?;
             child_dup2(rep_fd, REPLY_FD)?;
             child_dup2(bpf_fd, SECCOMP_FD)?;
-            child_cloexec_from(SECCOMP_FD + 1)?;
+            for (i, fd) in mount_fds.iter().enumerate() {
+                child_dup2(*fd, MOUNT_FD_BASE + i as RawFd)?;
+            }
+            child_cloexec_from(first_free)?;
             child_rlimits()?;
             child_parent_death_signal()
         });
     }
     let mut child = cmd.spawn()?;
     // The child has its copies; ours close here.
-    drop((child_req, child_rep, child_bpf));
+    drop((child_req, child_rep, child_bpf, child_mounts));
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
     let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
     let stderr = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;

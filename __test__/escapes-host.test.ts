@@ -1,0 +1,340 @@
+/**
+ * Escapes that end on the host: what a writable sandbox can make the host do with the files it
+ * wrote, and what it can make the host keep in memory. One named test per attempt, each driven
+ * from inside the sandbox; each says what happened on the host before the defence.
+ * Run: node --import tsx --test __test__/escapes-host.test.ts
+ */
+import assert from "node:assert/strict";
+import { execFile, execFileSync } from "node:child_process";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { INDEX_CJS, jsonOut, lit, makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+
+const EROFS = 30;
+const EBUSY = 16;
+
+/** Write each path (creating parents) and report "written" or the errno. */
+const WRITE = py`
+  import json, os
+  def write(path):
+      try:
+          os.makedirs(os.path.dirname(path), exist_ok=True)
+          with open(path, "w") as f:
+              f.write("pwned\n")
+          return "written"
+      except OSError as e:
+          return e.errno
+`;
+const writes = (paths: string[]) =>
+  `${WRITE}\nprint(json.dumps({p: write("/workspace/" + p) for p in ${JSON.stringify(paths)}}))`;
+
+async function files(project: string, paths: string[]): Promise<void> {
+  for (const p of paths) {
+    await mkdir(join(project, p, ".."), { recursive: true });
+    await writeFile(join(project, p), `original ${p}\n`);
+  }
+}
+
+function assertUnchanged(project: string, paths: string[]): void {
+  for (const p of paths) assert.equal(readFileSync(join(project, p), "utf8"), `original ${p}\n`, `${p} changed on the host`);
+}
+
+/** Inert names of `name` in `dir`. */
+const inert = (dir: string, name: string) => readdirSync(dir).filter((n) => n.startsWith(`${name}.pi-inert`));
+
+describe("host file operations never follow what the sandbox planted", { concurrency: 2 }, () => {
+  test("a /scratch link to a host directory receives nothing when a protected name appears", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project, base } = await makeFixture(t);
+    // Before: the host moved what appeared at .pi into /scratch/.pi-quarantine, resolving the
+    // path on the host, so a link there moved the tree into any directory the user can write.
+    const hostDir = join(base, "host-extensions");
+    await mkdir(hostDir);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import os
+      os.symlink(${lit(hostDir)}, "/scratch/.pi-quarantine")
+      os.symlink(${lit(hostDir)}, "/scratch/.pi-images")
+      os.makedirs("/workspace/.pi/extensions", exist_ok=True)
+      open("/workspace/.pi/extensions/index.ts", "w").write("pwned")
+    `);
+    assert.notEqual(r.status, "worker_error", show(r));
+    assert.deepEqual(readdirSync(hostDir), [], "the host wrote into the directory the link named");
+    assert.equal(existsSync(join(project, ".pi")), false);
+    assert.deepEqual(inert(project, ".pi"), [".pi.pi-inert"], "the tree was not kept in place, inert");
+    assert.match(r.text, /\.pi appeared in the project .* renamed to \.pi\.pi-inert/);
+  });
+
+  test("a venv inside the project replaced by a link to a host directory is not mounted", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const minor = execFileSync("/usr/bin/python3", ["-c", "import sys; print('%d.%d' % sys.version_info[:2])"], { encoding: "utf8" }).trim();
+    const site = `lib/python${minor}/site-packages`;
+    const { open, project, base } = await makeFixture(t);
+    await mkdir(join(project, ".venv", site), { recursive: true });
+    await writeFile(join(project, ".venv", "pyvenv.cfg"), "home = /usr/bin\n");
+    await writeFile(join(project, ".venv", site, "projmod.py"), "X = 'project'\n");
+    const secret = join(base, "host-secret");
+    await mkdir(join(secret, site), { recursive: true });
+    await writeFile(join(secret, "pyvenv.cfg"), "home = /usr/bin\n");
+    await writeFile(join(secret, site, "secretmod.py"), "X = 'host secret'\n");
+    await writeFile(join(secret, "id_rsa"), "host secret key\n");
+    const sb = open({ pythonPackages: join(project, ".venv") });
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: the next sandbox mounted the venv by its path, and bubblewrap followed the link
+    // to the host directory.
+    const swap = await sb.execute(py`
+      import projmod, shutil, os
+      shutil.rmtree("/workspace/.venv")
+      os.symlink(${lit(secret)}, "/workspace/.venv")
+      projmod.X
+    `);
+    assert.equal(swap.repr, "'project'", show(swap));
+    await sb.reset();
+    const r = await sb.execute(py`
+      import json, os
+      venv = ${lit(join(project, ".venv"))}
+      def read(p):
+          try:
+              return open(p).read()
+          except Exception as e:
+              return type(e).__name__
+      print(json.dumps({"key": read(venv + "/id_rsa"), "mod": read(venv + "/${site}/secretmod.py")}))
+    `);
+    const out = jsonOut(r);
+    assert.doesNotMatch(JSON.stringify(out), /host secret/, JSON.stringify(out));
+  });
+});
+
+describe("git and tool configuration cannot be changed from a writable mode", { concurrency: 2 }, () => {
+  test("all of .git is read-only: commondir, refs, info and new files", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    const existing = [".git/config", ".git/HEAD", ".git/refs/heads/main", ".git/info/exclude"];
+    await files(project, existing);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: only .git/config and .git/hooks were read-only; a .git/commondir naming a copied
+    // git directory made the host's git run that copy's core.fsmonitor.
+    const out = jsonOut(await sb.execute(writes([...existing, ".git/commondir", ".git/objects/info/alternates"])));
+    for (const [p, outcome] of Object.entries(out)) assert.equal(outcome, EROFS, `${p}: ${outcome}`);
+    assertUnchanged(project, existing);
+    assert.equal(existsSync(join(project, ".git/commondir")), false);
+  });
+
+  test("a nested repository's .git is read-only and its directory cannot be renamed away", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    const existing = ["sub/.git/config", "sub/.git/HEAD", "vendor/lib/.git"];
+    await files(project, existing);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(`${WRITE}\n${py`
+      def rename(a, b):
+          try:
+              os.rename(a, b)
+              return "renamed"
+          except OSError as e:
+              return e.errno
+      print(json.dumps({
+          "config": write("/workspace/sub/.git/config"),
+          "hooks": write("/workspace/sub/.git/hooks/pre-commit"),
+          "gitfile": write("/workspace/vendor/lib/.git"),
+          "rename": rename("/workspace/sub", "/workspace/sub-moved"),
+      }))
+    `}`);
+    const out = jsonOut(r);
+    assert.deepEqual(out, { config: EROFS, hooks: EROFS, gitfile: EROFS, rename: EBUSY });
+    assertUnchanged(project, existing);
+  });
+
+  test("core.hooksPath targets are read-only, from the repository's and the user's git config", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project, base } = await makeFixture(t);
+    // The user's global config names a relative hooks path: it applies to every repository.
+    const home = join(base, "home");
+    await mkdir(home);
+    await writeFile(join(home, ".gitconfig"), "[core]\n\thooksPath = .githooks\n");
+    const saved = process.env.HOME;
+    process.env.HOME = home;
+    t.after(() => {
+      if (saved === undefined) delete process.env.HOME;
+      else process.env.HOME = saved;
+    });
+    await files(project, [".git/HEAD", "tools/hooks/pre-commit", ".githooks/pre-push", "src/app.py"]);
+    await writeFile(join(project, ".git/config"), "[core]\n\tbare = false\n\thooksPath = tools/hooks\n");
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const out = jsonOut(
+      await sb.execute(writes(["tools/hooks/pre-commit", "tools/hooks/post-checkout", ".githooks/pre-push", "src/app.py"])),
+    );
+    assert.deepEqual(out, {
+      "tools/hooks/pre-commit": EROFS,
+      "tools/hooks/post-checkout": EROFS,
+      ".githooks/pre-push": EROFS,
+      "src/app.py": "written",
+    });
+    assertUnchanged(project, ["tools/hooks/pre-commit", ".githooks/pre-push"]);
+  });
+
+  test("agent, editor and package-manager configs are read-only", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    const existing = [
+      ".claude/settings.json", ".claude/commands/x.md", ".cursor/rules/a.mdc", ".codex/config.toml", ".npmrc",
+      ".yarnrc.yml", ".hg/hgrc", ".husky/pre-commit", ".gitmodules", ".pre-commit-config.yaml", ".cargo/config.toml",
+      "pkg/.npmrc", "pkg/.vscode/tasks.json",
+    ];
+    await files(project, existing);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const out = jsonOut(await sb.execute(writes([...existing, ".claude/agents/evil.md"])));
+    for (const [p, outcome] of Object.entries(out)) assert.equal(outcome, EROFS, `${p}: ${outcome}`);
+    assertUnchanged(project, existing);
+  });
+
+  test("git inside the sandbox reads the repository but cannot write it", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    const git = (...args: string[]) =>
+      execFileSync("git", ["-C", project, "-c", "user.name=t", "-c", "user.email=t@t", ...args], { encoding: "utf8" });
+    git("init", "-q");
+    git("add", "data.txt");
+    git("commit", "-q", "-m", "first");
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import json, subprocess
+      def run(*args):
+          p = subprocess.run(["git", "-c", "user.name=s", "-c", "user.email=s@s", *args], capture_output=True, text=True, cwd="/workspace")
+          return [p.returncode, p.stdout.strip()]
+      print(json.dumps({"log": run("log", "--format=%s"), "commit": run("commit", "--allow-empty", "-q", "-m", "evil")}))
+    `);
+    const out = jsonOut(r);
+    assert.deepEqual(out.log, [0, "first"], show(r));
+    assert.notEqual(out.commit[0], 0, "git could write the repository from the sandbox");
+    assert.equal(git("log", "--format=%s").trim(), "first");
+  });
+});
+
+describe("a protected name the sandbox creates never stays active", { concurrency: 2 }, () => {
+  test("names a background process creates after the execution are made inert at once", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: the sweep ran only at the end of each execution and judged by ctime, so
+    // .vscode/tasks.json (runOn folderOpen) and .envrc written later survived it. They are
+    // written after the drain window (1 s), when no execution runs.
+    const r = await sb.execute(py`
+      import subprocess
+      subprocess.Popen(["sh", "-c", "sleep 1.5; mkdir -p /workspace/.vscode; echo '{}' > /workspace/.vscode/tasks.json; echo 'echo pwned' > /workspace/.envrc; sleep 30"], start_new_session=True)
+    `);
+    assert.equal(r.status, "ok", show(r));
+    const moved = await waitUntil(() => inert(project, ".envrc").length > 0 && inert(project, ".vscode").length > 0, 5000);
+    assert.ok(moved, `not made inert without another execution: ${readdirSync(project)}`);
+    assert.equal(existsSync(join(project, ".envrc")), false);
+    assert.equal(existsSync(join(project, ".vscode")), false);
+    assert.equal(readFileSync(join(project, inert(project, ".envrc")[0]), "utf8"), "echo pwned\n", "the content is kept");
+    const next = await sb.execute("1");
+    assert.match(next.text, /\.envrc appeared in the project .*mv '.*\.envrc\.pi-inert' '.*\.envrc'/);
+  });
+
+  test("a repository the code creates deeper in the project is made inert", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import os
+      os.makedirs("/workspace/pkg/deep/.git")
+      open("/workspace/pkg/deep/.git/config", "w").write("[core]\n\tfsmonitor = /workspace/evil.sh\n")
+      os.makedirs("/workspace/pkg/deep/.claude")
+    `);
+    assert.equal(r.status, "ok", show(r));
+    const dir = join(project, "pkg/deep");
+    assert.ok(await waitUntil(() => !existsSync(join(dir, ".git")) && !existsSync(join(dir, ".claude")), 5000), readdirSync(dir).join(" "));
+    assert.deepEqual(inert(dir, ".git"), [".git.pi-inert"]);
+    const next = await sb.execute("1");
+    assert.match(next.text, /pkg\/deep\/\.git appeared in the project/);
+  });
+
+  test("names left by a killed sandbox are made inert on the mode change, and nothing else is touched", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(
+      py`
+      import os, time
+      os.makedirs("/workspace/a/b/.husky")
+      open("/workspace/a/b/.husky/pre-commit", "w").write("evil")
+      open("/workspace/a/b/notes.txt", "w").write("kept")
+      time.sleep(30)
+    `,
+      1,
+    );
+    assert.equal(r.status, "timeout", show(r));
+    sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    assert.ok(await waitUntil(() => !existsSync(join(project, "a/b/.husky")), 5000));
+    assert.deepEqual(inert(join(project, "a/b"), ".husky"), [".husky.pi-inert"]);
+    assert.equal(await readFile(join(project, "a/b/notes.txt"), "utf8"), "kept");
+  });
+
+  test("dispose makes inert what the last execution left, and says so", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import subprocess
+      subprocess.Popen(["sh", "-c", "sleep 1.3; mkdir -p /workspace/x/y; echo evil > /workspace/x/y/.envrc; sleep 30"], start_new_session=True)
+    `);
+    assert.equal(r.status, "ok", show(r));
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    const notes = await sb.dispose("test");
+    assert.equal(existsSync(join(project, "x/y/.envrc")), false, "the name survived dispose");
+    assert.deepEqual(inert(join(project, "x/y"), ".envrc"), [".envrc.pi-inert"]);
+    assert.match(notes.join("\n"), /x\/y\/\.envrc appeared in the project/);
+  });
+});
+
+describe("host memory is bounded whatever the sandbox sends", () => {
+  test("frames flooded between calls kill the sandbox and leave host RSS flat", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { project, runtimeRoot } = await makeFixture(t);
+    // Before: a thread left by the code wrote valid 127 KiB frames on the reply channel
+    // between calls, and the host queued every one of them (1.5 GiB seen).
+    const script = `
+      const { PythonSandbox } = require(${JSON.stringify(INDEX_CJS)});
+      (async () => {
+        const sb = new PythonSandbox({ projectDir: ${JSON.stringify(project)}, runtimeRoot: ${JSON.stringify(runtimeRoot)}, prewarm: false });
+        await sb.execute("1");
+        const before = process.memoryUsage().rss;
+        const flood = await sb.execute(${JSON.stringify(py`
+          import os, threading, json
+          body = json.dumps({"type": "error", "id": None, "message": "x" * (127 * 1024)}).encode()
+          frame = len(body).to_bytes(4, "big") + body
+          def flood():
+              for _ in range(2000):  # bounded: about 250 MiB
+                  try:
+                      os.write(4, frame)
+                  except OSError:
+                      return
+          threading.Timer(0.2, flood).start()
+        `)});
+        await new Promise((r) => setTimeout(r, 3000));
+        const after = process.memoryUsage().rss;
+        const next = await sb.execute("1");
+        console.log(JSON.stringify({ grew: after - before, flood: flood.status, next: next.status, reason: next.stateLostReason, generation: [flood.generation, next.generation] }));
+        await sb.dispose();
+      })();
+    `;
+    const out = await new Promise<string>((resolve, reject) =>
+      execFile(process.execPath, ["-e", script], { timeout: 60_000, encoding: "utf8" }, (err, stdout, stderr) =>
+        err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+      ),
+    );
+    const res = JSON.parse(out.trim().split("\n").at(-1) ?? "{}");
+    assert.equal(res.flood, "ok");
+    assert.ok(res.grew < 20 * 1024 * 1024, `host RSS grew by ${(res.grew / 1048576).toFixed(1)} MiB`);
+    assert.equal(res.next, "ok");
+    assert.match(res.reason ?? "", /sent a protocol frame while no execution ran/);
+    assert.equal(res.generation[1], res.generation[0] + 1, "the flooding sandbox was not replaced");
+  });
+});
+
+
