@@ -234,7 +234,7 @@ except OSError as e:
     )
     .await;
     assert!(moved.contains("errno16"), "EBUSY expected: {moved}");
-    // A protected path the code creates is taken out of the project again.
+    // A protected path the code creates is renamed in place to an inert name.
     let created = f
         .session
         .execute(
@@ -248,9 +248,10 @@ open('/workspace/.mcp.json', 'w').write('{}')"
         .await;
     assert_eq!(created.status, Status::Ok, "{}", render(&created));
     assert!(!project.join(".idea").exists() && !project.join(".mcp.json").exists());
+    assert!(project.join(".idea.pi-inert").is_dir() && project.join(".mcp.json.pi-inert").is_file());
     let text = render(&created);
-    assert!(text.contains("The code created .idea in the project"), "{text}");
-    assert!(text.contains("moved to /scratch/.pi-quarantine/") || text.contains("it was deleted"), "{text}");
+    assert!(text.contains(".idea appeared in the project"), "{text}");
+    assert!(text.contains("renamed to .idea.pi-inert"), "{text}");
     f.session.dispose("test").await;
 }
 
@@ -266,5 +267,34 @@ async fn a_git_file_cannot_be_redirected_in_a_writable_workspace() {
         std::fs::read_to_string(project.join(".git")).expect("git file"),
         "gitdir: /elsewhere/.git/worktrees/x\n"
     );
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_workspace_keeps_git_read_only_and_makes_new_protected_names_inert() {
+    use pi_python_sandbox::session::MountConfig;
+    let Some(f) = fixture("inert") else { return };
+    let project = f.dir.join("project");
+    std::fs::create_dir_all(project.join(".git")).expect("git dir");
+    std::fs::write(project.join(".git/config"), "[core]\n").expect("config");
+    f.session.set_mounts(MountConfig { workspace_writable: true, read_roots: vec![] });
+    let code = r#"
+import os
+def w(p):
+    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        open(p, "w").write("pwned")
+        return "written"
+    except OSError as e:
+        return e.errno
+print(w("/workspace/.git/config"), w("/workspace/.git/commondir"), w("/workspace/src/x.py"), w("/workspace/.envrc"))
+"#;
+    let r = f.session.execute(code.into(), 30, None).await;
+    assert_eq!(r.status, Status::Ok, "{}", render(&r));
+    assert_eq!(r.stdout.head.trim(), "30 30 written written", "{}", render(&r));
+    assert_eq!(std::fs::read_to_string(project.join(".git/config")).expect("config"), "[core]\n");
+    assert!(!project.join(".envrc").exists(), "a new protected name stayed active");
+    assert_eq!(std::fs::read_to_string(project.join(".envrc.pi-inert")).expect("inert"), "pwned");
+    assert!(render(&r).contains(".envrc appeared in the project"), "{}", render(&r));
     f.session.dispose("test").await;
 }
