@@ -1545,7 +1545,7 @@ test("status says which hardening is active and what is not contained", async (t
   const { sb } = await makeFixture(t);
   const st = sb.status();
   assert.ok(st.seccompRules >= 40, `${st.seccompRules} rules`);
-  assert.ok(st.protectedPaths.includes(".git/hooks") && st.protectedPaths.includes(".mcp.json"));
+  assert.ok(st.protectedPaths.includes(".git") && st.protectedPaths.includes(".mcp.json") && st.protectedPaths.includes(".claude"));
   assert.match(st.text, /hardening: seccomp filter of \d+ rules \(native architecture only\); no nested user namespaces/);
   assert.match(st.text, /Not applied: limits on the number of processes or on total memory/);
   const saved = process.env.PI_PYTHON_TOOL_PROTECTED;

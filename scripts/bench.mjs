@@ -124,6 +124,56 @@ async function coldStart() {
   record("  the same, worker compiled from source", median(fromSource), "ms", "bwrap + python3 -I -S -c pass", median(base), "(once per interpreter)");
 }
 
+// -- 1b. writable workspace: the protected-path scan --------------------------------
+
+/** A project of `files` files in 1,000 directories, with a .git and a nested repository. */
+function bigProject(files) {
+  const dir = join(work, `big-${files}`);
+  for (let d = 0; d < 1000; d++) {
+    const sub = join(dir, `pkg${d % 20}`, `mod${d}`);
+    mkdirSync(sub, { recursive: true });
+    for (let f = 0; f < files / 1000; f++) writeFileSync(join(sub, `f${f}.py`), "");
+  }
+  mkdirSync(join(dir, ".git"), { recursive: true });
+  writeFileSync(join(dir, ".git", "config"), "[core]\n");
+  mkdirSync(join(dir, "pkg3", ".git"), { recursive: true });
+  return dir;
+}
+
+async function writableStart() {
+  const big = bigProject(20_000);
+  const start = async (dir, mode) => {
+    const sb = new PythonSandbox({ projectDir: dir, prewarm: false });
+    sb.applyModeEvent({ mode, readRoots: [] });
+    const [ms, r] = await timed(() => sb.execute("1+1"));
+    mustOk(r, `cold execute (${mode})`);
+    await sb.dispose();
+    return ms;
+  };
+  const ro = [];
+  const rw = [];
+  const rwBig = [];
+  for (let i = 0; i < runs(20); i++) {
+    ro.push(await start(big, "manual"));
+    rw.push(await start(project, "yolo"));
+    rwBig.push(await start(big, "yolo"));
+  }
+  record("cold first execute, yolo (small project)", median(rw), "ms", "the same, read-only", median(ro), "");
+  record("cold first execute, yolo, 20,000 files", median(rwBig), "ms", "the same, read-only", median(ro), "(scan cost)");
+  const sb = new PythonSandbox({ projectDir: project });
+  sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+  mustOk(await sb.execute("1"), "warm-up");
+  const ours = [];
+  for (let i = 0; i < runs(1000); i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
+  await sb.dispose();
+  const roSb = new PythonSandbox({ projectDir: project });
+  mustOk(await roSb.execute("1"), "warm-up");
+  const base = [];
+  for (let i = 0; i < runs(1000); i++) base.push((await timed(() => roSb.execute("x = 1")))[0]);
+  await roSb.dispose();
+  record("warm execute x = 1, yolo, median", median(ours), "ms", "the same, read-only", median(base), "");
+}
+
 // -- 2. warm round trip ----------------------------------------------------------
 
 async function warm() {
@@ -286,6 +336,7 @@ async function jupyter() {
 console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} ${"baseline".padEnd(34)} ${"value".padStart(9)} ${"ratio".padStart(7)}  target`);
 try {
   await coldStart();
+  await writableStart();
   await warm();
   await recovery();
   await timeoutPrecision();
