@@ -176,6 +176,24 @@ describe("git and tool configuration cannot be changed from a writable mode", { 
     assertUnchanged(project, ["tools/hooks/pre-commit", ".githooks/pre-push"]);
   });
 
+  test("a project with 200 nested repositories starts with each read-only and 128 open files", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    // Each protected entry is an fd bubblewrap holds while it sets up the mounts: more than
+    // the sandbox's open-file limit used to make bubblewrap itself fail to start.
+    await files(project, Array.from({ length: 200 }, (_, i) => `m${i}/.git/config`));
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(`${WRITE}\n${py`
+      import resource
+      print(json.dumps({"first": write("/workspace/m0/.git/config"), "last": write("/workspace/m199/.git/config"),
+                        "fds": sorted(os.listdir("/proc/self/fd")), "limit": resource.getrlimit(resource.RLIMIT_NOFILE)}))
+    `}`);
+    const out = jsonOut(r);
+    assert.deepEqual([out.first, out.last], [EROFS, EROFS]);
+    assert.deepEqual(out.limit, [128, 128], "the worker did not lower the open-file limit again");
+    assert.ok(out.fds.length <= 6, `mount fds reached the sandbox: ${out.fds}`);
+  });
+
   test("agent, editor and package-manager configs are read-only", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb, project } = await makeFixture(t);

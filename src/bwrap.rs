@@ -84,6 +84,9 @@ pub struct SandboxSpec {
     /// Python package directories inside a tree the sandbox can write,
     /// mounted read-only from fds at their own paths.
     pub python_fd_mounts: Vec<FdBind>,
+    /// The open-file limit the worker sets for itself and everything it
+    /// starts, when bubblewrap needed a higher one for its mount fds.
+    pub nofile: Option<u64>,
     pub site_dirs: Vec<PathBuf>,
 }
 
@@ -172,6 +175,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
         a.push("--site".into());
         a.push(dir.into());
     }
+    if let Some(n) = spec.nofile {
+        a.push("--nofile".into());
+        a.push(n.to_string().into());
+    }
     a
 }
 
@@ -195,6 +202,7 @@ mod tests {
             ],
             python_mounts: vec![],
             python_fd_mounts: vec![],
+            nofile: None,
             site_dirs: vec![],
         }
     }

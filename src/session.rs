@@ -967,6 +967,7 @@ impl Session {
             read_roots: mounts.read_roots.clone(),
             python_mounts,
             python_fd_mounts,
+            nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
             site_dirs: facts.python.site_dirs.clone(),
         };
         let bpf = seccomp::bpf_memfd()

@@ -102,8 +102,9 @@ fn child_cloexec_from(first: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-fn child_rlimits() -> io::Result<()> {
+fn child_rlimits(nofile: u64) -> io::Result<()> {
     for (resource, value) in RLIMITS {
+        let value = if resource == libc::RLIMIT_NOFILE { nofile } else { value };
         let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
         // SAFETY: setrlimit with a valid struct.
         if unsafe { libc::setrlimit(resource, &lim) } != 0 {
@@ -121,6 +122,14 @@ fn child_parent_death_signal() -> io::Result<()> {
     Ok(())
 }
 
+/// The open-file limit bubblewrap starts with: room for the mount-source
+/// fds it holds during setup and the files it opens itself. Above
+/// `RLIMIT_NOFILE`, the worker lowers it again before any code runs (see
+/// `SandboxSpec::nofile`).
+pub fn nofile_for(mount_fds: usize) -> u64 {
+    RLIMIT_NOFILE.max(MOUNT_FD_BASE as u64 + mount_fds as u64 + 64)
+}
+
 /// Most mount-source fds one sandbox gets.
 pub const MAX_MOUNT_FDS: usize = 2048;
 
@@ -132,6 +141,7 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: 
         return Err(io::Error::other(format!("{} mount sources, at most {MAX_MOUNT_FDS}", mounts.len())));
     }
     let first_free = MOUNT_FD_BASE + mounts.len() as RawFd;
+    let nofile = nofile_for(mounts.len());
     let (req_read, req_write) = cloexec_pipe()?;
     let (rep_read, rep_write) = cloexec_pipe()?;
     let high = first_free + 10;
@@ -157,7 +167,7 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: 
                 child_dup2(*fd, MOUNT_FD_BASE + i as RawFd)?;
             }
             child_cloexec_from(first_free)?;
-            child_rlimits()?;
+            child_rlimits(nofile)?;
             child_parent_death_signal()
         });
     }

@@ -617,6 +617,12 @@ def main():
     if "--emit-code" in sys.argv[1:]:
         send_code()
     site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
+    nofile = [int(sys.argv[i + 1]) for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--nofile"]
+    if nofile:
+        # bubblewrap needed more open files for its mount fds; everything
+        # from here on gets the sandbox's own limit.
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[0], nofile[0]))
     site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
