@@ -254,6 +254,23 @@ describe("a protected name the sandbox creates never stays active", { concurrenc
     assert.match(next.text, /\.envrc appeared in the project .*mv '.*\.envrc\.pi-inert' '.*\.envrc'/);
   });
 
+  test("a repository a background process creates in a new directory between calls is made inert", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // A new directory is not watched: the whole project is checked every 2 s while the code's
+    // processes may still run (an editor scanning sub-folders for repositories would find it).
+    const r = await sb.execute(py`
+      import subprocess
+      subprocess.Popen(["sh", "-c", "sleep 1.5; mkdir -p /workspace/newpkg/.git; echo '[core]' > /workspace/newpkg/.git/config; sleep 30"], start_new_session=True)
+    `);
+    assert.equal(r.status, "ok", show(r));
+    const dir = join(project, "newpkg");
+    const done = await waitUntil(() => existsSync(dir) && inert(dir, ".git").length === 1, 8000);
+    assert.ok(done, `newpkg/.git was not made inert: ${existsSync(dir) ? readdirSync(dir) : "no newpkg"}`);
+    assert.equal(existsSync(join(project, "newpkg/.git")), false);
+  });
+
   test("a repository the code creates deeper in the project is made inert", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb, project } = await makeFixture(t);

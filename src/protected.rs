@@ -225,8 +225,17 @@ pub struct Guard {
     /// next result).
     pending: Notes,
     walking: AtomicBool,
+    /// Processes the code left running: the whole project is checked
+    /// every [`BACKGROUND_CHECK`] while they may be.
+    background: AtomicBool,
+    /// A later walk stopped at its bound (told once).
+    told_incomplete: AtomicBool,
     pub scan: Summary,
 }
+
+/// How often the whole project is checked while the code's background
+/// processes may still run.
+pub const BACKGROUND_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Lexically resolve `target` (of a link or a config value) against `base`
 /// and return it relative to the project root `project`, if inside.
@@ -469,6 +478,8 @@ pub fn plan(project: &Path, patterns: &[Pattern], limits: Limits, git: &HostGit,
         holders,
         pending: sink,
         walking: AtomicBool::new(false),
+        background: AtomicBool::new(false),
+        told_incomplete: AtomicBool::new(!summary.complete),
         scan: summary,
     };
     Ok(Plan { binds, guard, notes })
@@ -570,7 +581,7 @@ impl Guard {
     /// the links.
     pub fn check_all(&self) -> Vec<String> {
         let mut new = Vec::new();
-        scan::walk(&self.tree, self.limits, |rel, _| {
+        let walked = scan::walk(&self.tree, self.limits, |rel, _| {
             if rel.file_name().is_some_and(|n| self.names.contains(n)) {
                 if !self.present.contains(rel) {
                     new.push(rel.to_path_buf());
@@ -580,8 +591,20 @@ impl Guard {
             Visit::Descend
         });
         let mut notes: Vec<String> = new.iter().filter_map(|rel| self.make_inert(rel)).collect();
+        if !walked.complete && !self.told_incomplete.swap(true, Ordering::AcqRel) {
+            notes.push(format!(
+                "The project now has more than {} entries (or is deeper than {}): protected names created further in \
+                 are not found by the check; raise PI_PYTHON_TOOL_SCAN_ENTRIES or PI_PYTHON_TOOL_SCAN_DEPTH",
+                self.limits.max_entries, self.limits.max_depth
+            ));
+        }
         self.check_expected_and_links(&mut notes);
         notes
+    }
+
+    /// Say whether the code left processes running (from each result).
+    pub fn set_background(&self, running: bool) {
+        self.background.store(running, Ordering::Release);
     }
 
     /// [`Guard::check_all`] into the pending notes, unless one runs already.
@@ -720,9 +743,17 @@ pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot:
     // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
     // stays open until the AsyncFd (and its registration) is dropped.
     let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }) else { return };
+    let mut tick = tokio::time::interval(BACKGROUND_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = &mut stop => return,
+            _ = tick.tick() => {
+                if guard.background.load(Ordering::Acquire) {
+                    let g = guard.clone();
+                    let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+                }
+            }
             ready = fd.readable() => {
                 let Ok(mut ready) = ready else { return };
                 let events = match fd.get_ref().0.read_events() {
@@ -863,6 +894,23 @@ mod tests {
         let notes = g.check_all().join("\n");
         assert!(notes.contains("sub/.git appeared"), "{notes}");
         assert!(p.join("sub/.git.pi-inert").is_dir() && !p.join("sub/.git").exists());
+        // A project grown past the walk's bound is said once, not silently checked in part.
+        let small = super::plan(
+            &p,
+            &patterns(Some(".git")),
+            Limits { max_entries: 64, max_depth: 24 },
+            &HostGit::default(),
+            Notes::default(),
+        )
+        .expect("plan");
+        assert!(small.guard.check_all().iter().all(|n| !n.contains("more than")), "complete so far");
+        for i in 0..80 {
+            std::fs::write(p.join(format!("junk{i}")), "").expect("write");
+        }
+        let told: Vec<String> =
+            small.guard.check_all().into_iter().filter(|n| n.contains("more than 64 entries")).collect();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert!(small.guard.check_all().iter().all(|n| !n.contains("more than")), "told once");
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 }

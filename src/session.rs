@@ -571,6 +571,9 @@ impl Session {
         };
         match result {
             Ok((report, drained_ok)) => {
+                if let Some(g) = &guard {
+                    g.set_background(report.background > 0);
+                }
                 apply_report(&mut o, report, &dirs.scratch);
                 if let Err(why) = drained_ok {
                     // The worker misbehaved after its result: keep the result,
