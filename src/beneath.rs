@@ -353,7 +353,7 @@ mod tests {
         let p = std::env::temp_dir().join(format!(
             "pps-beneath-{tag}-{}-{:x}",
             std::process::id(),
-            crate::session::random_u64()
+            crate::rundir::random_u64()
         ));
         std::fs::create_dir_all(p.join("a/b")).expect("mkdir");
         std::fs::write(p.join("a/b/f"), "inside").expect("write");

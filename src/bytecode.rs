@@ -73,8 +73,8 @@ pub fn decode(pyc_base64: &str) -> Result<Vec<u8>, String> {
 pub fn store(runtime_root: &Path, key: u64, image: &[u8]) -> Result<PathBuf, String> {
     let final_path = path(runtime_root, key);
     let dir = final_path.parent().unwrap_or(runtime_root);
-    crate::session::private_dir(dir)?;
-    let tmp = dir.join(format!(".tmp-{:016x}", crate::session::random_u64()));
+    crate::rundir::private_dir(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(format!(".tmp-{:016x}", crate::rundir::random_u64()));
     let written = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
         f.write_all(image)?;
@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn the_key_follows_the_worker_source_and_the_interpreter_file() {
-        let dir = std::env::temp_dir().join(format!("pps-key-{:016x}", crate::session::random_u64()));
+        let dir = std::env::temp_dir().join(format!("pps-key-{:016x}", crate::rundir::random_u64()));
         std::fs::create_dir(&dir).unwrap();
         let interp = dir.join("python3");
         std::fs::write(&interp, b"one").unwrap();
@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn store_writes_a_private_read_only_file_that_cached_finds() {
-        let root = std::env::temp_dir().join(format!("pps-code-{:016x}", crate::session::random_u64()));
+        let root = std::env::temp_dir().join(format!("pps-code-{:016x}", crate::rundir::random_u64()));
         std::fs::create_dir(&root).unwrap();
         assert_eq!(cached(&root, 7), None);
         let stored = store(&root, 7, b"image").unwrap();

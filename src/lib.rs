@@ -14,6 +14,7 @@ pub mod outcome;
 pub mod permissions;
 pub mod probe;
 pub mod protected;
+pub mod rundir;
 pub mod scan;
 pub mod seccomp;
 pub mod session;

@@ -15,7 +15,7 @@ use napi_derive::napi;
 use crate::limits::*;
 use crate::outcome::{render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
-use crate::session::{self, Availability, Session, SessionOptions, SpareState, StatusReport};
+use crate::session::{Availability, Session, SessionOptions, SpareState, StatusReport};
 
 /// Options for a new sandbox session.
 #[napi(object)]
@@ -471,7 +471,7 @@ pub struct ReadVerdict {
 #[napi]
 #[allow(dead_code)] // called from JS only
 pub fn cleanup_all() {
-    session::cleanup_all();
+    crate::rundir::cleanup_all();
 }
 
 /// Progress of a running execution (about twice a second).
@@ -507,7 +507,7 @@ impl PythonSandbox {
         if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
             // Best effort: kill sandboxes and delete session directories when
             // the Node environment shuts down.
-            env.add_env_cleanup_hook((), |_| session::cleanup_all())?;
+            env.add_env_cleanup_hook((), |_| crate::rundir::cleanup_all())?;
         }
         let session = Session::new(SessionOptions {
             project_dir: PathBuf::from(options.project_dir),

@@ -8,8 +8,6 @@
 //! the result says that state was lost and why. Code is never replayed.
 
 use std::collections::HashSet;
-use std::fs::{DirBuilder, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +28,8 @@ use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Sta
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::protected::{self, Guard};
+pub use crate::rundir::{cleanup_all, default_runtime_root, Dirs};
+use crate::rundir::{live_update, random_u64};
 use crate::seccomp;
 use crate::spawn::{kill_group, spawn_sandbox};
 
@@ -64,15 +64,6 @@ fn prewarm_from_env() -> bool {
         std::env::var(PREWARM_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref(),
         Ok("0" | "false" | "off" | "no")
     )
-}
-
-/// Paths of a session's private directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dirs {
-    pub root: PathBuf,
-    pub scratch: PathBuf,
-    pub logs: PathBuf,
-    pub worker_file: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,70 +238,6 @@ enum Interrupt {
 }
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
-
-/// A live session: its id, the sandbox process groups it runs, its directory.
-type LiveEntry = (u64, Vec<i32>, Option<PathBuf>);
-
-/// Sessions alive in this process, for best-effort cleanup at exit.
-static LIVE: parking_lot::Mutex<Vec<LiveEntry>> = parking_lot::Mutex::new(Vec::new());
-
-fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
-    let mut live = LIVE.lock();
-    live.retain(|(i, _, _)| *i != id);
-    if !pids.is_empty() || dir.is_some() {
-        live.push((id, pids, dir));
-    }
-}
-
-/// Kill every sandbox and delete every session directory of this process.
-/// Synchronous: for exit hooks.
-pub fn cleanup_all() {
-    let live = std::mem::take(&mut *LIVE.lock());
-    for (_, pids, dir) in live {
-        for pid in pids {
-            kill_group(pid);
-        }
-        if let Some(dir) = dir {
-            let _ = crate::beneath::remove_tree(&dir);
-        }
-    }
-}
-
-pub(crate) fn random_u64() -> u64 {
-    let mut buf = [0u8; 8];
-    // SAFETY: getrandom writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n == buf.len() as isize {
-        return u64::from_ne_bytes(buf);
-    }
-    // Never reached on Linux 3.17+; still unpredictable enough for names.
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    t.as_nanos() as u64 ^ (std::process::id() as u64).rotate_left(32)
-}
-
-/// The default parent of session directories: private to this user.
-pub fn default_runtime_root() -> PathBuf {
-    std::env::temp_dir().join(format!("pi-python-sandbox-{}", nix::unistd::getuid()))
-}
-
-/// Create (or verify) a directory that only we can use.
-pub(crate) fn private_dir(path: &Path) -> Result<(), String> {
-    match DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let uid = nix::unistd::getuid().as_raw();
-            if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-                return Err(format!(
-                    "refusing to use {}: it must be a directory owned by uid {uid} with mode 0700",
-                    path.display()
-                ));
-            }
-            Ok(())
-        }
-        Err(e) => Err(format!("cannot create {}: {e}", path.display())),
-    }
-}
 
 fn exit_text(status: Option<std::process::ExitStatus>) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -791,7 +718,8 @@ impl Session {
         let dirs = match &inner.dirs {
             Some(d) => d.clone(),
             None => {
-                let d = self.make_dirs()?;
+                let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE)
+                    .map_err(|e| e.to_string())?;
                 inner.dirs = Some(d.clone());
                 self.shared.lock().report.dirs = Some(d.clone());
                 self.sync_live();
@@ -1309,26 +1237,6 @@ impl Session {
         sh.report.last_reset_reason = Some(reason.to_string());
         drop(sh);
         self.sync_live();
-    }
-
-    fn make_dirs(&self) -> Result<Dirs, String> {
-        let parent = self.opts.runtime_root.clone().unwrap_or_else(default_runtime_root);
-        private_dir(&parent)?;
-        let root = parent.join(format!("{:016x}", random_u64()));
-        DirBuilder::new().mode(0o700).create(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-        let dirs =
-            Dirs { scratch: root.join("scratch"), logs: root.join("logs"), worker_file: root.join("worker.py"), root };
-        let made = (|| -> std::io::Result<()> {
-            DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
-            DirBuilder::new().mode(0o700).create(&dirs.logs)?;
-            let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file)?;
-            std::io::Write::write_all(&mut f, WORKER_SOURCE.as_bytes())
-        })();
-        made.map_err(|e| {
-            let _ = std::fs::remove_dir_all(&dirs.root);
-            format!("cannot prepare the session directory {}: {e}", dirs.root.display())
-        })?;
-        Ok(dirs)
     }
 
     /// Change the mounts. An effective change kills the running sandbox at

@@ -1,0 +1,150 @@
+//! Session directories on the host and the process-wide cleanup registry.
+//!
+//! Each session gets a private directory (mode 0700) under the runtime
+//! root: `scratch/` (mounted at /scratch), `logs/` (the executions' full
+//! output, never mounted) and the worker's source. The registry remembers
+//! which sandbox process groups and directories this process has, so that
+//! an exit hook can kill and delete them synchronously. What runs in a
+//! sandbox is not this module's business.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::spawn::kill_group;
+
+/// Paths of a session's private directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    pub root: PathBuf,
+    pub scratch: PathBuf,
+    pub logs: PathBuf,
+    pub worker_file: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("refusing to use {path}: it must be a directory owned by uid {uid} with mode 0700")]
+    NotPrivate { path: PathBuf, uid: u32 },
+    #[error("cannot create {path}: {source}")]
+    Create { path: PathBuf, source: std::io::Error },
+    #[error("cannot prepare the session directory {path}: {source}")]
+    Prepare { path: PathBuf, source: std::io::Error },
+}
+
+/// An unpredictable 64-bit number (for directory names and nonces).
+pub fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n == buf.len() as isize {
+        return u64::from_ne_bytes(buf);
+    }
+    // Never reached on Linux 3.17+; still unpredictable enough for names.
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    t.as_nanos() as u64 ^ (std::process::id() as u64).rotate_left(32)
+}
+
+/// The default parent of session directories: private to this user.
+pub fn default_runtime_root() -> PathBuf {
+    std::env::temp_dir().join(format!("pi-python-sandbox-{}", nix::unistd::getuid()))
+}
+
+/// Create (or verify) a directory that only we can use.
+pub fn private_dir(path: &Path) -> Result<(), DirError> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta =
+                std::fs::symlink_metadata(path).map_err(|source| DirError::Create { path: path.into(), source })?;
+            let uid = nix::unistd::getuid().as_raw();
+            if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+                return Err(DirError::NotPrivate { path: path.into(), uid });
+            }
+            Ok(())
+        }
+        Err(source) => Err(DirError::Create { path: path.into(), source }),
+    }
+}
+
+/// Make a new session directory under `runtime_root` (default
+/// [`default_runtime_root`]), with the worker's source in it.
+pub fn make_dirs(runtime_root: Option<&Path>, worker_source: &str) -> Result<Dirs, DirError> {
+    let parent = runtime_root.map(Path::to_path_buf).unwrap_or_else(default_runtime_root);
+    private_dir(&parent)?;
+    let root = parent.join(format!("{:016x}", random_u64()));
+    DirBuilder::new().mode(0o700).create(&root).map_err(|source| DirError::Create { path: root.clone(), source })?;
+    let dirs =
+        Dirs { scratch: root.join("scratch"), logs: root.join("logs"), worker_file: root.join("worker.py"), root };
+    let made = (|| -> std::io::Result<()> {
+        DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
+        DirBuilder::new().mode(0o700).create(&dirs.logs)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file)?;
+        std::io::Write::write_all(&mut f, worker_source.as_bytes())
+    })();
+    made.map_err(|source| {
+        let _ = crate::beneath::remove_tree(&dirs.root);
+        DirError::Prepare { path: dirs.root.clone(), source }
+    })?;
+    Ok(dirs)
+}
+
+/// A live session: its id, the sandbox process groups it runs, its directory.
+type LiveEntry = (u64, Vec<i32>, Option<PathBuf>);
+
+/// Sessions alive in this process, for best-effort cleanup at exit.
+static LIVE: parking_lot::Mutex<Vec<LiveEntry>> = parking_lot::Mutex::new(Vec::new());
+
+/// Record what session `id` has now (replacing what it had).
+pub fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
+    let mut live = LIVE.lock();
+    live.retain(|(i, _, _)| *i != id);
+    if !pids.is_empty() || dir.is_some() {
+        live.push((id, pids, dir));
+    }
+}
+
+/// Kill every sandbox and delete every session directory of this process.
+/// Synchronous: for exit hooks.
+pub fn cleanup_all() {
+    let live = std::mem::take(&mut *LIVE.lock());
+    for (_, pids, dir) in live {
+        for pid in pids {
+            kill_group(pid);
+        }
+        if let Some(dir) = dir {
+            let _ = crate::beneath::remove_tree(&dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn session_directories_are_private_and_a_shared_parent_is_refused() {
+        let base = std::env::temp_dir().join(format!("pps-rundir-{:016x}", random_u64()));
+        let dirs = make_dirs(Some(&base), "print('w')").expect("dirs");
+        for d in [&base, &dirs.root, &dirs.scratch, &dirs.logs] {
+            assert_eq!(std::fs::metadata(d).expect("meta").permissions().mode() & 0o777, 0o700, "{}", d.display());
+        }
+        assert_eq!(std::fs::read_to_string(&dirs.worker_file).expect("worker"), "print('w')");
+        assert!(!dirs.logs.starts_with(&dirs.scratch));
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert!(matches!(make_dirs(Some(&base), ""), Err(DirError::NotPrivate { .. })));
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
+    #[test]
+    fn cleanup_deletes_what_the_registry_holds() {
+        let base = std::env::temp_dir().join(format!("pps-live-{:016x}", random_u64()));
+        let dirs = make_dirs(Some(&base), "").expect("dirs");
+        let id = u64::MAX - random_u64() % 1000;
+        live_update(id, vec![], Some(dirs.root.clone()));
+        cleanup_all();
+        assert!(!dirs.root.exists());
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+}
