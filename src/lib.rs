@@ -9,6 +9,7 @@ pub mod bwrap;
 pub mod bytecode;
 pub mod capture;
 pub mod frame;
+pub mod images;
 pub mod limits;
 pub mod outcome;
 pub mod permissions;

@@ -1342,32 +1342,10 @@ fn reap(w: Worker) {
     });
 }
 
-/// Read an image the worker saved under /scratch. The sandbox controls
-/// that directory: the file is opened beneath it without following links.
-fn read_image(scratch: &Path, sandbox_path: &str, max: u64) -> Result<Vec<u8>, String> {
-    let rel = Path::new(sandbox_path.strip_prefix("/scratch/").ok_or("not under /scratch")?);
-    Tree::open(scratch).and_then(|t| t.read_regular(rel, max)).map_err(|e| match e.raw_os_error() {
-        Some(libc::ELOOP) | Some(libc::EXDEV) => "it is or passes through a symbolic link".to_string(),
-        _ => e.to_string(),
-    })
-}
-
 fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &Path) {
-    for image in r.images.into_iter().take(MAX_IMAGES) {
-        match read_image(scratch, &image.path, MAX_IMAGE_BYTES as u64) {
-            Ok(data) if o.images.iter().map(|i| i.data.len()).sum::<usize>() + data.len() <= MAX_IMAGES_TOTAL_BYTES => {
-                o.images.push(crate::outcome::ImageData {
-                    sandbox_path: image.path,
-                    mime: image.mime,
-                    width: image.width,
-                    height: image.height,
-                    data,
-                });
-            }
-            Ok(_) => o.notes.push(format!("{} was not sent: over the image budget", image.path)),
-            Err(e) => o.notes.push(format!("{} was not sent: {e}", image.path)),
-        }
-    }
+    let (images, notes) = crate::images::collect(scratch, r.images);
+    o.images = images;
+    o.notes.extend(notes);
     o.notes.extend(r.notes.into_iter().take(8).map(|n| bound_bytes(n, 1024).0));
     o.status = match r.status {
         WorkerStatus::Ok => Status::Ok,
