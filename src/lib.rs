@@ -7,6 +7,7 @@
 pub mod bwrap;
 pub mod bytecode;
 pub mod capture;
+pub mod display;
 pub mod frame;
 pub mod limits;
 pub mod outcome;
