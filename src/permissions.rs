@@ -369,10 +369,21 @@ pub fn unpromptable(path: &str) -> bool {
     display_line(path) != path || holds_stand_in(path)
 }
 
+/// The longest path put in a prompt: the kernel's PATH_MAX, which the
+/// worker bounds its paths to as well (a forged frame could send 128 KiB).
+pub const MAX_PROMPT_PATH_BYTES: usize = 4096;
+
 /// Decide about a refused read of `path`.
 pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has_ui: bool) -> ReadDecision {
     let how = "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
                or a read root), or copy the data into the project or /scratch.";
+    if path.len() > MAX_PROMPT_PATH_BYTES {
+        return ReadDecision::Deny(format!(
+            "The code tried to read a path of {} bytes, longer than any path the system opens ({MAX_PROMPT_PATH_BYTES}); \
+             it was refused without asking.",
+            path.len()
+        ));
+    }
     if unpromptable(path) {
         return ReadDecision::Deny(format!(
             "The code tried to read {}, a path with control or bidi characters (shown escaped). It was refused \
@@ -559,6 +570,8 @@ mod tests {
             assert!(d.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{d:?}");
         }
         assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true), ReadDecision::Prompt);
+        let long = format!("/srv/{}", "a".repeat(MAX_PROMPT_PATH_BYTES));
+        assert!(matches!(read_decision(&long, &[], true, true), ReadDecision::Deny(d) if d.contains("4101 bytes")));
         let d = denied_diagnostic("/srv/a\x1b[2J", "no\nanswer");
         assert!(d.contains("/srv/a\u{241B}[2J") && d.contains("no\u{240A}answer"), "{d}");
     }
