@@ -70,12 +70,18 @@ const FORGE = [
   "",
 ].join("\n");
 
+/** `value` quoted for an assertion message, raw characters spelled as escapes (the message reaches a terminal too). */
+function q(value: unknown): string {
+  const json = JSON.stringify(value) ?? String(value);
+  return json.replace(new RegExp(RAW.source, "g"), (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
 function assertInert(what: string, text: string | null | undefined): void {
   const s = text ?? "";
   const m = RAW.exec(s);
   if (m) {
     const code = m[0].codePointAt(0)!.toString(16).toUpperCase().padStart(4, "0");
-    assert.fail(`${what} holds a raw U+${code} at ${m.index}: ${JSON.stringify(s.slice(Math.max(0, m.index - 40), m.index + 40))}`);
+    assert.fail(`${what} holds a raw U+${code} at ${m.index}: ${q(s.slice(Math.max(0, m.index - 40), m.index + 40))}`);
   }
 }
 
@@ -97,7 +103,7 @@ function assertAllInert(value: unknown, at: string): void {
 function assertLogHolds(path: string | null | undefined, raw: string): void {
   assert.ok(path, "the stream has a log file");
   const log = readFileSync(path);
-  assert.ok(log.includes(Buffer.from(raw, "utf8")), `the log keeps the raw bytes: ${JSON.stringify(log.toString("utf8").slice(0, 400))}`);
+  assert.ok(log.includes(Buffer.from(raw, "utf8")), `the log keeps the raw bytes: ${q(log.toString("utf8").slice(0, 400))}`);
 }
 
 /** A theme stand-in without styling, so that rendered text is just the text. */
@@ -142,9 +148,9 @@ test("stdout: OSC 52, a title, a screen wipe and bidi controls are shown escaped
   assertLogHolds(r.logPaths.stdout, ATTACK);
   assertAllInert(r, "ExecResult");
   for (const field of [r.stdout, r.text]) {
-    assert.ok(field.includes(SHOWN_OSC52) && field.includes(SHOWN_BIDI) && field.includes(SHOWN_C1), field);
-    assert.ok(field.includes("\u241b]0;pwned\u2407\u241b[2J\u241b[3J\u241b[H"), field);
-    assert.ok(field.includes("del\u2421 bs\u2408 nul\u2400 bel\u2407 lone\u240dcr"), field);
+    assert.ok(field.includes(SHOWN_OSC52) && field.includes(SHOWN_BIDI) && field.includes(SHOWN_C1), q(field));
+    assert.ok(field.includes("\u241b]0;pwned\u2407\u241b[2J\u241b[3J\u241b[H"), q(field));
+    assert.ok(field.includes("del\u2421 bs\u2408 nul\u2400 bel\u2407 lone\u240dcr"), q(field));
     assert.ok(field.includes("cr\nnext line"), "CRLF reads as a line end");
   }
 });
@@ -157,8 +163,8 @@ test("stderr of a subprocess is shown escaped; the log keeps it", async (t) => {
   assert.equal(r.status, "ok", show(r));
   assertLogHolds(r.logPaths.stderr, ATTACK);
   assertAllInert(r, "ExecResult");
-  assert.ok(r.stderr.includes(SHOWN_OSC52) && r.stderr.includes(SHOWN_BIDI), r.stderr);
-  assert.ok(r.text.includes(SHOWN_OSC52) && r.text.includes(SHOWN_BIDI), r.text);
+  assert.ok(r.stderr.includes(SHOWN_OSC52) && r.stderr.includes(SHOWN_BIDI), q(r.stderr));
+  assert.ok(r.text.includes(SHOWN_OSC52) && r.text.includes(SHOWN_BIDI), q(r.text));
 });
 
 test("the progress tail of a running execution is shown escaped", async (t) => {
@@ -170,7 +176,7 @@ test("the progress tail of a running execution is shown escaped", async (t) => {
   assert.equal(r.status, "ok", show(r));
   assertLogHolds(r.logPaths.stdout, ATTACK);
   const last = seen.findLast((p) => p.stdoutTail.includes(SHOWN_OSC52) && p.stderrTail.includes(SHOWN_OSC52));
-  assert.ok(last, `a progress report shows both tails escaped: ${JSON.stringify(seen.at(-1))}`);
+  assert.ok(last, `a progress report shows both tails escaped: ${q(seen.at(-1))}`);
   assert.ok(last.stdoutTail.includes(SHOWN_BIDI));
   for (const [i, p] of seen.entries()) assertAllInert(p, `progress[${i}]`);
 });
@@ -204,7 +210,7 @@ test("a repr is shown escaped, from the worker and from a forged result frame", 
   assert.equal(honest.status, "ok", show(honest));
   assertLogHolds(honest.logPaths.stdout, ATTACK);
   assertAllInert(honest, "ExecResult");
-  assert.ok(honest.repr!.includes(SHOWN_C1) && honest.repr!.includes(SHOWN_BIDI) && honest.repr!.includes("lone\u240dcr"), honest.repr!);
+  assert.ok(honest.repr!.includes(SHOWN_C1) && honest.repr!.includes(SHOWN_BIDI) && honest.repr!.includes("lone\u240dcr"), q(honest.repr!));
 
   // A frame the code writes itself passes nothing through the worker: ESC arrives raw.
   const forged = await sb.execute(`${FORGE}print(${lit(ATTACK)})\nforge(repr=${lit(ATTACK)})`);
@@ -212,7 +218,7 @@ test("a repr is shown escaped, from the worker and from a forged result frame", 
   assertLogHolds(forged.logPaths.stdout, ATTACK);
   assertAllInert(forged, "ExecResult");
   for (const field of [forged.repr!, forged.text]) {
-    assert.ok(field.includes(SHOWN_OSC52) && field.includes(SHOWN_BIDI), field);
+    assert.ok(field.includes(SHOWN_OSC52) && field.includes(SHOWN_BIDI), q(field));
   }
 });
 
@@ -236,11 +242,11 @@ test("a forged result frame: exception, notes, image path and mime are shown esc
   assertAllInert(r, "ExecResult");
   assert.equal(r.images.length, 1, show(r));
   assert.equal(r.images[0].sandboxPath, `/scratch/.pi-images/shot\u241b]0;pwned\u2407${SHOWN_BIDI}.png`);
-  assert.ok(r.exception!.type.startsWith(`Type${SHOWN_OSC52}`), r.exception!.type);
+  assert.ok(r.exception!.type.startsWith(`Type${SHOWN_OSC52}`), q(r.exception!.type));
   assert.ok(r.exception!.message.includes(SHOWN_OSC52) && r.exception!.traceback.includes(SHOWN_OSC52));
-  assert.ok(r.notes.some((n) => n.startsWith(`note${SHOWN_OSC52}`)), JSON.stringify(r.notes));
-  assert.ok(r.notes.some((n) => n.startsWith(`/scratch/missing${SHOWN_OSC52}`)), JSON.stringify(r.notes));
-  assert.ok(r.text.includes(`image 1: /scratch/.pi-images/shot\u241b]0;pwned\u2407`), r.text);
+  assert.ok(r.notes.some((n) => n.startsWith(`note${SHOWN_OSC52}`)), q(r.notes));
+  assert.ok(r.notes.some((n) => n.startsWith(`/scratch/missing${SHOWN_OSC52}`)), q(r.notes));
+  assert.ok(r.text.includes(`image 1: /scratch/.pi-images/shot\u241b]0;pwned\u2407`), q(r.text));
 });
 
 test("an image note from the worker is shown escaped", async (t) => {
@@ -264,9 +270,9 @@ test("an image note from the worker is shown escaped", async (t) => {
   assertLogHolds(r.logPaths.stdout, ATTACK);
   assertAllInert(r, "ExecResult");
   const note = r.notes.find((n) => n.startsWith("an image could not be saved"));
-  assert.ok(note, JSON.stringify(r.notes));
-  assert.ok(note.includes(SHOWN_C1) && note.includes(SHOWN_BIDI) && note.includes("lone\u240dcr"), note);
-  assert.ok(r.text.includes(`note: ${note}`), r.text);
+  assert.ok(note, q(r.notes));
+  assert.ok(note.includes(SHOWN_C1) && note.includes(SHOWN_BIDI) && note.includes("lone\u240dcr"), q(note));
+  assert.ok(r.text.includes(`note: ${note}`), q(r.text));
 });
 
 test("a diagnostic that quotes a malformed frame is shown escaped", async (t) => {
@@ -278,8 +284,8 @@ test("a diagnostic that quotes a malformed frame is shown escaped", async (t) =>
   assertLogHolds(r.logPaths.stdout, ATTACK);
   assertAllInert(r, "ExecResult");
   assert.match(r.diagnostic ?? "", /Protocol violation/);
-  assert.ok(r.diagnostic!.includes(SHOWN_OSC52) && r.diagnostic!.includes(SHOWN_BIDI), r.diagnostic!);
-  assert.ok(r.text.includes(SHOWN_OSC52), r.text);
+  assert.ok(r.diagnostic!.includes(SHOWN_OSC52) && r.diagnostic!.includes(SHOWN_BIDI), q(r.diagnostic!));
+  assert.ok(r.text.includes(SHOWN_OSC52), q(r.text));
 });
 
 test("a state-loss reason that quotes a malformed frame is shown escaped", async (t) => {
@@ -299,8 +305,8 @@ test("a state-loss reason that quotes a malformed frame is shown escaped", async
   assertAllInert(r, "ExecResult");
   assert.equal(r.stateLost, true);
   assert.match(r.stateLostReason ?? "", /the worker failed right after the execution/);
-  assert.ok(r.stateLostReason!.includes(SHOWN_OSC52) && r.stateLostReason!.includes(SHOWN_BIDI), r.stateLostReason!);
-  assert.ok(r.text.includes(`LOST (the worker failed right after the execution`) && r.text.includes(SHOWN_OSC52), r.text);
+  assert.ok(r.stateLostReason!.includes(SHOWN_OSC52) && r.stateLostReason!.includes(SHOWN_BIDI), q(r.stateLostReason!));
+  assert.ok(r.text.includes(`LOST (the worker failed right after the execution`) && r.text.includes(SHOWN_OSC52), q(r.text));
 });
 
 test("a path the code tried to read is shown escaped and refused, honest or forged", async (t) => {
@@ -317,7 +323,7 @@ test("a path the code tried to read is shown escaped and refused, honest or forg
     assert.equal(r.status, "permission_needed", `${what}: ${show(r)}`);
     assertAllInert(r, `${what} ExecResult`);
     assert.match(r.permissionPath ?? "", shown, what);
-    assert.ok(r.text.includes(`The code tried to read ${r.permissionPath}`), r.text);
+    assert.ok(r.text.includes(`The code tried to read ${r.permissionPath}`), q(r.text));
     const verdict = sb.readDecision(r.permissionPath!, true);
     assert.equal(verdict.prompt, false, `${what}: refused without a prompt`);
     assert.match(verdict.diagnostic ?? "", /control or bidi characters/);
@@ -343,8 +349,8 @@ test("the status text shows a project path and a package note escaped", async (t
   assertInert("status text", st.text);
   assertAllInert(st.pythonNotes, "pythonNotes");
   assertInert("runtimeVersion", st.runtimeVersion);
-  assert.ok(st.text.includes(`project\u241b]0;pwned\u2407${SHOWN_BIDI}`), st.text);
-  assert.ok(st.text.includes(`venv${SHOWN_OSC52}<U+202E> is not an absolute path`), st.text);
+  assert.ok(st.text.includes(`project\u241b]0;pwned\u2407${SHOWN_BIDI}`), q(st.text));
+  assert.ok(st.text.includes(`venv${SHOWN_OSC52}<U+202E> is not an absolute path`), q(st.text));
 });
 
 // --- what pi shows ---------------------------------------------------------------------------------
@@ -364,11 +370,11 @@ test("pi: the tool result, its details and renderResult hold no raw control char
   const text = messageText(result as never);
   assertInert("model-facing text", text);
   assertAllInert(result.details, "details");
-  assert.ok(text.includes(SHOWN_OSC52) && text.includes(SHOWN_BIDI), text);
+  assert.ok(text.includes(SHOWN_OSC52) && text.includes(SHOWN_BIDI), q(text));
   for (const expanded of [false, true]) {
     const drawn = rendered(def.renderResult(result, { expanded, isPartial: false }, plainTheme, {}));
     assertInert(`renderResult (expanded: ${expanded})`, drawn);
-    assert.ok(drawn.includes(SHOWN_OSC52), drawn);
+    assert.ok(drawn.includes(SHOWN_OSC52), q(drawn));
   }
 });
 
@@ -382,7 +388,7 @@ test("pi: progress given to onUpdate and its rendering hold no raw control chara
   assert.equal(r.details.status, "ok");
   assertLogHolds(r.details.logPaths.stdout, ATTACK);
   const shown = updates.filter((u) => messageText(u as never).includes(SHOWN_OSC52));
-  assert.ok(shown.length > 0, `an update shows the output: ${JSON.stringify(updates.at(-1))}`);
+  assert.ok(shown.length > 0, `an update shows the output: ${q(updates.at(-1))}`);
   for (const [i, u] of updates.entries()) {
     assertInert(`update ${i} text`, messageText(u as never));
     assertAllInert(u.details, `update ${i} details`);
@@ -398,8 +404,8 @@ test("pi: renderCall shows code from the model escaped", async (t) => {
   // The model's code itself carries the sequences (a tool call is drawn before anything runs).
   const line = rendered(def.renderCall({ code: `print(1)  # ${ATTACK}\r\nprint(2)`, timeoutSeconds: `5${TITLE}` }, plainTheme, {}));
   assertInert("renderCall", line);
-  assert.ok(line.startsWith(`python> print(1)  # ${SHOWN_OSC52}`), line);
-  assert.ok(line.includes(SHOWN_BIDI) && line.includes(" …") && line.includes("(5\u241b]0;pwned\u2407s)"), line);
+  assert.ok(line.startsWith(`python> print(1)  # ${SHOWN_OSC52}`), q(line));
+  assert.ok(line.includes(SHOWN_BIDI) && line.includes(" …") && line.includes("(5\u241b]0;pwned\u2407s)"), q(line));
   assert.ok(line.includes("lone\u240dcr … (5"), `a lone CR is shown, a CRLF is a line end: ${line}`);
 });
 
@@ -415,7 +421,7 @@ test("pi: renderResult escapes a stored result that never went through the addon
   for (const [expanded, isPartial] of [[false, false], [true, false], [false, true]]) {
     const drawn = rendered(def.renderResult(stored, { expanded, isPartial }, plainTheme, {}));
     assertInert(`renderResult (expanded ${expanded}, partial ${isPartial})`, drawn);
-    assert.ok(drawn.includes(SHOWN_OSC52), drawn);
+    assert.ok(drawn.includes(SHOWN_OSC52), q(drawn));
   }
 });
 
@@ -432,8 +438,8 @@ test("pi: a mode-change notification shows read roots escaped", async (t) => {
   const note = h.notifications.at(-1)?.message ?? "";
   assert.match(note, /read roots mounted read-only/);
   assertInert("notification", note);
-  assert.ok(note.includes(`data\u241b]0;pwned\u2407${SHOWN_BIDI}`), note);
-  assert.ok(note.includes(`relative${SHOWN_OSC52}\u240aline (not an absolute path)`), note);
+  assert.ok(note.includes(`data\u241b]0;pwned\u2407${SHOWN_BIDI}`), q(note));
+  assert.ok(note.includes(`relative${SHOWN_OSC52}\u240aline (not an absolute path)`), q(note));
   // Baseline: the root is mounted under its real, raw name.
   const code = `print(open(${lit(join(root, "f.txt"))}).read())`;
   const r = (await h.getTool("python").execute("esc-3", { code }, undefined, undefined)) as ToolResult;
@@ -468,7 +474,8 @@ test("pi: no tool-permissions:prompt for a path with control or bidi characters,
   for (const [what, code] of attempts) {
     const r = await run(code);
     const text = messageText(r as never);
-    assert.equal(r.details.status, "permission_needed", `${what}: ${text}`);
+    assert.deepEqual(prompts, [], `${what}: no prompt`);
+    assert.equal(r.details.status, "permission_needed", `${what}: ${q(text)}`);
     assert.match(text, /control or bidi characters \(shown escaped\)/, what);
     assertInert(`${what} text`, text);
     assertAllInert(r.details, `${what} details`);
@@ -499,7 +506,7 @@ test("the JS fallback agrees with the addon's displayText on the corpus and on e
   }
   for (const text of corpus) {
     const fromAddon = addon.displayText(text);
-    assert.equal(displayTextFallback(text), fromAddon, JSON.stringify(text.slice(0, 60)));
+    assert.equal(displayTextFallback(text), fromAddon, q(text.slice(0, 60)));
     assertInert("displayText", fromAddon);
   }
   assert.equal(addon.displayText(ATTACK).includes(SHOWN_OSC52), true);
