@@ -837,3 +837,4 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.PythonSandbox = nativeBinding.PythonSandbox
 module.exports.cleanupAll = nativeBinding.cleanupAll
+module.exports.displayText = nativeBinding.displayText

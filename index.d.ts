@@ -75,6 +75,14 @@ export interface BwrapInfo {
  */
 export declare function cleanupAll(): void
 
+/**
+ * `text` made safe to show in a terminal: C0 controls but tab and newline
+ * as control pictures (U+2400 + code), DEL as U+2421, C1 and bidi controls
+ * as `<U+202E>`, CRLF as LF. The rule the addon applies to everything from
+ * the sandbox, for JS to apply to what it shows.
+ */
+export declare function displayText(text: string): string
+
 export interface ExceptionResult {
   /** The exception class name, e.g. `ValueError`. */
   type: string
@@ -83,7 +91,10 @@ export interface ExceptionResult {
   traceback: string
 }
 
-/** Progress of a running execution (about twice a second). */
+/**
+ * Progress of a running execution (about twice a second); the tails are
+ * shown as `displayText` does.
+ */
 export interface ExecProgress {
   elapsedMs: number
   stdoutBytes: number
@@ -93,7 +104,12 @@ export interface ExecProgress {
   stderrTail: string
 }
 
-/** The result of one `execute` call. */
+/**
+ * The result of one `execute` call. Its strings from the sandbox (output,
+ * repr, exception, paths, notes, diagnostics) have every control character
+ * shown as a visible stand-in, as `displayText` does; the log files keep
+ * the raw bytes.
+ */
 export interface ExecResult {
   /**
    * `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,

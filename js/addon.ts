@@ -7,7 +7,11 @@ import { createRequire } from "node:module";
 import type { PythonSandbox as PythonSandboxClass, SandboxOptions } from "../index.d.ts";
 
 export type PythonSandbox = PythonSandboxClass;
-type Binding = { PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass; cleanupAll(): void };
+type Binding = {
+  PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass;
+  cleanupAll(): void;
+  displayText(text: string): string;
+};
 const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 
 let cached: { binding?: Binding; error?: string } | undefined;

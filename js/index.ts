@@ -6,6 +6,9 @@
  * lifecycle events to the addon, and hands pi the text the addon renders.
  * Nothing is started at load time, and nothing here throws at load time: a
  * missing addon, bubblewrap or interpreter is reported by the tool itself.
+ * Everything it shows (results, progress, the call line, notifications,
+ * prompts) goes through `displayText`, so that no control character from the
+ * sandbox or the model reaches the terminal.
  */
 import { realpathSync } from "node:fs";
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
@@ -13,6 +16,7 @@ import { Text } from "@mariozechner/pi-tui";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox } from "./addon.ts";
+import { displayText } from "./display.ts";
 import { ACTIONS, parseParams } from "./params.ts";
 
 const TOOL = "python";
@@ -69,7 +73,7 @@ export function progressLine(p: ExecProgress): string {
 type Content = { type: "text"; text: string } | { type: "image"; data: string; mimeType: string };
 
 function textResult(text: string, details: Record<string, unknown>, images: Content[] = []) {
-  return { content: [{ type: "text" as const, text } as Content, ...images], details };
+  return { content: [{ type: "text" as const, text: displayText(text) } as Content, ...images], details };
 }
 
 function unavailable(action: string, diagnostic: string) {
@@ -87,7 +91,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   /** Apply a mode payload to the sandbox and tell the user what changed. */
   function applyMode(sandbox: PythonSandbox, payload: unknown, notify: boolean): void {
     const change = sandbox.applyModeEvent(payload);
-    if (notify && change.notification) state.ui?.notify(change.notification, "info");
+    if (notify && change.notification) state.ui?.notify(displayText(change.notification), "info");
   }
 
   /** Ask pi-tool-permissions about a read; resolves with the verdict. */
@@ -106,7 +110,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       signal?.addEventListener("abort", onAbort, { once: true });
       // Registered before the emit: a synchronous bus may answer inside it.
       state.pending.set(id, finish);
-      pi.events.emit(PROMPT_CHANNEL, { id, path });
+      pi.events.emit(PROMPT_CHANNEL, { id, path: displayText(path) });
     });
   }
 
@@ -115,7 +119,10 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     const sandbox = state.sandbox;
     state.sandbox = undefined;
     state.projectDir = undefined;
-    if (sandbox) await sandbox.dispose(reason);
+    if (!sandbox) return;
+    // Protected names the last checks made inert, with how to restore them.
+    const notes = await sandbox.dispose(reason);
+    for (const note of notes) state.ui?.notify(displayText(note), "warning");
   }
 
   /** The sandbox for `cwd`, replacing the current one when the project changed. */
@@ -187,7 +194,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         ? (p: ExecProgress) => {
             const tail = [p.stdoutTail, p.stderrTail].filter((s) => s.trim() !== "").join("\n--- stderr ---\n");
             onUpdate({
-              content: [{ type: "text", text: `${progressLine(p)}${tail ? `\n${tail}` : ""}` }],
+              content: [{ type: "text", text: displayText(`${progressLine(p)}${tail ? `\n${tail}` : ""}`) }],
               details: { action: "execute", status: "running", ...p },
             });
           }
@@ -259,16 +266,18 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     renderCall(args, theme) {
       const a = (args ?? {}) as { action?: string; code?: string; timeoutSeconds?: number };
       if (a.action === "status" || a.action === "reset") return new Text(theme.bold(`python ${a.action}`), 0, 0);
-      const lines = String(a.code ?? "").split("\n");
+      // The code comes from the model and can carry terminal sequences too.
+      const lines = displayText(String(a.code ?? "")).split("\n");
       const more = lines.length > 1 ? " …" : "";
-      const limit = a.timeoutSeconds !== undefined ? theme.fg("muted", ` (${a.timeoutSeconds}s)`) : "";
+      const limit = a.timeoutSeconds !== undefined ? theme.fg("muted", displayText(` (${a.timeoutSeconds}s)`)) : "";
       return new Text(`${theme.bold("python>")} ${lines[0]}${more}${limit}`, 0, 0);
     },
 
     renderResult(result, { expanded, isPartial }, theme) {
       const details = (result.details ?? {}) as { status?: string; isError?: boolean; durationMs?: number };
       const first = result.content.find((c) => c.type === "text");
-      const text = first && "text" in first ? first.text : "";
+      // A result restored from a session file was never through the addon.
+      const text = displayText(first && "text" in first ? first.text : "");
       if (isPartial || details.status === "running") {
         const lines = text.split("\n");
         const shown = lines.slice(1).slice(-8);
@@ -277,13 +286,13 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const body = text.split("\n").slice(1);
       while (body[0] === "") body.shift();
       const mark = details.isError ? theme.fg("error", "✗") : theme.fg("success", "✓");
-      const label = details.status === "runtime_error" ? "error" : (details.status ?? "");
+      const label = displayText(details.status === "runtime_error" ? "error" : (details.status ?? ""));
       const secs = typeof details.durationMs === "number" ? ` ${(details.durationMs / 1000).toFixed(1)}s` : "";
       const shown = expanded ? body : body.slice(0, 10);
       const hidden = body.length - shown.length;
       const tail = hidden > 0 ? `\n${theme.fg("muted", `... (${hidden} more lines, expand to see all)`)}` : "";
       const images = ((result.details as { images?: ImageInfo[] })?.images ?? []).map((i) =>
-        theme.fg("accent", `[image ${i.width ?? "?"}x${i.height ?? "?"} ${i.mimeType.replace("image/", "").toUpperCase()}] ${i.path}`),
+        theme.fg("accent", displayText(`[image ${i.width ?? "?"}x${i.height ?? "?"} ${i.mimeType.replace("image/", "").toUpperCase()}] ${i.path}`)),
       );
       const imageLines = images.length > 0 ? `\n${images.join("\n")}` : "";
       return new Text(`${mark} python ${label}${secs}${imageLines}\n${shown.join("\n")}${tail}`, 0, 0);
@@ -326,9 +335,9 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     settlePrompts();
     for (const off of unsubscribe.splice(0)) off();
     state.modePayload = undefined;
-    state.ui = undefined;
     state.denied = [];
     await disposeSandbox("session_shutdown");
+    state.ui = undefined;
   });
   pi.on("session_tree", async () => {
     settlePrompts();

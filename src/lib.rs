@@ -8,6 +8,7 @@ pub mod beneath;
 pub mod bwrap;
 pub mod bytecode;
 pub mod capture;
+pub mod display;
 pub mod frame;
 pub mod images;
 pub mod limits;

@@ -2,7 +2,9 @@
 //!
 //! Thin by design: it converts arguments and results and maps errors, in
 //! this one place, to JS errors with a stable `code` (`InvalidArg` for bad
-//! input). All behaviour lives in the plain Rust modules.
+//! input). All behaviour lives in the plain Rust modules. Every string that
+//! came from the sandbox leaves through `display`, here, so that no caller
+//! of the addon gets a raw control character from it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +14,7 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
+use crate::display::{displayed, displayed_line};
 use crate::limits::*;
 use crate::outcome::{render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
@@ -78,7 +81,10 @@ pub struct LogPaths {
     pub stderr: Option<String>,
 }
 
-/// The result of one `execute` call.
+/// The result of one `execute` call. Its strings from the sandbox (output,
+/// repr, exception, paths, notes, diagnostics) have every control character
+/// shown as a visible stand-in, as `displayText` does; the log files keep
+/// the raw bytes.
 #[napi(object)]
 pub struct ExecResult {
     /// `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,
@@ -243,20 +249,20 @@ fn to_js(o: Outcome) -> ExecResult {
         duration_ms: o.duration_ms as f64,
         generation: o.generation as f64,
         state_lost: o.state_lost,
-        state_lost_reason: o.state_lost_reason.clone(),
-        repr: o.repr.clone(),
+        state_lost_reason: o.state_lost_reason.clone().map(displayed),
+        repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
-        stdout: join(&o.stdout),
-        stderr: join(&o.stderr),
+        stdout: displayed(join(&o.stdout)),
+        stderr: displayed(join(&o.stderr)),
         stdout_bytes: o.stdout.total as f64,
         stderr_bytes: o.stderr.total as f64,
         excerpt_truncated: o.stdout.omitted > 0 || o.stderr.omitted > 0,
         exception: o.exception.map(|e| ExceptionResult {
-            type_name: e.type_name,
-            message: e.message,
-            traceback: e.traceback,
+            type_name: displayed_line(e.type_name),
+            message: displayed(e.message),
+            traceback: displayed(e.traceback),
         }),
-        permission_path: o.permission_path,
+        permission_path: o.permission_path.map(displayed_line),
         permission_is_dir: o.permission_is_dir,
         output_limit_exceeded: o.output_limit_exceeded,
         log_paths: LogPaths {
@@ -264,20 +270,20 @@ fn to_js(o: Outcome) -> ExecResult {
             stderr: o.log_paths.stderr.as_deref().map(path_str),
         },
         log_complete: o.log_complete,
-        diagnostic: o.diagnostic,
+        diagnostic: o.diagnostic.map(displayed),
         images: o
             .images
             .iter()
             .map(|i| ImageResult {
-                mime_type: i.mime.clone(),
+                mime_type: displayed_line(i.mime.clone()),
                 data: base64::engine::general_purpose::STANDARD.encode(&i.data),
-                sandbox_path: i.sandbox_path.clone(),
+                sandbox_path: displayed_line(i.sandbox_path.clone()),
                 width: i.width,
                 height: i.height,
-                description: i.describe(),
+                description: displayed_line(i.describe()),
             })
             .collect(),
-        notes: o.notes,
+        notes: o.notes.into_iter().map(displayed).collect(),
     }
 }
 
@@ -304,7 +310,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     let (available, diagnostic) = match &r.availability {
         Availability::Unverified => ("unverified", None),
         Availability::Available => ("available", None),
-        Availability::Unavailable(d) => ("unavailable", Some(d.clone())),
+        Availability::Unavailable(d) => ("unavailable", Some(displayed(d.clone()))),
     };
     let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
@@ -390,6 +396,8 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             protected.join(", ")
         }
     ));
+    // The worker's ready frame, the host's probes and the paths: any can hold anything.
+    let text = displayed(text);
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
@@ -399,8 +407,8 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         busy: r.busy,
         generation: r.generation as f64,
         executions: r.executions as f64,
-        runtime_version: r.runtime_version,
-        last_reset_reason: r.last_reset_reason,
+        runtime_version: r.runtime_version.map(displayed_line),
+        last_reset_reason: r.last_reset_reason.map(displayed),
         disposed: r.disposed,
         workspace_mode: mode.into(),
         read_roots: roots,
@@ -416,7 +424,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             log_dir: logs,
         },
         site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
-        python_notes: r.python_notes.clone(),
+        python_notes: r.python_notes.iter().cloned().map(displayed).collect(),
         prewarm: r.prewarm,
         spare: match r.spare {
             SpareState::None => "none",
@@ -465,6 +473,16 @@ pub struct ReadVerdict {
     pub diagnostic: Option<String>,
 }
 
+/// `text` made safe to show in a terminal: C0 controls but tab and newline
+/// as control pictures (U+2400 + code), DEL as U+2421, C1 and bidi controls
+/// as `<U+202E>`, CRLF as LF. The rule the addon applies to everything from
+/// the sandbox, for JS to apply to what it shows.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn display_text(text: String) -> String {
+    displayed(text)
+}
+
 /// Kill every sandbox and delete every session directory of this process,
 /// synchronously. For `process.on("exit")`: a `process.exit()` skips the
 /// addon's own environment cleanup.
@@ -474,7 +492,8 @@ pub fn cleanup_all() {
     crate::rundir::cleanup_all();
 }
 
-/// Progress of a running execution (about twice a second).
+/// Progress of a running execution (about twice a second); the tails are
+/// shown as `displayText` does.
 #[napi(object)]
 pub struct ExecProgress {
     pub elapsed_ms: f64,
@@ -559,8 +578,8 @@ impl PythonSandbox {
                         elapsed_ms: p.elapsed_ms as f64,
                         stdout_bytes: p.stdout_bytes as f64,
                         stderr_bytes: p.stderr_bytes as f64,
-                        stdout_tail: p.stdout_tail,
-                        stderr_tail: p.stderr_tail,
+                        stdout_tail: displayed(p.stdout_tail),
+                        stderr_tail: displayed(p.stderr_tail),
                     },
                     ThreadsafeFunctionCallMode::NonBlocking,
                 );
@@ -649,7 +668,7 @@ impl PythonSandbox {
         for note in notes {
             text.push_str(&format!("\n\nnote: {note}"));
         }
-        Ok(ResetResult { scratch_dir: scratch, text })
+        Ok(ResetResult { scratch_dir: scratch, text: displayed(text) })
     }
 
     /// Readiness, generation, limits and paths. Starts nothing, never waits.
@@ -664,6 +683,6 @@ impl PythonSandbox {
     /// writable project made inert, and how to restore them.
     #[napi]
     pub async fn dispose(&self, reason: Option<String>) -> Result<Vec<String>> {
-        Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await)
+        Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await.into_iter().map(displayed).collect())
     }
 }

@@ -1,10 +1,14 @@
 //! What one call returns: the status classes, the structured outcome, and
 //! the model-facing text, which is kept under pi's 50 KiB / 2,000-line
 //! ceiling here so that every caller of the addon gets the same bounded text.
+//! The outcome holds text as the sandbox produced it; [`render`] shows every
+//! piece of it through `display`, before fitting it into the ceiling.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use crate::display::{display_line, display_text};
 use crate::limits::{OUTPUT_BUDGET_BYTES, RESULT_MAX_BYTES, RESULT_MAX_LINES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +198,20 @@ fn cut_tail(text: &str, max_bytes: usize, max_lines: usize) -> &str {
     &text[start..]
 }
 
+/// `s` with its text made safe to show. Without a gap, head and tail are
+/// shown as one text, so that a CRLF split between them stays a line end.
+fn displayed_stream(s: &StreamText) -> Cow<'_, StreamText> {
+    match (display_text(&s.head), display_text(&s.tail)) {
+        (Cow::Borrowed(_), Cow::Borrowed(_)) => Cow::Borrowed(s),
+        _ if s.omitted == 0 => Cow::Owned(StreamText {
+            head: display_text(&format!("{}{}", s.head, s.tail)).into_owned(),
+            tail: String::new(),
+            ..*s
+        }),
+        (head, tail) => Cow::Owned(StreamText { head: head.into_owned(), tail: tail.into_owned(), ..*s }),
+    }
+}
+
 /// A stream excerpt fitted into `max_bytes` / `max_lines`: three quarters for
 /// the head, one for the tail, with one line saying how much is omitted.
 fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> String {
@@ -226,31 +244,37 @@ pub fn render(o: &Outcome) -> String {
         o.generation
     );
     if let Some(path) = &o.permission_path {
-        let _ = write!(t, "\n\nThe code tried to read {path}, which is outside the sandbox mounts.");
+        let _ = write!(t, "\n\nThe code tried to read {}, which is outside the sandbox mounts.", display_line(path));
     }
     if let Some(repr) = &o.repr {
         let label = if o.repr_truncated { "result (truncated)" } else { "result" };
-        let _ = write!(t, "\n\n{label}: {repr}");
+        let _ = write!(t, "\n\n{label}: {}", display_text(repr));
     }
     for (i, image) in o.images.iter().enumerate() {
-        let _ = write!(t, "\n\nimage {}: {} ({}), attached", i + 1, image.sandbox_path, image.describe());
+        let _ = write!(
+            t,
+            "\n\nimage {}: {} ({}), attached",
+            i + 1,
+            display_line(&image.sandbox_path),
+            display_line(&image.describe())
+        );
     }
     for note in &o.notes {
-        let _ = write!(t, "\n\nnote: {note}");
+        let _ = write!(t, "\n\nnote: {}", display_text(note));
     }
     // The streams share what the rest leaves of the ceiling.
     let mut tail = String::new();
     if let Some(e) = &o.exception {
-        let _ = write!(tail, "\n\n--- exception: {} ---", e.type_name);
+        let _ = write!(tail, "\n\n--- exception: {} ---", display_line(&e.type_name));
         if !e.message.is_empty() {
-            let _ = write!(tail, "\n{}", e.message);
+            let _ = write!(tail, "\n{}", display_text(&e.message));
         }
         if !e.traceback.trim().is_empty() {
-            let _ = write!(tail, "\n\n{}", e.traceback.trim_end());
+            let _ = write!(tail, "\n\n{}", display_text(e.traceback.trim_end()));
         }
     }
     if o.state_lost {
-        let reason = o.state_lost_reason.as_deref().unwrap_or("sandbox killed");
+        let reason = display_text(o.state_lost_reason.as_deref().unwrap_or("sandbox killed"));
         let _ = write!(
             tail,
             "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution."
@@ -265,7 +289,7 @@ pub fn render(o: &Outcome) -> String {
     }
     let logs: Vec<String> = [(&o.log_paths.stdout, "stdout"), (&o.log_paths.stderr, "stderr")]
         .into_iter()
-        .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", p.display())))
+        .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", display_line(&p.to_string_lossy()))))
         .collect();
     if !logs.is_empty() {
         if o.log_complete {
@@ -279,19 +303,22 @@ pub fn render(o: &Outcome) -> String {
         }
     }
     if let Some(d) = &o.diagnostic {
-        let _ = write!(tail, "\n\n{d}");
+        let _ = write!(tail, "\n\n{}", display_text(d));
     }
     let lines = |s: &str| s.matches('\n').count() + 1;
     let reserve = 200; // section headers
-    let streams: Vec<(&str, &StreamText)> =
-        [("stdout", &o.stdout), ("stderr", &o.stderr)].into_iter().filter(|(_, s)| !s.is_blank()).collect();
+    let streams: Vec<(&str, Cow<'_, StreamText>)> = [("stdout", &o.stdout), ("stderr", &o.stderr)]
+        .into_iter()
+        .filter(|(_, s)| !s.is_blank())
+        .map(|(name, s)| (name, displayed_stream(s)))
+        .collect();
     let used_bytes = t.len() + tail.len() + reserve;
     let used_lines = lines(&t) + lines(&tail) + 8;
     if !streams.is_empty() {
         let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes) / streams.len();
         let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines) / streams.len();
         for (name, s) in streams {
-            let _ = write!(t, "\n\n--- {name} ---\n{}", fit_stream(s, budget_bytes, budget_lines));
+            let _ = write!(t, "\n\n--- {name} ---\n{}", fit_stream(&s, budget_bytes, budget_lines));
         }
     }
     t.push_str(&tail);
@@ -349,6 +376,79 @@ mod tests {
         assert!(text.contains("bytes omitted; the full stream is in the log file"));
         assert!(text.contains("\ny\n"), "the tail of a stream is kept");
         assert!(text.ends_with("mutations before an error remain)."), "the state line is never cut");
+    }
+
+    /// Every piece of text an outcome can hold, each carrying the sequences.
+    const HOSTILE: &str = "\x1b]52;c;aGk=\x07\x1b]0;title\x07\x1b[2J\u{9b}2J\u{202E}\x7f\r\0\x08";
+
+    fn hostile() -> Outcome {
+        let h = |what: &str| format!("{what}{HOSTILE}");
+        Outcome {
+            status: Status::PermissionNeeded,
+            state_lost: true,
+            state_lost_reason: Some(h("reason")),
+            repr: Some(h("repr")),
+            stdout: StreamText { head: h("out-head"), omitted: 10, tail: h("out-tail"), total: 100 },
+            stderr: StreamText { head: format!("{}err\r", h("err")), omitted: 0, tail: "\nmore".into(), total: 20 },
+            exception: Some(ExceptionText { type_name: h("Type"), message: h("message"), traceback: h("traceback") }),
+            permission_path: Some(h("/etc/path")),
+            log_paths: LogFiles { stdout: Some(h("/logs/out").into()), stderr: None },
+            images: vec![ImageData {
+                sandbox_path: h("/scratch/img"),
+                mime: h("image/"),
+                width: None,
+                height: None,
+                data: vec![],
+            }],
+            notes: vec![h("note")],
+            diagnostic: Some(h("diagnostic")),
+            ..ok()
+        }
+    }
+
+    fn inert(text: &str) -> bool {
+        text.chars().all(|c| c == '\t' || c == '\n' || !(c.is_control() || crate::display::is_bidi_control(c)))
+    }
+
+    #[test]
+    fn every_field_is_shown_through_display() {
+        let text = render(&hostile());
+        assert!(inert(&text), "{text:?}");
+        for what in [
+            "reason",
+            "repr",
+            "out-head",
+            "out-tail",
+            "err",
+            "Type",
+            "message",
+            "traceback",
+            "/etc/path",
+            "/logs/out",
+            "/scratch/img",
+            "note",
+            "diagnostic",
+        ] {
+            assert!(text.contains(&format!("{what}\u{241B}]52;c;aGk=\u{2407}")), "{what} is shown escaped: {text}");
+        }
+        assert!(text.contains("<U+009B>2J<U+202E>\u{2421}"), "{text}");
+        assert!(text.contains("err\nmore"), "a CRLF split between head and tail is a line end: {text}");
+    }
+
+    #[test]
+    fn escaped_streams_still_fit_the_ceiling() {
+        // Each control grows to three bytes when shown.
+        let esc = "\x1b".repeat(40_000);
+        let o = Outcome {
+            stdout: StreamText { head: esc.clone(), omitted: 0, tail: esc.clone(), total: 80_000 },
+            stderr: StreamText { head: "\r\n".repeat(30_000), omitted: 0, tail: String::new(), total: 60_000 },
+            ..ok()
+        };
+        let text = render(&o);
+        assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
+        assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
+        assert!(inert(&text));
+        assert!(text.ends_with("mutations before an error remain)."), "the state line is kept");
     }
 
     #[test]

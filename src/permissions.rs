@@ -6,13 +6,16 @@
 //! reads a path outside the mounts. It only decides: the session applies
 //! the mounts and the TypeScript wrapper talks to the bus and the UI.
 //! Filesystem facts (realpath) come in as a function so tests need no
-//! special machine.
+//! special machine. Paths in its messages are shown through `display`:
+//! read roots come from the bus and refused paths from the sandbox, and
+//! either can hold anything.
 
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::bwrap::RESERVED_MOUNTS;
+use crate::display::{display_line, displayed_line, holds_stand_in};
 
 /// The mounts a sandbox is started with (besides the fixed ones).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -205,7 +208,7 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
         let list: Vec<String> = plan.skipped.iter().map(|s| format!("{} ({})", s.root, s.reason)).collect();
         note.push_str(&format!("; skipped: {}", list.join(", ")));
     }
-    Some(note)
+    Some(displayed_line(note))
 }
 
 /// The directory a refused read is about: the path itself for a directory
@@ -229,10 +232,38 @@ pub enum ReadDecision {
     Deny(String),
 }
 
+/// A path that cannot be put in a prompt: it holds a control or bidi
+/// character (tab and newline included), or a stand-in for one, which
+/// means it was escaped on its way here (the worker shows C0 controls as
+/// control pictures, the addon's results show them escaped) and is not the
+/// path that was read. Granting it would grant something else.
+pub fn unpromptable(path: &str) -> bool {
+    display_line(path) != path || holds_stand_in(path)
+}
+
+/// The longest path put in a prompt: the kernel's PATH_MAX, which the
+/// worker bounds its paths to as well (a forged frame could send 128 KiB).
+pub const MAX_PROMPT_PATH_BYTES: usize = 4096;
+
 /// Decide about a refused read of `path`.
 pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has_ui: bool) -> ReadDecision {
     let how = "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
                or a read root), or copy the data into the project or /scratch.";
+    if path.len() > MAX_PROMPT_PATH_BYTES {
+        return ReadDecision::Deny(format!(
+            "The code tried to read a path of {} bytes, longer than any path the system opens ({MAX_PROMPT_PATH_BYTES}); \
+             it was refused without asking.",
+            path.len()
+        ));
+    }
+    if unpromptable(path) {
+        return ReadDecision::Deny(format!(
+            "The code tried to read {}, a path with control or bidi characters (shown escaped). It was refused \
+             without asking: a prompt could not show it as it is. Rename the file, or copy the data into the \
+             project or /scratch.",
+            display_line(path)
+        ));
+    }
     let p = Path::new(path);
     if let Some(d) = denied.iter().find(|d| p.starts_with(d)) {
         return ReadDecision::Deny(format!(
@@ -257,8 +288,10 @@ pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has
 /// Diagnostic for a read the user denied (or left unanswered).
 pub fn denied_diagnostic(path: &str, why: &str) -> String {
     format!(
-        "Read of {path} was denied ({why}); reads under that directory stay unavailable for this session. \
-         Use another source, or ask the user to grant read access to that directory."
+        "Read of {} was denied ({}); reads under that directory stay unavailable for this session. \
+         Use another source, or ask the user to grant read access to that directory.",
+        display_line(path),
+        display_line(why)
     )
 }
 
@@ -384,6 +417,51 @@ mod tests {
         );
         assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
         assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
+    }
+
+    #[test]
+    fn a_path_with_control_or_bidi_characters_is_refused_not_prompted() {
+        let raw = [
+            "/etc/\x1b]52;c;aGk=\x07x",
+            "/srv/a\r\nb",
+            "/srv/a\nAllow? yes",
+            "/srv/a\tb",
+            "/srv/\u{9b}2J",
+            "/srv/\x7f",
+            "/srv/report\u{202E}fdp.exe",
+            "/srv/\u{2066}x\u{2069}",
+        ];
+        // What arrives after escaping: by the worker (C0 as pictures) or by this addon's results.
+        let escaped = ["/etc/\u{241B}]52;c;aGk=\u{2407}x", "/srv/report<U+202E>fdp.exe"];
+        for path in raw.iter().chain(&escaped) {
+            // Refused in every situation that would otherwise prompt, before any other rule.
+            let decision = read_decision(path, &[PathBuf::from("/srv")], true, true);
+            let ReadDecision::Deny(d) = decision else { panic!("{path:?} was prompted") };
+            assert!(d.contains("control or bidi characters"), "{d}");
+            assert!(d.contains(&*display_line(path)), "the path is named escaped: {d}");
+            assert!(d.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{d:?}");
+        }
+        assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true), ReadDecision::Prompt);
+        let long = format!("/srv/{}", "a".repeat(MAX_PROMPT_PATH_BYTES));
+        assert!(matches!(read_decision(&long, &[], true, true), ReadDecision::Deny(d) if d.contains("4101 bytes")));
+        let d = denied_diagnostic("/srv/a\x1b[2J", "no\nanswer");
+        assert!(d.contains("/srv/a\u{241B}[2J") && d.contains("no\u{240A}answer"), "{d}");
+    }
+
+    #[test]
+    fn a_mode_notification_shows_roots_escaped() {
+        let roots = ["/srv/\x1b]0;title\x07".to_string(), "rel\n\u{202E}x".to_string()];
+        let p = plan_mounts(&roots, None, ident);
+        let note = change_notification(
+            &MountConfig::default(),
+            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &p,
+            false,
+        )
+        .expect("changed");
+        assert!(note.contains("/srv/\u{241B}]0;title\u{2407}"), "{note}");
+        assert!(note.contains("skipped: rel\u{240A}<U+202E>x (not an absolute path)"), "{note}");
+        assert!(note.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{note:?}");
     }
 
     #[test]

@@ -1,0 +1,29 @@
+/**
+ * Text made safe to show in pi's TUI, a notification or a prompt: the
+ * addon's `displayText` (src/display.rs), the rule it applies to everything
+ * from the sandbox. Where the addon did not load (renderCall still runs),
+ * a copy of the same rule in a few lines.
+ */
+import { loadAddon } from "./addon.ts";
+
+// C0 but tab and newline, DEL, C1, and the bidi and format controls; CRLF first.
+const CONTROLS = /\r\n|[\0-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+/** The fallback: C0 as control pictures, DEL as U+2421, the others as `<U+202E>`, CRLF as LF. */
+export function displayTextFallback(text: string): string {
+  // A lone surrogate becomes U+FFFD, as on its way into the addon.
+  const whole = (text as string & { toWellFormed(): string }).toWellFormed();
+  return whole.replace(CONTROLS, (c) => {
+    const code = c.charCodeAt(0);
+    if (c === "\r\n") return "\n";
+    if (code < 0x20) return String.fromCharCode(0x2400 + code);
+    if (code === 0x7f) return "\u2421";
+    return `<U+${code.toString(16).toUpperCase().padStart(4, "0")}>`;
+  });
+}
+
+/** `text` with every control character shown as a visible stand-in. */
+export function displayText(text: string): string {
+  const binding = loadAddon().binding;
+  return typeof binding?.displayText === "function" ? binding.displayText(text) : displayTextFallback(text);
+}
