@@ -13,7 +13,7 @@ use crate::frame::ImageRef;
 use crate::limits::{MAX_IMAGES, MAX_IMAGES_TOTAL_BYTES, MAX_IMAGE_BYTES};
 use crate::outcome::ImageData;
 
-/// Longest image path and MIME type taken from a frame.
+/// Longest image path taken from a frame, and MIME type shown.
 const MAX_PATH: usize = 4096;
 const MAX_MIME: usize = 64;
 
@@ -32,8 +32,21 @@ pub fn collect(scratch: &Path, refs: Vec<ImageRef>) -> (Vec<ImageData>, Vec<Stri
     let mut notes = Vec::new();
     let mut total = 0usize;
     for image in refs.into_iter().take(MAX_IMAGES) {
-        if image.path.len() > MAX_PATH || image.mime.len() > MAX_MIME {
-            notes.push("an image was not sent: its name or type is too long".into());
+        if image.path.len() > MAX_PATH {
+            notes.push("an image was not sent: its name is too long".into());
+            continue;
+        }
+        if !matches!(image.mime.as_str(), "image/png" | "image/jpeg") {
+            let mut mime = image.mime;
+            if mime.len() > MAX_MIME {
+                let mut end = MAX_MIME;
+                while !mime.is_char_boundary(end) {
+                    end -= 1;
+                }
+                mime.truncate(end);
+                mime.push_str("...");
+            }
+            notes.push(format!("{} was not sent: {mime} is not an image type the model reads", image.path));
             continue;
         }
         match read(scratch, &image.path, MAX_IMAGE_BYTES as u64) {
@@ -85,9 +98,11 @@ mod tests {
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("symbolic link") && notes[1].contains("symbolic link"), "{notes:?}");
         assert!(read(&scratch, "/etc/hostname", 100).is_err());
-        let (none, long) =
+        let (none, odd) =
             collect(&scratch, vec![ImageRef { mime: "x".repeat(100), ..image("/scratch/.pi-images/a.png") }]);
-        assert!(none.is_empty() && long[0].contains("too long"));
+        assert!(none.is_empty() && odd[0].contains("is not an image type") && odd[0].len() < 200, "{odd:?}");
+        let (none, long) = collect(&scratch, vec![image(&format!("/scratch/{}", "a".repeat(5000)))]);
+        assert!(none.is_empty() && long[0].contains("name is too long"));
         std::fs::remove_dir_all(&scratch).expect("cleanup");
     }
 }
