@@ -298,7 +298,7 @@ export interface StatusResult {
    * `bytecode` (compiled by an earlier sandbox); absent when none runs.
    */
   workerCode?: string
-  /** Number of rules in the seccomp filter. */
+  /** Number of refusal rules in the seccomp filter (besides its allowlist). */
   seccompRules: number
   /** Project paths kept read-only when /workspace is writable. */
   protectedPaths: Array<string>

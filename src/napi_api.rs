@@ -194,7 +194,7 @@ pub struct StatusResult {
     /// How the running worker was loaded: `source` (compiled at start) or
     /// `bytecode` (compiled by an earlier sandbox); absent when none runs.
     pub worker_code: Option<String>,
-    /// Number of rules in the seccomp filter.
+    /// Number of refusal rules in the seccomp filter (besides its allowlist).
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
     pub protected_paths: Vec<String>,
@@ -380,9 +380,11 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     let protected = crate::permissions::protected_names_from_env();
     let seccomp_rules = crate::seccomp::rules().len();
     text.push_str(&format!(
-        "\nhardening: seccomp filter of {} rules (native architecture only); no nested user namespaces; \
+        "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
+         native architecture only); no nested user namespaces; \
          all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
          Not applied: limits on the number of processes or on total memory (no cgroup limits).",
+        crate::seccomp::allowed_here(),
         seccomp_rules,
         if protected.is_empty() {
             "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
