@@ -259,6 +259,9 @@ pub fn rules() -> Vec<Rule> {
     const TTY: &str = "no typing into or controlling a terminal";
     const OBSOLETE: &str = "obsolete or host-wide calls that sandboxed code never needs";
     const NUMA: &str = "NUMA memory policy calls have a history of kernel bugs and no use here";
+    const SYSV: &str = "SysV message queues, shared memory and semaphore sets outlive the process that made them and \
+        hold kernel memory until the sandbox ends, beyond any process's limits (about 500 MiB of queues, unbounded \
+        shared memory on a default kernel); POSIX shared memory and semaphores live in the sized /dev/shm";
     let mut r = vec![
         eperm("socket", true, NET),
         eperm("socketpair", true, NET),
@@ -313,6 +316,18 @@ pub fn rules() -> Vec<Rule> {
         eperm("migrate_pages", false, NUMA),
         eperm("move_pages", false, NUMA),
         eperm("set_mempolicy", false, NUMA),
+        eperm("msgget", false, SYSV),
+        eperm("msgsnd", false, SYSV),
+        eperm("msgrcv", false, SYSV),
+        eperm("msgctl", false, SYSV),
+        eperm("shmget", false, SYSV),
+        eperm("shmat", false, SYSV),
+        eperm("shmdt", false, SYSV),
+        eperm("shmctl", false, SYSV),
+        eperm("semget", false, SYSV),
+        eperm("semop", false, SYSV),
+        eperm("semtimedop", false, SYSV),
+        eperm("semctl", false, SYSV),
     ];
     for (_, flag) in NAMESPACE_FLAGS {
         let when = When::ArgMasked { arg: 0, mask: flag, value: flag };
@@ -602,6 +617,28 @@ mod tests {
                 .collect();
             // The "any value" allow is ordered after the refusals only on the same argument.
             assert_eq!(args.len(), 1, "{call}: {args:?}");
+        }
+    }
+
+    #[test]
+    fn sysv_ipc_is_refused_with_eperm() {
+        let rules = rules();
+        for name in [
+            "msgget",
+            "msgsnd",
+            "msgrcv",
+            "msgctl",
+            "shmget",
+            "shmat",
+            "shmdt",
+            "shmctl",
+            "semget",
+            "semop",
+            "semtimedop",
+            "semctl",
+        ] {
+            let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
         }
     }
 
