@@ -168,6 +168,13 @@ export interface Limits {
   rlimitAsBytes: number
   rlimitFsizeBytes: number
   rlimitNofile: number
+  /**
+   * Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
+   * process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
+   * `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+   */
+  tmpSizeBytes?: number
+  shmSizeBytes?: number
   coreDumps: string
   note: string
 }

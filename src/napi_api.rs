@@ -137,6 +137,11 @@ pub struct Limits {
     pub rlimit_as_bytes: f64,
     pub rlimit_fsize_bytes: f64,
     pub rlimit_nofile: u32,
+    /// Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
+    /// process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
+    /// `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+    pub tmp_size_bytes: Option<f64>,
+    pub shm_size_bytes: Option<f64>,
     pub core_dumps: String,
     pub note: String,
 }
@@ -294,8 +299,11 @@ fn limits() -> Limits {
     rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
     rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
     rlimit_nofile: RLIMIT_NOFILE as u32,
+    tmp_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.tmp as f64),
+    shm_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.shm as f64),
     core_dumps: "disabled".into(),
-    note: "Per-process and per-file limits and per-execution budgets only; no aggregate memory, process or disk quotas."
+    note: "Per-process and per-file limits, per-execution budgets, and sizes for /tmp and /dev/shm; no other aggregate \
+      memory, process or disk quotas."
       .into(),
   }
 }
@@ -369,6 +377,15 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         RLIMIT_FSIZE_BYTES >> 20,
         RLIMIT_NOFILE
     ));
+    text.push_str(&match tmpfs_sizes_from_env() {
+        Ok(sizes) => format!(
+            "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
+             fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
+            describe_size(sizes.tmp),
+            describe_size(sizes.shm)
+        ),
+        Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
+    });
     if let Some(b) = &r.bwrap {
         let (x, y, z) = b.version;
         text.push_str(&format!(

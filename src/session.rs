@@ -872,7 +872,10 @@ impl Session {
         if matches!(role, Role::Spare(_)) && self.is_disposed() {
             return Err((Status::Cancelled, "the session was disposed".into()));
         }
+        let sizes = tmpfs_sizes_from_env().map_err(|e| (Status::Unavailable, e))?;
         let spec = SandboxSpec {
+            tmp_bytes: sizes.tmp,
+            shm_bytes: sizes.shm,
             protected: protection.binds,
             project_dir: project.clone(),
             interpreter: facts.interpreter.path.clone(),
