@@ -186,6 +186,13 @@ export interface Limits {
   rlimitAsBytes: number
   rlimitFsizeBytes: number
   rlimitNofile: number
+  /**
+   * Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
+   * process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
+   * `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+   */
+  tmpSizeBytes?: number
+  shmSizeBytes?: number
   coreDumps: string
   note: string
 }
@@ -316,7 +323,7 @@ export interface StatusResult {
    * `bytecode` (compiled by an earlier sandbox); absent when none runs.
    */
   workerCode?: string
-  /** Number of rules in the seccomp filter. */
+  /** Number of refusal rules in the seccomp filter (besides its allowlist). */
   seccompRules: number
   /** Project paths kept read-only when /workspace is writable. */
   protectedPaths: Array<string>

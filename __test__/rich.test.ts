@@ -5,8 +5,7 @@
  * the host read a file outside the scratch directory.
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type TestContext, test } from "node:test";
@@ -14,43 +13,10 @@ import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { venvOrSkip } from "./helpers/test-venv.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
-
-let venvCache: { path?: string; reason?: string } | undefined;
-
-/** A venv with numpy, matplotlib and pillow from PyPI, made once per machine. */
-function testVenv(): { path?: string; reason?: string } {
-  if (venvCache) return venvCache;
-  const minor = spawnSync("/usr/bin/python3", ["-c", "import sys; print('%d%d' % sys.version_info[:2])"], { encoding: "utf8" });
-  const path = join(tmpdir(), `pps-test-venv-py${minor.stdout.trim()}`);
-  const ready = join(path, ".pps-ready");
-  if (existsSync(ready)) return (venvCache = { path });
-  rmSync(path, { recursive: true, force: true });
-  const make = spawnSync("/usr/bin/python3", ["-m", "venv", path], { encoding: "utf8" });
-  if (make.status !== 0) return (venvCache = { reason: `python3 -m venv failed (apt-get install python3-venv): ${make.stderr.trim()}` });
-  const pip = spawnSync(join(path, "bin", "pip"), ["install", "-q", "numpy", "matplotlib", "pillow"], {
-    encoding: "utf8",
-    timeout: 600_000,
-  });
-  if (pip.status !== 0) {
-    rmSync(path, { recursive: true, force: true });
-    return (venvCache = { reason: `pip could not install numpy, matplotlib and pillow from PyPI: ${(pip.stderr || "").trim().split("\n").pop()}` });
-  }
-  writeFileSync(ready, "");
-  return (venvCache = { path });
-}
-
-/** Skip (loudly; never under CI) when the test venv cannot be made. */
-function venvOrSkip(t: TestContext): string | undefined {
-  const v = testVenv();
-  if (v.path) return v.path;
-  if (process.env.CI === "true") throw new Error(`the test venv is required under CI: ${v.reason}`);
-  console.log(`# SKIP ${t.name}: ${v.reason}`);
-  t.skip(v.reason);
-  return undefined;
-}
 
 async function setup(t: TestContext, env: Record<string, string> = {}): Promise<PiHarness> {
   const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));

@@ -1546,7 +1546,10 @@ test("status says which hardening is active and what is not contained", async (t
   const st = sb.status();
   assert.ok(st.seccompRules >= 40, `${st.seccompRules} rules`);
   assert.ok(st.protectedPaths.includes(".git") && st.protectedPaths.includes(".mcp.json") && st.protectedPaths.includes(".claude"));
-  assert.match(st.text, /hardening: seccomp filter of \d+ rules \(native architecture only\); no nested user namespaces/);
+  assert.match(
+    st.text,
+    /hardening: default-deny seccomp filter \(allowlist of \d{3} calls, \d+ refusals; other calls answer ENOSYS; native architecture only\); no nested user namespaces/,
+  );
   assert.match(st.text, /Not applied: limits on the number of processes or on total memory/);
   const saved = process.env.PI_PYTHON_TOOL_PROTECTED;
   process.env.PI_PYTHON_TOOL_PROTECTED = "";

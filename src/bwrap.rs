@@ -88,6 +88,10 @@ pub struct SandboxSpec {
     /// starts, when bubblewrap needed a higher one for its mount fds.
     pub nofile: Option<u64>,
     pub site_dirs: Vec<PathBuf>,
+    /// Sizes of the `/tmp` and `/dev/shm` tmpfs, in bytes (never 0, which
+    /// would mean unlimited).
+    pub tmp_bytes: u64,
+    pub shm_bytes: u64,
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -117,8 +121,14 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // Process hygiene: dies with the host, no capabilities. The new session
     // (no controlling terminal) is made by spawn.rs, around bwrap itself.
     push(&mut a, &["--die-with-parent", "--cap-drop", "ALL"]);
-    // Filesystem: kernel views, private temp, the runtime read-only.
-    push(&mut a, &["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    // Filesystem: kernel views, private temp, the runtime read-only. What
+    // code leaves in a tmpfs is RAM that outlives its processes, so each
+    // one the code can write has a size, and /dev itself is read-only.
+    // (They belong to the sandbox's one user: multiprocessing's semaphores
+    // in /dev/shm need no sticky world-writable mode.)
+    push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
+    let (shm, tmp) = (spec.shm_bytes.to_string(), spec.tmp_bytes.to_string());
+    push(&mut a, &["--size", &shm, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", &tmp, "--tmpfs", "/tmp"]);
     push(&mut a, &["--ro-bind", "/usr", "/usr"]);
     if spec.merged_usr {
         for dir in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
@@ -204,6 +214,8 @@ mod tests {
             python_fd_mounts: vec![],
             nofile: None,
             site_dirs: vec![],
+            tmp_bytes: 256 << 20,
+            shm_bytes: 64 << 20,
         }
     }
 
@@ -221,7 +233,8 @@ mod tests {
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
             --die-with-parent --cap-drop ALL \
-            --proc /proc --dev /dev --tmpfs /tmp --ro-bind /usr /usr \
+            --proc /proc --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
+            --size 268435456 --tmpfs /tmp --ro-bind /usr /usr \
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \
             --ro-bind-try /etc/ld.so.cache /etc/ld.so.cache --ro-bind-try /etc/localtime /etc/localtime \

@@ -1,7 +1,10 @@
-//! Every fixed limit of the sandbox, in one place.
+//! Every limit of the sandbox, in one place.
 //!
-//! The per-execution timeout is the only limit a caller may vary; everything
-//! here is a constant so that `status` can report it and tests can pin it.
+//! The per-execution timeout is the only limit a caller may vary, and the
+//! sizes of the sandbox's memory-backed file systems the only ones the user
+//! may (through the environment, read by [`tmpfs_sizes_from_env`]);
+//! everything else here is a constant so that `status` can report it and
+//! tests can pin it.
 
 use std::time::Duration;
 
@@ -60,3 +63,122 @@ pub const RESULT_MAX_LINES: usize = 2000;
 /// After the worker's channel closes, how long the sandbox may take to
 /// exit by itself (so its real exit status is reported) before it is killed.
 pub const DEATH_GRACE: Duration = Duration::from_millis(250);
+
+/// Size of the sandbox's `/tmp` (a tmpfs, so RAM): what code leaves there
+/// outlives its processes, so it is capped. Half the address space one
+/// process may have: room for the temporary files of ordinary data work,
+/// while larger outputs belong in `/scratch`, on disk.
+pub const DEFAULT_TMP_BYTES: u64 = 256 * 1024 * 1024;
+/// Size of the sandbox's `/dev/shm` (POSIX shared memory and semaphores,
+/// `multiprocessing`'s among them): the size Docker gives a container's.
+pub const DEFAULT_SHM_BYTES: u64 = 64 * 1024 * 1024;
+/// Environment variables that change those sizes (bytes, or a whole number
+/// with a K, M or G suffix).
+pub const TMP_SIZE_ENV: &str = "PI_PYTHON_TOOL_TMP_SIZE";
+pub const SHM_SIZE_ENV: &str = "PI_PYTHON_TOOL_SHM_SIZE";
+
+/// The sizes of the sandbox's memory-backed file systems, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TmpfsSizes {
+    pub tmp: u64,
+    pub shm: u64,
+}
+
+/// `4096`, `512K`, `256M`, `1g`: bytes, or a whole number of KiB, MiB or
+/// GiB. Zero is no size (to a tmpfs it would mean "unlimited").
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&text[..i], c.to_ascii_uppercase()),
+        _ => (text, 'B'),
+    };
+    let shift = match unit {
+        'B' => 0,
+        'K' => 10,
+        'M' => 20,
+        'G' => 30,
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let bytes = n.checked_mul(1 << shift)?;
+    (bytes > 0).then_some(bytes)
+}
+
+/// The sizes set by the two environment values (`None` or blank: the
+/// default), or what is wrong with one of them.
+pub fn tmpfs_sizes(tmp: Option<&str>, shm: Option<&str>) -> Result<TmpfsSizes, String> {
+    let size = |name: &str, value: Option<&str>, default: u64| match value.map(str::trim) {
+        None | Some("") => Ok(default),
+        Some(v) => parse_size(v).ok_or_else(|| {
+            format!(
+                "{name}={v:?} is not a size: set it to a number of bytes, or a whole number with K, M or G \
+                 (such as 256M), or unset it for the default of {}",
+                describe_size(default)
+            )
+        }),
+    };
+    Ok(TmpfsSizes {
+        tmp: size(TMP_SIZE_ENV, tmp, DEFAULT_TMP_BYTES)?,
+        shm: size(SHM_SIZE_ENV, shm, DEFAULT_SHM_BYTES)?,
+    })
+}
+
+/// [`tmpfs_sizes`] of this process's environment.
+pub fn tmpfs_sizes_from_env() -> Result<TmpfsSizes, String> {
+    let var = |name| std::env::var(name).ok();
+    tmpfs_sizes(var(TMP_SIZE_ENV).as_deref(), var(SHM_SIZE_ENV).as_deref())
+}
+
+/// `256 MiB`, `1536 KiB`, `1000 bytes`.
+pub fn describe_size(bytes: u64) -> String {
+    match bytes {
+        b if b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_bytes_or_whole_numbers_of_k_m_g() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size(" 512k "), Some(512 << 10));
+        assert_eq!(parse_size("256M"), Some(256 << 20));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        for bad in
+            ["", "0", "0M", "M", "1.5G", "-1", "12T", "1MiB", "1 M", "ten", "99999999999999999999", "17179869184G"]
+        {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unset_or_blank_means_the_default_and_a_bad_value_is_an_error_naming_it() {
+        let defaults = TmpfsSizes { tmp: DEFAULT_TMP_BYTES, shm: DEFAULT_SHM_BYTES };
+        assert_eq!(tmpfs_sizes(None, None), Ok(defaults));
+        assert_eq!(tmpfs_sizes(Some(" "), Some("")), Ok(defaults));
+        assert_eq!(tmpfs_sizes(Some("8M"), Some("2m")), Ok(TmpfsSizes { tmp: 8 << 20, shm: 2 << 20 }));
+        let err = tmpfs_sizes(Some("lots"), None).unwrap_err();
+        assert_eq!(
+            err,
+            "PI_PYTHON_TOOL_TMP_SIZE=\"lots\" is not a size: set it to a number of bytes, or a whole number with \
+             K, M or G (such as 256M), or unset it for the default of 256 MiB"
+        );
+        assert!(tmpfs_sizes(None, Some("0")).unwrap_err().starts_with("PI_PYTHON_TOOL_SHM_SIZE=\"0\" is not a size"));
+    }
+
+    #[test]
+    fn sizes_are_described_in_the_largest_whole_unit() {
+        assert_eq!(describe_size(DEFAULT_TMP_BYTES), "256 MiB");
+        assert_eq!(describe_size(1 << 30), "1 GiB");
+        assert_eq!(describe_size(1536 << 10), "1536 KiB");
+        assert_eq!(describe_size(1000), "1000 bytes");
+    }
+}

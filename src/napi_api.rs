@@ -143,6 +143,11 @@ pub struct Limits {
     pub rlimit_as_bytes: f64,
     pub rlimit_fsize_bytes: f64,
     pub rlimit_nofile: u32,
+    /// Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
+    /// process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
+    /// `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+    pub tmp_size_bytes: Option<f64>,
+    pub shm_size_bytes: Option<f64>,
     pub core_dumps: String,
     pub note: String,
 }
@@ -200,7 +205,7 @@ pub struct StatusResult {
     /// How the running worker was loaded: `source` (compiled at start) or
     /// `bytecode` (compiled by an earlier sandbox); absent when none runs.
     pub worker_code: Option<String>,
-    /// Number of rules in the seccomp filter.
+    /// Number of refusal rules in the seccomp filter (besides its allowlist).
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
     pub protected_paths: Vec<String>,
@@ -300,8 +305,11 @@ fn limits() -> Limits {
     rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
     rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
     rlimit_nofile: RLIMIT_NOFILE as u32,
+    tmp_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.tmp as f64),
+    shm_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.shm as f64),
     core_dumps: "disabled".into(),
-    note: "Per-process and per-file limits and per-execution budgets only; no aggregate memory, process or disk quotas."
+    note: "Per-process and per-file limits, per-execution budgets, and sizes for /tmp and /dev/shm; no other aggregate \
+      memory, process or disk quotas."
       .into(),
   }
 }
@@ -375,6 +383,15 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         RLIMIT_FSIZE_BYTES >> 20,
         RLIMIT_NOFILE
     ));
+    text.push_str(&match tmpfs_sizes_from_env() {
+        Ok(sizes) => format!(
+            "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
+             fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
+            describe_size(sizes.tmp),
+            describe_size(sizes.shm)
+        ),
+        Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
+    });
     if let Some(b) = &r.bwrap {
         let (x, y, z) = b.version;
         text.push_str(&format!(
@@ -386,9 +403,11 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     let protected = crate::protected::describe(&crate::protected::patterns_from_env());
     let seccomp_rules = crate::seccomp::rules().len();
     text.push_str(&format!(
-        "\nhardening: seccomp filter of {} rules (native architecture only); no nested user namespaces; \
+        "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
+         native architecture only); no nested user namespaces; \
          all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
          Not applied: limits on the number of processes or on total memory (no cgroup limits).",
+        crate::seccomp::allowed_here(),
         seccomp_rules,
         if protected.is_empty() {
             "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()

@@ -1,7 +1,26 @@
-//! The seccomp policy: which system calls the sandbox refuses, and why.
+//! The seccomp policy: which system calls the sandbox may make, which it
+//! refuses, and why.
 //!
-//! The policy is data ([`rules`]) so that it can be reviewed and tested as a
-//! list; [`export_bpf`] compiles it with libseccomp into a memfd that
+//! The policy is default-deny and is data, so that it can be reviewed and
+//! tested as lists: [`allowlist`] names the calls the sandbox needs, each
+//! group with its reason; [`rules`] names every refusal with its reason and
+//! its answer; every other call answers [`DEFAULT`] (ENOSYS), as a kernel
+//! without that call would, so that a call newer than the list (such as
+//! `open_tree_attr`, Linux 6.15) is refused and the C library falls back to
+//! an older call the filter knows. A refusal is kept as a rule even where
+//! the default would refuse the call too, so that its answer (EPERM) and its
+//! reason stay what they are.
+//!
+//! The allowlist is anchored on Docker's default profile (moby
+//! `profiles/seccomp/default.json`, the calls it allows every unprivileged
+//! container). Left out of it: the 32-bit forms and multiplexers (`*32`,
+//! `*_time64`, `mmap2`, `socketcall`, `ipc`, ...), which a native-only filter
+//! never sees; `set_thread_area`, `get_thread_area` and `epoll_*_old`, which
+//! only 32-bit code or nothing uses; `fanotify_mark`, useless without the
+//! `fanotify_init` the profile does not allow; and every call [`rules`]
+//! refuses always.
+//!
+//! [`export_bpf`] compiles the policy with libseccomp into a memfd that
 //! bubblewrap loads with `--seccomp FD` as the last step before it executes
 //! the worker, so the filter is in force before any worker or user code
 //! runs and is inherited by every process in the sandbox. Calls of foreign
@@ -52,6 +71,157 @@ pub struct Rule {
     pub reason: &'static str,
 }
 
+/// What the filter answers a call that neither list names.
+pub const DEFAULT: Action = Action::Enosys;
+
+/// Calls the filter allows, and why the sandbox needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowed {
+    pub names: &'static [&'static str],
+    /// Must libseccomp know every name on the build architecture? Optional
+    /// groups hold calls that one supported architecture lacks, or that are
+    /// newer than some libseccomp releases; a name libseccomp does not know
+    /// there is left out of the filter and gets the default.
+    pub required: bool,
+    pub reason: &'static str,
+}
+
+const fn allow(names: &'static [&'static str], reason: &'static str) -> Allowed {
+    Allowed { names, required: true, reason }
+}
+
+const fn allow_optional(names: &'static [&'static str], reason: &'static str) -> Allowed {
+    Allowed { names, required: false, reason }
+}
+
+/// The calls the sandbox may make. A call that [`rules`] refuses for some
+/// arguments (`ioctl`, `personality`, `clone`, `unshare`) is listed here and
+/// allowed for every other argument.
+pub fn allowlist() -> Vec<Allowed> {
+    const NARROW: &str = "only narrows what the calling process may do (another filter, Landlock rules)";
+    vec![
+        allow(
+            &[
+                "openat", "close", "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",
+                "preadv2", "pwritev2", "lseek", "dup", "dup3", "fcntl", "flock", "fsync", "fdatasync", "sync",
+                "syncfs", "sync_file_range", "fallocate", "ftruncate", "truncate", "fadvise64", "readahead",
+                "sendfile", "copy_file_range", "splice", "tee", "vmsplice",
+            ],
+            "opening, reading, writing and closing files and pipes; the mounts decide what can be opened",
+        ),
+        allow(
+            &[
+                "newfstatat", "fstat", "statx", "statfs", "fstatfs", "faccessat", "getdents64", "getcwd", "chdir",
+                "fchdir", "mkdirat", "mknodat", "unlinkat", "renameat", "renameat2", "linkat", "symlinkat",
+                "readlinkat", "fchmod", "fchmodat", "fchown", "fchownat", "umask", "utimensat",
+            ],
+            "file metadata, directories and links (mknodat makes FIFOs; device nodes need a capability the sandbox lacks)",
+        ),
+        allow(
+            &[
+                "getxattr", "lgetxattr", "fgetxattr", "setxattr", "lsetxattr", "fsetxattr", "listxattr",
+                "llistxattr", "flistxattr", "removexattr", "lremovexattr", "fremovexattr",
+            ],
+            "extended attributes, which copying tools carry over (shutil.copystat, cp -a)",
+        ),
+        allow(
+            &["inotify_init1", "inotify_add_watch", "inotify_rm_watch"],
+            "file change notification, used by file watchers",
+        ),
+        allow_optional(
+            &[
+                "open", "creat", "stat", "lstat", "access", "pipe", "dup2", "poll", "select", "epoll_create",
+                "epoll_wait", "eventfd", "signalfd", "inotify_init", "getdents", "mkdir", "rmdir", "unlink",
+                "rename", "link", "symlink", "readlink", "chmod", "chown", "lchown", "utime", "utimes", "futimesat",
+                "mknod", "fork", "vfork", "alarm", "pause", "time", "getpgrp",
+            ],
+            "the older forms of listed calls, which x86_64 keeps and its programs use (arm64 has only the newer ones)",
+        ),
+        allow_optional(&["arch_prctl"], "x86_64: every program sets its thread-local storage base with it at start"),
+        allow(
+            &[
+                "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "mincore", "msync", "mlock", "mlock2",
+                "munlock", "mlockall", "munlockall", "membarrier", "memfd_create", "remap_file_pages", "pkey_alloc",
+                "pkey_free", "pkey_mprotect",
+            ],
+            "memory, bounded per process by RLIMIT_AS (locked memory by RLIMIT_MEMLOCK)",
+        ),
+        allow(
+            &[
+                "execve", "execveat", "exit", "exit_group", "wait4", "waitid", "kill", "tkill", "tgkill", "getpid",
+                "getppid", "gettid", "getpgid", "setpgid", "getsid", "setsid", "set_tid_address", "set_robust_list",
+                "get_robust_list", "futex", "rseq",
+            ],
+            "processes and threads (subprocess, threading, multiprocessing); signals reach only the sandbox's PID namespace",
+        ),
+        allow(&["clone", "unshare"], "new processes and threads, and unsharing process state; namespace flags are refused below"),
+        allow(
+            &[
+                "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigsuspend", "rt_sigtimedwait",
+                "rt_sigqueueinfo", "rt_tgsigqueueinfo", "sigaltstack", "signalfd4", "restart_syscall",
+            ],
+            "signal handling",
+        ),
+        allow(
+            &[
+                "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday", "getitimer",
+                "setitimer", "timer_create", "timer_delete", "timer_gettime", "timer_settime", "timer_getoverrun",
+                "timerfd_create", "timerfd_gettime", "timerfd_settime", "times", "adjtimex", "clock_adjtime",
+            ],
+            "clocks, sleeps and timers; setting a clock needs CAP_SYS_TIME, which the sandbox lacks",
+        ),
+        allow(
+            &["pipe2", "eventfd2", "epoll_create1", "epoll_ctl", "epoll_pwait", "ppoll", "pselect6"],
+            "pipes and waiting on descriptors (subprocess, selectors, asyncio)",
+        ),
+        allow(
+            &[
+                "getuid", "geteuid", "getgid", "getegid", "getgroups", "getresuid", "getresgid", "setuid", "setgid",
+                "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups", "capget",
+                "capset",
+            ],
+            "user and group ids and capabilities: the user namespace maps one user and every capability is dropped, so changing them gains nothing",
+        ),
+        allow(
+            &[
+                "getrlimit", "setrlimit", "prlimit64", "getrusage", "getpriority", "setpriority", "sched_yield",
+                "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_setparam", "sched_getscheduler",
+                "sched_setscheduler", "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval",
+                "sched_getattr", "sched_setattr", "ioprio_get", "ioprio_set",
+            ],
+            "resource limits (the hard limits cannot be raised) and scheduling of the sandbox's own processes; thread pools ask for the CPU set",
+        ),
+        allow(&["uname", "sysinfo", "getrandom", "getcpu", "prctl"], "system information, random numbers and process attributes"),
+        allow(&["ioctl"], "control of descriptors the sandbox holds (terminals, files); TIOCSTI and TIOCLINUX are refused below"),
+        allow(&["personality"], "asking for or keeping the default personality; every other is refused below"),
+        allow(
+            &[
+                "accept", "accept4", "bind", "connect", "listen", "getsockname", "getpeername", "getsockopt",
+                "setsockopt", "recvfrom", "recvmsg", "recvmmsg", "sendto", "sendmsg", "sendmmsg", "shutdown",
+            ],
+            "calls on socket descriptors, which the sandbox cannot make (socket and socketpair are refused); code asking whether a descriptor is a socket gets ENOTSOCK",
+        ),
+        allow(
+            &["mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"],
+            "POSIX message queues, whose memory RLIMIT_MSGQUEUE bounds per user (800 KiB by default)",
+        ),
+        allow(
+            &["io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents"],
+            "Linux native asynchronous I/O (libaio), whose contexts the kernel bounds (fs.aio-max-nr)",
+        ),
+        allow(&["seccomp"], NARROW),
+        allow_optional(&["landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"], NARROW),
+        allow_optional(
+            &[
+                "openat2", "close_range", "faccessat2", "epoll_pwait2", "pidfd_open", "pidfd_send_signal",
+                "process_mrelease", "memfd_secret", "futex_waitv", "cachestat", "fchmodat2", "map_shadow_stack",
+                "futex_wake", "futex_wait", "futex_requeue",
+            ],
+            "calls of Linux 5.1 and later that the C library and Python use when present and do without otherwise (pidfds reach only this PID namespace); older libseccomp releases do not know all of them",
+        ),
+    ]
+}
+
 const fn eperm(syscall: &'static str, required: bool, reason: &'static str) -> Rule {
     Rule { syscall, action: Action::Eperm, when: When::Always, required, reason }
 }
@@ -74,8 +244,8 @@ pub const NAMESPACE_FLAGS: [(&str, u64); 8] = [
 pub const TIOCSTI: u64 = 0x5412;
 pub const TIOCLINUX: u64 = 0x541C;
 
-/// The refused calls. Everything else is allowed: the namespaces, the mounts
-/// and the rlimits do the rest of the confinement.
+/// The refused calls, each with its answer. The namespaces, the mounts and
+/// the rlimits do the rest of the confinement.
 pub fn rules() -> Vec<Rule> {
     const NET: &str = "no sockets: no network, and no connection to a host Unix socket bound into a mount";
     const PEEK: &str = "no reading or writing of another process's memory";
@@ -89,6 +259,9 @@ pub fn rules() -> Vec<Rule> {
     const TTY: &str = "no typing into or controlling a terminal";
     const OBSOLETE: &str = "obsolete or host-wide calls that sandboxed code never needs";
     const NUMA: &str = "NUMA memory policy calls have a history of kernel bugs and no use here";
+    const SYSV: &str = "SysV message queues, shared memory and semaphore sets outlive the process that made them and \
+        hold kernel memory until the sandbox ends, beyond any process's limits (about 500 MiB of queues, unbounded \
+        shared memory on a default kernel); POSIX shared memory and semaphores live in the sized /dev/shm";
     let mut r = vec![
         eperm("socket", true, NET),
         eperm("socketpair", true, NET),
@@ -143,6 +316,18 @@ pub fn rules() -> Vec<Rule> {
         eperm("migrate_pages", false, NUMA),
         eperm("move_pages", false, NUMA),
         eperm("set_mempolicy", false, NUMA),
+        eperm("msgget", false, SYSV),
+        eperm("msgsnd", false, SYSV),
+        eperm("msgrcv", false, SYSV),
+        eperm("msgctl", false, SYSV),
+        eperm("shmget", false, SYSV),
+        eperm("shmat", false, SYSV),
+        eperm("shmdt", false, SYSV),
+        eperm("shmctl", false, SYSV),
+        eperm("semget", false, SYSV),
+        eperm("semop", false, SYSV),
+        eperm("semtimedop", false, SYSV),
+        eperm("semctl", false, SYSV),
     ];
     for (_, flag) in NAMESPACE_FLAGS {
         let when = When::ArgMasked { arg: 0, mask: flag, value: flag };
@@ -179,26 +364,64 @@ fn conditions(when: When) -> Vec<ScmpArgCompare> {
     }
 }
 
-/// Compile `rules` into a filter context (default: allow).
-pub fn build_filter(rules: &[Rule]) -> Result<ScmpFilterContext, SeccompError> {
-    let mut ctx = ScmpFilterContext::new(ScmpAction::Allow)?;
+/// The native number of `name`, or `None` for an optional call that
+/// libseccomp does not know on this architecture.
+fn resolve(name: &'static str, required: bool) -> Result<Option<ScmpSyscall>, SeccompError> {
+    match ScmpSyscall::from_name(name) {
+        // Negative numbers are libseccomp's stand-ins for calls of other architectures.
+        Ok(s) if s.as_raw_syscall() >= 0 => Ok(Some(s)),
+        _ if !required => Ok(None),
+        _ => Err(SeccompError::UnknownSyscall { syscall: name }),
+    }
+}
+
+/// The condition under which an allowed call is allowed: always, or, for a
+/// call a rule refuses for some arguments, "any value" of the argument that
+/// rule tests (`arg >= 0`). An unconditional rule would not do: libseccomp
+/// lets it replace every conditional rule of the same call. It checks
+/// equality tests (the refusals) before range tests on the same argument
+/// (`__db_chain_op_priority` in its `db.c`), so the refusals come first.
+fn allowed_when(name: &str, rules: &[Rule]) -> Vec<ScmpArgCompare> {
+    let arg = rules.iter().filter(|r| r.syscall == name).find_map(|r| match r.when {
+        When::Always => None,
+        When::ArgMasked { arg, .. } | When::ArgNot { arg, .. } => Some(arg),
+    });
+    arg.map(|arg| vec![ScmpArgCompare::new(arg, ScmpCompareOp::GreaterEqual, 0)]).unwrap_or_default()
+}
+
+/// Compile the policy into a filter context (default: [`DEFAULT`]).
+pub fn build_filter(allowed: &[Allowed], rules: &[Rule]) -> Result<ScmpFilterContext, SeccompError> {
+    let mut ctx = ScmpFilterContext::new(scmp_action(DEFAULT))?;
+    for group in allowed {
+        for &name in group.names {
+            let Some(syscall) = resolve(name, group.required)? else { continue };
+            ctx.add_rule_conditional(ScmpAction::Allow, syscall, &allowed_when(name, rules))
+                .map_err(|source| SeccompError::Rule { syscall: name, source })?;
+        }
+    }
     for rule in rules {
-        let syscall = match ScmpSyscall::from_name(rule.syscall) {
-            Ok(s) => s,
-            Err(_) if !rule.required => continue,
-            Err(_) => return Err(SeccompError::UnknownSyscall { syscall: rule.syscall }),
-        };
+        // The default answers this already (and libseccomp refuses a rule
+        // whose action is the default's).
+        if rule.action == DEFAULT && rule.when == When::Always {
+            continue;
+        }
+        let Some(syscall) = resolve(rule.syscall, rule.required)? else { continue };
         ctx.add_rule_conditional(scmp_action(rule.action), syscall, &conditions(rule.when))
             .map_err(|source| SeccompError::Rule { syscall: rule.syscall, source })?;
     }
     Ok(ctx)
 }
 
+/// How many calls the filter allows on this architecture.
+pub fn allowed_here() -> usize {
+    allowlist().iter().flat_map(|g| g.names).filter(|&&n| matches!(resolve(n, false), Ok(Some(_)))).count()
+}
+
 /// The compiled policy as BPF in a memfd positioned at offset 0, ready to
 /// hand to `bwrap --seccomp FD`. (bwrap reads from the current offset: an fd
 /// left at the end after writing gives it an empty program.)
-pub fn export_bpf(rules: &[Rule]) -> Result<OwnedFd, SeccompError> {
-    let ctx = build_filter(rules)?;
+pub fn export_bpf(allowed: &[Allowed], rules: &[Rule]) -> Result<OwnedFd, SeccompError> {
+    let ctx = build_filter(allowed, rules)?;
     let mut file = memfd()?;
     ctx.export_bpf(&mut file)?;
     file.seek(SeekFrom::Start(0))?;
@@ -212,7 +435,7 @@ fn program() -> Result<&'static [u8], String> {
         .get_or_init(|| {
             use std::io::Read;
             let mut bytes = Vec::new();
-            File::from(export_bpf(&rules()).map_err(|e| e.to_string())?)
+            File::from(export_bpf(&allowlist(), &rules()).map_err(|e| e.to_string())?)
                 .read_to_end(&mut bytes)
                 .map_err(|e| e.to_string())?;
             Ok(bytes)
@@ -332,19 +555,231 @@ mod tests {
     #[test]
     fn a_required_unknown_call_fails_the_build() {
         let bad = [eperm("no_such_syscall_xyz", true, "test")];
-        assert!(matches!(build_filter(&bad), Err(SeccompError::UnknownSyscall { .. })));
+        assert!(matches!(build_filter(&[], &bad), Err(SeccompError::UnknownSyscall { .. })));
         let optional = [eperm("no_such_syscall_xyz", false, "test")];
-        assert!(build_filter(&optional).is_ok());
+        assert!(build_filter(&[], &optional).is_ok());
+        let allowed = [allow(&["read", "no_such_syscall_xyz"], "test")];
+        assert!(matches!(build_filter(&allowed, &[]), Err(SeccompError::UnknownSyscall { .. })));
+        assert!(build_filter(&[allow_optional(&["read", "no_such_syscall_xyz"], "test")], &[]).is_ok());
     }
 
     #[test]
     fn exported_bpf_is_readable_from_offset_zero() {
-        let fd = export_bpf(&rules()).expect("export");
+        let fd = export_bpf(&allowlist(), &rules()).expect("export");
         let mut program = Vec::new();
         File::from(fd).read_to_end(&mut program).expect("read");
         // A BPF program is a whole number of 8-byte instructions; the
         // architecture check plus one jump per rule makes it non-trivial.
         assert_eq!(program.len() % 8, 0);
-        assert!(program.len() / 8 > rules().len(), "{} instructions", program.len() / 8);
+        assert!(program.len() / 8 > rules().len() + allowed_here(), "{} instructions", program.len() / 8);
+    }
+
+    #[test]
+    fn every_allowed_group_has_a_reason_and_its_required_calls_exist_here() {
+        let mut seen = std::collections::HashSet::new();
+        for group in allowlist() {
+            assert!(!group.reason.is_empty(), "{:?}", group.names);
+            assert!(!group.names.is_empty());
+            for &name in group.names {
+                assert!(seen.insert(name), "{name} is listed twice");
+                if group.required {
+                    assert!(matches!(resolve(name, true), Ok(Some(_))), "{name} unknown on this architecture");
+                }
+            }
+        }
+        assert!(allowed_here() >= 250, "{} calls allowed", allowed_here());
+    }
+
+    #[test]
+    fn no_call_is_both_allowed_and_refused_always() {
+        // libseccomp would keep whichever unconditional rule came first.
+        let allowed: Vec<_> = allowlist().iter().flat_map(|g| g.names).copied().collect();
+        for rule in rules() {
+            if rule.when == When::Always {
+                assert!(!allowed.contains(&rule.syscall), "{} is allowed and refused", rule.syscall);
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_refused_for_some_arguments_is_allowed_and_its_refusals_test_one_argument() {
+        let allowed: Vec<_> = allowlist().iter().flat_map(|g| g.names).copied().collect();
+        let rules = rules();
+        for call in ["ioctl", "personality", "clone", "unshare"] {
+            assert!(allowed.contains(&call), "{call} must be allowed for its other arguments");
+            let args: std::collections::HashSet<_> = rules
+                .iter()
+                .filter(|r| r.syscall == call)
+                .map(|r| match r.when {
+                    When::Always => panic!("{call} is refused always"),
+                    When::ArgMasked { arg, .. } | When::ArgNot { arg, .. } => arg,
+                })
+                .collect();
+            // The "any value" allow is ordered after the refusals only on the same argument.
+            assert_eq!(args.len(), 1, "{call}: {args:?}");
+        }
+    }
+
+    #[test]
+    fn sysv_ipc_is_refused_with_eperm() {
+        let rules = rules();
+        for name in [
+            "msgget",
+            "msgsnd",
+            "msgrcv",
+            "msgctl",
+            "shmget",
+            "shmat",
+            "shmdt",
+            "shmctl",
+            "semget",
+            "semop",
+            "semtimedop",
+            "semctl",
+        ] {
+            let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
+        }
+    }
+
+    // ---------------------------------------------------------------------
+    // The compiled program, run as the kernel runs it.
+
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+    const ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+    /// A classic-BPF interpreter for the instructions libseccomp emits, run
+    /// on a `struct seccomp_data` (nr, arch, instruction pointer, six args).
+    fn run(program: &[u8], arch: u32, nr: i32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::with_capacity(64);
+        data.extend_from_slice(&nr.to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for a in args {
+            data.extend_from_slice(&a.to_ne_bytes());
+        }
+        let word = |k: u32| {
+            let k = k as usize;
+            u32::from_ne_bytes(data[k..k + 4].try_into().expect("aligned load inside seccomp_data"))
+        };
+        let insns: Vec<(u16, u8, u8, u32)> = program
+            .chunks_exact(8)
+            .map(|c| {
+                let code = u16::from_ne_bytes([c[0], c[1]]);
+                (code, c[2], c[3], u32::from_ne_bytes([c[4], c[5], c[6], c[7]]))
+            })
+            .collect();
+        let (mut a, mut x, mut mem, mut pc) = (0u32, 0u32, [0u32; 16], 0usize);
+        loop {
+            let (code, jt, jf, k) = insns[pc];
+            pc += 1;
+            let jump = |cond: bool| if cond { jt as usize } else { jf as usize };
+            match code {
+                0x20 => a = word(k),            // ld [k]
+                0x00 => a = k,                  // ld #k
+                0x60 => a = mem[k as usize],    // ld M[k]
+                0x61 => x = mem[k as usize],    // ldx M[k]
+                0x02 => mem[k as usize] = a,    // st M[k]
+                0x03 => mem[k as usize] = x,    // stx M[k]
+                0x07 => x = a,                  // tax
+                0x87 => a = x,                  // txa
+                0x54 => a &= k,                 // and #k
+                0x44 => a |= k,                 // or #k
+                0x05 => pc += k as usize,       // ja
+                0x15 => pc += jump(a == k),     // jeq #k
+                0x25 => pc += jump(a > k),      // jgt #k
+                0x35 => pc += jump(a >= k),     // jge #k
+                0x45 => pc += jump(a & k != 0), // jset #k
+                0x06 => return k,               // ret #k
+                0x16 => return a,               // ret a
+                other => panic!("instruction {other:#06x} at {} is not interpreted", pc - 1),
+            }
+        }
+    }
+
+    fn program() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        File::from(export_bpf(&allowlist(), &rules()).expect("export")).read_to_end(&mut bytes).expect("read");
+        bytes
+    }
+
+    fn nr(name: &str) -> i32 {
+        ScmpSyscall::from_name(name).expect(name).as_raw_syscall()
+    }
+
+    #[test]
+    fn the_compiled_filter_allows_the_list_and_answers_each_refusal() {
+        let program = program();
+        let answer = |nr: i32, args: [u64; 6]| run(&program, AUDIT_ARCH, nr, args);
+        for group in allowlist() {
+            for &name in group.names {
+                if let Ok(Some(s)) = resolve(name, false) {
+                    assert_eq!(answer(s.as_raw_syscall(), [0; 6]), RET_ALLOW, "{name}");
+                }
+            }
+        }
+        for rule in rules().iter().filter(|r| r.when == When::Always) {
+            if let Ok(Some(s)) = resolve(rule.syscall, false) {
+                let want = if rule.action == Action::Eperm { EPERM } else { ENOSYS };
+                assert_eq!(answer(s.as_raw_syscall(), [1, 2, 3, 4, 5, 6]), want, "{}", rule.syscall);
+            }
+        }
+        // Another architecture's call is killed (SECCOMP_RET_KILL_THREAD), not answered.
+        assert_eq!(run(&program, 0x4000_0003, 20, [0; 6]), 0, "i386 getpid");
+    }
+
+    #[test]
+    fn the_compiled_filter_refuses_the_conditional_cases_and_allows_the_rest() {
+        let program = program();
+        let answer = |name: &str, args: [u64; 6]| run(&program, AUDIT_ARCH, nr(name), args);
+        const TCGETS: u64 = 0x5401;
+        assert_eq!(answer("ioctl", [0, TCGETS, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(answer("ioctl", [0, TIOCSTI, 0, 0, 0, 0]), EPERM);
+        assert_eq!(answer("ioctl", [0, TIOCLINUX, 0, 0, 0, 0]), EPERM);
+        // The kernel reads the request as 32 bits: the upper half does not matter.
+        assert_eq!(answer("ioctl", [0, 0xdead_0000_0000 | TIOCSTI, 0, 0, 0, 0]), EPERM);
+        assert_eq!(answer("ioctl", [0, u64::MAX, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(answer("personality", [0; 6]), RET_ALLOW);
+        for persona in [0x0040000, 0xffff_ffff, 8, 1 << 32] {
+            assert_eq!(answer("personality", [persona, 0, 0, 0, 0, 0]), EPERM, "{persona:#x}");
+        }
+        const SIGCHLD: u64 = 17;
+        const THREAD: u64 = 0x003d_0f00; // CLONE_VM | FS | FILES | SIGHAND | THREAD | SYSVSEM | SETTLS | *_TID
+        for call in ["clone", "unshare"] {
+            for (flag_name, flag) in NAMESPACE_FLAGS {
+                assert_eq!(answer(call, [flag | SIGCHLD, 0, 0, 0, 0, 0]), EPERM, "{call} {flag_name}");
+            }
+        }
+        assert_eq!(answer("clone", [SIGCHLD, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(answer("clone", [THREAD, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(answer("unshare", [0x400, 0, 0, 0, 0, 0]), RET_ALLOW, "CLONE_FILES");
+    }
+
+    #[test]
+    fn calls_the_lists_do_not_name_answer_enosys() {
+        let program = program();
+        // Numbers from 424 on are the same on every architecture.
+        for (name, nr) in [
+            ("pidfd_getfd", 438),
+            ("process_madvise", 440),
+            ("quotactl_fd", 443),
+            ("set_mempolicy_home_node", 450),
+            ("statmount", 457),
+            ("listmount", 458),
+            ("mseal", 462),
+            ("open_tree_attr", 467),
+            ("a number no kernel has", 4000),
+        ] {
+            assert_eq!(run(&program, AUDIT_ARCH, nr, [0; 6]), ENOSYS, "{name}");
+        }
+        for name in ["kcmp", "vhangup", "reboot", "swapon", "init_module", "settimeofday", "get_mempolicy"] {
+            assert_eq!(run(&program, AUDIT_ARCH, nr(name), [0; 6]), ENOSYS, "{name}");
+        }
     }
 }

@@ -886,7 +886,10 @@ impl Session {
                 Err(e) => tracing::warn!("{} not mounted: {e}", dir.display()),
             }
         }
+        let sizes = tmpfs_sizes_from_env().map_err(|e| (Status::Unavailable, e))?;
         let spec = SandboxSpec {
+            tmp_bytes: sizes.tmp,
+            shm_bytes: sizes.shm,
             protected: protected_binds,
             project_dir: project.clone(),
             interpreter: facts.interpreter.path.clone(),
