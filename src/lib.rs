@@ -10,6 +10,7 @@ pub mod bytecode;
 pub mod capture;
 pub mod display;
 pub mod frame;
+pub mod gitconfig;
 pub mod images;
 pub mod limits;
 pub mod outcome;

@@ -828,7 +828,13 @@ impl Session {
             let (root, sink) = (project.clone(), self.notes.clone());
             let planned = tokio::task::spawn_blocking(move || {
                 let limits = crate::scan::limits_from_env();
-                protected::plan(&root, &protected::patterns_from_env(), limits, &protected::HostGit::from_env(), sink)
+                protected::plan(
+                    &root,
+                    &protected::patterns_from_env(),
+                    limits,
+                    &crate::gitconfig::HostGit::from_env(),
+                    sink,
+                )
             })
             .await;
             match planned {
