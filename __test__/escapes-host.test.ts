@@ -327,6 +327,83 @@ describe("a protected name the sandbox creates never stays active", { concurrenc
   });
 });
 
+describe("what cannot be protected is not made writable", { concurrency: 1 }, () => {
+  const withEnv = (t: { after(fn: () => void): void }, vars: Record<string, string>) => {
+    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
+    Object.assign(process.env, vars);
+    t.after(() => {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    });
+  };
+
+  test("a project flooded past the walk's bound stops the sandbox; the next one is read-only", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    withEnv(t, { PI_PYTHON_TOOL_SCAN_ENTRIES: "300" });
+    const { sb, project } = await makeFixture(t, { prewarm: false });
+    await files(project, [".git/config"]);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: names beyond the bound were simply not protected; flooding the root pushed the
+    // user's own .git past it, and the next sandbox could write .git/config.
+    const flood = await sb.execute(py`
+      for i in range(400):
+          open("/workspace/f%d" % i, "w").close()
+    `);
+    assert.equal(flood.status, "ok", show(flood));
+    await new Promise((resolve) => setTimeout(resolve, 2000)); // the walk after the call stops the sandbox
+    const next = await sb.execute(writes([".git/config", "src/app.py"]));
+    const out = jsonOut(next);
+    assert.deepEqual(out, { ".git/config": EROFS, "src/app.py": EROFS }, "the project was writable");
+    assert.match(next.text, /READ-ONLY for this sandbox .* more than 300 entries/);
+    assertUnchanged(project, [".git/config"]);
+  });
+
+  test("more protected entries than can be mounted: the sandbox gets a read-only project", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t, { prewarm: false });
+    await files(project, [".git/config", ...Array.from({ length: 1100 }, (_, i) => `d${i}/.vscode/x`)]);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: after 1,024 binds the rest stayed writable, the user's .git among them.
+    const out = jsonOut(await sb.execute(writes([".git/config"])));
+    assert.equal(out[".git/config"], EROFS);
+    assertUnchanged(project, [".git/config"]);
+  });
+
+  test("inert names taken in advance do not keep a protected name active", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: 64 pre-made NAME.pi-inert-N names made every rename fail with EEXIST.
+    const r = await sb.execute(py`
+      open("/workspace/.envrc.pi-inert", "w").close()
+      for n in range(2, 80):
+          open("/workspace/.envrc.pi-inert-%d" % n, "w").close()
+      open("/workspace/.envrc", "w").write("evil")
+    `);
+    assert.equal(r.status, "ok", show(r));
+    assert.equal(existsSync(join(project, ".envrc")), false, "the name stayed active");
+    assert.match(r.text, /\.envrc appeared in the project .* renamed to \.envrc\.pi-inert-[0-9a-f]{8}/);
+  });
+
+  test("a worker that hides its background processes does not stop the periodic check", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    // Before: the walk every 2 s ran only when the worker reported processes still running,
+    // and the code can make the worker report none.
+    const r = await sb.execute(py`
+      import subprocess, sys
+      sys.modules["__main__"].live_processes = lambda: set()
+      subprocess.Popen(["sh", "-c", "sleep 1.5; mkdir -p /workspace/app/.vscode; sleep 30"], start_new_session=True)
+    `);
+    assert.equal(r.status, "ok", show(r));
+    const dir = join(project, "app");
+    assert.ok(await waitUntil(() => existsSync(dir) && inert(dir, ".vscode").length === 1, 8000), "app/.vscode stayed active");
+  });
+});
+
 describe("host memory is bounded whatever the sandbox sends", () => {
   test("frames flooded between calls kill the sandbox and leave host RSS flat", async (t) => {
     if (skipWithoutSandbox(t)) return;

@@ -170,11 +170,25 @@ pub fn python_env(
 }
 
 /// [`python_env`] from the environment variables and the file system.
-pub fn python_env_from_host(setting: Option<&str>, system_site: bool) -> PythonEnv {
+/// `writable` are (path as given, canonical path) of trees the sandbox may
+/// write (the project, the runtime root): a setting inside one is resolved
+/// beneath it without following links, never by realpath, which would
+/// follow a link the sandbox planted there out of the tree.
+pub fn python_env_from_host(setting: Option<&str>, system_site: bool, writable: &[(PathBuf, PathBuf)]) -> PythonEnv {
     python_env(
         setting,
         system_site,
         |p| {
+            let lexical = crate::permissions::normalize(&p.to_string_lossy()).unwrap_or_else(|| p.to_path_buf());
+            for (given, canonical) in writable {
+                let rel = lexical.strip_prefix(given).or_else(|_| lexical.strip_prefix(canonical));
+                if let Ok(rel) = rel {
+                    crate::beneath::Tree::open(canonical).and_then(|t| t.dir(rel)).map_err(|e| {
+                        std::io::Error::other(format!("{e} (resolved inside a tree the sandbox can write)"))
+                    })?;
+                    return Ok(canonical.join(rel));
+                }
+            }
             let real = std::fs::canonicalize(p)?;
             if !real.is_dir() {
                 return Err(std::io::Error::other("not a directory"));

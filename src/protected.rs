@@ -174,141 +174,254 @@ pub struct Plan {
     /// onto themselves), then the protected entries (read-only).
     pub binds: Vec<Bind>,
     pub guard: Guard,
-    /// What the user should know about the plan (an incomplete scan, a
-    /// hooks path outside the project, ...).
+    /// What the user should know about the plan.
     pub notes: Vec<String>,
 }
 
-/// A sink for notes to the user.
-pub type Notes = std::sync::Arc<parking_lot::Mutex<Vec<String>>>;
-
-/// Keeps the protected names of a running writable sandbox.
-#[derive(Debug)]
-pub struct Guard {
-    tree: Tree,
-    names: HashSet<OsString>,
-    limits: Limits,
-    /// Protected entries that existed at the start (relative paths).
-    present: HashSet<PathBuf>,
-    /// The first missing component of each protected path that did not
-    /// exist at the start.
-    expected: Vec<PathBuf>,
-    /// Protected links: (relative path, target), put back when replaced.
-    links: Vec<(PathBuf, PathBuf)>,
-    /// Directories that hold protected names: checked cheaply at the end
-    /// of every execution and watched in between.
-    holders: Vec<PathBuf>,
-    /// Where notes found between executions go (the session's, for its
-    /// next result).
-    pending: Notes,
-    walking: AtomicBool,
-    /// Processes the code left running: the whole project is checked
-    /// every [`BACKGROUND_CHECK`] while they may be.
-    background: AtomicBool,
-    /// A later walk stopped at its bound (told once).
-    told_incomplete: AtomicBool,
-    pub scan: Summary,
+/// Why a writable project cannot be protected: the sandbox then starts
+/// with `/workspace` read-only, and the first result says why.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("the project cannot be opened: {0}")]
+    Open(std::io::Error),
+    #[error("{0}")]
+    Unprotectable(String),
 }
 
-/// How often the whole project is checked while the code's background
-/// processes may still run.
-pub const BACKGROUND_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+/// Notes for the user, collected between results: bounded, and the same
+/// note is kept once.
+#[derive(Debug, Default)]
+pub struct NoteList {
+    notes: Vec<String>,
+    dropped: usize,
+}
 
-/// Plan the protection of `project` (its canonical path).
-pub fn plan(project: &Path, patterns: &[Pattern], limits: Limits, git: &HostGit, sink: Notes) -> std::io::Result<Plan> {
-    let tree = Tree::open(project)?;
-    let names: HashSet<OsString> = patterns
-        .iter()
-        .filter_map(|p| match p {
-            Pattern::Name(n) => Some(OsString::from(n)),
-            Pattern::Path(_) => None,
-        })
-        .collect();
-    let mut found: Vec<(PathBuf, Kind)> = Vec::new();
-    let summary = scan::walk(&tree, limits, |rel, kind| {
-        if rel.file_name().is_some_and(|n| names.contains(n)) {
-            found.push((rel.to_path_buf(), kind));
-            return Visit::Skip;
+/// Most notes kept for one result.
+pub const MAX_NOTES: usize = 32;
+
+impl NoteList {
+    pub fn push(&mut self, note: String) {
+        if self.notes.contains(&note) {
+            return;
         }
-        Visit::Descend
-    });
-    let mut notes = Vec::new();
-    if !summary.complete {
-        notes.push(format!(
-            "the project scan for protected paths stopped after {} entries (depth {}): protected names further in are \
-             not protected; raise PI_PYTHON_TOOL_SCAN_ENTRIES or PI_PYTHON_TOOL_SCAN_DEPTH",
-            summary.entries, limits.max_depth
-        ));
+        if self.notes.len() == MAX_NOTES {
+            self.dropped += 1;
+            return;
+        }
+        self.notes.push(note);
     }
-    let mut wanted: Vec<PathBuf> = patterns
-        .iter()
-        .filter_map(|p| match p {
-            Pattern::Path(p) => Some(p.clone()),
-            Pattern::Name(_) => None,
-        })
-        .collect();
-    wanted.extend(crate::gitconfig::protected_paths(project, &tree, &found, git));
-    let mut expected = Vec::new();
-    for rel in wanted {
-        if found.iter().any(|(f, _)| rel.starts_with(f)) {
-            continue; // already covered
+
+    pub fn extend(&mut self, notes: impl IntoIterator<Item = String>) {
+        for n in notes {
+            self.push(n);
         }
-        match first_missing(&tree, &rel) {
-            Ok(None) => {
-                if let Ok(Some(st)) = tree.lstat(&rel) {
-                    found.push((rel, Kind::of(&st)));
+    }
+
+    /// Everything collected so far, and a line for what did not fit.
+    pub fn take(&mut self) -> Vec<String> {
+        let mut out = std::mem::take(&mut self.notes);
+        let dropped = std::mem::take(&mut self.dropped);
+        if dropped > 0 {
+            out.push(format!("{dropped} more notes like these were left out"));
+        }
+        out
+    }
+}
+
+/// A sink for notes to the user (the session's).
+pub type Notes = std::sync::Arc<parking_lot::Mutex<NoteList>>;
+
+/// Protected names that could not be made inert: while one exists, no
+/// sandbox gets a writable project (the session's, across sandboxes).
+pub type Tainted = std::sync::Arc<parking_lot::Mutex<Vec<PathBuf>>>;
+
+/// Where a sandbox's reply task, and the guard, say why they killed it.
+pub type KilledFor = std::sync::Arc<parking_lot::Mutex<Option<String>>>;
+
+/// Identity of an entry: (device, inode).
+type Ident = (u64, u64);
+
+fn ident(st: &nix::sys::stat::FileStat) -> Ident {
+    (st.st_dev, st.st_ino)
+}
+
+/// What a walk of the project finds protected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Found {
+    /// Protected entries (relative path, kind, identity).
+    entries: Vec<(PathBuf, Kind, Ident)>,
+    /// The first missing component of each protected path that is missing.
+    expected: Vec<PathBuf>,
+    /// Protected links: (relative path, target).
+    links: Vec<(PathBuf, PathBuf)>,
+}
+
+/// What to protect, and how the user told it (kept for later walks).
+#[derive(Debug, Clone)]
+struct Rules {
+    names: HashSet<OsString>,
+    paths: Vec<PathBuf>,
+    limits: Limits,
+    git: HostGit,
+}
+
+impl Rules {
+    fn new(patterns: &[Pattern], limits: Limits, git: &HostGit) -> Rules {
+        let mut names = HashSet::new();
+        let mut paths = Vec::new();
+        for p in patterns {
+            match p {
+                Pattern::Name(n) => {
+                    names.insert(OsString::from(n));
+                }
+                Pattern::Path(p) => paths.push(p.clone()),
+            }
+        }
+        Rules { names, paths, limits, git: git.clone() }
+    }
+
+    /// Walk the project and find every protected entry. Dependency trees
+    /// are not walked (their contents are code the user runs anyway); any
+    /// other part that cannot be walked makes the project unprotectable.
+    fn discover(&self, tree: &Tree) -> Result<(Found, Summary), PlanError> {
+        let mut entries: Vec<(PathBuf, Kind, Ident)> = Vec::new();
+        let mut seen: HashSet<PathBuf> = HashSet::new();
+        let summary = scan::walk(tree, self.limits, |rel, kind| {
+            let Some(name) = rel.file_name() else { return Visit::Descend };
+            if self.names.contains(name) {
+                if let Ok(Some(st)) = tree.lstat(rel) {
+                    seen.insert(rel.to_path_buf());
+                    entries.push((rel.to_path_buf(), Kind::of(&st), ident(&st)));
+                }
+                return Visit::Skip;
+            }
+            if kind == Kind::Dir && name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n)) {
+                return Visit::Skip;
+            }
+            Visit::Descend
+        });
+        if let Some(dir) = &summary.unreadable {
+            return Err(PlanError::Unprotectable(format!(
+                "{} in the project cannot be read, so protected names in it are unknown",
+                dir.display()
+            )));
+        }
+        if !summary.complete {
+            return Err(PlanError::Unprotectable(format!(
+                "the project has more than {} entries or is deeper than {} (outside dependency trees), so its protected \
+                 names are not all known; raise PI_PYTHON_TOOL_SCAN_ENTRIES or PI_PYTHON_TOOL_SCAN_DEPTH",
+                self.limits.max_entries, self.limits.max_depth
+            )));
+        }
+        let repos: Vec<(PathBuf, Kind)> = entries.iter().map(|(r, k, _)| (r.clone(), *k)).collect();
+        let mut wanted = self.paths.clone();
+        wanted.extend(crate::gitconfig::protected_paths(tree.path(), tree, &repos, &self.git));
+        let covered = |rel: &Path, seen: &HashSet<PathBuf>| rel.ancestors().any(|a| seen.contains(a));
+        let mut expected = Vec::new();
+        for rel in wanted {
+            if covered(&rel, &seen) {
+                continue;
+            }
+            match first_missing(tree, &rel) {
+                Ok(None) => {
+                    if let Ok(Some(st)) = tree.lstat(&rel) {
+                        seen.insert(rel.clone());
+                        entries.push((rel, Kind::of(&st), ident(&st)));
+                    }
+                }
+                Ok(Some(missing)) => {
+                    if !expected.contains(&missing) {
+                        expected.push(missing)
+                    }
+                }
+                Err(e) => return Err(PlanError::Unprotectable(format!("{} cannot be protected: {e}", rel.display()))),
+            }
+        }
+        // Links: put back when replaced; a target inside the project is
+        // protected, or expected when it does not exist.
+        let mut links = Vec::new();
+        for (rel, kind, _) in entries.clone() {
+            if kind != Kind::Link {
+                continue;
+            }
+            let Ok(target) = tree.read_link(&rel) else { continue };
+            if let Some(t) = inside(tree.path(), rel.parent().unwrap_or(Path::new("")), &target) {
+                if !covered(&t, &seen) {
+                    match first_missing(tree, &t) {
+                        Ok(None) => {
+                            if let Ok(Some(st)) = tree.lstat(&t) {
+                                seen.insert(t.clone());
+                                entries.push((t, Kind::of(&st), ident(&st)));
+                            }
+                        }
+                        Ok(Some(missing)) if !expected.contains(&missing) => expected.push(missing),
+                        Ok(Some(_)) => {}
+                        // The target passes through another link: the
+                        // sandbox could fill it in.
+                        Err(e) => {
+                            return Err(PlanError::Unprotectable(format!(
+                                "the target of the protected link {} cannot be protected: {e}",
+                                rel.display()
+                            )))
+                        }
+                    }
                 }
             }
-            Ok(Some(missing)) => {
-                if !expected.contains(&missing) {
-                    expected.push(missing)
-                }
-            }
-            Err(e) => notes.push(format!("{} cannot be protected: {e}", rel.display())),
+            links.push((rel, target));
         }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        expected.sort();
+        links.sort();
+        Ok((Found { entries, expected, links }, summary))
     }
-    // Links: put back when replaced; a target inside the project is protected.
-    let mut links = Vec::new();
-    for (rel, kind) in found.clone() {
-        if kind != Kind::Link {
-            continue;
-        }
-        let Ok(target) = tree.read_link(&rel) else { continue };
-        if let Some(t) = inside(project, rel.parent().unwrap_or(Path::new("")), &target) {
-            if let Ok(Some(st)) = tree.lstat(&t) {
-                if Kind::of(&st) != Kind::Link && !found.iter().any(|(f, _)| t.starts_with(f)) {
-                    found.push((t, Kind::of(&st)));
-                }
-            }
-        }
-        links.push((rel, target));
+}
+
+/// Plan the protection of `project` (its canonical path). `tainted` are
+/// names an earlier sandbox left that could not be made inert.
+pub fn plan(
+    project: &Path,
+    patterns: &[Pattern],
+    limits: Limits,
+    git: &HostGit,
+    sink: Notes,
+    tainted: Tainted,
+) -> Result<Plan, PlanError> {
+    let tree = Tree::open(project).map_err(PlanError::Open)?;
+    let left: Vec<PathBuf> =
+        tainted.lock().iter().filter(|rel| matches!(tree.lstat(rel), Ok(Some(_)) | Err(_))).cloned().collect();
+    if !left.is_empty() {
+        let list: Vec<String> = left.iter().map(|r| shell_path(project, r)).collect();
+        return Err(PlanError::Unprotectable(format!(
+            "{} appeared while a sandbox could write the project and could not be made inert; inspect, then remove or \
+             rename {}",
+            if list.len() == 1 { "a protected name" } else { "protected names" },
+            list.join(", ")
+        )));
     }
-    let (binds, more) = binds(&tree, &found, &mut notes);
-    if more {
-        notes.push(format!("more than {MAX_BINDS} protected entries: the rest stay writable"));
-    }
+    let rules = Rules::new(patterns, limits, git);
+    let (found, summary) = rules.discover(&tree)?;
+    let binds = binds(&tree, &found.entries)?;
     let mut holders: Vec<PathBuf> = vec![PathBuf::new()];
-    for rel in found.iter().map(|(r, _)| r).chain(&expected) {
+    let mut seen_holders: HashSet<PathBuf> = HashSet::from([PathBuf::new()]);
+    for rel in found.entries.iter().map(|(r, _, _)| r).chain(&found.expected) {
         let parent = rel.parent().unwrap_or(Path::new("")).to_path_buf();
-        if !holders.contains(&parent) {
+        if seen_holders.insert(parent.clone()) {
             holders.push(parent);
         }
     }
     let guard = Guard {
         tree,
-        names,
-        limits,
-        present: found.iter().map(|(r, _)| r.clone()).collect(),
-        expected,
-        links,
+        rules,
+        found,
         holders,
         pending: sink,
+        tainted,
         walking: AtomicBool::new(false),
-        background: AtomicBool::new(false),
-        told_incomplete: AtomicBool::new(!summary.complete),
+        again: AtomicBool::new(false),
+        armed: parking_lot::Mutex::new(None),
         scan: summary,
     };
-    Ok(Plan { binds, guard, notes })
+    Ok(Plan { binds, guard, notes: Vec::new() })
 }
 
 /// `None` when `rel` exists; else its shallowest missing prefix.
@@ -323,46 +436,89 @@ fn first_missing(tree: &Tree, rel: &Path) -> std::io::Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// Open the binds for `found` (links excluded): every directory above a
-/// nested entry once, shallowest first, then the entries.
-fn binds(tree: &Tree, found: &[(PathBuf, Kind)], notes: &mut Vec<String>) -> (Vec<Bind>, bool) {
-    let mut entries: Vec<&PathBuf> = found.iter().filter(|(_, k)| *k != Kind::Link).map(|(r, _)| r).collect();
-    entries.sort();
-    entries.dedup();
+/// Open the binds for `entries` (links excluded): every directory above a
+/// nested entry once, shallowest first, then the entries. Any entry that
+/// cannot be bound makes the project unprotectable.
+fn binds(tree: &Tree, entries: &[(PathBuf, Kind, Ident)]) -> Result<Vec<Bind>, PlanError> {
+    let all: HashSet<&PathBuf> = entries.iter().filter(|(_, k, _)| *k != Kind::Link).map(|(r, _, _)| r).collect();
     // An entry inside another one is covered by it.
-    let outer: Vec<&PathBuf> =
-        entries.iter().copied().filter(|e| !entries.iter().any(|o| *o != *e && e.starts_with(o))).collect();
-    let mut anchors: Vec<PathBuf> = Vec::new();
+    let mut outer: Vec<&PathBuf> =
+        all.iter().copied().filter(|e| !e.ancestors().skip(1).any(|a| all.contains(&a.to_path_buf()))).collect();
+    outer.sort();
+    let mut anchors: HashSet<PathBuf> = HashSet::new();
     for e in &outer {
-        let mut a = e.parent();
-        while let Some(p) = a.filter(|p| !p.as_os_str().is_empty()) {
-            if !anchors.iter().any(|x| x == p) {
-                anchors.push(p.to_path_buf());
-            }
-            a = p.parent();
+        for a in e.ancestors().skip(1).filter(|p| !p.as_os_str().is_empty()) {
+            anchors.insert(a.to_path_buf());
         }
     }
-    anchors.sort_by_key(|a| a.components().count());
+    let mut anchors: Vec<PathBuf> = anchors.into_iter().collect();
+    anchors.sort_by(|a, b| a.components().count().cmp(&b.components().count()).then(a.cmp(b)));
+    if anchors.len() + outer.len() > MAX_BINDS {
+        return Err(PlanError::Unprotectable(format!(
+            "the project has {} protected entries and directories above them, more than the {MAX_BINDS} that can be mounted",
+            anchors.len() + outer.len()
+        )));
+    }
     let mut out = Vec::new();
-    let mut more = false;
-    let all = anchors.iter().map(|a| (a, false)).chain(outer.iter().map(|e| (*e, true)));
-    for (rel, read_only) in all {
-        if out.len() == MAX_BINDS {
-            more = true;
-            break;
-        }
+    for (rel, read_only) in anchors.iter().map(|a| (a, false)).chain(outer.iter().map(|e| (*e, true))) {
         match tree.open_at(rel, OFlag::O_PATH) {
             Ok(fd) => out.push(Bind { fd, rel: rel.clone(), read_only }),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => notes.push(format!("{} could not be protected: {e}", rel.display())),
+            Err(e) => return Err(PlanError::Unprotectable(format!("{} could not be protected: {e}", rel.display()))),
         }
     }
-    (out, more)
+    Ok(out)
+}
+
+/// Give the owner back write and search permission on directory `rel`
+/// (the sandbox, as the same user, can take them away), through its fd.
+fn make_writable(tree: &Tree, rel: &Path) -> std::io::Result<()> {
+    let fd = if rel.as_os_str().is_empty() {
+        tree.open_at(Path::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+    } else {
+        tree.open_at(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+    }?;
+    let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
+    let mode = nix::sys::stat::Mode::from_bits_truncate((st.st_mode & 0o7777) | 0o700);
+    nix::sys::stat::fchmod(&fd, mode).map_err(std::io::Error::from)
 }
 
 /// `a/b` -> `'/project/a/b'`, quoted for a shell.
 fn shell_path(root: &Path, rel: &Path) -> String {
     format!("'{}'", root.join(rel).display().to_string().replace('\'', r"'\''"))
+}
+
+/// Keeps the protected names of a running writable sandbox.
+#[derive(Debug)]
+pub struct Guard {
+    tree: Tree,
+    rules: Rules,
+    /// What was protected at the start.
+    found: Found,
+    /// Directories that hold protected names: checked cheaply at the end
+    /// of every execution and watched in between.
+    holders: Vec<PathBuf>,
+    /// Where notes found between executions go.
+    pending: Notes,
+    tainted: Tainted,
+    walking: AtomicBool,
+    /// A walk was asked for while one ran: it runs once more.
+    again: AtomicBool,
+    /// The sandbox's process group and where to say why it was killed:
+    /// a name that cannot be made inert, or a project that outgrew the
+    /// walk, ends the sandbox.
+    armed: parking_lot::Mutex<Option<(i32, KilledFor)>>,
+    pub scan: Summary,
+}
+
+/// How often the whole project is checked while a writable sandbox runs.
+pub const BACKGROUND_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How a check went wrong in a way that ends the sandbox.
+enum Breach {
+    /// A name could not be made inert.
+    Stuck(PathBuf),
+    /// The project grew past what a walk can check.
+    Outgrown(String),
 }
 
 impl Guard {
@@ -371,102 +527,146 @@ impl Guard {
         &self.holders
     }
 
+    /// Let the guard end the sandbox `group`, saying why in `killed_for`.
+    pub fn arm(&self, group: i32, killed_for: KilledFor) {
+        *self.armed.lock() = Some((group, killed_for));
+    }
+
+    fn present(&self, rel: &Path) -> Option<Ident> {
+        self.found.entries.iter().find(|(r, _, _)| r == rel).map(|(_, _, i)| *i)
+    }
+
+    fn is_link(&self, rel: &Path) -> bool {
+        self.found.links.iter().any(|(l, _)| l == rel)
+    }
+
     /// Whether a new entry `name` of holder `dir` may be protected.
     pub fn matters(&self, dir: &Path, name: &OsStr) -> bool {
-        self.names.contains(name)
-            || self.expected.iter().any(|e| e.parent() == Some(dir) && e.file_name() == Some(name))
-            || self.links.iter().any(|(l, _)| l.parent() == Some(dir) && l.file_name() == Some(name))
+        self.rules.names.contains(name)
+            || self.found.expected.iter().any(|e| e.parent() == Some(dir) && e.file_name() == Some(name))
+            || self.found.links.iter().any(|(l, _)| l.parent() == Some(dir) && l.file_name() == Some(name))
+    }
+
+    /// An entry at `rel` now (with `st`) that is not what was protected.
+    fn is_new(&self, rel: &Path, st: &nix::sys::stat::FileStat) -> bool {
+        !self.is_link(rel) && self.present(rel) != Some(ident(st))
     }
 
     /// The cheap check: the protected names of the holder directories,
     /// the expected paths and the links. Returns notes for the user.
     pub fn check_holders(&self) -> Vec<String> {
         let mut notes = Vec::new();
+        let mut breaches = Vec::new();
         for holder in &self.holders {
             let Ok(dir) = self.tree.dir(holder) else { continue };
-            for name in &self.names {
+            for name in &self.rules.names {
                 let rel = holder.join(name);
-                if self.present.contains(&rel) {
-                    continue;
-                }
-                if let Ok(Some(_)) = beneath::stat_in(dir.as_fd(), name) {
-                    notes.extend(self.make_inert(&rel));
+                if let Ok(Some(st)) = beneath::stat_in(dir.as_fd(), name) {
+                    if self.is_new(&rel, &st) {
+                        self.inert(&rel, &mut notes, &mut breaches);
+                    }
                 }
             }
         }
-        self.check_expected_and_links(&mut notes);
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
         notes
     }
 
-    /// The whole check: the bounded walk again, then the expected paths and
-    /// the links.
+    /// The whole check: the walk again, then the expected paths and the
+    /// links.
     pub fn check_all(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let mut breaches = Vec::new();
         let mut new = Vec::new();
-        let walked = scan::walk(&self.tree, self.limits, |rel, _| {
-            if rel.file_name().is_some_and(|n| self.names.contains(n)) {
-                if !self.present.contains(rel) {
-                    new.push(rel.to_path_buf());
+        let walked = scan::walk(&self.tree, self.rules.limits, |rel, kind| {
+            let Some(name) = rel.file_name() else { return Visit::Descend };
+            if self.rules.names.contains(name) {
+                if let Ok(Some(st)) = self.tree.lstat(rel) {
+                    if self.is_new(rel, &st) {
+                        new.push(rel.to_path_buf());
+                    }
                 }
+                return Visit::Skip;
+            }
+            if kind == Kind::Dir && name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n)) {
                 return Visit::Skip;
             }
             Visit::Descend
         });
-        let mut notes: Vec<String> = new.iter().filter_map(|rel| self.make_inert(rel)).collect();
-        if !walked.complete && !self.told_incomplete.swap(true, Ordering::AcqRel) {
-            notes.push(format!(
-                "The project now has more than {} entries (or is deeper than {}): protected names created further in \
-                 are not found by the check; raise PI_PYTHON_TOOL_SCAN_ENTRIES or PI_PYTHON_TOOL_SCAN_DEPTH",
-                self.limits.max_entries, self.limits.max_depth
-            ));
+        for rel in &new {
+            self.inert(rel, &mut notes, &mut breaches);
         }
-        self.check_expected_and_links(&mut notes);
+        if !walked.complete {
+            let why = match &walked.unreadable {
+                Some(dir) => format!("{} in the project can no longer be read", dir.display()),
+                None => format!(
+                    "the project grew past {} entries (or deeper than {}) outside dependency trees",
+                    self.rules.limits.max_entries, self.rules.limits.max_depth
+                ),
+            };
+            breaches.push(Breach::Outgrown(why));
+        }
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
         notes
     }
 
-    /// Say whether the code left processes running (from each result).
-    pub fn set_background(&self, running: bool) {
-        self.background.store(running, Ordering::Release);
-    }
-
-    /// [`Guard::check_all`] into the pending notes, unless one runs already.
+    /// [`Guard::check_all`] into the pending notes; a call while a walk
+    /// runs makes that walk run once more.
     pub fn check_all_pending(&self) {
+        self.again.store(true, Ordering::Release);
         if self.walking.swap(true, Ordering::AcqRel) {
             return;
         }
-        let notes = self.check_all();
+        while self.again.swap(false, Ordering::AcqRel) {
+            let notes = self.check_all();
+            self.pending.lock().extend(notes);
+        }
         self.walking.store(false, Ordering::Release);
-        self.pending.lock().extend(notes);
+        // A request that came between the last loop and the release.
+        if self.again.load(Ordering::Acquire) {
+            self.check_all_pending();
+        }
     }
 
     /// Check one new entry of a holder directory (from the watch).
     pub fn check_entry(&self, dir: &Path, name: &OsStr) {
         let rel = dir.join(name);
-        if self.present.contains(&rel) && !self.links.iter().any(|(l, _)| *l == rel) {
-            return;
-        }
         let mut notes = Vec::new();
-        if self.names.contains(name) && !self.present.contains(&rel) {
-            notes.extend(self.make_inert(&rel));
+        let mut breaches = Vec::new();
+        if self.rules.names.contains(name) {
+            if let Ok(Some(st)) = self.tree.lstat(&rel) {
+                if self.is_new(&rel, &st) {
+                    self.inert(&rel, &mut notes, &mut breaches);
+                }
+            }
         }
-        self.check_expected_and_links(&mut notes);
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
         self.pending.lock().extend(notes);
     }
 
-    fn check_expected_and_links(&self, notes: &mut Vec<String>) {
-        for rel in &self.expected {
+    /// Whether the project still holds exactly what this sandbox
+    /// protected (a spare is only used when it does).
+    pub fn still_matches(&self) -> bool {
+        matches!(self.rules.discover(&self.tree), Ok((found, _)) if found == self.found)
+    }
+
+    fn check_expected_and_links(&self, notes: &mut Vec<String>, breaches: &mut Vec<Breach>) {
+        for rel in &self.found.expected {
             if let Ok(Some(_)) = self.tree.lstat(rel) {
-                notes.extend(self.make_inert(rel));
+                self.inert(rel, notes, breaches);
             }
         }
-        for (rel, target) in &self.links {
+        for (rel, target) in &self.found.links {
             match self.tree.read_link(rel) {
                 Ok(now) if now == *target => continue,
                 _ => {}
             }
-            let moved = match self.tree.lstat(rel) {
-                Ok(Some(_)) => self.make_inert(rel),
-                _ => None,
-            };
+            if let Ok(Some(_)) = self.tree.lstat(rel) {
+                self.inert(rel, notes, breaches);
+            }
             let restored = match self.tree.symlink(target, rel) {
                 Ok(()) => "it was put back".to_string(),
                 Err(e) => format!(
@@ -475,39 +675,79 @@ impl Guard {
                 ),
             };
             notes.push(format!(
-                "The protected link {} -> {} was replaced in the project; {restored}.{}",
+                "The protected link {} -> {} was replaced in the project; {restored}.",
                 rel.display(),
-                target.display(),
-                moved.map(|m| format!(" {m}")).unwrap_or_default()
+                target.display()
             ));
         }
     }
 
-    /// Rename `rel` in place to the first free `NAME.pi-inert[-N]`.
-    /// `None` when it vanished meanwhile.
-    fn make_inert(&self, rel: &Path) -> Option<String> {
+    /// End the sandbox for what cannot be kept safe while it runs.
+    fn breached(&self, breaches: Vec<Breach>, notes: &mut Vec<String>) {
+        if breaches.is_empty() {
+            return;
+        }
+        let mut why = Vec::new();
+        for b in breaches {
+            match b {
+                Breach::Stuck(rel) => {
+                    let mut t = self.tainted.lock();
+                    if !t.contains(&rel) {
+                        t.push(rel.clone());
+                    }
+                    why.push(format!("{} could not be made inert", rel.display()));
+                }
+                Breach::Outgrown(w) => why.push(w),
+            }
+        }
+        let why = why.join("; ");
+        if let Some((group, killed_for)) = &*self.armed.lock() {
+            killed_for
+                .lock()
+                .get_or_insert_with(|| format!("{why}, so the sandbox that could write the project was stopped"));
+            crate::spawn::kill_group(*group);
+        }
+        notes.push(format!("The sandbox was stopped: {why}. Until that is resolved the project is mounted read-only."));
+    }
+
+    /// Rename `rel` in place to an inert name (`NAME.pi-inert`, else with a
+    /// random suffix). A parent the sandbox made unwritable is made
+    /// writable again first (the host owns it). A name that cannot be
+    /// renamed is a breach.
+    fn inert(&self, rel: &Path, notes: &mut Vec<String>, breaches: &mut Vec<Breach>) {
         let (dir, name) = match self.tree.parent(rel) {
             Ok(p) => p,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
             Err(e) => {
-                return Some(format!(
-                    "{} appeared in the project but could NOT be made inert ({e}): check {} before using the project",
-                    rel.display(),
-                    shell_path(self.tree.path(), rel)
-                ))
+                notes.push(format!("{} appeared in the project but could NOT be made inert ({e})", rel.display()));
+                breaches.push(Breach::Stuck(rel.to_path_buf()));
+                return;
             }
         };
-        let mut last_err = None;
-        for n in 1..=64u32 {
+        let candidates = (0..8).map(|n| {
             let mut new = name.clone();
             new.push(INERT_MARK);
-            if n > 1 {
-                new.push(format!("-{n}"));
+            if n > 0 {
+                new.push(format!("-{:08x}", crate::rundir::random_u64() as u32));
             }
-            match beneath::rename_noreplace(dir.as_fd(), &name, &new) {
+            new
+        });
+        let mut last_err = None;
+        let mut fixed_parent = false;
+        for new in candidates {
+            let mut tried = beneath::rename_noreplace(dir.as_fd(), &name, &new);
+            if matches!(&tried, Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)))
+                && !fixed_parent
+            {
+                fixed_parent = true;
+                if make_writable(&self.tree, rel.parent().unwrap_or(Path::new(""))).is_ok() {
+                    tried = beneath::rename_noreplace(dir.as_fd(), &name, &new);
+                }
+            }
+            match tried {
                 Ok(()) => {
                     let moved = rel.with_file_name(&new);
-                    return Some(format!(
+                    notes.push(format!(
                         "{} appeared in the project while the sandbox could write it; host tools could run code from it, \
                          so it was renamed to {}. If you made it yourself, restore it with: mv {} {}",
                         rel.display(),
@@ -515,9 +755,10 @@ impl Guard {
                         shell_path(self.tree.path(), &moved),
                         shell_path(self.tree.path(), rel)
                     ));
+                    return;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => last_err = Some(e),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return None,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
                 Err(e) => {
                     last_err = Some(e);
                     break;
@@ -525,11 +766,12 @@ impl Guard {
             }
         }
         let e = last_err.map(|e| e.to_string()).unwrap_or_default();
-        Some(format!(
+        notes.push(format!(
             "{} appeared in the project but could NOT be made inert ({e}): check {} before using the project",
             rel.display(),
             shell_path(self.tree.path(), rel)
-        ))
+        ));
+        breaches.push(Breach::Stuck(rel.to_path_buf()));
     }
 }
 
@@ -564,16 +806,14 @@ pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot:
     // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
     // stays open until the AsyncFd (and its registration) is dropped.
     let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }) else { return };
-    let mut tick = tokio::time::interval(BACKGROUND_CHECK);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BACKGROUND_CHECK, BACKGROUND_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = &mut stop => return,
             _ = tick.tick() => {
-                if guard.background.load(Ordering::Acquire) {
-                    let g = guard.clone();
-                    let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
-                }
+                let g = guard.clone();
+                let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
             }
             ready = fd.readable() => {
                 let Ok(mut ready) = ready else { return };
@@ -621,6 +861,10 @@ mod tests {
         plan.binds.iter().map(|b| (b.rel.to_string_lossy().into_owned(), b.read_only)).collect()
     }
 
+    fn plan_of(p: &Path, list: Option<&str>, limits: Limits) -> Result<Plan, PlanError> {
+        plan(p, &patterns(list), limits, &HostGit::default(), Notes::default(), Tainted::default())
+    }
+
     #[test]
     fn patterns_from_a_list() {
         assert_eq!(
@@ -633,6 +877,21 @@ mod tests {
     }
 
     #[test]
+    fn notes_are_bounded_and_kept_once() {
+        let mut n = NoteList::default();
+        n.push("a".into());
+        n.push("a".into());
+        for i in 0..100 {
+            n.push(format!("n{i}"));
+        }
+        let out = n.take();
+        assert_eq!(out.len(), MAX_NOTES + 1);
+        assert_eq!(out[0], "a");
+        assert_eq!(out[MAX_NOTES], format!("{} more notes like these were left out", 100 - (MAX_NOTES - 1)));
+        assert!(n.take().is_empty());
+    }
+
+    #[test]
     fn every_repository_and_protected_name_is_planned_with_mount_points_above() {
         let p = tmp();
         for d in [".git/hooks", "sub/deep/.git", "sub/.vscode", "lib/tools/hooks", "config/pi", "node_modules/x/.git"] {
@@ -640,12 +899,10 @@ mod tests {
         }
         std::fs::write(p.join(".git/config"), "[core]\n\thooksPath = lib/tools/hooks\n").expect("write");
         std::fs::write(p.join("sub/deep/.git/config"), "[core]\n").expect("write");
-        std::fs::write(p.join("wt.git"), "").expect("write");
         std::fs::create_dir_all(p.join("worktree")).expect("mkdir");
         std::fs::write(p.join("worktree/.git"), "gitdir: /elsewhere/repo.git/worktrees/w\n").expect("write");
         symlink("config/pi", p.join(".pi")).expect("link");
-        let plan =
-            plan(&p, &patterns(None), scan::DEFAULT_LIMITS, &HostGit::default(), Notes::default()).expect("plan");
+        let plan = plan_of(&p, None, scan::DEFAULT_LIMITS).expect("plan");
         let binds = rels(&plan);
         for (rel, ro) in [
             ("sub", false),
@@ -653,8 +910,6 @@ mod tests {
             ("lib", false),
             ("lib/tools", false),
             ("worktree", false),
-            ("node_modules", false),
-            ("node_modules/x", false),
             (".git", true),
             ("sub/deep/.git", true),
             ("sub/.vscode", true),
@@ -667,7 +922,30 @@ mod tests {
         let first_ro = binds.iter().position(|(_, ro)| *ro).expect("read-only binds");
         assert!(binds[first_ro..].iter().all(|(_, ro)| *ro), "mount points come first: {binds:?}");
         assert!(!binds.iter().any(|(r, _)| r == ".pi"), "a link is not mounted over");
-        assert_eq!(plan.guard.links, [(PathBuf::from(".pi"), PathBuf::from("config/pi"))]);
+        assert!(
+            !binds.iter().any(|(r, _)| r.starts_with("node_modules")),
+            "dependency trees are not walked: {binds:?}"
+        );
+        assert_eq!(plan.guard.found.links, [(PathBuf::from(".pi"), PathBuf::from("config/pi"))]);
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    #[test]
+    fn what_cannot_be_protected_fails_closed() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join(".git")).expect("mkdir");
+        for i in 0..80 {
+            std::fs::write(p.join(format!("f{i}")), "").expect("write");
+        }
+        let small = Limits { max_entries: 64, max_depth: 24 };
+        assert!(
+            matches!(plan_of(&p, None, small), Err(PlanError::Unprotectable(w)) if w.contains("more than 64 entries"))
+        );
+        for i in 0..=MAX_BINDS {
+            std::fs::create_dir_all(p.join(format!("d{i}/.vscode"))).expect("mkdir");
+        }
+        let err = plan_of(&p, None, scan::DEFAULT_LIMITS).map(|_| ()).expect_err("too many binds");
+        assert!(err.to_string().contains("more than the 1024 that can be mounted"), "{err}");
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 
@@ -677,14 +955,8 @@ mod tests {
         std::fs::create_dir_all(p.join("sub")).expect("mkdir");
         std::fs::create_dir_all(p.join("config/pi")).expect("mkdir");
         symlink("config/pi", p.join(".pi")).expect("link");
-        let plan = plan(
-            &p,
-            &patterns(Some(".envrc:.git:.pi:tools/hooks")),
-            scan::DEFAULT_LIMITS,
-            &HostGit::default(),
-            Notes::default(),
-        )
-        .expect("plan");
+        std::fs::write(p.join(".npmrc"), "user's").expect("write");
+        let plan = plan_of(&p, Some(".envrc:.git:.pi:.npmrc:tools/hooks"), scan::DEFAULT_LIMITS).expect("plan");
         let g = &plan.guard;
         assert!(g.check_holders().is_empty() && g.check_all().is_empty(), "nothing new yet");
         std::fs::write(p.join(".envrc"), "evil").expect("write");
@@ -693,11 +965,23 @@ mod tests {
         std::fs::create_dir_all(p.join("tools/hooks")).expect("mkdir");
         std::fs::remove_file(p.join(".pi")).expect("rm");
         std::fs::create_dir_all(p.join(".pi/extensions")).expect("mkdir");
+        // The same name, another file: judged by identity, not by name.
+        std::fs::remove_file(p.join(".npmrc")).expect("rm");
+        std::fs::write(p.join(".npmrc"), "planted").expect("write");
         let notes = g.check_holders().join("\n");
         assert!(notes.contains(".envrc appeared in the project"), "{notes}");
-        assert_eq!(std::fs::read_to_string(p.join(".envrc.pi-inert-2")).expect("renamed"), "evil");
+        let moved: Vec<_> = std::fs::read_dir(&p)
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".envrc.pi-inert-"))
+            .collect();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(std::fs::read_to_string(p.join(&moved[0])).expect("renamed"), "evil");
         assert!(notes.contains("tools appeared"), "{notes}");
         assert!(p.join("tools.pi-inert/hooks").is_dir());
+        assert!(notes.contains(".npmrc appeared"), "{notes}");
+        assert_eq!(std::fs::read_to_string(p.join(".npmrc.pi-inert")).expect("inert"), "planted");
         assert!(notes.contains("The protected link .pi -> config/pi was replaced"), "{notes}");
         assert_eq!(std::fs::read_link(p.join(".pi")).expect("link"), PathBuf::from("config/pi"));
         assert!(p.join(".pi.pi-inert/extensions").is_dir(), "the replacement is kept, inert");
@@ -705,23 +989,36 @@ mod tests {
         let notes = g.check_all().join("\n");
         assert!(notes.contains("sub/.git appeared"), "{notes}");
         assert!(p.join("sub/.git.pi-inert").is_dir() && !p.join("sub/.git").exists());
-        // A project grown past the walk's bound is said once, not silently checked in part.
-        let small = super::plan(
-            &p,
-            &patterns(Some(".git")),
-            Limits { max_entries: 64, max_depth: 24 },
-            &HostGit::default(),
-            Notes::default(),
-        )
-        .expect("plan");
-        assert!(small.guard.check_all().iter().all(|n| !n.contains("more than")), "complete so far");
+        // A spare planned before these changes no longer matches the project.
+        assert!(!g.still_matches());
+        let fresh = plan_of(&p, Some(".envrc:.git:.pi:.npmrc:tools/hooks"), scan::DEFAULT_LIMITS).expect("plan");
+        assert!(fresh.guard.still_matches());
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    #[test]
+    fn a_project_grown_past_the_walk_or_a_name_that_cannot_be_renamed_stops_the_sandbox() {
+        let p = tmp();
+        let small = Limits { max_entries: 64, max_depth: 24 };
+        let armed = plan_of(&p, Some(".git"), small).expect("plan");
+        let killed: KilledFor = Default::default();
+        armed.guard.arm(-1, killed.clone()); // no process group: kill_group ignores it
         for i in 0..80 {
             std::fs::write(p.join(format!("junk{i}")), "").expect("write");
         }
-        let told: Vec<String> =
-            small.guard.check_all().into_iter().filter(|n| n.contains("more than 64 entries")).collect();
-        assert_eq!(told.len(), 1, "{told:?}");
-        assert!(small.guard.check_all().iter().all(|n| !n.contains("more than")), "told once");
+        let notes = armed.guard.check_all().join("\n");
+        assert!(notes.contains("The sandbox was stopped: the project grew past 64 entries"), "{notes}");
+        assert!(killed.lock().as_deref().is_some_and(|w| w.contains("grew past")));
+        // Once tainted, no later plan gives a writable project while the name exists.
+        let tainted = Tainted::default();
+        tainted.lock().push(PathBuf::from("stuck/.envrc"));
+        std::fs::create_dir_all(p.join("stuck")).expect("mkdir");
+        std::fs::write(p.join("stuck/.envrc"), "x").expect("write");
+        let blocked =
+            plan(&p, &patterns(None), scan::DEFAULT_LIMITS, &HostGit::default(), Notes::default(), tainted.clone());
+        assert!(matches!(blocked, Err(PlanError::Unprotectable(w)) if w.contains("stuck/.envrc")));
+        std::fs::remove_file(p.join("stuck/.envrc")).expect("rm");
+        assert!(plan(&p, &patterns(None), scan::DEFAULT_LIMITS, &HostGit::default(), Notes::default(), tainted).is_ok());
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 }

@@ -89,18 +89,23 @@ pub fn make_dirs(runtime_root: Option<&Path>, worker_source: &str) -> Result<Dir
     Ok(dirs)
 }
 
-/// A live session: its id, the sandbox process groups it runs, its directory.
-type LiveEntry = (u64, Vec<i32>, Option<PathBuf>);
+/// Work to do once a session's sandboxes are killed (a check of what they
+/// left in the project).
+pub type AfterKill = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// A live session: its id, the sandbox process groups it runs, its
+/// directory, what to do after the kill.
+type LiveEntry = (u64, Vec<i32>, Option<PathBuf>, Vec<AfterKill>);
 
 /// Sessions alive in this process, for best-effort cleanup at exit.
 static LIVE: parking_lot::Mutex<Vec<LiveEntry>> = parking_lot::Mutex::new(Vec::new());
 
 /// Record what session `id` has now (replacing what it had).
-pub fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
+pub fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>, after: Vec<AfterKill>) {
     let mut live = LIVE.lock();
-    live.retain(|(i, _, _)| *i != id);
+    live.retain(|(i, _, _, _)| *i != id);
     if !pids.is_empty() || dir.is_some() {
-        live.push((id, pids, dir));
+        live.push((id, pids, dir, after));
     }
 }
 
@@ -108,9 +113,14 @@ pub fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>) {
 /// Synchronous: for exit hooks.
 pub fn cleanup_all() {
     let live = std::mem::take(&mut *LIVE.lock());
-    for (_, pids, dir) in live {
+    for (_, pids, _, _) in &live {
         for pid in pids {
-            kill_group(pid);
+            kill_group(*pid);
+        }
+    }
+    for (_, _, dir, after) in live {
+        for f in after {
+            f();
         }
         if let Some(dir) = dir {
             let _ = crate::beneath::remove_tree(&dir);
@@ -142,9 +152,13 @@ mod tests {
         let base = std::env::temp_dir().join(format!("pps-live-{:016x}", random_u64()));
         let dirs = make_dirs(Some(&base), "").expect("dirs");
         let id = u64::MAX - random_u64() % 1000;
-        live_update(id, vec![], Some(dirs.root.clone()));
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let after: AfterKill = std::sync::Arc::new(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
+        live_update(id, vec![], Some(dirs.root.clone()), vec![after]);
         cleanup_all();
         assert!(!dirs.root.exists());
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst), "the after-kill work did not run");
         std::fs::remove_dir_all(&base).expect("cleanup");
     }
 }

@@ -65,24 +65,37 @@ pub enum Visit {
 }
 
 /// How far a walk got.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
     /// Entries read.
     pub entries: usize,
     /// Every directory within the depth was read to the end.
     pub complete: bool,
+    /// The first directory that could not be read (not one that vanished).
+    pub unreadable: Option<PathBuf>,
 }
 
 /// Walk `tree` breadth-first, calling `visit(rel, kind)` for every entry.
-/// A directory that cannot be opened (it vanished, or became a link) is
-/// passed over: the walk never follows what the sandbox put there.
+/// A directory that vanished is passed over; one that cannot be read (or
+/// became a link) makes the walk incomplete: it never follows what the
+/// sandbox put there.
 pub fn walk(tree: &Tree, limits: Limits, mut visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
     let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(PathBuf::new(), 0)]);
     let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
-    let mut summary = Summary { entries: 0, complete: true };
+    let mut summary = Summary { entries: 0, complete: true, unreadable: None };
     while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {
         let room = limits.max_entries.saturating_sub(summary.entries);
-        let Ok((entries, more)) = tree.list(&dir, room) else { continue };
+        let (entries, more) = match tree.list(&dir, room) {
+            Ok(listed) => listed,
+            // Gone since it was listed: nothing there to find.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            // Unreadable, or turned into a link: what it holds is unknown.
+            Err(_) => {
+                summary.complete = false;
+                summary.unreadable.get_or_insert(dir);
+                continue;
+            }
+        };
         summary.entries += entries.len();
         for (name, kind) in entries {
             let rel = dir.join(&name);
@@ -136,6 +149,17 @@ mod tests {
         assert_eq!((bounded.entries, bounded.complete), (4, false));
         let shallow = walk(&tree, Limits { max_entries: 1000, max_depth: 1 }, |_, _| Visit::Descend);
         assert!(!shallow.complete);
+        // A directory swapped for a link after it was listed is not read
+        // through: the walk is incomplete and says where.
+        let raced = walk(&tree, DEFAULT_LIMITS, |rel, _| {
+            if rel == Path::new("docs") {
+                std::fs::rename(root.join("docs"), root.join("docs-real")).expect("move");
+                symlink("docs-real", root.join("docs")).expect("link");
+            }
+            Visit::Descend
+        });
+        assert!(!raced.complete);
+        assert_eq!(raced.unreadable.as_deref(), Some(Path::new("docs")));
         std::fs::remove_dir_all(&root).expect("cleanup");
     }
 }

@@ -135,8 +135,8 @@ struct Worker {
     /// Frames are expected (a start or a request in flight); one that
     /// arrives otherwise makes the reply task kill the sandbox at once.
     expecting: Arc<AtomicBool>,
-    /// Why the reply task killed the sandbox, when it did.
-    killed_for: Arc<parking_lot::Mutex<Option<String>>>,
+    /// Why the reply task or the guard killed the sandbox, when one did.
+    killed_for: protected::KilledFor,
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
     out_buf: Vec<u8>,
@@ -213,6 +213,8 @@ pub struct Session {
     /// Notes for the next result, found between executions (protected
     /// names made inert, ...).
     notes: protected::Notes,
+    /// Protected names that could not be made inert (see `protected`).
+    tainted: protected::Tainted,
 }
 
 const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
@@ -310,6 +312,7 @@ impl Session {
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
             notes: protected::Notes::default(),
+            tainted: protected::Tainted::default(),
         })
     }
 
@@ -498,9 +501,6 @@ impl Session {
         };
         match result {
             Ok((report, drained_ok)) => {
-                if let Some(g) = &guard {
-                    g.set_background(report.background > 0);
-                }
                 apply_report(&mut o, report, &dirs.scratch);
                 if let Err(why) = drained_ok {
                     // The worker misbehaved after its result: keep the result,
@@ -558,11 +558,21 @@ impl Session {
                         }
                     }
                 }
+                // The reply task or the guard may have killed it, and said why.
+                let killed_for = inner.worker.as_ref().and_then(|w| w.killed_for.lock().take());
                 let exit = self.kill_worker(inner, &mut capture, &reason).await;
-                let diagnostic = if matches!(interrupt, Interrupt::Died) {
-                    format!("The worker died: the sandbox {}. Code is never replayed automatically.", exit_text(exit))
-                } else {
-                    diagnostic
+                let (reason, diagnostic) = match (&interrupt, killed_for) {
+                    (Interrupt::Died, Some(why)) => {
+                        (why.clone(), format!("The sandbox was killed: {why}. Code is never replayed automatically."))
+                    }
+                    (Interrupt::Died, None) => (
+                        reason,
+                        format!(
+                            "The worker died: the sandbox {}. Code is never replayed automatically.",
+                            exit_text(exit)
+                        ),
+                    ),
+                    _ => (reason, diagnostic),
                 };
                 o.status = status;
                 o.state_lost = true;
@@ -580,7 +590,7 @@ impl Session {
                 tokio::task::spawn_blocking(move || guard.check_all_pending());
             }
         }
-        o.notes.extend(self.notes.lock().drain(..));
+        o.notes.extend(self.notes.lock().take());
         if let Some(e) = &capture.log_error {
             let note = format!("Writing the log files failed: {e}");
             o.diagnostic = Some(match o.diagnostic.take() {
@@ -701,7 +711,13 @@ impl Session {
                     .opts
                     .system_site_packages
                     .unwrap_or_else(|| std::env::var(probe::SYSTEM_SITE_ENV).is_ok_and(|v| v.trim() == "1"));
-                let python = probe::python_env_from_host(venv.as_deref(), system_site);
+                // The project and the runtime root: trees the sandbox can write.
+                let runtime = self.opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
+                let writable: Vec<(PathBuf, PathBuf)> = [self.opts.project_dir.clone(), runtime]
+                    .into_iter()
+                    .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
+                    .collect();
+                let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
                 let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
                 let facts = Arc::new(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python, code_key });
                 inner.facts = Some(facts.clone());
@@ -748,8 +764,20 @@ impl Session {
             sh.report.generation += 1;
             sh.report.generation
         };
-        if let Some(mut spare) = self.take_spare(&mounts) {
-            self.notes.lock().append(&mut spare.plan_notes);
+        let mut spare = self.take_spare(&mounts);
+        // A writable spare was planned while the last sandbox could still
+        // write the project: it is used only if the project still holds
+        // exactly what it protected.
+        if let Some(guard) = spare.as_ref().and_then(|s| s.guard.clone()) {
+            let fits = tokio::task::spawn_blocking(move || guard.still_matches()).await.unwrap_or(false);
+            if !fits {
+                if let Some(stale) = spare.take() {
+                    reap(*stale);
+                }
+            }
+        }
+        if let Some(mut spare) = spare {
+            self.notes.lock().extend(std::mem::take(&mut spare.plan_notes));
             self.shared.lock().active_guard = spare.guard.clone().map(|g| (g, spare.init_pid));
             bump();
             self.set_active(Some(spare.pid));
@@ -761,8 +789,9 @@ impl Session {
         let start = Start { facts: &facts, dirs: &dirs, project, mounts, role: Role::Active, call: Some(call) };
         match self.launch(start, wake).await {
             Ok(mut worker) => {
-                self.notes.lock().append(&mut worker.plan_notes);
+                self.notes.lock().extend(std::mem::take(&mut worker.plan_notes));
                 self.shared.lock().active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
+                self.sync_live();
                 inner.worker = Some(worker);
                 inner.start_failed = false;
                 Ok(())
@@ -789,8 +818,19 @@ impl Session {
         let sh = self.shared.lock();
         let pids = sh.worker_pid.into_iter().chain(sh.spare_pid).collect();
         let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
+        // At process exit the active sandbox's project is checked once its
+        // processes are gone, as after any kill.
+        let after: Vec<crate::rundir::AfterKill> = sh
+            .active_guard
+            .clone()
+            .map(|(guard, init)| {
+                let notes = self.notes.clone();
+                std::sync::Arc::new(move || settle_and_check(&guard, init, &notes)) as crate::rundir::AfterKill
+            })
+            .into_iter()
+            .collect();
         drop(sh);
-        live_update(self.id, pids, dir);
+        live_update(self.id, pids, dir, after);
     }
 
     /// Start one sandbox and wait for it to report ready: from the stored
@@ -824,38 +864,40 @@ impl Session {
     ) -> Result<Worker, (Status, String)> {
         let Start { facts, dirs, project, mounts, role, call } = start;
         let (role, call) = (*role, *call);
+        // A project that cannot be protected is mounted read-only for this
+        // sandbox, and the first result says why.
+        let mut plan_notes = Vec::new();
         let plan = if mounts.workspace_writable {
-            let (root, sink) = (project.clone(), self.notes.clone());
+            let (root, sink, tainted) = (project.clone(), self.notes.clone(), self.tainted.clone());
             let planned = tokio::task::spawn_blocking(move || {
                 let limits = crate::scan::limits_from_env();
-                protected::plan(
-                    &root,
-                    &protected::patterns_from_env(),
-                    limits,
-                    &crate::gitconfig::HostGit::from_env(),
-                    sink,
-                )
+                let git = crate::gitconfig::HostGit::from_env();
+                protected::plan(&root, &protected::patterns_from_env(), limits, &git, sink, tainted)
             })
             .await;
             match planned {
                 Ok(Ok(plan)) => Some(plan),
                 Ok(Err(e)) => {
-                    return Err((
-                        Status::WorkerError,
-                        format!("The protected paths of {} could not be planned: {e}", project.display()),
-                    ))
+                    plan_notes.push(format!(
+                        "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
+                    ));
+                    None
                 }
                 Err(e) => return Err((Status::WorkerError, format!("The protected paths could not be planned: {e}"))),
             }
         } else {
             None
         };
+        let writable = plan.is_some();
         if matches!(role, Role::Spare(_)) && self.is_disposed() {
             return Err((Status::Cancelled, "the session was disposed".into()));
         }
-        let (binds, guard, plan_notes) = match plan {
-            Some(p) => (p.binds, Some(Arc::new(p.guard)), p.notes),
-            None => (Vec::new(), None, Vec::new()),
+        let (binds, guard) = match plan {
+            Some(p) => {
+                plan_notes.extend(p.notes);
+                (p.binds, Some(Arc::new(p.guard)))
+            }
+            None => (Vec::new(), None),
         };
         let mut mount_fds = Vec::new();
         let mut protected_binds = Vec::new();
@@ -901,7 +943,7 @@ impl Session {
             interpreter: facts.interpreter.path.clone(),
             interpreter_mounts: facts.interpreter.mounts.clone(),
             merged_usr: facts.merged_usr,
-            workspace_writable: mounts.workspace_writable,
+            workspace_writable: writable,
             scratch_dir: dirs.scratch.clone(),
             worker: code.clone(),
             read_roots: mounts.read_roots.clone(),
@@ -919,8 +961,11 @@ impl Session {
         let (tx, rx) = mpsc::channel(2);
         let mut reader = spawned.replies;
         let expecting = Arc::new(AtomicBool::new(true));
-        let killed_for: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
+        let killed_for: protected::KilledFor = Arc::default();
         let (expect, killed, group) = (expecting.clone(), killed_for.clone(), spawned.pid);
+        if let Some(g) = &guard {
+            g.arm(spawned.pid, killed_for.clone());
+        }
         tokio::spawn(async move {
             loop {
                 let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
@@ -1222,7 +1267,7 @@ impl Session {
         })
         .await;
         let exit = timeout(CLEANUP_DEADLINE, w.child.wait()).await.ok().and_then(|r| r.ok());
-        check_after_kill(&w).await;
+        check_after_kill(&w, &self.notes).await;
         self.after_worker_gone(reason);
         inner.exit_status.take().or(exit)
     }
@@ -1232,7 +1277,7 @@ impl Session {
         if let Some(mut w) = inner.worker.take() {
             kill_group(w.pid);
             let _ = timeout(CLEANUP_DEADLINE, w.child.wait()).await;
-            check_after_kill(&w).await;
+            check_after_kill(&w, &self.notes).await;
         }
         self.after_worker_gone(reason);
     }
@@ -1271,7 +1316,10 @@ impl Session {
         // The killed sandbox may have left protected names: check now, not
         // at the next execution (this may run on the JS thread).
         if let Some((guard, init)) = guard {
-            let _ = std::thread::Builder::new().name("pps-guard".into()).spawn(move || settle_and_check(&guard, init));
+            let notes = self.notes.clone();
+            let _ = std::thread::Builder::new()
+                .name("pps-guard".into())
+                .spawn(move || settle_and_check(&guard, init, &notes));
         }
         self.wake.send_modify(|n| *n += 1);
         Some(pid.is_some())
@@ -1296,7 +1344,7 @@ impl Session {
         self.drop_worker(&mut inner, "explicit_reset").await;
         inner.pending_loss = None;
         self.refill_spare(&inner);
-        (inner.dirs.clone(), self.notes.lock().drain(..).collect())
+        (inner.dirs.clone(), self.notes.lock().take())
     }
 
     /// Kill the sandbox and delete the session's directories. Idempotent;
@@ -1321,7 +1369,7 @@ impl Session {
         }
         self.shared.lock().report.dirs = None;
         self.sync_live();
-        self.notes.lock().drain(..).collect()
+        self.notes.lock().take()
     }
 
     pub fn sandbox_paths() -> (&'static str, &'static str) {
@@ -1455,20 +1503,22 @@ fn exited(pid: i32) -> bool {
 /// After a writable sandbox was killed: wait (bounded) until its pid
 /// namespace is empty, so that no process of it can still create a name,
 /// then check the whole project for protected names it left.
-async fn check_after_kill(w: &Worker) {
+async fn check_after_kill(w: &Worker, notes: &protected::Notes) {
     let Some(guard) = w.guard.clone() else { return };
-    let init = w.init_pid;
-    let _ = tokio::task::spawn_blocking(move || settle_and_check(&guard, init)).await;
+    let (init, notes) = (w.init_pid, notes.clone());
+    let _ = tokio::task::spawn_blocking(move || settle_and_check(&guard, init, &notes)).await;
 }
 
 /// Blocking: wait for the killed sandbox's init to exit (the kernel ends
-/// every other process of the namespace before it does), then check.
-fn settle_and_check(guard: &Guard, init: Option<i32>) {
+/// every other process of the namespace before it does), then walk the
+/// project afresh.
+fn settle_and_check(guard: &Guard, init: Option<i32>, notes: &protected::Notes) {
     if let Some(init) = init {
         let until = Instant::now() + CLEANUP_DEADLINE;
         while !exited(init) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    guard.check_all_pending();
+    let found = guard.check_all();
+    notes.lock().extend(found);
 }
