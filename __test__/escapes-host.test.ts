@@ -105,6 +105,19 @@ describe("host file operations never follow what the sandbox planted", { concurr
     `);
     const out = jsonOut(r);
     assert.doesNotMatch(JSON.stringify(out), /host secret/, JSON.stringify(out));
+    // A new session probes the venv setting again: it must not follow the link either.
+    await sb.dispose();
+    const later = open({ pythonPackages: join(project, ".venv") });
+    const again = jsonOut(await later.execute(py`
+      import json, os
+      venv = ${lit(join(project, ".venv"))}
+      try:
+          print(json.dumps(open(venv + "/id_rsa").read()))
+      except Exception as e:
+          print(json.dumps(type(e).__name__))
+    `));
+    assert.doesNotMatch(JSON.stringify(again), /host secret/, "a new session mounted the link's target");
+    assert.match(JSON.stringify(later.status().pythonNotes), /cannot be used/);
   });
 });
 
