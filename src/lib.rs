@@ -13,6 +13,7 @@ pub mod frame;
 pub mod gitconfig;
 pub mod images;
 pub mod limits;
+pub mod options;
 pub mod outcome;
 pub mod permissions;
 pub mod probe;

@@ -2,7 +2,7 @@
 //!
 //! The per-execution timeout is the only limit a caller may vary, and the
 //! sizes of the sandbox's memory-backed file systems the only ones the user
-//! may (through the environment, read by [`tmpfs_sizes_from_env`]);
+//! may (through the environment, read by `options`);
 //! everything else here is a constant so that `status` can report it and
 //! tests can pin it.
 
@@ -124,12 +124,6 @@ pub fn tmpfs_sizes(tmp: Option<&str>, shm: Option<&str>) -> Result<TmpfsSizes, S
         tmp: size(TMP_SIZE_ENV, tmp, DEFAULT_TMP_BYTES)?,
         shm: size(SHM_SIZE_ENV, shm, DEFAULT_SHM_BYTES)?,
     })
-}
-
-/// [`tmpfs_sizes`] of this process's environment.
-pub fn tmpfs_sizes_from_env() -> Result<TmpfsSizes, String> {
-    let var = |name| std::env::var(name).ok();
-    tmpfs_sizes(var(TMP_SIZE_ENV).as_deref(), var(SHM_SIZE_ENV).as_deref())
 }
 
 /// `256 MiB`, `1536 KiB`, `1000 bytes`.

@@ -16,6 +16,7 @@ use napi_derive::napi;
 
 use crate::display::{displayed, displayed_line};
 use crate::limits::*;
+use crate::options::Settings;
 use crate::outcome::{render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
 use crate::session::{Availability, Session, SessionOptions, SpareState, StatusReport};
@@ -292,7 +293,7 @@ fn to_js(o: Outcome) -> ExecResult {
     }
 }
 
-fn limits() -> Limits {
+fn limits(settings: &Settings) -> Limits {
     Limits {
     max_code_bytes: MAX_CODE_BYTES as u32,
     default_timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
@@ -305,8 +306,8 @@ fn limits() -> Limits {
     rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
     rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
     rlimit_nofile: RLIMIT_NOFILE as u32,
-    tmp_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.tmp as f64),
-    shm_size_bytes: tmpfs_sizes_from_env().ok().map(|s| s.shm as f64),
+    tmp_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.tmp as f64),
+    shm_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.shm as f64),
     core_dumps: "disabled".into(),
     note: "Per-process and per-file limits, per-execution budgets, and sizes for /tmp and /dev/shm; no other aggregate \
       memory, process or disk quotas."
@@ -315,6 +316,8 @@ fn limits() -> Limits {
 }
 
 fn status_to_js(r: StatusReport) -> StatusResult {
+    // What the next sandbox start would get.
+    let settings = Settings::from_env();
     let (available, diagnostic) = match &r.availability {
         Availability::Unverified => ("unverified", None),
         Availability::Available => ("available", None),
@@ -383,7 +386,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         RLIMIT_FSIZE_BYTES >> 20,
         RLIMIT_NOFILE
     ));
-    text.push_str(&match tmpfs_sizes_from_env() {
+    text.push_str(&match &settings.tmpfs {
         Ok(sizes) => format!(
             "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
              fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
@@ -400,7 +403,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
         ));
     }
-    let protected = crate::protected::describe(&crate::protected::patterns_from_env());
+    let protected = crate::protected::describe(&settings.protected);
     let seccomp_rules = crate::seccomp::rules().len();
     text.push_str(&format!(
         "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
@@ -434,7 +437,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         mount_epoch: r.mount_epoch as f64,
         permissions_seen: r.permissions_seen,
         denied_reads: r.denied_reads.iter().map(|p| path_str(p)).collect(),
-        limits: limits(),
+        limits: limits(&settings),
         paths: SandboxPaths {
             project_dir: path_str(&r.project_dir),
             sandbox_project: "/workspace".into(),

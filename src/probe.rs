@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the interpreter (user-controlled).
-pub const INTERPRETER_ENV: &str = "PI_PYTHON_TOOL_INTERPRETER";
+pub use crate::options::INTERPRETER_ENV;
 pub const DEFAULT_INTERPRETER: &str = "/usr/bin/python3";
 const BWRAP_CANDIDATES: &[&str] = &["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
 /// `--disable-userns` arrived in bubblewrap 0.8.0.
@@ -113,11 +113,11 @@ pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, Stri
     Ok(Interpreter { path: real, mounts })
 }
 
+/// `1` adds the system's own dist-packages.
+pub use crate::options::SYSTEM_SITE_ENV;
 /// User-controlled Python packages: a virtualenv or site directories,
 /// colon-separated (never set by the model).
-pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
-/// `1` adds the system's own dist-packages.
-pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
+pub use crate::options::VENV_ENV;
 pub const SYSTEM_DIST_PACKAGES: &str = "/usr/lib/python3/dist-packages";
 
 /// The user's Python packages, as the sandbox sees them.

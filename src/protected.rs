@@ -142,11 +142,6 @@ pub fn patterns(override_list: Option<&str>) -> Vec<Pattern> {
     out
 }
 
-/// The patterns in force for this process.
-pub fn patterns_from_env() -> Vec<Pattern> {
-    patterns(std::env::var(PROTECTED_ENV).ok().as_deref())
-}
-
 /// The patterns as the user wrote them (for `status`).
 pub fn describe(patterns: &[Pattern]) -> Vec<String> {
     patterns

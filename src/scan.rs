@@ -52,11 +52,6 @@ pub fn limits(entries: Option<&str>, depth: Option<&str>) -> Limits {
     }
 }
 
-/// The bounds in force for this process.
-pub fn limits_from_env() -> Limits {
-    limits(std::env::var(ENTRIES_ENV).ok().as_deref(), std::env::var(DEPTH_ENV).ok().as_deref())
-}
-
 /// What the visitor wants done with a directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visit {

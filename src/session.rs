@@ -24,6 +24,7 @@ use crate::bwrap::{bwrap_argv, FdBind, SandboxSpec, WorkerCode, MOUNT_FD_BASE, S
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
+use crate::options::Settings;
 use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
@@ -56,15 +57,7 @@ pub struct SessionOptions {
     pub prewarm: Option<bool>,
 }
 
-/// Environment switch for the spare sandbox.
-pub const PREWARM_ENV: &str = "PI_PYTHON_TOOL_PREWARM";
-
-fn prewarm_from_env() -> bool {
-    !matches!(
-        std::env::var(PREWARM_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref(),
-        Ok("0" | "false" | "off" | "no")
-    )
-}
+pub use crate::options::PREWARM_ENV;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
@@ -281,7 +274,7 @@ impl Session {
             bwrap: None,
             site_dirs: Vec::new(),
             python_notes: Vec::new(),
-            prewarm: opts.prewarm.unwrap_or_else(prewarm_from_env),
+            prewarm: opts.prewarm.unwrap_or_else(|| Settings::from_env().prewarm),
             spare: SpareState::None,
             worker_code: None,
         };
@@ -704,13 +697,11 @@ impl Session {
             Some(f) => f.clone(),
             None => {
                 let bwrap = probe::probe_bwrap().await?;
-                let configured = self.opts.interpreter.clone().or_else(|| std::env::var(probe::INTERPRETER_ENV).ok());
+                let settings = Settings::from_env();
+                let configured = self.opts.interpreter.clone().or(settings.interpreter);
                 let interpreter = probe::resolve_interpreter(configured.as_deref())?;
-                let venv = self.opts.python_packages.clone().or_else(|| std::env::var(probe::VENV_ENV).ok());
-                let system_site = self
-                    .opts
-                    .system_site_packages
-                    .unwrap_or_else(|| std::env::var(probe::SYSTEM_SITE_ENV).is_ok_and(|v| v.trim() == "1"));
+                let venv = self.opts.python_packages.clone().or(settings.venv);
+                let system_site = self.opts.system_site_packages.unwrap_or(settings.system_site);
                 // The project and the runtime root: trees the sandbox can write.
                 let runtime = self.opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
                 let writable: Vec<(PathBuf, PathBuf)> = [self.opts.project_dir.clone(), runtime]
@@ -866,13 +857,15 @@ impl Session {
         let (role, call) = (*role, *call);
         // A project that cannot be protected is mounted read-only for this
         // sandbox, and the first result says why.
+        // The settings of this start, read once.
+        let settings = Settings::from_env();
+        let sizes = settings.tmpfs.clone();
         let mut plan_notes = Vec::new();
         let plan = if mounts.workspace_writable {
             let (root, sink, tainted) = (project.clone(), self.notes.clone(), self.tainted.clone());
             let planned = tokio::task::spawn_blocking(move || {
-                let limits = crate::scan::limits_from_env();
-                let git = crate::gitconfig::HostGit::from_env();
-                protected::plan(&root, &protected::patterns_from_env(), limits, &git, sink, tainted)
+                let s = settings;
+                protected::plan(&root, &s.protected, s.scan, &s.git, sink, tainted)
             })
             .await;
             match planned {
@@ -934,7 +927,7 @@ impl Session {
                 Err(e) => tracing::warn!("{} not mounted: {e}", dir.display()),
             }
         }
-        let sizes = tmpfs_sizes_from_env().map_err(|e| (Status::Unavailable, e))?;
+        let sizes = sizes.map_err(|e| (Status::Unavailable, e))?;
         let spec = SandboxSpec {
             tmp_bytes: sizes.tmp,
             shm_bytes: sizes.shm,

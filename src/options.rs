@@ -1,0 +1,91 @@
+//! Every `PI_PYTHON_TOOL_*` setting, read in this one place into one
+//! resolved struct.
+//!
+//! The settings are read when they are used: once per session for the
+//! interpreter, the Python packages and the spare, once per sandbox start
+//! for the rest (so that a fixed setting applies from the next start), and
+//! by `status` to describe what the next start would get. Each module
+//! keeps the meaning of its own settings (parsing, defaults); this module
+//! only gathers the raw values.
+
+use crate::gitconfig::HostGit;
+use crate::limits::{tmpfs_sizes, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
+use crate::protected::{patterns, Pattern, PROTECTED_ENV};
+use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
+
+/// The interpreter (an absolute path; default /usr/bin/python3).
+pub const INTERPRETER_ENV: &str = "PI_PYTHON_TOOL_INTERPRETER";
+/// The user's Python packages: a venv or site directories, colon separated.
+pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
+/// `1` adds the system's dist-packages.
+pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
+/// `0`, `false`, `off` or `no` turns the spare sandbox off.
+pub const PREWARM_ENV: &str = "PI_PYTHON_TOOL_PREWARM";
+
+/// The settings in force.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub interpreter: Option<String>,
+    pub venv: Option<String>,
+    pub system_site: bool,
+    pub prewarm: bool,
+    pub protected: Vec<Pattern>,
+    pub scan: Limits,
+    /// The sizes of /tmp and /dev/shm, or why the setting is not one.
+    pub tmpfs: Result<TmpfsSizes, String>,
+    pub git: HostGit,
+}
+
+impl Settings {
+    /// The settings from this process's environment.
+    pub fn from_env() -> Settings {
+        Settings::from_lookup(|name| std::env::var(name).ok(), HostGit::from_env())
+    }
+
+    /// The settings from `get` (a variable's value by name).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, git: HostGit) -> Settings {
+        Settings {
+            interpreter: get(INTERPRETER_ENV),
+            venv: get(VENV_ENV),
+            system_site: get(SYSTEM_SITE_ENV).is_some_and(|v| v.trim() == "1"),
+            prewarm: !matches!(
+                get(PREWARM_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+                Some("0" | "false" | "off" | "no")
+            ),
+            protected: patterns(get(PROTECTED_ENV).as_deref()),
+            scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
+            tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
+            git,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_come_from_the_named_variables() {
+        let vars = [
+            (INTERPRETER_ENV, "/opt/py/bin/python3"),
+            (VENV_ENV, "/v"),
+            (SYSTEM_SITE_ENV, " 1 "),
+            (PREWARM_ENV, "Off"),
+            (PROTECTED_ENV, ".a:b/c"),
+            (ENTRIES_ENV, "10"),
+            (DEPTH_ENV, "x"),
+            (TMP_SIZE_ENV, "8M"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let s = Settings::from_lookup(get, HostGit::default());
+        assert_eq!(s.interpreter.as_deref(), Some("/opt/py/bin/python3"));
+        assert_eq!(s.venv.as_deref(), Some("/v"));
+        assert!(s.system_site && !s.prewarm);
+        assert_eq!(s.protected, [Pattern::Name(".a".into()), Pattern::Path("b/c".into())]);
+        assert_eq!((s.scan.max_entries, s.scan.max_depth), (10, crate::scan::DEFAULT_LIMITS.max_depth));
+        assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
+        let none = Settings::from_lookup(|_| None, HostGit::default());
+        assert!(none.prewarm && !none.system_site && none.interpreter.is_none());
+        assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());
+    }
+}
