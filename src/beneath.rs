@@ -14,6 +14,9 @@
 //! the last. Renames and link restores act on the fd of the directory that
 //! holds the name, so they can never land outside the tree.
 //!
+//! Deleting a whole tree ([`remove_tree`]) holds its root the same way and
+//! acts one entry of a held directory at a time, without recursion.
+//!
 //! This module only resolves and acts; what to protect is `protected`'s
 //! decision.
 
@@ -329,13 +332,230 @@ pub fn read_bounded(fd: OwnedFd, max: u64) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// Most entries [`remove_tree`] visits (every entry of every directory,
+/// each time it is listed) before it gives up on a tree that keeps
+/// refilling. Far above any real tree: a site-packages is ~100,000.
+const REMOVE_MAX_ENTRIES: u64 = 1 << 25;
+
+/// Names read from one directory at a time while emptying it.
+const REMOVE_BATCH: usize = 1024;
+
+#[cfg(test)]
+thread_local! {
+    /// Called by the removal for every entry it visits, so that a test can
+    /// keep refilling the tree.
+    pub static REMOVE_HOOK: std::cell::RefCell<Option<Box<dyn FnMut()>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Delete the tree at `path`, which the host made (a session directory)
-/// and whose contents the sandbox may have written. std's `remove_dir_all`
-/// opens every directory with `O_NOFOLLOW` relative to its parent and
-/// unlinks links as links (the CVE-2022-21658 fix), so a link planted
-/// inside never takes the removal elsewhere.
+/// and whose contents the sandbox may have written; a missing `path` is
+/// already deleted.
+///
+/// Iterative, so that neither the depth of the tree nor its width costs
+/// stack or fds (std's `remove_dir_all` recurses and holds an fd per
+/// level: 15,000 nested directories overflowed Node's stack). The root is
+/// emptied until a listing of it finds nothing: an entry that is not a
+/// directory is unlinked; a directory is emptied one level, its
+/// subdirectories renamed up into the root (where a later listing of the
+/// root finds them) and everything else unlinked, then removed. Every
+/// step names one entry of a directory held by fd and acts with
+/// `unlinkat`/`renameat`, which act on a link itself: nothing follows a
+/// link, and nothing leaves the tree (a rename cannot leave the file
+/// system, and a directory on another device is refused). An entry that
+/// changes kind or vanishes meanwhile is simply listed again; a tree that
+/// keeps refilling fails after [`REMOVE_MAX_ENTRIES`].
 pub fn remove_tree(path: &Path) -> io::Result<()> {
-    std::fs::remove_dir_all(path)
+    remove_tree_within(path, REMOVE_MAX_ENTRIES)
+}
+
+fn remove_tree_within(path: &Path, max_entries: u64) -> io::Result<()> {
+    let root = match open_emptiable(nix::fcntl::AT_FDCWD, path.as_os_str(), None) {
+        Ok(Some(root)) => root,
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {e}", path.display()))),
+    };
+    let mut rm = Removal {
+        path,
+        dev: root.1,
+        root: root.0,
+        left: max_entries,
+        max: max_entries,
+        tag: crate::rundir::random_u64(),
+        seq: 0,
+    };
+    loop {
+        rm.empty_root()?;
+        match rmdir_in(nix::fcntl::AT_FDCWD, path.as_os_str()) {
+            Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+            // Refilled since the last listing.
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) => rm.charge()?,
+            Err(e) => return Err(rm.fail("rmdir", path.as_os_str(), e)),
+        }
+    }
+}
+
+/// Open the directory `name` of `dir` (`O_PATH`, never following a link)
+/// so that it can be emptied: with `u+rwx` restored when the sandbox took
+/// it away, and with its device number. `None` when it is gone; ENOTDIR
+/// when it is not a directory (a link included). On another device than
+/// `dev` (a mount point) it is refused.
+fn open_emptiable(dir: BorrowedFd<'_>, name: &OsStr, dev: Option<u64>) -> io::Result<Option<(OwnedFd, u64)>> {
+    let fd = match nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(errno(e)),
+    };
+    let st = nix::sys::stat::fstat(&fd).map_err(errno)?;
+    if dev.is_some_and(|dev| dev != st.st_dev) {
+        return Err(io::Error::new(
+            io::ErrorKind::CrossesDevices,
+            "a directory on another file system (a mount point): not removed",
+        ));
+    }
+    Ok(Some((fd, st.st_dev)))
+}
+
+/// `unlinkat(dir, name, 0)`: a link is unlinked, not followed; EISDIR
+/// for a directory.
+fn unlink_in(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> {
+    nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+}
+
+/// `unlinkat(dir, name, AT_REMOVEDIR)`: only an empty directory goes.
+fn rmdir_in(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> {
+    nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::RemoveDir)
+}
+
+/// A listing of the directory held by the `O_PATH` fd `dir` (see
+/// [`list_dir`]), at most [`REMOVE_BATCH`] names; empty once the directory
+/// itself has been removed.
+fn list_for_removal(dir: BorrowedFd<'_>) -> io::Result<Vec<(OsString, Kind)>> {
+    match nix::fcntl::openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+        Ok(fd) => Ok(list_dir(fd, REMOVE_BATCH)?.0),
+        Err(Errno::ENOENT) => Ok(Vec::new()),
+        Err(e) => Err(errno(e)),
+    }
+}
+
+/// One run of [`remove_tree`].
+struct Removal<'a> {
+    path: &'a Path,
+    /// The tree's root, `O_PATH`.
+    root: OwnedFd,
+    dev: u64,
+    /// Entries still to visit before giving up, of `max`.
+    left: u64,
+    max: u64,
+    /// Random, so that the names directories are moved up to are not
+    /// names the sandbox planted; `seq` counts them.
+    tag: u64,
+    seq: u64,
+}
+
+impl Removal<'_> {
+    /// Count one more entry visited.
+    fn charge(&mut self) -> io::Result<()> {
+        #[cfg(test)]
+        REMOVE_HOOK.with(|h| {
+            if let Some(f) = h.borrow_mut().as_mut() {
+                f()
+            }
+        });
+        if self.left == 0 {
+            return Err(io::Error::other(format!(
+                "removing {}: still not empty after {} entries: something keeps writing into it",
+                self.path.display(),
+                self.max
+            )));
+        }
+        self.left -= 1;
+        Ok(())
+    }
+
+    fn fail(&self, what: &str, name: &OsStr, e: Errno) -> io::Error {
+        io::Error::new(io::Error::from(e).kind(), format!("removing {}: {what} {name:?}: {e}", self.path.display()))
+    }
+
+    /// List the root until it is empty: unlink what is not a directory,
+    /// empty and remove what is.
+    fn empty_root(&mut self) -> io::Result<()> {
+        loop {
+            let batch = list_for_removal(self.root.as_fd())?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for (name, kind) in batch {
+                self.charge()?;
+                match kind {
+                    Kind::Dir => self.remove_dir(&name)?,
+                    Kind::File | Kind::Link | Kind::Other => {
+                        match unlink_in(self.root.as_fd(), &name) {
+                            // EISDIR: a directory by now; the next listing says so.
+                            Ok(()) | Err(Errno::ENOENT | Errno::EISDIR) => {}
+                            Err(e) => return Err(self.fail("unlink", &name, e)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Empty the directory `name` of the root by one level (its
+    /// subdirectories move up into the root, the rest is unlinked), then
+    /// remove it.
+    fn remove_dir(&mut self, name: &OsStr) -> io::Result<()> {
+        let dir = match open_emptiable(self.root.as_fd(), name, Some(self.dev)) {
+            Ok(Some((dir, _))) => dir,
+            Ok(None) => return Ok(()),
+            // Not a directory by now: the next listing of the root says what.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => return Ok(()),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {name:?}: {e}", self.path.display()))),
+        };
+        loop {
+            let batch = list_for_removal(dir.as_fd())?;
+            if batch.is_empty() {
+                break;
+            }
+            for (child, kind) in batch {
+                self.charge()?;
+                match kind {
+                    Kind::Dir => self.move_up(dir.as_fd(), &child)?,
+                    Kind::File | Kind::Link | Kind::Other => match unlink_in(dir.as_fd(), &child) {
+                        Ok(()) | Err(Errno::ENOENT) => {}
+                        Err(Errno::EISDIR) => self.move_up(dir.as_fd(), &child)?,
+                        Err(e) => return Err(self.fail("unlink", &child, e)),
+                    },
+                }
+            }
+        }
+        match rmdir_in(self.root.as_fd(), name) {
+            // ENOTEMPTY: refilled; ENOTDIR: replaced. The root's next
+            // listing finds it again either way.
+            Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOTDIR) => Ok(()),
+            Err(e) => Err(self.fail("rmdir", name, e)),
+        }
+    }
+
+    /// Rename the subdirectory `child` of `dir` into the root under a
+    /// fresh name. `renameat` moves a link itself, should `child` be one by
+    /// now, and cannot leave the file system.
+    fn move_up(&mut self, dir: BorrowedFd<'_>, child: &OsStr) -> io::Result<()> {
+        loop {
+            self.seq += 1;
+            let to = format!(".pps-rm-{:016x}-{}", self.tag, self.seq);
+            match nix::fcntl::renameat(dir, child, &self.root, to.as_str()) {
+                Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+                // The name is taken in the root: another one.
+                Err(Errno::EEXIST | Errno::ENOTEMPTY | Errno::ENOTDIR | Errno::EISDIR) => self.charge()?,
+                Err(e) => return Err(self.fail("rename", child, e)),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -346,7 +566,9 @@ mod tests {
     struct Tmp(PathBuf);
     impl Drop for Tmp {
         fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
+            // What std's remove_dir_all could not delete (too deep, or made
+            // unreadable), remove_tree can.
+            let _ = remove_tree(&self.0);
         }
     }
     fn tmp(tag: &str) -> Tmp {
@@ -473,5 +695,166 @@ mod tests {
         assert!(t.0.join("a/b2/f").exists());
         tree.symlink(Path::new("b2"), Path::new("a/b")).expect("symlink");
         assert_eq!(tree.read_link(Path::new("a/b")).expect("readlink"), PathBuf::from("b2"));
+    }
+
+    /// Run `f` on a thread with a small stack, failing after `secs`: a
+    /// removal that recursed per level would overflow it, one that looped
+    /// would time out.
+    fn bounded<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let _ = tx.send(f());
+            })
+            .expect("spawn");
+        rx.recv_timeout(std::time::Duration::from_secs(secs)).expect("finished in time")
+    }
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    }
+
+    #[test]
+    fn a_tree_deeper_than_path_max_is_removed_without_recursing() {
+        const DEPTH: usize = 20_000;
+        let t = tmp("deep");
+        // Built relative to the fd of the level above: the path of the
+        // deepest level is ~40,000 bytes, ten times PATH_MAX.
+        let mut fd = nix::fcntl::open(&t.0, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).expect("open");
+        for i in 0..DEPTH {
+            nix::sys::stat::mkdirat(&fd, "d", Mode::from_bits_truncate(0o700)).expect("mkdirat");
+            if i % 1000 == 0 {
+                nix::fcntl::openat(&fd, "f", OFlag::O_CREAT | OFlag::O_WRONLY, Mode::from_bits_truncate(0o600))
+                    .expect("file");
+            }
+            fd = nix::fcntl::openat(&fd, "d", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW, Mode::empty())
+                .expect("open level");
+        }
+        drop(fd);
+        let root = t.0.clone();
+        let (result, most_fds) = bounded(120, move || {
+            let before = open_fds();
+            let most = std::rc::Rc::new(std::cell::Cell::new(0));
+            let (seen, n) = (most.clone(), std::cell::Cell::new(0u32));
+            REMOVE_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    n.set(n.get() + 1);
+                    if n.get() % 500 == 0 {
+                        seen.set(seen.get().max(open_fds().saturating_sub(before)));
+                    }
+                }))
+            });
+            let result = remove_tree(&root).map_err(|e| e.to_string());
+            REMOVE_HOOK.with(|h| *h.borrow_mut() = None);
+            (result, most.get())
+        });
+        result.expect("removed");
+        assert!(!t.0.exists());
+        // Other tests open a few fds meanwhile; one per level would be
+        // thousands.
+        assert!(most_fds < 100, "{most_fds} more fds open during the removal");
+    }
+
+    #[test]
+    fn links_inside_the_tree_leave_their_targets_alone() {
+        let t = tmp("rm-links");
+        let outside = tmp("rm-links-out");
+        let out = &outside.0;
+        std::fs::write(out.join("secret"), "host").expect("write");
+        std::fs::write(out.join("hard-target"), "host").expect("write");
+        std::fs::create_dir(out.join("dir")).expect("mkdir");
+        std::fs::write(out.join("dir/kept"), "host").expect("write");
+        symlink(out, t.0.join("to-outside")).expect("link");
+        symlink(out.join("dir"), t.0.join("a/b/to-dir")).expect("link");
+        symlink(out.join("secret"), t.0.join("a/to-file")).expect("link");
+        symlink("../../../..", t.0.join("a/b/up")).expect("link");
+        symlink("/", t.0.join("a/slash")).expect("link");
+        std::fs::hard_link(out.join("hard-target"), t.0.join("a/b/hard")).expect("hard link");
+        remove_tree(&t.0).expect("removed");
+        assert!(!t.0.exists());
+        assert_eq!(std::fs::read(out.join("secret")).expect("secret"), b"host");
+        assert_eq!(std::fs::read(out.join("hard-target")).expect("hard"), b"host");
+        assert_eq!(std::fs::read(out.join("dir/kept")).expect("kept"), b"host");
+        // Not a file gone from /tmp, its parent: the `up` link led there.
+        assert!(outside.0.exists());
+    }
+
+    #[test]
+    fn fifos_and_sockets_inside_are_removed() {
+        let t = tmp("rm-special");
+        nix::unistd::mkfifo(&t.0.join("a/fifo"), Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        let _listening = std::os::unix::net::UnixListener::bind(t.0.join("a/b/sock")).expect("bind");
+        std::fs::write(t.0.join("a/b/no-mode"), "x").expect("write");
+        std::fs::set_permissions(t.0.join("a/b/no-mode"), std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .expect("chmod");
+        // Opening the FIFO would block: removal must never open one.
+        let root = t.0.clone();
+        bounded(30, move || remove_tree(&root).map_err(|e| e.to_string())).expect("removed");
+        assert!(!t.0.exists());
+    }
+
+    #[test]
+    fn a_missing_root_is_removed_and_a_root_that_is_a_link_is_refused() {
+        let t = tmp("rm-root");
+        remove_tree(&t.0.join("missing")).expect("missing is already removed");
+        symlink(t.0.join("a"), t.0.join("link")).expect("link");
+        let err = remove_tree(&t.0.join("link")).expect_err("a link as the root");
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory, "{err}");
+        assert_eq!(std::fs::read(t.0.join("a/b/f")).expect("kept"), b"inside");
+    }
+
+    #[test]
+    fn a_tree_that_keeps_refilling_fails_within_the_bound() {
+        let t = tmp("rm-refill");
+        let (root, n) = (t.0.clone(), std::cell::Cell::new(0u64));
+        REMOVE_HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                n.set(n.get() + 1);
+                let _ = std::fs::create_dir(root.join(format!("new-{}", n.get())));
+                let _ = std::fs::write(root.join(format!("new-{}/f", n.get())), "x");
+            }))
+        });
+        let got = remove_tree_within(&t.0, 1_000);
+        REMOVE_HOOK.with(|h| *h.borrow_mut() = None);
+        let err = got.expect_err("never empty");
+        assert!(err.to_string().contains("still not empty after 1000 entries"), "{err}");
+        remove_tree(&t.0).expect("removed once nothing refills it");
+        assert!(!t.0.exists());
+    }
+
+    #[test]
+    fn entries_changing_during_the_removal_stay_inside() {
+        let t = tmp("rm-race");
+        let outside = tmp("rm-race-out");
+        std::fs::write(outside.0.join("secret"), "host").expect("write");
+        for i in 0..200 {
+            std::fs::create_dir_all(t.0.join(format!("w{i}/x/y"))).expect("mkdir");
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (root, out, flag) = (t.0.clone(), outside.0.clone(), stop.clone());
+        // Never create_dir_all: that would recreate the removed root.
+        let writer = std::thread::spawn(move || {
+            for i in 0..5_000u32 {
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let d = root.join(format!("w{}", i % 200));
+                let _ = std::fs::create_dir(d.join("x"));
+                let _ = std::fs::write(d.join(format!("x/f{i}")), "x");
+                let _ = std::fs::rename(d.join("x"), d.join("x-moved"));
+                let _ = symlink(&out, d.join("x"));
+                let _ = std::fs::remove_file(d.join("x"));
+                let _ = std::fs::rename(d.join("x-moved"), d.join("x"));
+                let _ = symlink(&out, d.join(format!("x/l{i}")));
+            }
+        });
+        let root = t.0.clone();
+        let got = bounded(120, move || remove_tree(&root).map_err(|e| e.to_string()));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().expect("writer");
+        got.expect("removed");
+        assert!(!t.0.exists());
+        assert_eq!(std::fs::read(outside.0.join("secret")).expect("secret"), b"host");
     }
 }
