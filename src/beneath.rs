@@ -417,7 +417,41 @@ fn open_emptiable(dir: BorrowedFd<'_>, name: &OsStr, dev: Option<u64>) -> io::Re
             "a directory on another file system (a mount point): not removed",
         ));
     }
+    if st.st_mode & 0o700 != 0o700 {
+        owner_only(fd.as_fd())?;
+    }
     Ok(Some((fd, st.st_dev)))
+}
+
+/// Set mode 0700 on the directory held by the `O_PATH` fd `fd`, so that
+/// the host, its owner, can list and empty it whatever mode the sandbox
+/// left. `fchmod` refuses an `O_PATH` fd (EBADF) and a directory without
+/// `r` opens no other way, so: `fchmodat2(fd, "", AT_EMPTY_PATH)` (Linux
+/// 6.6), else `chmod` of `/proc/self/fd/N`, which is the inode the fd holds
+/// (glibc's `fchmodat(AT_SYMLINK_NOFOLLOW)` does the same). Neither
+/// resolves a name the sandbox can change.
+fn owner_only(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fchmodat2 reads the NUL-terminated empty path and nothing
+    // else; `fd` is open for the duration of the call.
+    let r = unsafe {
+        libc::syscall(libc::SYS_fchmodat2, fd.as_raw_fd(), c"".as_ptr(), 0o700 as libc::c_uint, libc::AT_EMPTY_PATH)
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Before Linux 6.6, or refused by a seccomp filter.
+        Some(libc::ENOSYS | libc::EPERM | libc::EINVAL) => owner_only_by_proc(fd),
+        _ => Err(e),
+    }
+}
+
+/// `chmod 0700 /proc/self/fd/N`: the magic link resolves to the inode `fd`
+/// holds, whatever name it has now.
+fn owner_only_by_proc(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    std::fs::set_permissions(by_fd, std::os::unix::fs::PermissionsExt::from_mode(0o700))
 }
 
 /// `unlinkat(dir, name, 0)`: a link is unlinked, not followed; EISDIR
@@ -481,11 +515,15 @@ impl Removal<'_> {
         io::Error::new(io::Error::from(e).kind(), format!("removing {}: {what} {name:?}: {e}", self.path.display()))
     }
 
+    fn context(&self, name: &OsStr, e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), format!("removing {}: {name:?}: {e}", self.path.display()))
+    }
+
     /// List the root until it is empty: unlink what is not a directory,
     /// empty and remove what is.
     fn empty_root(&mut self) -> io::Result<()> {
         loop {
-            let batch = list_for_removal(self.root.as_fd())?;
+            let batch = list_for_removal(self.root.as_fd()).map_err(|e| self.context(OsStr::new("."), e))?;
             if batch.is_empty() {
                 return Ok(());
             }
@@ -514,10 +552,10 @@ impl Removal<'_> {
             Ok(None) => return Ok(()),
             // Not a directory by now: the next listing of the root says what.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => return Ok(()),
-            Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {name:?}: {e}", self.path.display()))),
+            Err(e) => return Err(self.context(name, e)),
         };
         loop {
-            let batch = list_for_removal(dir.as_fd())?;
+            let batch = list_for_removal(dir.as_fd()).map_err(|e| self.context(name, e))?;
             if batch.is_empty() {
                 break;
             }
@@ -545,6 +583,7 @@ impl Removal<'_> {
     /// fresh name. `renameat` moves a link itself, should `child` be one by
     /// now, and cannot leave the file system.
     fn move_up(&mut self, dir: BorrowedFd<'_>, child: &OsStr) -> io::Result<()> {
+        let mut restored = false;
         loop {
             self.seq += 1;
             let to = format!(".pps-rm-{:016x}-{}", self.tag, self.seq);
@@ -552,6 +591,17 @@ impl Removal<'_> {
                 Ok(()) | Err(Errno::ENOENT) => return Ok(()),
                 // The name is taken in the root: another one.
                 Err(Errno::EEXIST | Errno::ENOTEMPTY | Errno::ENOTDIR | Errno::EISDIR) => self.charge()?,
+                // Moving a directory writes its `..`: it needs u+w.
+                Err(Errno::EACCES) if !restored => {
+                    restored = true;
+                    match open_emptiable(dir, child, Some(self.dev)) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(()),
+                        // Not a directory by now: it moves as it is.
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {}
+                        Err(e) => return Err(self.context(child, e)),
+                    }
+                }
                 Err(e) => return Err(self.fail("rename", child, e)),
             }
         }
@@ -856,5 +906,109 @@ mod tests {
         got.expect("removed");
         assert!(!t.0.exists());
         assert_eq!(std::fs::read(outside.0.join("secret")).expect("secret"), b"host");
+    }
+
+    /// Drop CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER from this
+    /// thread's effective set (capabilities are per thread), so that root
+    /// meets permission bits as any other owner does. False where that
+    /// could not be done.
+    fn drop_dac_caps_on_this_thread() -> bool {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: libc::c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const V3: u32 = 0x2008_0522;
+        const DAC: u32 = (1 << 1) | (1 << 2) | (1 << 3);
+        let mut head = Header { version: V3, pid: 0 };
+        let mut data = [Data::default(); 2];
+        // SAFETY: capget reads the header and writes two `Data`, the v3
+        // layout; pid 0 is this thread.
+        if unsafe { libc::syscall(libc::SYS_capget, &mut head, data.as_mut_ptr()) } != 0 {
+            return false;
+        }
+        data[0].effective &= !DAC;
+        // SAFETY: as above; capset only reads. Lowering the effective set
+        // needs no privilege.
+        unsafe { libc::syscall(libc::SYS_capset, &mut head, data.as_ptr()) == 0 }
+    }
+
+    #[test]
+    fn directories_made_unreadable_inside_are_restored_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tmp("rm-modes");
+        let outside = tmp("rm-modes-out");
+        let set = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+        std::fs::create_dir_all(t.0.join("a/locked/sub")).expect("mkdir");
+        std::fs::write(t.0.join("a/locked/sub/g"), "x").expect("write");
+        for (dir, mode) in [("a/locked/sub", 0o000), ("a/locked", 0o000), ("a/b", 0o300), ("a", 0o500)] {
+            set(&t.0.join(dir), mode).expect("chmod");
+        }
+        std::fs::create_dir(t.0.join("noexec")).expect("mkdir");
+        std::fs::write(t.0.join("noexec/f"), "x").expect("write");
+        set(&t.0.join("noexec"), 0o600).expect("chmod");
+        // A link to a directory outside that lacks u+w: restoring modes must
+        // never reach it.
+        std::fs::create_dir(outside.0.join("dir")).expect("mkdir");
+        set(&outside.0.join("dir"), 0o500).expect("chmod");
+        symlink(outside.0.join("dir"), t.0.join("to-outside")).expect("link");
+        let root = t.0.clone();
+        let (dropped, result) = bounded(30, move || {
+            let dropped = drop_dac_caps_on_this_thread();
+            if dropped {
+                // The test means something: these directories are closed to us now.
+                let denied = std::fs::metadata(root.join("noexec/f")).map(drop);
+                assert_eq!(denied.expect_err("noexec").kind(), io::ErrorKind::PermissionDenied);
+                let denied = std::fs::read_dir(root.join("a/locked")).map(drop);
+                assert_eq!(denied.expect_err("locked").kind(), io::ErrorKind::PermissionDenied);
+                set(&root, 0o000).expect("chmod root");
+                let denied = std::fs::read_dir(&root).map(drop);
+                assert_eq!(denied.expect_err("root").kind(), io::ErrorKind::PermissionDenied);
+            }
+            (dropped, remove_tree(&root).map_err(|e| e.to_string()))
+        });
+        if !dropped {
+            eprintln!(
+                "NOTE: could not drop CAP_DAC_OVERRIDE on a thread; as root this test does not exercise mode restoring"
+            );
+        }
+        result.expect("removed");
+        assert!(!t.0.exists());
+        let mode = std::fs::metadata(outside.0.join("dir")).expect("outside").permissions().mode();
+        assert_eq!(mode & 0o777, 0o500, "the mode of a link's target changed");
+    }
+
+    #[test]
+    fn modes_are_restored_on_the_held_directory_not_on_its_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tmp("rm-held");
+        let outside = tmp("rm-held-out");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        let set = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
+        let open = |p: &Path| {
+            nix::fcntl::open(p, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW, Mode::empty()).expect("open")
+        };
+        set(&outside.0.join("a"), 0o500);
+        // Both ways (fchmodat2 where the kernel has it, /proc always): the
+        // name is swapped for a link outside after the directory was opened.
+        for (i, restore) in [owner_only as fn(BorrowedFd<'_>) -> io::Result<()>, owner_only_by_proc].iter().enumerate()
+        {
+            let held = t.0.join(format!("held{i}"));
+            std::fs::create_dir(&held).expect("mkdir");
+            set(&held, 0o000);
+            let fd = open(&held);
+            std::fs::rename(&held, t.0.join(format!("moved{i}"))).expect("move");
+            symlink(outside.0.join("a"), &held).expect("link");
+            restore(fd.as_fd()).expect("restore");
+            assert_eq!(mode(&t.0.join(format!("moved{i}"))), 0o700);
+            assert_eq!(mode(&outside.0.join("a")), 0o500, "the link's target changed");
+        }
     }
 }
