@@ -9,9 +9,10 @@
 //! beneath that fd without following any symbolic or magic link at any
 //! component. `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 //! RESOLVE_NO_MAGICLINKS)` does that atomically in the kernel; where it is
-//! missing (Linux before 5.6) the path is walked one component at a time
-//! with `O_PATH | O_NOFOLLOW | O_DIRECTORY`, each step relative to the fd of
-//! the last. Renames and link restores act on the fd of the directory that
+//! missing (Linux before 5.6) or refused (a container's seccomp profile
+//! answers EPERM) the path is walked one component at a time with
+//! `O_PATH | O_NOFOLLOW | O_DIRECTORY`, each step relative to the fd of the
+//! last. Which of the two is learnt once per process. Renames and link restores act on the fd of the directory that
 //! holds the name, so they can never land outside the tree.
 //!
 //! Deleting a whole tree ([`remove_tree`]) holds its root the same way and
@@ -26,6 +27,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
@@ -52,11 +54,63 @@ impl Kind {
 }
 
 /// How a path is resolved; `Auto` uses `openat2` and walks only where the
-/// kernel lacks it. Tests force the walk.
+/// kernel lacks it or a seccomp filter refuses it. Tests force the walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolver {
     Auto,
     Walk,
+}
+
+/// Whether `openat2` can be used in this process, as far as known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Openat2 {
+    Unknown = 0,
+    Usable = 1,
+    Refused = 2,
+}
+
+/// [`Openat2`] for this process: the kernel and the seccomp filter the
+/// process runs under do not change while it runs.
+static OPENAT2: AtomicU8 = AtomicU8::new(Openat2::Unknown as u8);
+
+impl Openat2 {
+    fn from_u8(v: u8) -> Openat2 {
+        match v {
+            1 => Openat2::Usable,
+            2 => Openat2::Refused,
+            _ => Openat2::Unknown,
+        }
+    }
+
+    /// What a probe of `openat2` says: ENOSYS before Linux 5.6; EPERM from
+    /// a seccomp profile that refuses calls it does not know (Docker's
+    /// default before 20.10, many CI and build sandboxes). The probe opens
+    /// the root itself `O_PATH`, which fails with EPERM for no other
+    /// reason. Any other failure (EMFILE, ENOMEM) says nothing about
+    /// `openat2`: ask again next time.
+    fn from_probe(probe: Result<(), Errno>) -> Openat2 {
+        match probe {
+            Ok(()) => Openat2::Usable,
+            Err(Errno::ENOSYS | Errno::EPERM) => Openat2::Refused,
+            Err(_) => Openat2::Unknown,
+        }
+    }
+}
+
+/// The verdict `state` holds, running `probe` (once, in practice) while it
+/// holds none.
+fn learn(state: &AtomicU8, probe: impl FnOnce() -> Result<(), Errno>) -> Openat2 {
+    match Openat2::from_u8(state.load(Ordering::Relaxed)) {
+        Openat2::Unknown => {}
+        known @ (Openat2::Usable | Openat2::Refused) => return known,
+    }
+    let verdict = Openat2::from_probe(probe());
+    match verdict {
+        Openat2::Unknown => {}
+        Openat2::Usable | Openat2::Refused => state.store(verdict as u8, Ordering::Relaxed),
+    }
+    verdict
 }
 
 /// The root of a tree the sandbox can write, held open.
@@ -129,14 +183,20 @@ impl Tree {
     /// are always added). Fails with ELOOP when any component, the last
     /// included, is a symbolic link, and never resolves outside the root.
     pub fn open_at(&self, rel: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+        let how = match self.resolver {
+            Resolver::Auto => learn(&OPENAT2, || self.probe_openat2()),
+            Resolver::Walk => Openat2::Refused,
+        };
+        self.open_by(rel, flags, how)
+    }
+
+    /// [`Tree::open_at`], with `openat2` only when `how` says it works.
+    fn open_by(&self, rel: &Path, flags: OFlag, how: Openat2) -> io::Result<OwnedFd> {
         let parts = names(rel)?;
         let flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
-        let fd = match self.resolver {
-            Resolver::Auto => match self.openat2(rel, flags) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => self.walk(&parts, flags)?,
-                other => other?,
-            },
-            Resolver::Walk => self.walk(&parts, flags)?,
+        let fd = match how {
+            Openat2::Usable => self.openat2(rel, flags)?,
+            Openat2::Refused | Openat2::Unknown => self.walk(&parts, flags)?,
         };
         // O_PATH | O_NOFOLLOW opens a trailing link itself: refuse it.
         let st = nix::sys::stat::fstat(&fd).map_err(errno)?;
@@ -151,6 +211,15 @@ impl Tree {
             ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
         );
         nix::fcntl::openat2(self.fd.as_fd(), rel, how).map_err(errno)
+    }
+
+    /// `openat2` of the root itself, `O_PATH`, with the flags every call
+    /// uses (a seccomp filter cannot see them: they sit behind a pointer).
+    fn probe_openat2(&self) -> Result<(), Errno> {
+        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(
+            ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+        nix::fcntl::openat2(self.fd.as_fd(), ".", how).map(drop)
     }
 
     /// One component at a time, each relative to the fd of the last: an
@@ -1009,6 +1078,51 @@ mod tests {
             restore(fd.as_fd()).expect("restore");
             assert_eq!(mode(&t.0.join(format!("moved{i}"))), 0o700);
             assert_eq!(mode(&outside.0.join("a")), 0o500, "the link's target changed");
+        }
+    }
+
+    #[test]
+    fn openat2_refused_by_seccomp_or_missing_means_the_walk_from_then_on() {
+        let never = || -> Result<(), Errno> { panic!("probed again after a verdict") };
+        for (probe, verdict) in
+            [(Err(Errno::EPERM), Openat2::Refused), (Err(Errno::ENOSYS), Openat2::Refused), (Ok(()), Openat2::Usable)]
+        {
+            let state = AtomicU8::new(Openat2::Unknown as u8);
+            assert_eq!(learn(&state, || probe), verdict, "{probe:?}");
+            assert_eq!(learn(&state, never), verdict, "{probe:?} is remembered");
+        }
+        // A failure that says nothing about openat2 is not remembered.
+        let state = AtomicU8::new(Openat2::Unknown as u8);
+        assert_eq!(learn(&state, || Err(Errno::EMFILE)), Openat2::Unknown);
+        assert_eq!(learn(&state, || Ok(())), Openat2::Usable);
+        // This process has a verdict, whichever: the probe cannot fail here.
+        let t = tmp("probe");
+        let tree = Tree::open(&t.0).expect("open");
+        let here = learn(&OPENAT2, || tree.probe_openat2());
+        assert_ne!(here, Openat2::Unknown);
+        eprintln!("openat2 on this host: {here:?}");
+    }
+
+    #[test]
+    fn every_verdict_resolves_the_same_and_refuses_links() {
+        let t = tmp("verdicts");
+        symlink("a/b", t.0.join("rel")).expect("link");
+        symlink("f", t.0.join("a/b/last")).expect("link");
+        let tree = Tree::open(&t.0).expect("open");
+        let mut verdicts = vec![Openat2::Refused, Openat2::Unknown];
+        match learn(&OPENAT2, || tree.probe_openat2()) {
+            Openat2::Usable => verdicts.push(Openat2::Usable),
+            other @ (Openat2::Refused | Openat2::Unknown) => {
+                eprintln!("NOTE: openat2 is {other:?} on this host; only the walk is tested")
+            }
+        }
+        for how in verdicts {
+            let fd = tree.open_by(Path::new("a/b/f"), OFlag::O_RDONLY, how).expect("open");
+            assert_eq!(read_bounded(fd, 100).expect("read"), b"inside", "{how:?}");
+            for rel in ["rel/f", "a/b/last"] {
+                let err = tree.open_by(Path::new(rel), OFlag::O_RDONLY, how).expect_err(rel);
+                assert!(matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)), "{rel} {how:?}: {err}");
+            }
         }
     }
 }
