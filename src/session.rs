@@ -453,8 +453,18 @@ impl Session {
                 self.drop_worker(inner, "worker_died_idle").await;
             }
         }
+        let mut restarts = 0;
         while inner.worker.is_none() {
+            let epoch = self.shared.lock().report.mount_epoch;
             if let Err(outcome) = self.start_worker(inner, call, wake).await {
+                // A mode change killed the sandbox while it started: start
+                // again with the new mounts (no code ran), a few times at most.
+                let remounted = self.shared.lock().report.mount_epoch != epoch;
+                if remounted && restarts < 3 && !self.is_cancelled(call) && !self.is_disposed() {
+                    restarts += 1;
+                    inner.pending_loss = Some(REMOUNT_REASON.into());
+                    continue;
+                }
                 return *outcome;
             }
             // A change that came while it started found no process to kill
