@@ -10,11 +10,12 @@
  *
  * System calls are made through ctypes with x86_64 numbers and arguments chosen so that an
  * allowed call fails differently (EFAULT, EBADF, EINVAL, ...) or succeeds, while the filter
- * answers EPERM (ENOSYS for clone3). Every probe also runs OUTSIDE the filter, in bubblewrap with
- * the same namespaces and every capability of its user namespace (`--uid 0 --cap-add ALL`), so
- * that the kernel's own namespace-capability checks pass there: a probe whose baseline is not
- * EPERM proves that the EPERM inside comes from the filter. `gated` calls check a capability of
- * the initial namespace (or a sysctl) first; their baseline is reported, not asserted.
+ * answers EPERM (ENOSYS for clone3). Every probe also runs OUTSIDE the filter
+ * (helpers/unfiltered.ts), in bubblewrap with the same namespaces and every capability of its user
+ * namespace (`--uid 0 --cap-add ALL`), so that the kernel's own namespace-capability checks pass
+ * there: a probe whose baseline is not EPERM proves that the EPERM inside comes from the filter.
+ * `gated` calls check a capability of the initial namespace (or a sysctl) first; their baseline is
+ * reported, not asserted.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -26,6 +27,7 @@ import { join } from "node:path";
 import { after, before, describe, type TestContext, test } from "node:test";
 import { workerPids } from "./helpers/host-procs.ts";
 import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { unfiltered } from "./helpers/unfiltered.ts";
 import {
   assertOk,
   INDEX_CJS,
@@ -57,28 +59,6 @@ function skipUnlessX64(t: TestContext): boolean {
 }
 
 const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
-
-/**
- * Run Python in bubblewrap with the sandbox's namespaces but without its seccomp filter, with
- * every capability of the new user namespace, optionally with `project` read-only at /workspace.
- * Prints stdout; rejects when Python fails.
- */
-function unfiltered(code: string, project?: string): Promise<string> {
-  const argv = [
-    "--unshare-user", "--uid", "0", "--cap-add", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-    "--unshare-net", "--die-with-parent", "--new-session",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    ...(project ? ["--ro-bind", project, "/workspace"] : []),
-    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
-  ];
-  return new Promise((resolve, reject) => {
-    execFile("bwrap", argv, { timeout: 20_000, encoding: "utf8" }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
-      else resolve(stdout);
-    });
-  });
-}
 
 const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
 
@@ -275,7 +255,7 @@ describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => 
 
     // Without the filter the same code reaches the host server through the read-only bind
     // mount, despite the network namespace: what the io_uring rules close.
-    const free = lastJson(await unfiltered(IO_URING_CONNECT, project));
+    const free = lastJson(await unfiltered(IO_URING_CONNECT, { project }));
     if (free.step === "io_uring_setup" && free.errno === EPERM) {
       t.diagnostic("io_uring is disabled on this host (kernel.io_uring_disabled); the baseline cannot show the bypass");
       return;

@@ -24,7 +24,6 @@ import {
   hostPidsWithCmdline,
   makeFixture as makeFixtureWithSpare,
   py,
-  runUnfiltered,
   sessionDirs,
   show,
   sleep,
@@ -32,6 +31,7 @@ import {
 } from "./helpers/sandbox-fixture.ts";
 import { assertNoProcess, parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { unfiltered } from "./helpers/unfiltered.ts";
 
 /**
  * This suite checks the engine's own lifecycle ("nothing is left after a
@@ -841,7 +841,7 @@ describe("seccomp blocks the documented system calls", { concurrency: CONCURRENC
       const code = syscallProbe(nr, args);
       const inside = jsonOut<{ ret: number; errno: number }>(await sb.execute(code));
       assert.deepEqual(inside, { ret: -1, errno: EPERM }, `${name} inside the sandbox`);
-      const baseline = JSON.parse(await runUnfiltered(code)) as { ret: number; errno: number };
+      const baseline = JSON.parse(await unfiltered(code, { capabilities: false })) as { ret: number; errno: number };
       if (gated && baseline.errno === EPERM) {
         t.diagnostic(`${name}: the unfiltered kernel also answers EPERM here; the probe cannot tell the filter apart`);
       } else {

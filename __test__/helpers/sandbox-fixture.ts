@@ -7,7 +7,6 @@
  * test fails.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
@@ -112,23 +111,4 @@ export async function waitUntil(check: () => boolean, ms: number, step = 25): Pr
     if (Date.now() >= end) return false;
     await sleep(step);
   }
-}
-
-/**
- * Run a Python snippet in plain bubblewrap with the sandbox's namespaces but WITHOUT its seccomp
- * filter and rlimits: the baseline that tells "blocked by the filter" from "ran and failed".
- */
-export function runUnfiltered(code: string): Promise<string> {
-  const argv = [
-    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
-  ];
-  return new Promise((resolve, reject) => {
-    execFile("bwrap", argv, { timeout: 15_000, encoding: "utf8" }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
-      else resolve(stdout);
-    });
-  });
 }
