@@ -2,11 +2,12 @@
  * The escape catalogue: one named test per way out of the sandbox, each run from inside it.
  * Run: node --import tsx --test __test__/escapes.test.ts
  *
- * Attempts already covered by sandbox.test.ts are not repeated here: socket/socketpair, ptrace,
- * bpf, userfaultfd, perf_event_open, process_vm_*, kexec_*, *_handle_at with bad pointers; TCP and
- * AF_UNIX connections to host servers; /etc/shadow, the host home, host /tmp and symlinks out of
- * the project; /workspace read-only without a mode event; /proc; the environment; NoNewPrivs,
- * Seccomp=2 and capabilities; nested user namespaces via unshare(1).
+ * Attempts already covered elsewhere are not repeated here: socket/socketpair, ptrace, bpf,
+ * userfaultfd, perf_event_open, process_vm_*, kexec_*, *_handle_at with bad pointers
+ * (sandbox.test.ts); TCP and AF_UNIX connections to host servers; /etc/shadow, the host home, host
+ * /tmp and symlinks out of the project; /workspace read-only without a mode event; /proc; the
+ * environment; NoNewPrivs, Seccomp=2 and capabilities; nested user namespaces via unshare(1)
+ * (isolation.test.ts).
  *
  * System calls are made through ctypes with x86_64 numbers and arguments chosen so that an
  * allowed call fails differently (EFAULT, EBADF, EINVAL, ...) or succeeds, while the filter

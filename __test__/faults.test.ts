@@ -3,11 +3,12 @@
  * Run: node --import tsx --test __test__/faults.test.ts
  *
  * Each fault must give a clear result, leave no process, descriptor or directory behind, and
- * the next call must work. Not repeated from sandbox.test.ts: os._exit deaths, a malformed or
- * oversize reply frame, closing fd 3 or 4, an interpreter that exits at once, one 600 MiB
- * allocation, the 16 MiB file limit, EMFILE at 128 files, NUL bytes, lone surrogates, 64 KiB of
- * newlines, code over 64 KiB, bad timeouts, concurrent calls on one session, calls after
- * dispose and the host dying with one idle sandbox. Unknown tool actions are in
+ * the next call must work. Not repeated from the addon suites: os._exit deaths, an interpreter
+ * that exits at once and the host dying with one idle sandbox (lifecycle.test.ts); a malformed or
+ * oversize reply frame, closing fd 3 or 4 (protocol.test.ts); one 600 MiB allocation, the 16 MiB
+ * file limit, EMFILE at 128 files (limits.test.ts); NUL bytes, lone surrogates (errors.test.ts);
+ * 64 KiB of newlines, code over 64 KiB, bad timeouts, concurrent calls on one session, calls
+ * after dispose (api.test.ts). Unknown tool actions are in
  * extension.test.ts. The long soak is `npm run soak` (scripts/soak.mjs).
  */
 import assert from "node:assert/strict";

@@ -58,6 +58,12 @@ export async function makeFixture(t: TestContext, options: Partial<SandboxOption
   return { base, project, runtimeRoot, sb: open(), open };
 }
 
+/**
+ * A fixture whose sandboxes keep no spare, for the suites that check the engine's own lifecycle
+ * ("nothing is left after a reset"): a spare starting in the background would be counted too.
+ */
+export const makeFixtureWithoutSpare: typeof makeFixture = (t, options = {}) => makeFixture(t, { prewarm: false, ...options });
+
 /** Python source from an indented template literal (raw: backslashes reach Python as written). */
 export function py(strings: TemplateStringsArray, ...values: unknown[]): string {
   const text = String.raw({ raw: strings.raw }, ...values);
