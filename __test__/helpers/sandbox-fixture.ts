@@ -7,7 +7,7 @@
  * test fails.
  */
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -63,6 +63,16 @@ export async function makeFixture(t: TestContext, options: Partial<SandboxOption
  * ("nothing is left after a reset"): a spare starting in the background would be counted too.
  */
 export const makeFixtureWithoutSpare: typeof makeFixture = (t, options = {}) => makeFixture(t, { prewarm: false, ...options });
+
+/** A fake interpreter outside /usr (its prefix gets mounted), running `script` with /bin/sh. */
+export async function fakeInterpreter(fx: Fixture, name: string, script: string): Promise<string> {
+  const bin = join(fx.base, name, "bin");
+  await mkdir(bin, { recursive: true });
+  const path = join(bin, "python3");
+  await writeFile(path, `#!/bin/sh\n${script}\n`);
+  await chmod(path, 0o755);
+  return path;
+}
 
 /** Python source from an indented template literal (raw: backslashes reach Python as written). */
 export function py(strings: TemplateStringsArray, ...values: unknown[]): string {
