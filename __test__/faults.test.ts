@@ -36,7 +36,6 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-// @ts-expect-error -- a plain ES module without type declarations
 import { soak } from "../scripts/soak.mjs";
 
 const CONCURRENCY = 4;

@@ -92,7 +92,7 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
     assert.equal(r.logComplete, false);
     assert.equal(r.stateLost, true);
     assert.ok(r.stdoutBytes <= MiB && r.stdoutBytes > 0, `${r.stdoutBytes}`);
-    assert.ok(r.logPaths, "log paths reported");
+    assert.ok(r.logPaths.stdout, "the stdout log path is reported");
     const size = statSync(r.logPaths.stdout).size;
     assert.ok(size > 0 && size <= MiB, `log is ${size} bytes`);
     assert.ok(Buffer.byteLength(r.text) <= 50 * 1024, `text is ${Buffer.byteLength(r.text)} bytes`);
@@ -111,7 +111,7 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
     assert.equal(exact.outputLimitExceeded, false);
     assert.equal(exact.logComplete, true);
     assert.equal(exact.stdoutBytes + exact.stderrBytes, MiB);
-    assert.ok(exact.logPaths);
+    assert.ok(exact.logPaths.stdout && exact.logPaths.stderr, "both log paths are reported");
     assert.equal(statSync(exact.logPaths.stdout).size, MiB - 10);
     assert.equal(statSync(exact.logPaths.stderr).size, 10);
     const over = await sb.execute(`import sys\nsys.stdout.write("a" * ${MiB - 10})\nsys.stderr.write("b" * 11)\nNone`);
