@@ -4,22 +4,22 @@
  * the addon, each with a baseline OUTSIDE the defence that shows the attempt works there.
  * Run: node --import tsx --test --test-concurrency=1 __test__/escapes-filter.test.ts
  *
- * The seccomp baseline is the one escapes.test.ts uses: bubblewrap with the sandbox's namespaces
- * and every capability of its user namespace, without the filter. The memory baselines are plain
- * bubblewrap mounts as the sandbox made them before it sized them: an unsized `--tmpfs /tmp`, and
- * `--dev /dev`, whose /dev/shm is a folder of that unsized, writable tmpfs.
+ * The baseline is the catalogue's one (helpers/unfiltered.ts): bubblewrap with the sandbox's
+ * namespaces and every capability of its user namespace, without the filter, and with the mounts
+ * the sandbox made before it sized them: an unsized `--tmpfs /tmp`, and `--dev /dev`, whose
+ * /dev/shm is a folder of that unsized, writable tmpfs.
  *
  * Also here: what must keep working under the allowlist (Python's threads, subprocesses,
  * multiprocessing, sh and coreutils, git, numpy, pandas and matplotlib from a user venv).
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, type TestContext, test } from "node:test";
 import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { unfiltered } from "./helpers/unfiltered.ts";
 import { jsonOut, lit, makeFixture, PythonSandbox, py, show } from "./helpers/sandbox-fixture.ts";
 import { venvOrSkip } from "./helpers/test-venv.ts";
 
@@ -40,26 +40,6 @@ function skipUnlessX64(t: TestContext): boolean {
 }
 
 const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
-
-/**
- * Python in bubblewrap with the sandbox's namespaces, every capability of the new user namespace
- * and the mounts the sandbox had before it sized them, but without its filter and rlimits.
- */
-function unfiltered(code: string): Promise<string> {
-  const argv = [
-    "--unshare-user", "--uid", "0", "--cap-add", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-    "--unshare-net", "--die-with-parent", "--new-session",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
-  ];
-  return new Promise((resolve, reject) => {
-    execFile("bwrap", argv, { timeout: 60_000, encoding: "utf8" }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
-      else resolve(stdout);
-    });
-  });
-}
 
 const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
 

@@ -480,7 +480,9 @@ test("pi: no tool-permissions:prompt for a path with control or bidi characters,
     assertInert(`${what} text`, text);
     assertAllInert(r.details, `${what} details`);
   }
-  assert.deepEqual(prompts, [], "no prompt for any of them");
+  // <typeof prompts>: without it the assertion narrows `prompts` to never[], though the handler
+  // above pushes to it on the next run.
+  assert.deepEqual<typeof prompts>(prompts, [], "no prompt for any of them");
   // Baseline: the same session prompts for an ordinary path outside the mounts.
   const plain = await run(`open(${lit(join(base, "secret.txt"))})`);
   assert.match(messageText(plain as never), /denied by the user/);

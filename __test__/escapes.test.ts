@@ -2,19 +2,19 @@
  * The escape catalogue: one named test per way out of the sandbox, each run from inside it.
  * Run: node --import tsx --test __test__/escapes.test.ts
  *
- * Attempts already covered by sandbox.test.ts are not repeated here: socket/socketpair, ptrace,
- * bpf, userfaultfd, perf_event_open, process_vm_*, kexec_*, *_handle_at with bad pointers; TCP and
- * AF_UNIX connections to host servers; /etc/shadow, the host home, host /tmp and symlinks out of
- * the project; /workspace read-only without a mode event; /proc; the environment; NoNewPrivs,
- * Seccomp=2 and capabilities; nested user namespaces via unshare(1).
+ * Attempts covered by isolation.test.ts are not repeated here: TCP and AF_UNIX connections to
+ * host servers; /etc/shadow, the host home, host /tmp and symlinks out of the project; /workspace
+ * read-only without a mode event; /proc; the environment; NoNewPrivs, Seccomp=2 and capabilities;
+ * nested user namespaces via unshare(1).
  *
  * System calls are made through ctypes with x86_64 numbers and arguments chosen so that an
  * allowed call fails differently (EFAULT, EBADF, EINVAL, ...) or succeeds, while the filter
- * answers EPERM (ENOSYS for clone3). Every probe also runs OUTSIDE the filter, in bubblewrap with
- * the same namespaces and every capability of its user namespace (`--uid 0 --cap-add ALL`), so
- * that the kernel's own namespace-capability checks pass there: a probe whose baseline is not
- * EPERM proves that the EPERM inside comes from the filter. `gated` calls check a capability of
- * the initial namespace (or a sysctl) first; their baseline is reported, not asserted.
+ * answers EPERM (ENOSYS for clone3). Every probe also runs OUTSIDE the filter
+ * (helpers/unfiltered.ts), in bubblewrap with the same namespaces and every capability of its user
+ * namespace (`--uid 0 --cap-add ALL`), so that the kernel's own namespace-capability checks pass
+ * there: a probe whose baseline is not EPERM proves that the EPERM inside comes from the filter.
+ * `gated` calls check a capability of the initial namespace (or a sysctl) first; their baseline is
+ * reported, not asserted.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -26,12 +26,14 @@ import { join } from "node:path";
 import { after, before, describe, type TestContext, test } from "node:test";
 import { workerPids } from "./helpers/host-procs.ts";
 import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { unfiltered } from "./helpers/unfiltered.ts";
 import {
   assertOk,
   INDEX_CJS,
   jsonOut,
   lit,
   makeFixture,
+  makeFixtureWithoutSpare,
   PythonSandbox,
   py,
   show,
@@ -57,28 +59,6 @@ function skipUnlessX64(t: TestContext): boolean {
 }
 
 const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
-
-/**
- * Run Python in bubblewrap with the sandbox's namespaces but without its seccomp filter, with
- * every capability of the new user namespace, optionally with `project` read-only at /workspace.
- * Prints stdout; rejects when Python fails.
- */
-function unfiltered(code: string, project?: string): Promise<string> {
-  const argv = [
-    "--unshare-user", "--uid", "0", "--cap-add", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-    "--unshare-net", "--die-with-parent", "--new-session",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    ...(project ? ["--ro-bind", project, "/workspace"] : []),
-    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
-  ];
-  return new Promise((resolve, reject) => {
-    execFile("bwrap", argv, { timeout: 20_000, encoding: "utf8" }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
-      else resolve(stdout);
-    });
-  });
-}
 
 const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
 
@@ -212,6 +192,82 @@ describe("seccomp: the hardening table, call by call", { concurrency: CONCURRENC
 
 // ---------------------------------------------------------------------------------------------
 /**
+ * Seccomp catalogue: each call is made through ctypes with x86_64 numbers and arguments chosen so
+ * that an allowed call fails differently (EFAULT, ESRCH, ...) or succeeds. The same probe runs in
+ * plain bwrap without the filter to prove the probe can tell "blocked" from "ran and failed"; unlike
+ * the other baselines here, with no capability, as in the sandbox, so that it differs from the
+ * sandbox in the filter alone.
+ * `gated`: the kernel itself may answer EPERM there (capability or sysctl checks before argument
+ * checks), so the baseline is reported, not asserted.
+ */
+const SYSCALLS: { name: string; nr: number; args: number[]; gated?: boolean }[] = [
+  { name: "socket", nr: 41, args: [2, 1, 0] }, // AF_INET, SOCK_STREAM: allowed -> an fd
+  { name: "socketpair", nr: 53, args: [1, 1, 0, 1] }, // bad sv pointer: allowed -> EFAULT
+  { name: "ptrace", nr: 101, args: [12, 999999, 0, 0] }, // PTRACE_GETREGS on no pid: allowed -> ESRCH
+  { name: "bpf", nr: 321, args: [0, 1, 16], gated: true }, // bad attr pointer
+  { name: "userfaultfd", nr: 323, args: [1], gated: true }, // UFFD_USER_MODE_ONLY: allowed -> an fd
+  { name: "perf_event_open", nr: 298, args: [1, 0, -1, -1, 0] }, // bad attr pointer: EFAULT
+  { name: "process_vm_readv", nr: 310, args: [1, 1, 1, 1, 1, 0] }, // bad iovec: EFAULT
+  { name: "process_vm_writev", nr: 311, args: [1, 1, 1, 1, 1, 0] },
+  { name: "kexec_load", nr: 246, args: [0, 0, 0, 0], gated: true }, // CAP_SYS_BOOT or ENOSYS
+  { name: "kexec_file_load", nr: 320, args: [-1, -1, 0, 0, 0], gated: true },
+  { name: "open_by_handle_at", nr: 304, args: [-100, 1, 0], gated: true }, // CAP_DAC_READ_SEARCH
+  { name: "name_to_handle_at", nr: 303, args: [-100, 1, 1, 1, 0] }, // bad path pointer: EFAULT
+];
+
+function syscallProbe(nr: number, args: number[]): string {
+  return py`
+    import ctypes, json, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(${nr}), *[ctypes.c_long(a) for a in ${JSON.stringify(args)}])
+    err = ctypes.get_errno()
+    if ret >= 0 and ${nr} in (41, 323):
+        os.close(ret)
+    print(json.dumps({"ret": ret, "errno": err}))
+  `;
+}
+
+describe("seccomp blocks the documented system calls", { concurrency: CONCURRENCY }, () => {
+  // One sandbox per call: a spare starting beside each would only cost time.
+  const makeFixture = makeFixtureWithoutSpare;
+  for (const { name, nr, args, gated } of SYSCALLS) {
+    test(`blocks ${name}`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      if (process.arch !== "x64") {
+        console.log(`# SKIP blocks ${name}: syscall numbers are x86_64, this is ${process.arch}`);
+        t.skip(`x86_64 syscall numbers; this is ${process.arch}`);
+        return;
+      }
+      const { sb } = await makeFixture(t);
+      const code = syscallProbe(nr, args);
+      const inside = jsonOut<{ ret: number; errno: number }>(await sb.execute(code));
+      assert.deepEqual(inside, { ret: -1, errno: EPERM }, `${name} inside the sandbox`);
+      const baseline = JSON.parse(await unfiltered(code, { capabilities: false })) as { ret: number; errno: number };
+      if (gated && baseline.errno === EPERM) {
+        t.diagnostic(`${name}: the unfiltered kernel also answers EPERM here; the probe cannot tell the filter apart`);
+      } else {
+        assert.notEqual(baseline.errno, EPERM, `the ${name} probe must not fail with EPERM unfiltered (${JSON.stringify(baseline)})`);
+      }
+      if (name === "socket" || name === "socketpair") {
+        const api = await sb.execute(py`
+          import socket
+          try:
+              socket.${name}()
+              outcome = "created"
+          except OSError as e:
+              outcome = (type(e).__name__, e.errno)
+          outcome
+        `);
+        assert.equal(api.repr, "('PermissionError', 1)", `socket.${name}()`);
+      }
+    });
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+/**
  * Open a socket with io_uring's IORING_OP_SOCKET (no socket(2) call), then connect(2) it to a
  * Unix socket path: the way around a filter that only refuses socket(2). Prints the step that
  * failed and its errno, or "connected".
@@ -275,7 +331,7 @@ describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => 
 
     // Without the filter the same code reaches the host server through the read-only bind
     // mount, despite the network namespace: what the io_uring rules close.
-    const free = lastJson(await unfiltered(IO_URING_CONNECT, project));
+    const free = lastJson(await unfiltered(IO_URING_CONNECT, { project }));
     if (free.step === "io_uring_setup" && free.errno === EPERM) {
       t.diagnostic("io_uring is disabled on this host (kernel.io_uring_disabled); the baseline cannot show the bypass");
       return;

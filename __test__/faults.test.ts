@@ -3,27 +3,29 @@
  * Run: node --import tsx --test __test__/faults.test.ts
  *
  * Each fault must give a clear result, leave no process, descriptor or directory behind, and
- * the next call must work. Not repeated from sandbox.test.ts: os._exit deaths, a malformed or
- * oversize reply frame, closing fd 3 or 4, an interpreter that exits at once, one 600 MiB
- * allocation, the 16 MiB file limit, EMFILE at 128 files, NUL bytes, lone surrogates, 64 KiB of
- * newlines, code over 64 KiB, bad timeouts, concurrent calls on one session, calls after
- * dispose and the host dying with one idle sandbox. Unknown tool actions are in
- * extension.test.ts. The long soak is `npm run soak` (scripts/soak.mjs).
+ * the next call must work. Not repeated from the addon suites: os._exit deaths, an interpreter
+ * that exits at once and the host dying with one idle sandbox (lifecycle.test.ts); protocol
+ * violations, a malformed, oversize, cut-short or forged reply frame, closing fd 3 or 4, bad
+ * frames from a starting worker (protocol.test.ts); one 600 MiB allocation, the 16 MiB file
+ * limit, EMFILE at 128 files (limits.test.ts); NUL bytes, lone surrogates (errors.test.ts); 64 KiB
+ * of newlines, code over 64 KiB, bad timeouts, concurrent calls on one session, calls after
+ * dispose (api.test.ts). Unknown tool actions are in extension.test.ts. The long soak is
+ * `npm run soak` (scripts/soak.mjs).
  */
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { chmodSync, readdirSync, readFileSync, statSync } from "node:fs";
-import { chmod, mkdir, rename, writeFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
+import { rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { describe, type TestContext, test } from "node:test";
+import { describe, test } from "node:test";
 import { assertNoProcess, describeProcess, fdDiff, fdTable, ownZombies, parentOf, workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import {
   assertOk,
   assertRecovers,
   type ExecResult,
-  type Fixture,
+  fakeInterpreter,
   hostPidsWithCmdline,
   INDEX_CJS,
   lit,
@@ -34,33 +36,10 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-// @ts-expect-error -- a plain ES module without type declarations
 import { soak } from "../scripts/soak.mjs";
 
 const CONCURRENCY = 4;
 const MiB = 1024 * 1024;
-
-/** A fake interpreter outside /usr (its prefix gets mounted), running `script` with /bin/sh. */
-async function fakeInterpreter(fx: Fixture, name: string, script: string): Promise<string> {
-  const bin = join(fx.base, name, "bin");
-  await mkdir(bin, { recursive: true });
-  const path = join(bin, "python3");
-  await writeFile(path, `#!/bin/sh\n${script}\n`);
-  await chmod(path, 0o755);
-  return path;
-}
-
-/** A frame (length prefix and body) as bytes. */
-function frameBytes(body: string): Buffer {
-  const b = Buffer.from(body);
-  const len = Buffer.alloc(4);
-  len.writeUInt32BE(b.length);
-  return Buffer.concat([len, b]);
-}
-
-/** Bytes as a printf(1) format of octal escapes. */
-const octal = (bytes: Buffer) => [...bytes].map((b) => `\\${b.toString(8).padStart(3, "0")}`).join("");
-
 
 // ---------------------------------------------------------------------------------------------
 describe("worker faults", { concurrency: CONCURRENCY }, () => {
@@ -87,106 +66,6 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     assert.match(r.diagnostic ?? "", /signal 9 \(SIGKILL\)/);
     await assertNoProcess(marker);
     await assertRecovers(sb, r);
-  });
-
-  /** Code that breaks the reply channel: a worker_error within seconds, then a fresh start. */
-  async function violation(t: TestContext, code: string, diagnostic: RegExp): Promise<void> {
-    const { sb } = await makeFixture(t);
-    assertOk(await sb.execute("kept = 1"));
-    const started = Date.now();
-    const r = await sb.execute(code, 30);
-    assert.ok(Date.now() - started < 6000, `took ${Date.now() - started} ms`);
-    assert.equal(r.status, "worker_error", show(r));
-    assert.equal(r.stateLost, true);
-    assert.match(r.diagnostic ?? "", diagnostic);
-    await assertRecovers(sb, r);
-  }
-
-  test("a reply frame cut short (header, part of a body, fd 4 closed) is a protocol violation", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    await violation(t, "import os\nos.write(4, (100).to_bytes(4, 'big') + b'{\"type\"')\nos.close(4)", /Protocol violation.*inside a frame \(7 of 100/);
-  });
-
-  test("an unexpected frame mid-execution (a second ready) is a protocol violation", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    await violation(
-      t,
-      'import json, os\nb = json.dumps({"type": "ready", "protocol": 1, "runtimeVersion": "9.9.9"}).encode()\nos.write(4, len(b).to_bytes(4, "big") + b)\nimport time\ntime.sleep(5)',
-      /Protocol violation: unexpected ready frame/,
-    );
-  });
-
-  test("a code frame mid-execution (code that forges the worker's bytecode) is a protocol violation", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    await violation(
-      t,
-      'import json, os\nb = json.dumps({"type": "code", "pyc": "QUINCgAAAAAAAAAAAAAAAAAAAA=="}).encode()\nos.write(4, len(b).to_bytes(4, "big") + b)\nimport time\ntime.sleep(5)',
-      /Protocol violation: unexpected code frame/,
-    );
-  });
-
-  test("a result frame for another execution id is a protocol violation", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    await violation(
-      t,
-      'import json, os\nb = json.dumps({"type": "result", "id": 999999, "status": "ok", "repr": "\'forged\'", "exception": None}).encode()\nos.write(4, len(b).to_bytes(4, "big") + b)\nimport time\ntime.sleep(5)',
-      /Protocol violation: unexpected result frame/,
-    );
-  });
-
-  test("garbage or an oversize frame from a worker before it is ready is a worker_error at once", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    const fx = await makeFixture(t);
-    const ready7 = JSON.stringify({ type: "ready", protocol: 7, runtimeVersion: "x" });
-    const cases: [string, string, RegExp][] = [
-      ["garbage", `printf '${octal(frameBytes("hello"))}' >&4; exec sleep 30`, /did not start: bad frame: frame is not a valid message/],
-      ["oversize", "printf '\\377\\377\\377\\377' >&4; exec sleep 30", /did not start: bad frame: frame of 4294967295 bytes exceeds/],
-      ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 1/],
-      ["code-not-base64", `printf '${octal(frameBytes('{"type":"code","pyc":"%%%"}'))}' >&4; exec sleep 30`, /did not start: the worker's code is not base64/],
-      ["code-not-pyc", `printf '${octal(frameBytes(`{"type":"code","pyc":"${Buffer.alloc(64, 35).toString("base64")}"}`))}' >&4; exec sleep 30`, /did not start: the worker's code does not start with a \.pyc magic number/],
-    ];
-    for (const [name, script, diagnostic] of cases) {
-      const sb = fx.open({ interpreter: await fakeInterpreter(fx, name, script) });
-      const started = Date.now();
-      const r = await sb.execute("1");
-      assert.ok(Date.now() - started < 5000, `${name}: took ${Date.now() - started} ms`);
-      assert.equal(r.status, "worker_error", `${name}: ${show(r)}`);
-      assert.match(r.diagnostic ?? "", diagnostic, name);
-      assert.equal(sb.status().workerRunning, false);
-      await sb.dispose();
-    }
-    await assertNoProcess(fx.runtimeRoot);
-  });
-
-  test("stored bytecode whose worker sends its code unasked is refused, deleted, and the start made from source", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    const fx = await makeFixture(t);
-    // Asked (started from source with --emit-code), this interpreter sends a well-formed image and
-    // becomes ready but never answers a request; started as /worker.pyc it sends the image unasked.
-    const image = Buffer.concat([Buffer.from("AB\r\n"), Buffer.alloc(20)]).toString("base64");
-    const code = frameBytes(JSON.stringify({ type: "code", pyc: image }));
-    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 1, runtimeVersion: "0.0.0" }));
-    const interpreter = await fakeInterpreter(
-      fx,
-      "emitter",
-      `case "$*" in\n  *--emit-code*) printf '${octal(Buffer.concat([code, ready]))}' >&4 ;;\n  *) printf '${octal(code)}' >&4 ;;\nesac\nexec sleep 30`,
-    );
-    const sb = fx.open({ interpreter, prewarm: false });
-    const first = await sb.execute("1", 1);
-    assert.equal(first.status, "timeout", show(first));
-    const store = join(fx.runtimeRoot, ".worker-code");
-    const [stored] = readdirSync(store);
-    assert.match(stored ?? "", /^worker-[0-9a-f]{16}\.pyc$/, "the image was stored once the sandbox was ready");
-    // Mark the stored file (its mode) to tell it from a new one.
-    chmodSync(join(store, stored), 0o600);
-    // The bytecode start fails at once (had the frame been ignored, it would wait 10 s for ready),
-    // the image is deleted, and the source start that follows gets as far as the first one did.
-    const started = Date.now();
-    const second = await sb.execute("1", 1);
-    assert.equal(second.status, "timeout", show(second));
-    assert.ok(Date.now() - started < 8000, `took ${Date.now() - started} ms`);
-    assert.deepEqual(readdirSync(store), [stored], "stored again by the source start");
-    assert.equal(statSync(join(store, stored)).mode & 0o777, 0o400, "the refused image was replaced");
   });
 
   test("a worker that never becomes ready is a worker_error after the 10 s deadline; nothing is left", async (t) => {

@@ -10,9 +10,11 @@ export const MAX_TIMEOUT_SECONDS = 120;
 export const ACTIONS = ["execute", "reset", "status"] as const;
 export type Action = (typeof ACTIONS)[number];
 
+/** One member per action, so that comparing `action` with any one of them narrows. */
 export type PythonParams =
   | { action: "execute"; code: string; timeoutSeconds: number }
-  | { action: "reset" | "status" };
+  | { action: "reset" }
+  | { action: "status" };
 
 /** Check raw tool arguments; throws an Error with a message the model can act on. */
 export function parseParams(raw: unknown): PythonParams {

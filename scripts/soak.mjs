@@ -132,6 +132,9 @@ async function runSession(sb, { tag, executions, resets, leakChecks, tally, onPr
 /**
  * Run the soak. Returns the tally and the figures; `log` receives progress lines.
  * `perSession` (phase 2) defaults to what fits `budgetSeconds` after phase 1.
+ * @param {{ executions?: number, resets?: number, sessions?: number, perSession?: number,
+ *   perSessionResets?: number, budgetSeconds?: number, fdTolerance?: number,
+ *   rssToleranceMiB?: number, log?: (line: string) => void }} [options]
  */
 export async function soak({
   executions = 2000,

@@ -1,9 +1,9 @@
-// The whole test suite: Rust unit and engine tests, the engine tests again
-// as an unprivileged user (when run as root), then the addon integration
-// and pi end-to-end tests under node:test. Under CI=true a sandbox test
-// that would skip fails instead.
+// The whole test suite: Rust lints, the TypeScript type check, Rust unit and
+// engine tests, the engine tests again as an unprivileged user (when run as
+// root), then the addon integration and pi end-to-end tests under node:test.
+// Under CI=true a sandbox test that would skip fails instead.
 import { spawnSync } from "node:child_process";
-import { chmodSync, copyFileSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { packTest } from "./pack-test.mjs";
@@ -71,6 +71,13 @@ try {
   await step("rustfmt and clippy", () => {
     run("cargo", ["fmt", "--check"]);
     run("cargo", ["clippy", "--locked", "--all-targets", "--features", "addon", "--", "-D", "warnings"]);
+  });
+  // js/ and __test__/ (tsconfig.json): nothing else checks types, since tsx, pi and Node's
+  // type stripping all run the .ts files by erasing them.
+  await step("TypeScript type check (tsc --noEmit)", () => {
+    const tsc = join(root, "node_modules", "typescript", "bin", "tsc");
+    if (!existsSync(tsc)) throw new Error("typescript is not installed: run `npm ci` (it is a devDependency)");
+    run(process.execPath, [tsc, "--noEmit"]);
   });
   await step("cargo test (unit, engine, frame fuzz corpus)", () => run("cargo", ["test", "--locked"]));
   if (isRoot) await step("engine sandbox tests as an unprivileged user", engineTestsUnprivileged);

@@ -7,8 +7,7 @@
  * test fails.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -57,6 +56,22 @@ export async function makeFixture(t: TestContext, options: Partial<SandboxOption
     return sb;
   };
   return { base, project, runtimeRoot, sb: open(), open };
+}
+
+/**
+ * A fixture whose sandboxes keep no spare, for the suites that check the engine's own lifecycle
+ * ("nothing is left after a reset"): a spare starting in the background would be counted too.
+ */
+export const makeFixtureWithoutSpare: typeof makeFixture = (t, options = {}) => makeFixture(t, { prewarm: false, ...options });
+
+/** A fake interpreter outside /usr (its prefix gets mounted), running `script` with /bin/sh. */
+export async function fakeInterpreter(fx: Fixture, name: string, script: string): Promise<string> {
+  const bin = join(fx.base, name, "bin");
+  await mkdir(bin, { recursive: true });
+  const path = join(bin, "python3");
+  await writeFile(path, `#!/bin/sh\n${script}\n`);
+  await chmod(path, 0o755);
+  return path;
 }
 
 /** Python source from an indented template literal (raw: backslashes reach Python as written). */
@@ -112,23 +127,4 @@ export async function waitUntil(check: () => boolean, ms: number, step = 25): Pr
     if (Date.now() >= end) return false;
     await sleep(step);
   }
-}
-
-/**
- * Run a Python snippet in plain bubblewrap with the sandbox's namespaces but WITHOUT its seccomp
- * filter and rlimits: the baseline that tells "blocked by the filter" from "ran and failed".
- */
-export function runUnfiltered(code: string): Promise<string> {
-  const argv = [
-    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    "--", "/usr/bin/python3", "-I", "-S", "-c", code,
-  ];
-  return new Promise((resolve, reject) => {
-    execFile("bwrap", argv, { timeout: 15_000, encoding: "utf8" }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`unfiltered baseline failed: ${err.message}\n${stderr}`));
-      else resolve(stdout);
-    });
-  });
 }

@@ -1,0 +1,150 @@
+/**
+ * Integration tests of the PythonSandbox addon against the real bubblewrap + seccomp sandbox:
+ * output capture, the output budget and the per-execution logs.
+ * Run: node --import tsx --test __test__/output.test.ts
+ *
+ * One named test per behaviour. Every test skips loudly (never under CI=true) where bwrap cannot
+ * run, and owns its project directory, runtime root and sandboxes (cleaned up in t.after).
+ * Independent tests run concurrently inside each suite. Its sandboxes keep no spare
+ * (makeFixtureWithoutSpare): what a test finds on the host is its own sandbox alone.
+ */
+import assert from "node:assert/strict";
+import { statSync } from "node:fs";
+import { readdir, readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { assertOk, lit, makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+const CONCURRENCY = 4;
+const MiB = 1024 * 1024;
+
+// ---------------------------------------------------------------------------------------------
+describe("output capture", { concurrency: CONCURRENCY }, () => {
+  test("print (with unicode) and sys.stderr.write land on separate streams with byte counts", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute('import sys\nprint("héllo wörld ✓ 🐍")\nsys.stderr.write("err-line\\n")\nprint("second")');
+    assertOk(r);
+    assert.equal(r.stdout, "héllo wörld ✓ 🐍\nsecond\n");
+    assert.equal(r.stderr, "err-line\n");
+    assert.equal(r.stdoutBytes, Buffer.byteLength(r.stdout));
+    assert.equal(r.stderrBytes, 9);
+    assert.equal(r.excerptTruncated, false);
+    assert.match(r.text, /--- stdout ---\nhéllo wörld ✓ 🐍/);
+  });
+
+  test("os.write to fds 1 and 2 and subprocess output are captured", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(py`
+      import os, subprocess
+      os.write(1, b"fd1-out\n")
+      os.write(2, b"fd2-err\n")
+      subprocess.run(["echo", "from-echo"])
+      subprocess.run(["sh", "-c", "echo sub-err >&2"])
+      print("after")
+    `);
+    assertOk(r);
+    assert.equal(r.stdout, "fd1-out\nfrom-echo\nafter\n");
+    assert.equal(r.stderr, "fd2-err\nsub-err\n");
+    assert.equal(r.stdoutBytes, Buffer.byteLength(r.stdout));
+    assert.equal(r.stderrBytes, Buffer.byteLength(r.stderr));
+  });
+
+  test("trailing output of a subprocess stays with its own execution", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute(
+      'import subprocess\nsubprocess.Popen(["sh", "-c", "sleep 0.4; echo trailing"])\nprint("main")',
+    );
+    assertOk(r);
+    assert.equal(r.stdout, "main\ntrailing\n");
+    const next = await sb.execute('print("next")');
+    assertOk(next);
+    assert.equal(next.stdout, "next\n", "trailing output leaked into the next execution");
+  });
+
+  test("a background process left running does not hang later calls", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const first = await sb.execute('import subprocess\np = subprocess.Popen(["sleep", "30"])\n"started"', 10);
+    assertOk(first);
+    for (const code of ["1 + 1", "p.poll() is None"]) {
+      const started = Date.now();
+      const r = await sb.execute(code, 10);
+      assertOk(r);
+      // Only processes the call itself started are waited for (up to 1 s).
+      assert.ok(Date.now() - started < 900, `call took ${Date.now() - started} ms`);
+    }
+    assert.equal((await sb.execute("p.poll() is None")).repr, "True", "the background process keeps running");
+  });
+
+  test("an endless output flood stops at output_limit with a partial log", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("kept = 1"));
+    const started = Date.now();
+    const r = await sb.execute('while True:\n    print("y" * 499)', 60);
+    assert.ok(Date.now() - started < 15_000, "the flood was not stopped promptly");
+    assert.equal(r.status, "output_limit", show(r));
+    assert.equal(r.outputLimitExceeded, true);
+    assert.equal(r.logComplete, false);
+    assert.equal(r.stateLost, true);
+    assert.ok(r.stdoutBytes <= MiB && r.stdoutBytes > 0, `${r.stdoutBytes}`);
+    assert.ok(r.logPaths.stdout, "the stdout log path is reported");
+    const size = statSync(r.logPaths.stdout).size;
+    assert.ok(size > 0 && size <= MiB, `log is ${size} bytes`);
+    assert.ok(Buffer.byteLength(r.text) <= 50 * 1024, `text is ${Buffer.byteLength(r.text)} bytes`);
+    assert.ok(r.text.split("\n").length <= 2000);
+    const next = await sb.execute("'kept' in globals()");
+    assertOk(next);
+    assert.equal(next.repr, "False");
+    assert.equal(next.generation, r.generation + 1);
+  });
+
+  test("output of exactly the 1 MiB budget is ok; one byte more is output_limit", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const exact = await sb.execute(`import sys\nsys.stdout.write("a" * ${MiB - 10})\nsys.stderr.write("b" * 10)\nNone`);
+    assertOk(exact);
+    assert.equal(exact.outputLimitExceeded, false);
+    assert.equal(exact.logComplete, true);
+    assert.equal(exact.stdoutBytes + exact.stderrBytes, MiB);
+    assert.ok(exact.logPaths.stdout && exact.logPaths.stderr, "both log paths are reported");
+    assert.equal(statSync(exact.logPaths.stdout).size, MiB - 10);
+    assert.equal(statSync(exact.logPaths.stderr).size, 10);
+    const over = await sb.execute(`import sys\nsys.stdout.write("a" * ${MiB - 10})\nsys.stderr.write("b" * 11)\nNone`);
+    assert.equal(over.status, "output_limit", show(over));
+    assert.equal(over.stdoutBytes + over.stderrBytes, MiB);
+  });
+
+  test("each execution writes complete NNNN-out/err logs outside scratch; long output is an excerpt", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const first = await sb.execute('import sys\nprint("o" * 10)\nsys.stderr.write("e" * 5)\nNone');
+    assertOk(first);
+    const { logDir, scratchDir } = sb.status().paths;
+    assert.ok(logDir && scratchDir);
+    assert.ok(!logDir.startsWith(`${scratchDir}/`) && logDir !== scratchDir, "logs must not be under scratch");
+    assert.deepEqual(first.logPaths, { stdout: join(logDir, "0001-out.log"), stderr: join(logDir, "0001-err.log") });
+    assert.equal(await readFile(join(logDir, "0001-out.log"), "utf8"), `${"o".repeat(10)}\n`);
+    assert.equal(await readFile(join(logDir, "0001-err.log"), "utf8"), "e".repeat(5));
+
+    const big = await sb.execute('print("z" * 200000)');
+    assertOk(big);
+    assert.equal(big.stdoutBytes, 200001);
+    assert.equal(big.excerptTruncated, true);
+    assert.ok(big.stdout.length < 200001 / 2, `excerpt is ${big.stdout.length} chars`);
+    assert.ok(big.stdout.startsWith("zzzz") && big.stdout.trimEnd().endsWith("zzzz"));
+    assert.match(big.stdout, /bytes omitted/);
+    assert.equal(big.logPaths?.stdout, join(logDir, "0002-out.log"));
+    assert.equal(await readFile(join(logDir, "0002-out.log"), "utf8"), `${"z".repeat(200000)}\n`);
+    assert.match(big.text, /Full output saved to: .*0002-out\.log/);
+    assert.equal(big.logPaths?.stderr, undefined, "a quiet stream has no log file");
+    assert.deepEqual((await readdir(logDir)).sort(), ["0001-err.log", "0001-out.log", "0002-out.log"]);
+
+    const inside = await sb.execute(`import os\n(os.path.exists(${lit(logDir)}), sorted(os.listdir("/scratch")))`);
+    assert.equal(inside.repr, "(False, [])", "the sandbox must not see its logs");
+  });
+});
