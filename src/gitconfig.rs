@@ -11,8 +11,9 @@
 //! project are read through [`Tree`]; the user's own are read by path
 //! without blocking.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::beneath::{self, Kind, Tree};
@@ -61,54 +62,234 @@ pub fn inside(project: &Path, base: &Path, target: &Path) -> Option<PathBuf> {
     (!rel.as_os_str().is_empty()).then_some(rel)
 }
 
-/// Values of `core.hooksPath` and of include paths in git configuration
-/// text. A small reader of git's format: sections, quoted values,
-/// comments; keys are case-insensitive.
-pub fn git_config_paths(text: &str) -> (Option<String>, Vec<String>) {
-    let mut section = String::new();
-    let mut hooks = None;
-    let mut includes = Vec::new();
-    for raw in text.lines() {
-        let line = raw.trim();
-        if let Some(rest) = line.strip_prefix('[') {
-            let head = rest.split(']').next().unwrap_or("");
-            let name = head.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or("");
-            section = name.to_ascii_lowercase();
+/// What a git configuration file names that this module follows: every
+/// `core.hooksPath` value and every include path, in the order written,
+/// exactly as git would read them (bytes, not text).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigPaths {
+    pub hooks: Vec<PathBuf>,
+    pub includes: Vec<PathBuf>,
+}
+
+/// Read the `core.hooksPath` values and the include paths of git
+/// configuration text. A transcription of git's own parser (`config.c`,
+/// `git_parse_source`): a UTF-8 byte order mark, comments, a key on the
+/// line of its section header, quoted values and the escapes `\t \b \n \\
+/// \"`, a `\` at the end of a line continuing the value, case-insensitive
+/// section and key names. Like git it stops at the first malformed line
+/// (git then refuses the whole file, so nothing after it can take effect).
+///
+/// Conservative where git looks at more than the name: every
+/// `[includeIf ...]` counts whatever its condition, and the subsection of
+/// `[core ...]`, `[include ...]` and `[includeIf ...]` is not looked at.
+/// All values count, not only the last one: keeping an overridden
+/// hooks path read-only costs nothing.
+pub fn git_config_paths(text: &[u8]) -> ConfigPaths {
+    let mut out = ConfigPaths::default();
+    let mut src = Source { text: text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text), pos: 0, eof: false };
+    let mut section = Vec::new();
+    let mut comment = false;
+    loop {
+        let c = src.next();
+        if c == b'\n' {
+            if src.eof {
+                break;
+            }
+            comment = false;
             continue;
         }
-        let Some((key, value)) = line.split_once('=') else { continue };
-        let key = key.trim().to_ascii_lowercase();
-        let value = unquote(value);
-        match (section.as_str(), key.as_str()) {
-            ("core", "hookspath") => hooks = Some(value),
-            ("include" | "includeif", "path") => includes.push(value),
+        if comment || is_space(c) {
+            continue;
+        }
+        if c == b'#' || c == b';' {
+            comment = true;
+            continue;
+        }
+        if c == b'[' {
+            match src.section() {
+                Some(name) if !name.is_empty() => section = name,
+                _ => break,
+            }
+            continue;
+        }
+        if !c.is_ascii_alphabetic() {
+            break;
+        }
+        let Some((key, value)) = src.entry(c) else { break };
+        // A key without `=` is a boolean, never a path.
+        let Some(value) = value else { continue };
+        let base = section.split(|&b| b == b'.').next().unwrap_or(&[]);
+        let value = PathBuf::from(OsString::from_vec(value));
+        match (base, key.as_slice()) {
+            (b"core", b"hookspath") => out.hooks.push(value),
+            (b"include" | b"includeif", b"path") => out.includes.push(value),
             _ => {}
         }
     }
-    (hooks, includes)
+    out
 }
 
-fn unquote(value: &str) -> String {
-    let mut out = String::new();
-    let mut quoted = false;
-    let mut chars = value.trim().chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => quoted = !quoted,
-            '\\' => {
-                if let Some(n) = chars.next() {
-                    out.push(match n {
-                        'n' => '\n',
-                        't' => '\t',
-                        other => other,
-                    });
-                }
+/// git's `isspace` (`sane_ctype`): no vertical tab, no form feed.
+fn is_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+fn is_key_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'-'
+}
+
+/// Configuration text read the way git's `get_next_char` reads it: `\r\n`
+/// is `\n`, and the end reads as a `\n` with `eof` set.
+struct Source<'a> {
+    text: &'a [u8],
+    pos: usize,
+    eof: bool,
+}
+
+impl Source<'_> {
+    fn next(&mut self) -> u8 {
+        let Some(&c) = self.text.get(self.pos) else {
+            self.eof = true;
+            return b'\n';
+        };
+        self.pos += 1;
+        if c == b'\r' && self.text.get(self.pos) == Some(&b'\n') {
+            self.pos += 1;
+            return b'\n';
+        }
+        c
+    }
+
+    /// After `[`: the section name, lower-cased (`get_base_var`); the
+    /// subsection of `[name "sub"]` is read and dropped.
+    fn section(&mut self) -> Option<Vec<u8>> {
+        let mut name = Vec::new();
+        loop {
+            let c = self.next();
+            if self.eof {
+                return None;
             }
-            '#' | ';' if !quoted => break,
-            c => out.push(c),
+            if c == b']' {
+                return Some(name);
+            }
+            if is_space(c) {
+                return self.subsection(c).then_some(name);
+            }
+            if !is_key_char(c) && c != b'.' {
+                return None;
+            }
+            name.push(c.to_ascii_lowercase());
         }
     }
-    out.trim_end().to_string()
+
+    /// `get_extended_base_var`: spaces, a quoted name with `\` escaping
+    /// the next character, then `]`.
+    fn subsection(&mut self, mut c: u8) -> bool {
+        while is_space(c) {
+            if c == b'\n' {
+                return false;
+            }
+            c = self.next();
+        }
+        if c != b'"' {
+            return false;
+        }
+        loop {
+            let mut c = self.next();
+            if c == b'\n' {
+                return false;
+            }
+            if c == b'"' {
+                break;
+            }
+            if c == b'\\' {
+                c = self.next();
+                if c == b'\n' {
+                    return false;
+                }
+            }
+        }
+        self.next() == b']'
+    }
+
+    /// A key starting with `first` (lower-cased) and its value, `None` for
+    /// a key without `=` (`get_value`).
+    fn entry(&mut self, first: u8) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut key = vec![first.to_ascii_lowercase()];
+        let mut c;
+        loop {
+            c = self.next();
+            if self.eof || !is_key_char(c) {
+                break;
+            }
+            key.push(c.to_ascii_lowercase());
+        }
+        while c == b' ' || c == b'\t' {
+            c = self.next();
+        }
+        if c == b'\n' {
+            return Some((key, None));
+        }
+        if c != b'=' {
+            return None;
+        }
+        Some((key, Some(self.value()?)))
+    }
+
+    /// `parse_value`: leading and trailing blanks outside quotes dropped,
+    /// blanks inside kept, a comment ends the value outside quotes.
+    fn value(&mut self) -> Option<Vec<u8>> {
+        let (mut quote, mut comment) = (false, false);
+        let mut out = Vec::new();
+        // git's `trim_len`: where trailing blanks began, 0 for none.
+        let mut trim = 0;
+        loop {
+            let c = self.next();
+            if c == b'\n' {
+                if quote {
+                    return None;
+                }
+                if trim != 0 {
+                    out.truncate(trim);
+                }
+                return Some(out);
+            }
+            if comment {
+                continue;
+            }
+            if is_space(c) && !quote {
+                if trim == 0 {
+                    trim = out.len();
+                }
+                if !out.is_empty() {
+                    out.push(c);
+                }
+                continue;
+            }
+            if !quote && (c == b';' || c == b'#') {
+                comment = true;
+                continue;
+            }
+            trim = 0;
+            if c == b'\\' {
+                let e = self.next();
+                out.push(match e {
+                    b'\n' => continue,
+                    b't' => b'\t',
+                    b'b' => 0x08,
+                    b'n' => b'\n',
+                    b'\\' | b'"' => e,
+                    _ => return None,
+                });
+                continue;
+            }
+            if c == b'"' {
+                quote = !quote;
+                continue;
+            }
+            out.push(c);
+        }
+    }
 }
 
 const CONFIG_MAX: u64 = 1 << 20;
@@ -177,14 +358,14 @@ pub fn protected_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], g
     }
     let mut seen_includes = 0;
     while let Some((rel, text, worktree)) = configs.pop() {
-        let (hooks, includes) = git_config_paths(&String::from_utf8_lossy(&text));
-        let home_join = |v: &str| -> Option<PathBuf> {
-            match v.strip_prefix("~/") {
-                Some(rest) => git.home.as_ref().map(|h| h.join(rest)),
-                None => Some(PathBuf::from(v)),
+        let ConfigPaths { hooks, includes } = git_config_paths(&text);
+        let home_join = |v: &Path| -> Option<PathBuf> {
+            match v.strip_prefix("~") {
+                Ok(rest) => git.home.as_ref().map(|h| h.join(rest)),
+                Err(_) => Some(v.to_path_buf()),
             }
         };
-        if let Some(hp) = hooks.as_deref().and_then(home_join) {
+        for hp in hooks.iter().filter_map(|h| home_join(h)) {
             if let Some(rel) = inside(project, &worktree, &hp) {
                 wanted.push(rel);
             }
@@ -210,13 +391,65 @@ pub fn protected_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], g
 mod tests {
     use super::*;
 
+    fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
+        let ConfigPaths { hooks, includes } = git_config_paths(text);
+        let s = |v: Vec<PathBuf>| v.into_iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        (s(hooks), s(includes))
+    }
+
     #[test]
     fn reads_hooks_paths_and_includes_from_git_configuration() {
-        let text = "[core]\n\tbare = false\n\thooksPath = \"tools/hooks\" ; comment\n[include]\n  path = ../shared.gitconfig\n\
+        let text = b"[core]\n\tbare = false\n\thooksPath = \"tools/hooks\" ; comment\n[include]\n  path = ../shared.gitconfig\n\
                     [includeIf \"gitdir:~/w/\"]\n path = ~/work.gitconfig\n[alias]\n hooksPath = nope\n";
-        let (hooks, includes) = git_config_paths(text);
-        assert_eq!(hooks.as_deref(), Some("tools/hooks"));
-        assert_eq!(includes, ["../shared.gitconfig", "~/work.gitconfig"]);
-        assert_eq!(git_config_paths("[CORE]\nHOOKSPATH=.husky\n").0.as_deref(), Some(".husky"));
+        assert_eq!(
+            paths(text),
+            (vec!["tools/hooks".into()], vec!["../shared.gitconfig".into(), "~/work.gitconfig".into()])
+        );
+    }
+
+    #[test]
+    fn values_are_read_as_git_reads_them() {
+        let hooks = |text: &str| paths(text.as_bytes()).0;
+        // A `#` or `;` inside quotes is part of the value; outside, a comment.
+        assert_eq!(hooks("[core]\nhooksPath = \"a # b;c\" # comment\n"), ["a # b;c"]);
+        assert_eq!(hooks("[core]\nhooksPath = a#b\n"), ["a"]);
+        // A `\` at the end of a line continues the value, inside quotes or not.
+        assert_eq!(hooks("[core]\nhooksPath = tools/\\\nhooks\n"), ["tools/hooks"]);
+        assert_eq!(hooks("[core]\nhooksPath = \"to ols/\\\nhooks\"\n"), ["to ols/hooks"]);
+        // Blanks around the value go, blanks inside stay; escapes; CRLF.
+        assert_eq!(hooks("[core]\r\nhooksPath =  a  b\\t\\\"q\\\\  \r\n"), ["a  b\t\"q\\"]);
+        // The key may follow its section header on the same line.
+        assert_eq!(hooks("[core] hooksPath = inline\n"), ["inline"]);
+        // Section and key names are case-insensitive; every value counts.
+        assert_eq!(hooks("[CoRe]\nHOOKSPATH=.husky\n[core]\nhookspath = second\n"), [".husky", "second"]);
+        // Not core.hooksPath: another section's key, a boolean key, a
+        // different key that starts the same.
+        assert!(hooks("[alias]\nhooksPath = x\n[core]\nhooksPath\nhooksPathx = y\n").is_empty());
+        // A byte order mark, and bytes that are not UTF-8, as git keeps them.
+        assert_eq!(
+            git_config_paths(b"\xef\xbb\xbf[core]\nhooksPath = h\xe9\n").hooks,
+            [PathBuf::from(OsString::from_vec(b"h\xe9".to_vec()))]
+        );
+    }
+
+    #[test]
+    fn includes_come_from_include_and_every_include_if() {
+        let text =
+            "[include]\npath = a\n[includeIf \"gitdir:/x/\"]\npath = b\n[INCLUDEIF \"onbranch:\\\"m]\"]\n\tPATH = c\n\
+                    [includeif \"hasconfig:remote.*.url:h\"] path = d\n";
+        assert_eq!(paths(text.as_bytes()).1, ["a", "b", "c", "d"]);
+        // `path` in any other section is not an include, nor in a section
+        // whose subsection is named include.
+        let other = "[core]\npath = a\n[alias]\npath = b\n[remote \"include\"]\npath = c\n[includes]\npath = d\n[x]\ninclude = e\n";
+        assert_eq!(paths(other.as_bytes()), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_malformed_line_ends_the_file_as_it_does_for_git() {
+        // git refuses the file there: what follows never takes effect.
+        for bad in ["!x = 1", "hooksPath = \"open", "hooksPath = \\q", "[core", "[core \"x]", "[co/re]", "key # c"] {
+            let text = format!("[core]\nhooksPath = before\n{bad}\n[core]\nhooksPath = after\n");
+            assert_eq!(paths(text.as_bytes()).0, ["before"], "{bad}");
+        }
     }
 }
