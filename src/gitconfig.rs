@@ -23,24 +23,64 @@ use crate::beneath::{self, Kind, Tree};
 pub struct HostGit {
     /// The user's home (for `~/` in git configuration).
     pub home: Option<PathBuf>,
-    /// The user's and the system's git configuration files, in the order
+    /// The system's and the user's git configuration files, in the order
     /// git reads them.
     pub configs: Vec<PathBuf>,
+    /// Host directories the sandbox can write: the runtime root, which
+    /// holds every session's scratch directory. Nothing git would read
+    /// from there is trusted (see [`refusals`]).
+    pub untrusted: Vec<PathBuf>,
 }
 
 impl HostGit {
-    /// `/etc/gitconfig`, `$XDG_CONFIG_HOME/git/config` (or
-    /// `~/.config/git/config`) and `~/.gitconfig`.
+    /// [`HostGit::from_vars`] with this process's environment and working
+    /// directory, and the default runtime root (`<tmp>/pi-python-sandbox-<uid>`)
+    /// as untrusted; a session with another runtime root adds its own.
     pub fn from_env() -> HostGit {
-        let home = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute());
-        let mut configs = vec![PathBuf::from("/etc/gitconfig")];
-        match std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from).filter(|p| p.is_absolute()) {
-            Some(xdg) => configs.push(xdg.join("git/config")),
-            None => configs.extend(home.iter().map(|h| h.join(".config/git/config"))),
-        }
-        configs.extend(home.iter().map(|h| h.join(".gitconfig")));
-        HostGit { home, configs }
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let mut git = HostGit::from_vars(|name| std::env::var_os(name), &cwd);
+        git.untrusted.push(crate::rundir::default_runtime_root());
+        git
     }
+
+    /// The configuration files git reads, given its environment `var` and
+    /// working directory `cwd`, as git 2.47 chooses them: the system's
+    /// (`$GIT_CONFIG_SYSTEM`, else `/etc/gitconfig`; none when
+    /// `GIT_CONFIG_NOSYSTEM` is true), then the user's (`$GIT_CONFIG_GLOBAL`
+    /// alone when set, else `$XDG_CONFIG_HOME/git/config` or
+    /// `~/.config/git/config`, and `~/.gitconfig`). An empty variable names
+    /// no file, as for git; a relative one is taken from `cwd` (git's own
+    /// working directory varies with the command: pi's is the best guess).
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>, cwd: &Path) -> HostGit {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty()).map(|v| cwd.join(v));
+        let home = var("HOME").map(PathBuf::from).filter(|h| h.is_absolute());
+        let mut configs = Vec::new();
+        if !var("GIT_CONFIG_NOSYSTEM").is_some_and(|v| git_true(&v)) {
+            match var("GIT_CONFIG_SYSTEM") {
+                Some(_) => configs.extend(set("GIT_CONFIG_SYSTEM")),
+                None => configs.push(PathBuf::from("/etc/gitconfig")),
+            }
+        }
+        match var("GIT_CONFIG_GLOBAL") {
+            Some(_) => configs.extend(set("GIT_CONFIG_GLOBAL")),
+            None => {
+                match set("XDG_CONFIG_HOME") {
+                    Some(xdg) => configs.push(xdg.join("git/config")),
+                    None => configs.extend(home.iter().map(|h| h.join(".config/git/config"))),
+                }
+                configs.extend(home.iter().map(|h| h.join(".gitconfig")));
+            }
+        }
+        HostGit { home, configs, untrusted: Vec::new() }
+    }
+}
+
+/// git's `git_env_bool` for a set variable: true, yes, on (any case) or a
+/// non-zero number. What git rejects (and dies on) is taken as false here,
+/// which reads the system configuration: the safe side.
+fn git_true(value: &OsStr) -> bool {
+    let v = value.to_string_lossy().to_ascii_lowercase();
+    matches!(v.as_str(), "true" | "yes" | "on") || v.parse::<i64>().is_ok_and(|n| n != 0)
 }
 
 /// Lexically resolve `target` (of a link or a config value) against `base`
@@ -390,6 +430,107 @@ pub fn protected_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], g
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vars<'a>(set: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |name| set.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+    }
+
+    #[test]
+    fn the_configuration_files_follow_gits_environment() {
+        let configs = |set: &[(&str, &str)]| -> Vec<String> {
+            let git = HostGit::from_vars(vars(set), Path::new("/cwd"));
+            git.configs.iter().map(|p| p.to_string_lossy().into_owned()).collect()
+        };
+        let h = ("HOME", "/h");
+        assert_eq!(configs(&[h]), ["/etc/gitconfig", "/h/.config/git/config", "/h/.gitconfig"]);
+        assert_eq!(configs(&[h, ("XDG_CONFIG_HOME", "/x")]), ["/etc/gitconfig", "/x/git/config", "/h/.gitconfig"]);
+        assert_eq!(
+            configs(&[h, ("XDG_CONFIG_HOME", "")]),
+            ["/etc/gitconfig", "/h/.config/git/config", "/h/.gitconfig"]
+        );
+        assert_eq!(configs(&[]), ["/etc/gitconfig"]);
+        // GIT_CONFIG_GLOBAL replaces both of the user's files.
+        assert_eq!(configs(&[h, ("XDG_CONFIG_HOME", "/x"), ("GIT_CONFIG_GLOBAL", "/g")]), ["/etc/gitconfig", "/g"]);
+        assert_eq!(configs(&[h, ("GIT_CONFIG_GLOBAL", "rel/g")]), ["/etc/gitconfig", "/cwd/rel/g"]);
+        assert_eq!(configs(&[h, ("GIT_CONFIG_GLOBAL", "")]), ["/etc/gitconfig"]);
+        // GIT_CONFIG_SYSTEM replaces /etc/gitconfig; GIT_CONFIG_NOSYSTEM skips it.
+        assert_eq!(configs(&[("GIT_CONFIG_SYSTEM", "/s"), ("GIT_CONFIG_GLOBAL", "/g")]), ["/s", "/g"]);
+        assert_eq!(configs(&[("GIT_CONFIG_SYSTEM", ""), ("GIT_CONFIG_GLOBAL", "/g")]), ["/g"]);
+        for yes in ["1", "true", "YES", "on", "2"] {
+            let set = [("GIT_CONFIG_NOSYSTEM", yes), ("GIT_CONFIG_SYSTEM", "/s"), ("GIT_CONFIG_GLOBAL", "/g")];
+            assert_eq!(configs(&set), ["/g"], "{yes}");
+        }
+        for no in ["0", "false", "off", "", "maybe"] {
+            assert_eq!(
+                configs(&[("GIT_CONFIG_NOSYSTEM", no), ("GIT_CONFIG_GLOBAL", "/g")]),
+                ["/etc/gitconfig", "/g"],
+                "{no}"
+            );
+        }
+    }
+
+    struct Tmp(PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A temp directory holding `project/` (canonical, as the plan gets it).
+    fn tmp(tag: &str) -> Tmp {
+        let p = std::env::temp_dir().join(format!(
+            "pps-git-{tag}-{}-{:x}",
+            std::process::id(),
+            crate::rundir::random_u64()
+        ));
+        std::fs::create_dir_all(p.join("project")).expect("mkdir");
+        Tmp(p.canonicalize().expect("canonical"))
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+
+    /// `protected_paths` of `base/project` with these host facts, sorted.
+    fn wanted(base: &Path, git: &HostGit) -> Vec<String> {
+        let project = base.join("project");
+        let tree = Tree::open(&project).expect("open");
+        let found: Vec<(PathBuf, Kind)> = ["", "sub/"]
+            .iter()
+            .map(|d| PathBuf::from(format!("{d}.git")))
+            .filter_map(|rel| {
+                let m = std::fs::symlink_metadata(project.join(&rel)).ok()?;
+                let kind = match m.file_type() {
+                    f if f.is_dir() => Kind::Dir,
+                    f if f.is_file() => Kind::File,
+                    f if f.is_symlink() => Kind::Link,
+                    _ => Kind::Other,
+                };
+                Some((rel, kind))
+            })
+            .collect();
+        let mut out: Vec<String> =
+            protected_paths(&project, &tree, &found, git).iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn git_config_global_replaces_the_users_files() {
+        let t = tmp("env");
+        let home = t.0.join("home");
+        write(&t.0.join("project/.git/config"), "[core]\n\tbare = false\n");
+        write(&home.join(".gitconfig"), "[core]\n\thooksPath = from-home\n");
+        write(&t.0.join("elsewhere/g"), "[core]\n\thooksPath = from-env\n");
+        let home_s = home.to_string_lossy().into_owned();
+        let global = t.0.join("elsewhere/g").to_string_lossy().into_owned();
+        let git = HostGit::from_vars(vars(&[("HOME", &home_s), ("GIT_CONFIG_NOSYSTEM", "1")]), Path::new("/"));
+        assert_eq!(wanted(&t.0, &git), ["from-home"]);
+        let set = [("HOME", home_s.as_str()), ("GIT_CONFIG_NOSYSTEM", "1"), ("GIT_CONFIG_GLOBAL", global.as_str())];
+        assert_eq!(wanted(&t.0, &HostGit::from_vars(vars(&set), Path::new("/"))), ["from-env"]);
+    }
 
     fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
         let ConfigPaths { hooks, includes } = git_config_paths(text);
