@@ -11,10 +11,14 @@
 //! project are read through [`Tree`]; the user's own are read by path
 //! without blocking.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 use crate::beneath::{self, Kind, Tree};
 
@@ -30,16 +34,20 @@ pub struct HostGit {
     /// holds every session's scratch directory. Nothing git would read
     /// from there is trusted (see [`refusals`]).
     pub untrusted: Vec<PathBuf>,
+    /// The home of another user, for `~user/` in git configuration.
+    pub user_home: Option<fn(&OsStr) -> Option<PathBuf>>,
 }
 
 impl HostGit {
     /// [`HostGit::from_vars`] with this process's environment and working
-    /// directory, and the default runtime root (`<tmp>/pi-python-sandbox-<uid>`)
-    /// as untrusted; a session with another runtime root adds its own.
+    /// directory, the user database for `~user/`, and the default runtime
+    /// root (`<tmp>/pi-python-sandbox-<uid>`) as untrusted; a session with
+    /// another runtime root adds its own.
     pub fn from_env() -> HostGit {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let mut git = HostGit::from_vars(|name| std::env::var_os(name), &cwd);
         git.untrusted.push(crate::rundir::default_runtime_root());
+        git.user_home = Some(user_home);
         git
     }
 
@@ -71,8 +79,14 @@ impl HostGit {
                 configs.extend(home.iter().map(|h| h.join(".gitconfig")));
             }
         }
-        HostGit { home, configs, untrusted: Vec::new() }
+        HostGit { home, configs, untrusted: Vec::new(), user_home: None }
     }
+}
+
+/// The home directory of the user `name`, from the user database (git's
+/// `getpwnam` for `~name/`).
+fn user_home(name: &OsStr) -> Option<PathBuf> {
+    nix::unistd::User::from_name(name.to_str()?).ok().flatten().map(|u| u.dir)
 }
 
 /// git's `git_env_bool` for a set variable: true, yes, on (any case) or a
@@ -332,99 +346,438 @@ impl Source<'_> {
     }
 }
 
+/// Largest configuration file read; a larger one git would read is refused.
 const CONFIG_MAX: u64 = 1 << 20;
+/// Largest `.git` file or `commondir` read (a path and a newline).
+const GITFILE_MAX: u64 = 8192;
+/// git's `MAX_INCLUDE_DEPTH`: git refuses to start with configuration
+/// included deeper, so nothing deeper can take effect.
+const MAX_INCLUDE_DEPTH: usize = 10;
+/// Configuration files followed from one starting set (a repository's, or
+/// the user's and the system's); git has no such bound, so more is refused.
+const MAX_FILES: usize = 100;
+/// Links followed resolving one host path (the kernel's `MAXSYMLINKS`).
+const MAX_LINKS: usize = 40;
 
-fn read_host(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = std::fs::File::open(path)?;
-    beneath::read_bounded(OwnedFd::from(file), CONFIG_MAX)
+/// What git on the host would use from a project.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GitPaths {
+    /// Paths inside the project, relative to it, that git would run or
+    /// read as configuration, whether they exist yet or not.
+    pub wanted: Vec<PathBuf>,
+    /// What git would trust that cannot be kept read-only: each says what
+    /// and why. A writable mode is not safe while one is reported.
+    pub refused: Vec<String>,
 }
 
-/// Paths inside the project (relative) that git on the host would run or
-/// read as configuration, for the repositories in `found` (entries named
-/// `.git`).
+/// The paths inside the project (relative) that git on the host would run
+/// or read as configuration, for the repositories in `found` (entries
+/// named `.git`): [`git_paths`]`.wanted`.
 pub fn protected_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], git: &HostGit) -> Vec<PathBuf> {
-    let mut wanted = Vec::new();
-    let mut configs: Vec<(Option<PathBuf>, Vec<u8>, PathBuf)> = Vec::new(); // (rel in project, text, worktree)
-    let mut worktrees: Vec<PathBuf> = Vec::new();
+    git_paths(project, tree, found, git).wanted
+}
+
+/// Why the project cannot be protected, from the same reading as
+/// [`protected_paths`]: [`git_paths`]`.refused`. A caller that gets any
+/// should not make the project writable (and may show them).
+pub fn refusals(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], git: &HostGit) -> Vec<String> {
+    git_paths(project, tree, found, git).refused
+}
+
+/// Read what git on the host would use from `project` (its canonical
+/// path, open as `tree`): the user's and the system's configuration and
+/// every file it includes; each repository in `found` with its git
+/// directory, common directory, configuration and includes; and the hooks
+/// paths all of these name, resolved against each repository.
+pub fn git_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], git: &HostGit) -> GitPaths {
+    let mut r = Reader::new(project, tree, git, found);
+    let user: Vec<Root> = git
+        .configs
+        .iter()
+        .map(|c| Root::new(Path::new("/"), c, "the user's or the system's git configuration".to_string()))
+        .collect();
+    let user_hooks = r.chain(user);
+    // An absolute hooks path applies to every repository on the host, a
+    // relative one to each repository git runs in.
+    for hooks in user_hooks.iter().filter(|h| h.is_absolute()) {
+        r.hooks_path(Path::new("/"), hooks);
+    }
+    let mut repos = Vec::new();
     for (rel, kind) in found {
         if rel.file_name() != Some(OsStr::new(".git")) {
             continue;
         }
-        let worktree = rel.parent().unwrap_or(Path::new("")).to_path_buf();
-        worktrees.push(worktree.clone());
-        match kind {
-            Kind::Dir => {
-                let config = rel.join("config");
-                if let Ok(text) = tree.read_regular(&config, CONFIG_MAX) {
-                    configs.push((Some(config), text, worktree));
-                }
-            }
-            Kind::File => {
-                let Ok(text) = tree.read_regular(rel, 4096) else { continue };
-                let text = String::from_utf8_lossy(&text);
-                let Some(dir) = text.lines().find_map(|l| l.strip_prefix("gitdir:")).map(str::trim) else { continue };
-                match inside(project, &worktree, Path::new(dir)) {
-                    Some(gitdir) => {
-                        if let Ok(text) = tree.read_regular(&gitdir.join("config"), CONFIG_MAX) {
-                            configs.push((Some(gitdir.join("config")), text, worktree));
-                        }
-                        wanted.push(gitdir);
-                    }
-                    None => {
-                        // Outside the project: not mounted, and not
-                        // writable from the sandbox; only its hooks path counts.
-                        let host = if Path::new(dir).is_absolute() {
-                            PathBuf::from(dir)
-                        } else {
-                            project.join(&worktree).join(dir)
-                        };
-                        if let Ok(text) = read_host(&host.join("config")) {
-                            configs.push((None, text, worktree));
-                        }
-                    }
-                }
-            }
-            Kind::Link | Kind::Other => {}
-        }
+        let worktree = project.join(rel.parent().unwrap_or(Path::new("")));
+        repos.push(Repo { gitdir: r.gitdir(&worktree, *kind), worktree });
     }
-    for path in &git.configs {
-        if let Some(rel) = inside(project, Path::new(""), path) {
-            wanted.push(rel); // a user config inside the project (pi run in $HOME)
-        } else if let Ok(text) = read_host(path) {
-            for w in &worktrees {
-                configs.push((None, text.clone(), w.clone()));
+    for repo in &repos {
+        let mut hooks = user_hooks.clone();
+        if let Some(gitdir) = &repo.gitdir {
+            let roots = r.repo_configs(gitdir);
+            hooks.extend(r.chain(roots));
+        }
+        for h in &hooks {
+            r.hooks_path(&repo.worktree, h);
+            // In a bare repository a relative hooks path is taken from the
+            // git directory: keep both.
+            if let Some(gitdir) = repo.gitdir.as_ref().filter(|_| h.is_relative()) {
+                r.hooks_path(gitdir, h);
             }
         }
     }
-    let mut seen_includes = 0;
-    while let Some((rel, text, worktree)) = configs.pop() {
-        let ConfigPaths { hooks, includes } = git_config_paths(&text);
-        let home_join = |v: &Path| -> Option<PathBuf> {
-            match v.strip_prefix("~") {
-                Ok(rest) => git.home.as_ref().map(|h| h.join(rest)),
-                Err(_) => Some(v.to_path_buf()),
+    r.out.wanted = outermost(std::mem::take(&mut r.out.wanted));
+    r.out
+}
+
+/// `paths` without those inside another of them (kept read-only with it).
+fn outermost(mut paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    // Sorted by component, a path's descendants follow it directly.
+    paths.sort();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        if !out.last().is_some_and(|last| p.starts_with(last)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A configuration file to start reading from: `value` from the directory
+/// `base` (see [`Reader::locate`]), and why git reads it.
+struct Root {
+    base: PathBuf,
+    value: PathBuf,
+    why: String,
+}
+
+impl Root {
+    fn new(base: &Path, value: &Path, why: String) -> Root {
+        Root { base: base.to_path_buf(), value: value.to_path_buf(), why }
+    }
+}
+
+/// A repository: its worktree root and, when it can be trusted, its git
+/// directory (both as git names them, absolute).
+struct Repo {
+    worktree: PathBuf,
+    gitdir: Option<PathBuf>,
+}
+
+/// Where a path git opens lands.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Place {
+    /// Inside the project, relative to it (empty: the project itself).
+    Inside(PathBuf),
+    /// On the host, outside the project, with every link resolved.
+    Host(PathBuf),
+}
+
+/// A component of a path being resolved, and whether the sandbox could
+/// have made it a link by the time git resolves it (`loose`: it comes from
+/// a configuration value or a link target, not from a directory already
+/// held as a worktree or the directory of a file read).
+enum Part {
+    Root,
+    Up,
+    Name(OsString),
+}
+
+fn parts(path: &Path, loose: bool) -> impl Iterator<Item = (Part, bool)> + '_ {
+    path.components().filter_map(move |c| match c {
+        Component::RootDir => Some((Part::Root, loose)),
+        Component::ParentDir => Some((Part::Up, loose)),
+        Component::Normal(n) => Some((Part::Name(n.to_os_string()), loose)),
+        Component::CurDir | Component::Prefix(_) => None,
+    })
+}
+
+struct Reader<'a> {
+    project: &'a Path,
+    tree: &'a Tree,
+    git: &'a HostGit,
+    /// Entries the plan keeps read-only whole (the protected names found).
+    covered: &'a [(PathBuf, Kind)],
+    /// Parsed configuration files, by where they are.
+    parsed: HashMap<Place, Option<ConfigPaths>>,
+    seen: HashSet<PathBuf>,
+    out: GitPaths,
+}
+
+impl<'a> Reader<'a> {
+    fn new(project: &'a Path, tree: &'a Tree, git: &'a HostGit, covered: &'a [(PathBuf, Kind)]) -> Reader<'a> {
+        Reader { project, tree, git, covered, parsed: HashMap::new(), seen: HashSet::new(), out: GitPaths::default() }
+    }
+
+    fn refuse(&mut self, why: String) {
+        if !self.out.refused.contains(&why) {
+            self.out.refused.push(why);
+        }
+    }
+
+    /// Keep `rel` read-only: git would use it as `why`.
+    fn want(&mut self, rel: &Path, why: &str) {
+        if rel.as_os_str().is_empty() {
+            self.refuse(format!("git on the host would use the whole project as {why}"));
+            return;
+        }
+        if self.covered.iter().any(|(c, _)| rel.starts_with(c)) {
+            return;
+        }
+        if let Err(e) = self.tree.lstat(rel) {
+            self.refuse(format!("{} ({why}) cannot be kept read-only: {e}", rel.display()));
+        }
+        if self.seen.insert(rel.to_path_buf()) {
+            self.out.wanted.push(rel.to_path_buf());
+        }
+    }
+
+    /// Where git lands opening `value` from the directory `base` (an
+    /// absolute path as git names it). Outside the project every link is
+    /// followed, as the kernel would: those are the user's, out of the
+    /// sandbox's reach, and one may lead into the project. Inside the
+    /// project nothing is followed (a link there fails to protect, see
+    /// [`Reader::want`]); a directory that `value` names before a `..` is
+    /// kept read-only too, or the sandbox could make it a link and move
+    /// where the `..` lands.
+    fn locate(&mut self, base: &Path, value: &Path) -> Place {
+        let mut todo: VecDeque<(Part, bool)> = parts(base, false).chain(parts(value, true)).collect();
+        let mut host = PathBuf::from("/");
+        let mut inside: Option<Vec<(OsString, bool)>> = None;
+        let mut links = 0;
+        while let Some((part, loose)) = todo.pop_front() {
+            match (part, inside.as_mut()) {
+                (Part::Root, _) => {
+                    host = PathBuf::from("/");
+                    inside = None;
+                }
+                (Part::Up, Some(rel)) => {
+                    let at: PathBuf = rel.iter().map(|(n, _)| n).collect();
+                    match rel.pop() {
+                        Some((_, true)) => self.want(&at, "a directory a git path leads through with `..`"),
+                        Some((_, false)) => {}
+                        None => {
+                            inside = None;
+                            host = self.project.parent().unwrap_or(Path::new("/")).to_path_buf();
+                        }
+                    }
+                }
+                (Part::Up, None) => {
+                    host.pop();
+                }
+                (Part::Name(n), Some(rel)) => rel.push((n, loose)),
+                (Part::Name(n), None) => {
+                    let next = host.join(&n);
+                    if next == self.project {
+                        inside = Some(Vec::new());
+                        continue;
+                    }
+                    match std::fs::symlink_metadata(&next) {
+                        Ok(m) if m.file_type().is_symlink() && links < MAX_LINKS => {
+                            links += 1;
+                            if let Ok(target) = std::fs::read_link(&next) {
+                                for p in parts(&target, true).collect::<Vec<_>>().into_iter().rev() {
+                                    todo.push_front(p);
+                                }
+                            }
+                        }
+                        _ => host = next,
+                    }
+                }
             }
+        }
+        match inside {
+            Some(rel) => Place::Inside(rel.into_iter().map(|(n, _)| n).collect()),
+            None => Place::Host(host),
+        }
+    }
+
+    /// A configuration value naming a path, as git expands it (`~/`, `~`
+    /// and `~user/`); `None` for one that names nothing here: empty, or a
+    /// home that is not known, or `%(prefix)/` (git's install prefix, not
+    /// the project).
+    fn expand(&self, value: &Path) -> Option<PathBuf> {
+        let bytes = value.as_os_str().as_bytes();
+        if bytes.is_empty() || bytes.starts_with(b"%(prefix)/") {
+            return None;
+        }
+        let Some(rest) = bytes.strip_prefix(b"~") else { return Some(value.to_path_buf()) };
+        let (user, rest) = match rest.iter().position(|&b| b == b'/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &[][..]),
         };
-        for hp in hooks.iter().filter_map(|h| home_join(h)) {
-            if let Some(rel) = inside(project, &worktree, &hp) {
-                wanted.push(rel);
-            }
-        }
-        for inc in includes.iter().filter_map(|i| home_join(i)) {
-            // Relative to the file that names it.
-            let base = rel.as_ref().and_then(|r| r.parent()).unwrap_or(Path::new("")).to_path_buf();
-            if let Some(inc_rel) = inside(project, &base, &inc) {
-                if seen_includes < 16 {
-                    seen_includes += 1;
-                    if let Ok(text) = tree.read_regular(&inc_rel, CONFIG_MAX) {
-                        configs.push((Some(inc_rel.clone()), text, worktree.clone()));
-                    }
-                }
-                wanted.push(inc_rel);
+        let home = match user {
+            [] => self.git.home.clone()?,
+            name => (self.git.user_home?)(OsStr::from_bytes(name))?,
+        };
+        Some(home.join(OsStr::from_bytes(rest)))
+    }
+
+    /// A file git would read, bounded; `None` when git would find nothing
+    /// there (missing, a directory, not readable); refused when git would
+    /// read something this cannot check (a FIFO, a device, a link inside
+    /// the project, a file over `max`).
+    fn read(&mut self, name: &Path, place: &Place, why: &str, max: u64) -> Option<Vec<u8>> {
+        let opened = match place {
+            Place::Inside(rel) if rel.as_os_str().is_empty() => return None,
+            Place::Inside(rel) => self.tree.open_at(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY),
+            Place::Host(path) => open_host(path),
+        };
+        match opened.and_then(|fd| read_config_fd(fd, max)) {
+            Ok(text) => text,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES)) => None,
+            Err(e) => {
+                self.refuse(format!(
+                    "{} ({why}): git on the host would read it, but it cannot be checked ({e}); make it a regular \
+                     file of at most {max} bytes, or remove it",
+                    name.display()
+                ));
+                None
             }
         }
     }
-    wanted
+
+    /// The hooks paths of the configuration files `roots` (each with why
+    /// git reads it) and of every file they include, followed as git does:
+    /// an include relative to the directory of the file that names it,
+    /// every `includeIf` whatever its condition, at most
+    /// [`MAX_INCLUDE_DEPTH`] deep. A file inside the project is read
+    /// through the tree and kept read-only, whether it exists or not.
+    fn chain(&mut self, roots: Vec<Root>) -> Vec<PathBuf> {
+        let mut hooks: Vec<PathBuf> = Vec::new();
+        let mut queue: VecDeque<(PathBuf, Place, String, usize)> = VecDeque::new();
+        for root in roots {
+            let place = self.locate(&root.base, &root.value);
+            queue.push_back((root.base.join(&root.value), place, root.why, 0));
+        }
+        let mut seen = HashSet::new();
+        while let Some((name, place, why, depth)) = queue.pop_front() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            if let Place::Inside(rel) = &place {
+                self.want(rel, &why);
+            }
+            let paths = match self.parsed.get(&place) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = self.read(&name, &place, &why, CONFIG_MAX).map(|text| git_config_paths(&text));
+                    self.parsed.insert(place.clone(), p.clone());
+                    p
+                }
+            };
+            let Some(paths) = paths else { continue };
+            for h in paths.hooks.iter().filter_map(|h| self.expand(h)) {
+                if !hooks.contains(&h) {
+                    hooks.push(h);
+                }
+            }
+            if depth == MAX_INCLUDE_DEPTH {
+                continue;
+            }
+            let dir = name.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let includes: Vec<PathBuf> = paths.includes.iter().filter_map(|i| self.expand(i)).collect();
+            for inc in includes {
+                if seen.len() + queue.len() >= MAX_FILES {
+                    self.refuse(format!(
+                        "{} includes more than {MAX_FILES} git configuration files: the rest cannot be checked",
+                        name.display()
+                    ));
+                    return hooks;
+                }
+                let place = self.locate(&dir, &inc);
+                queue.push_back((dir.join(&inc), place, format!("included by {}", name.display()), depth + 1));
+            }
+        }
+        hooks
+    }
+
+    /// The git directory of the repository whose `.git` (of `kind`) is in
+    /// `worktree`, as git names it; `None` when there is none to read.
+    fn gitdir(&mut self, worktree: &Path, kind: Kind) -> Option<PathBuf> {
+        let dotgit = worktree.join(".git");
+        match kind {
+            Kind::Dir => Some(dotgit),
+            Kind::File => {
+                let place = self.locate(Path::new("/"), &dotgit);
+                let text = self.read(&dotgit, &place, "a .git file", GITFILE_MAX)?;
+                let dir = gitfile_target(&text)?;
+                if let Place::Inside(rel) = self.locate(worktree, &dir) {
+                    self.want(&rel, &format!("the git directory named by {}", dotgit.display()));
+                }
+                Some(worktree.join(dir))
+            }
+            Kind::Link | Kind::Other => None,
+        }
+    }
+
+    /// The configuration files of the git directory `gitdir`: its
+    /// `config` and `config.worktree`, and its common directory's `config`
+    /// (`commondir`, as in a linked worktree). A common directory inside
+    /// the project is kept read-only: git runs its hooks.
+    fn repo_configs(&mut self, gitdir: &Path) -> Vec<Root> {
+        let why = |f: &str| format!("{f} of the git directory {}", gitdir.display());
+        let mut roots = vec![
+            Root::new(gitdir, Path::new("config"), why("the configuration")),
+            Root::new(gitdir, Path::new("config.worktree"), why("the worktree configuration")),
+        ];
+        let name = gitdir.join("commondir");
+        let place = self.locate(gitdir, Path::new("commondir"));
+        if let Some(text) = self.read(&name, &place, &why("the commondir file"), GITFILE_MAX) {
+            let mut value = text.as_slice();
+            while let Some(v) = value.strip_suffix(b"\n").or_else(|| value.strip_suffix(b"\r")) {
+                value = v;
+            }
+            if !value.is_empty() {
+                let common = Path::new(OsStr::from_bytes(value));
+                if let Place::Inside(rel) = self.locate(gitdir, common) {
+                    self.want(&rel, &format!("the common git directory named by {}", name.display()));
+                }
+                let common = gitdir.join(common);
+                let why = format!("the configuration of the common git directory {}", common.display());
+                roots.push(Root::new(&common, Path::new("config"), why));
+            }
+        }
+        roots
+    }
+
+    /// Keep the hooks directory `hooks` (relative to `base`) read-only when
+    /// it is inside the project.
+    fn hooks_path(&mut self, base: &Path, hooks: &Path) {
+        if let Place::Inside(rel) = self.locate(base, hooks) {
+            self.want(&rel, "the hooks directory of core.hooksPath");
+        }
+    }
+}
+
+/// The path a `.git` file names, as git reads it (`read_gitfile_gently`):
+/// the text must start with `gitdir: `; trailing newlines go.
+fn gitfile_target(text: &[u8]) -> Option<PathBuf> {
+    let mut rest = text.strip_prefix(b"gitdir: ")?;
+    while let Some(r) = rest.strip_suffix(b"\n").or_else(|| rest.strip_suffix(b"\r")) {
+        rest = r;
+    }
+    (!rest.is_empty()).then(|| PathBuf::from(OsStr::from_bytes(rest)))
+}
+
+/// Open a host file for reading by path, following links (the user's own
+/// files: dotfile managers link them). `O_NONBLOCK` so that opening a FIFO
+/// or a device never waits; `O_NOCTTY` so that a terminal is never taken.
+fn open_host(path: &Path) -> std::io::Result<OwnedFd> {
+    nix::fcntl::open(path, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+}
+
+/// The text of an open configuration file: `None` for a directory (git
+/// reads one as empty), an error for anything but a regular file.
+fn read_config_fd(fd: OwnedFd, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    match Kind::of(&st) {
+        Kind::Dir => Ok(None),
+        Kind::File => beneath::read_bounded(fd, max).map(Some),
+        Kind::Link | Kind::Other => {
+            Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file (a FIFO, socket or device)"))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -530,6 +883,151 @@ mod tests {
         assert_eq!(wanted(&t.0, &git), ["from-home"]);
         let set = [("HOME", home_s.as_str()), ("GIT_CONFIG_NOSYSTEM", "1"), ("GIT_CONFIG_GLOBAL", global.as_str())];
         assert_eq!(wanted(&t.0, &HostGit::from_vars(vars(&set), Path::new("/"))), ["from-env"]);
+    }
+
+    /// The user's facts for a fake home: only `home/.gitconfig`.
+    fn fake_home(home: &Path) -> HostGit {
+        HostGit { home: Some(home.to_path_buf()), configs: vec![home.join(".gitconfig")], ..HostGit::default() }
+    }
+
+    fn refused(base: &Path, git: &HostGit) -> Vec<String> {
+        let project = base.join("project");
+        let tree = Tree::open(&project).expect("open");
+        refusals(&project, &tree, &[], git)
+    }
+
+    #[test]
+    fn includes_of_the_users_configuration_are_followed_from_their_own_directory() {
+        let t = tmp("incl");
+        let (home, project) = (t.0.join("home"), t.0.join("project"));
+        write(&project.join(".git/HEAD"), "ref: refs/heads/main\n");
+        // Relative to ~ (the directory of the file naming it), not to the
+        // project; `~/`; an includeIf whose condition does not hold here.
+        write(
+            &home.join(".gitconfig"),
+            "[include]\n\tpath = inc/extra.gitconfig\n[includeIf \"gitdir:/nowhere/\"]\n\tpath = ~/cond.gitconfig\n",
+        );
+        write(&home.join("inc/extra.gitconfig"), "[include]\n\tpath = ../deeper.gitconfig\n");
+        write(&home.join("deeper.gitconfig"), "[core]\n\thooksPath = from-include\n");
+        write(&home.join("cond.gitconfig"), &format!("[include]\n\tpath = {}/shared.gitconfig\n", project.display()));
+        // A file inside the project is protected before it exists...
+        assert_eq!(wanted(&t.0, &fake_home(&home)), ["from-include", "shared.gitconfig"]);
+        // ... and read through the tree once it does.
+        write(&project.join("shared.gitconfig"), "[core]\n\thooksPath = ~/../project/from-shared\n");
+        assert_eq!(wanted(&t.0, &fake_home(&home)), ["from-include", "from-shared", "shared.gitconfig"]);
+        assert!(refused(&t.0, &fake_home(&home)).is_empty());
+    }
+
+    #[test]
+    fn host_links_are_followed_as_git_follows_them() {
+        let t = tmp("links");
+        let (home, project) = (t.0.join("home"), t.0.join("project"));
+        write(&project.join(".git/HEAD"), "ref: refs/heads/main\n");
+        // A dotfile manager's link: git takes a relative include from the
+        // directory of the link (~), not of its target.
+        write(
+            &home.join("dotfiles/gitconfig"),
+            "[include]\n\tpath = local.gitconfig\n\tpath = to-project/evil.gitconfig\n",
+        );
+        std::os::unix::fs::symlink("dotfiles/gitconfig", home.join(".gitconfig")).expect("link");
+        write(&home.join("local.gitconfig"), "[core]\n\thooksPath = from-home-dir\n");
+        write(&home.join("dotfiles/local.gitconfig"), "[core]\n\thooksPath = from-dotfiles-dir\n");
+        // A host link into the project: the include is the project's file.
+        std::os::unix::fs::symlink(&project, home.join("to-project")).expect("link");
+        assert_eq!(wanted(&t.0, &fake_home(&home)), ["evil.gitconfig", "from-home-dir"]);
+    }
+
+    #[test]
+    fn a_users_configuration_inside_the_project_is_read_through_the_tree() {
+        // pi run in $HOME: ~/.gitconfig is the project's.
+        let t = tmp("inhome");
+        let project = t.0.join("project");
+        write(&project.join(".git/HEAD"), "ref: refs/heads/main\n");
+        write(&project.join(".gitconfig"), "[core]\n\thooksPath = ~/hooks\n[include]\n\tpath = .gitconfig.local\n");
+        assert_eq!(wanted(&t.0, &fake_home(&project)), [".gitconfig", ".gitconfig.local", "hooks"]);
+    }
+
+    #[test]
+    fn includes_stop_where_git_stops_and_cycles_end() {
+        let t = tmp("depth");
+        let home = t.0.join("home");
+        write(&t.0.join("project/.git/HEAD"), "ref: refs/heads/main\n");
+        for i in 0..13 {
+            let name = if i == 0 { ".gitconfig".to_string() } else { format!("f{i}") };
+            write(
+                &home.join(name),
+                &format!("[core]\n\thooksPath = d{i}\n[include]\n\tpath = f{}\n\tpath = .gitconfig\n", i + 1),
+            );
+        }
+        // git reads ten levels of includes and refuses to start past them.
+        let expect: Vec<String> = (0..=10).map(|i| format!("d{i}")).collect();
+        let mut got = wanted(&t.0, &fake_home(&home));
+        got.sort_by_key(|d| d[1..].parse::<u32>().unwrap_or(0));
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn a_directory_named_before_dot_dot_is_kept_too() {
+        let t = tmp("dotdot");
+        let (home, project) = (t.0.join("home"), t.0.join("project"));
+        // The sandbox could make `a` a link and move where `..` lands.
+        write(&home.join(".gitconfig"), &format!("[include]\n\tpath = {}/a/b/../../x.gitconfig\n", project.display()));
+        assert_eq!(wanted(&t.0, &fake_home(&home)), ["a", "x.gitconfig"]);
+    }
+
+    #[test]
+    fn a_fifo_or_an_oversized_include_is_refused_and_never_hangs() {
+        let t = tmp("fifo");
+        let home = t.0.join("home");
+        write(&home.join(".gitconfig"), "[include]\n\tpath = fifo\n\tpath = big\n\tpath = dir\n\tpath = missing\n");
+        nix::unistd::mkfifo(&home.join("fifo"), Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        std::fs::write(home.join("big"), vec![b'#'; CONFIG_MAX as usize + 1]).expect("write");
+        std::fs::create_dir(home.join("dir")).expect("mkdir");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let base = t.0.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(refused(&base, &fake_home(&base.join("home"))));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("reading a FIFO include hung");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].contains("/home/fifo") && got[0].contains("not a regular file"), "{got:?}");
+        assert!(got[1].contains("/home/big") && got[1].contains("larger than"), "{got:?}");
+    }
+
+    #[test]
+    fn a_repositorys_includes_are_followed_inside_and_outside_the_project() {
+        let t = tmp("repoinc");
+        let project = t.0.join("project");
+        write(
+            &project.join(".git/config"),
+            &format!("[include]\n\tpath = ../shared.gitconfig\n\tpath = {}/host.gitconfig\n", t.0.display()),
+        );
+        write(&project.join("shared.gitconfig"), "[core]\n\thooksPath = from-shared\n");
+        write(&t.0.join("host.gitconfig"), "[include]\n\tpath = project/nested/more.gitconfig\n");
+        write(&project.join("nested/more.gitconfig"), "[core]\n\thooksPath = from-more\n");
+        assert_eq!(
+            wanted(&t.0, &HostGit::default()),
+            ["from-more", "from-shared", "nested/more.gitconfig", "shared.gitconfig"]
+        );
+    }
+
+    #[test]
+    fn a_linked_worktree_reads_its_common_directorys_configuration() {
+        // `git worktree add`: the worktree's .git file names a gitdir whose
+        // `commondir` leads to the main repository, where the config is.
+        let t = tmp("worktree");
+        let main = t.0.join("main/.git");
+        write(&main.join("config"), "[core]\n\thooksPath = .githooks\n");
+        write(&main.join("worktrees/wt/commondir"), "../..\n");
+        write(&main.join("worktrees/wt/config.worktree"), "[core]\n\thooksPath = wt-hooks\n");
+        write(&t.0.join("project/sub/.git"), &format!("gitdir: {}\n", main.join("worktrees/wt").display()));
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["sub/.githooks", "sub/wt-hooks"]);
+        // A common directory inside the project is kept read-only: git
+        // runs the hooks in it.
+        write(&t.0.join("project/sub/.git"), "gitdir: ../gitdir\n");
+        write(&t.0.join("project/gitdir/commondir"), "../common\n");
+        write(&t.0.join("project/common/config"), "[core]\n\thooksPath = ../from-common\n");
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["common", "from-common", "gitdir"]);
     }
 
     fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
