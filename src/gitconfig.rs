@@ -410,6 +410,10 @@ pub fn git_paths(project: &Path, tree: &Tree, found: &[(PathBuf, Kind)], git: &H
         let worktree = project.join(rel.parent().unwrap_or(Path::new("")));
         repos.push(Repo { gitdir: r.gitdir(&worktree, *kind), worktree });
     }
+    // The repository the project is inside of (pi run in repo/sub): git
+    // run in the project, or in the repository above it, uses its
+    // configuration and runs its hooks, which may be in the project.
+    repos.extend(r.enclosing());
     for repo in &repos {
         let mut hooks = user_hooks.clone();
         if let Some(gitdir) = &repo.gitdir {
@@ -698,7 +702,7 @@ impl<'a> Reader<'a> {
         match kind {
             Kind::Dir => Some(dotgit),
             Kind::File => {
-                let place = self.locate(Path::new("/"), &dotgit);
+                let place = self.locate(worktree, Path::new(".git"));
                 let text = self.read(&dotgit, &place, "a .git file", GITFILE_MAX)?;
                 let dir = gitfile_target(&text)?;
                 if let Place::Inside(rel) = self.locate(worktree, &dir) {
@@ -708,6 +712,27 @@ impl<'a> Reader<'a> {
             }
             Kind::Link | Kind::Other => None,
         }
+    }
+
+    /// The first repository above the project, as git's discovery finds
+    /// it walking up from the project's parent to `/`: a `.git` directory
+    /// holding a `HEAD` (git passes over one without), or a `.git` file.
+    /// These are host paths outside the sandbox's reach, looked at by path;
+    /// what they name is located like any other path (it may lead into the
+    /// project). git's ceiling and file-system boundaries are not applied:
+    /// going further up only finds more.
+    fn enclosing(&mut self) -> Option<Repo> {
+        for dir in self.project.ancestors().skip(1) {
+            let dotgit = dir.join(".git");
+            let Ok(meta) = std::fs::metadata(&dotgit) else { continue };
+            if meta.is_dir() && std::fs::symlink_metadata(dotgit.join("HEAD")).is_ok() {
+                return Some(Repo { worktree: dir.to_path_buf(), gitdir: Some(dotgit) });
+            }
+            if meta.is_file() {
+                return Some(Repo { worktree: dir.to_path_buf(), gitdir: self.gitdir(dir, Kind::File) });
+            }
+        }
+        None
     }
 
     /// The configuration files of the git directory `gitdir`: its
@@ -847,7 +872,11 @@ mod tests {
 
     /// `protected_paths` of `base/project` with these host facts, sorted.
     fn wanted(base: &Path, git: &HostGit) -> Vec<String> {
-        let project = base.join("project");
+        wanted_in(&base.join("project"), git)
+    }
+
+    fn wanted_in(project: &Path, git: &HostGit) -> Vec<String> {
+        let project = project.to_path_buf();
         let tree = Tree::open(&project).expect("open");
         let found: Vec<(PathBuf, Kind)> = ["", "sub/"]
             .iter()
@@ -1028,6 +1057,41 @@ mod tests {
         write(&t.0.join("project/gitdir/commondir"), "../common\n");
         write(&t.0.join("project/common/config"), "[core]\n\thooksPath = ../from-common\n");
         assert_eq!(wanted(&t.0, &HostGit::default()), ["common", "from-common", "gitdir"]);
+    }
+
+    #[test]
+    fn an_enclosing_repositorys_hooks_path_into_the_project_is_protected() {
+        // pi run in repo/project: the repository's .git is above the project.
+        let t = tmp("outer");
+        write(&t.0.join(".git/HEAD"), "ref: refs/heads/main\n");
+        write(
+            &t.0.join(".git/config"),
+            "[core]\n\thooksPath = project/hooks\n[include]\n\tpath = ../project/inc.gitconfig\n",
+        );
+        // The user's relative hooks path is taken from that worktree too.
+        let home = t.0.join("home");
+        write(&home.join(".gitconfig"), "[core]\n\thooksPath = project/global-hooks\n");
+        assert_eq!(wanted(&t.0, &fake_home(&home)), ["global-hooks", "hooks", "inc.gitconfig"]);
+        // A .git file: the configuration of the git directory it names.
+        std::fs::remove_dir_all(t.0.join(".git")).expect("rm");
+        write(&t.0.join(".git"), "gitdir: elsewhere/gitdir\n");
+        write(&t.0.join("elsewhere/gitdir/config"), "[core]\n\thooksPath = project/from-gitfile\n");
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["from-gitfile"]);
+    }
+
+    #[test]
+    fn only_the_first_enclosing_repository_counts() {
+        let t = tmp("first");
+        let project = t.0.join("mid/project");
+        std::fs::create_dir_all(&project).expect("mkdir");
+        write(&t.0.join(".git/HEAD"), "ref: refs/heads/main\n");
+        write(&t.0.join(".git/config"), "[core]\n\thooksPath = mid/project/from-outermost\n");
+        write(&t.0.join("mid/.git/HEAD"), "ref: refs/heads/main\n");
+        write(&t.0.join("mid/.git/config"), "[core]\n\thooksPath = project/from-mid\n");
+        assert_eq!(wanted_in(&project, &HostGit::default()), ["from-mid"]);
+        // A .git directory without HEAD is no repository: git looks further up.
+        std::fs::remove_file(t.0.join("mid/.git/HEAD")).expect("rm");
+        assert_eq!(wanted_in(&project, &HostGit::default()), ["from-outermost"]);
     }
 
     fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
