@@ -3,13 +3,26 @@
 //! in the project: its fsmonitor would run).
 //!
 //! Given the repositories a project scan found (`.git` directories and
-//! files), this module returns the paths inside the project that git
-//! treats as code or configuration: a worktree's gitdir inside the
-//! project, `core.hooksPath` targets (from the repository's configuration,
-//! the files it includes, and the user's and the system's configuration),
-//! and included configuration files inside the project. Files inside the
-//! project are read through [`Tree`]; the user's own are read by path
-//! without blocking.
+//! files), [`git_paths`] reads what git would: the system's and the user's
+//! configuration (chosen from git's environment, [`HostGit::from_vars`]),
+//! each repository's git directory, common directory and configuration,
+//! the repository the project is inside of, and every file any of these
+//! include, as git's parser and include rules read them. It returns the
+//! paths inside the project that git treats as code or configuration (a
+//! gitdir or common directory inside the project, `core.hooksPath`
+//! targets, included files, whether they exist yet or not), and refusals:
+//! what git would trust that cannot be kept read-only, such as a gitdir in
+//! a directory the sandbox can write, or a FIFO named as an include.
+//!
+//! Files inside the project are read through [`Tree`], never following a
+//! link; the user's own files outside it are read by path, following
+//! links (dotfile managers use them), opened without blocking. Keeping the
+//! paths read-only, and deciding what a refusal means, is `protected`'s
+//! business. git's conditions (`includeIf`) and discovery ceilings are
+//! deliberately not evaluated: every path git might use under some
+//! condition counts. Not read at all: settings given in git's environment
+//! or command line (`GIT_CONFIG_COUNT`, `GIT_CONFIG_PARAMETERS`, `-c`),
+//! `GIT_DIR`/`GIT_WORK_TREE`, and `core.worktree`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -474,6 +487,8 @@ enum Place {
     Inside(PathBuf),
     /// On the host, outside the project, with every link resolved.
     Host(PathBuf),
+    /// Inside `root`, a host directory the sandbox can write.
+    Untrusted { path: PathBuf, root: PathBuf },
 }
 
 /// A component of a path being resolved, and whether the sandbox could
@@ -501,6 +516,8 @@ struct Reader<'a> {
     git: &'a HostGit,
     /// Entries the plan keeps read-only whole (the protected names found).
     covered: &'a [(PathBuf, Kind)],
+    /// [`HostGit::untrusted`], resolved.
+    untrusted: Vec<PathBuf>,
     /// Parsed configuration files, by where they are.
     parsed: HashMap<Place, Option<ConfigPaths>>,
     seen: HashSet<PathBuf>,
@@ -509,7 +526,27 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn new(project: &'a Path, tree: &'a Tree, git: &'a HostGit, covered: &'a [(PathBuf, Kind)]) -> Reader<'a> {
-        Reader { project, tree, git, covered, parsed: HashMap::new(), seen: HashSet::new(), out: GitPaths::default() }
+        // Resolved as `locate` resolves host paths; one that does not exist
+        // yet from its parent.
+        let resolve = |p: &PathBuf| {
+            std::fs::canonicalize(p)
+                .or_else(|e| match (p.parent().map(std::fs::canonicalize), p.file_name()) {
+                    (Some(Ok(parent)), Some(name)) => Ok(parent.join(name)),
+                    _ => Err(e),
+                })
+                .unwrap_or_else(|_| p.clone())
+        };
+        let untrusted = git.untrusted.iter().filter(|u| u.is_absolute()).map(resolve).collect();
+        Reader {
+            project,
+            tree,
+            git,
+            covered,
+            untrusted,
+            parsed: HashMap::new(),
+            seen: HashSet::new(),
+            out: GitPaths::default(),
+        }
     }
 
     fn refuse(&mut self, why: String) {
@@ -571,6 +608,9 @@ impl<'a> Reader<'a> {
                 (Part::Name(n), Some(rel)) => rel.push((n, loose)),
                 (Part::Name(n), None) => {
                     let next = host.join(&n);
+                    if let Some(root) = self.untrusted.iter().find(|u| next.starts_with(u)) {
+                        return Place::Untrusted { path: next, root: root.clone() };
+                    }
                     if next == self.project {
                         inside = Some(Vec::new());
                         continue;
@@ -625,6 +665,11 @@ impl<'a> Reader<'a> {
             Place::Inside(rel) if rel.as_os_str().is_empty() => return None,
             Place::Inside(rel) => self.tree.open_at(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY),
             Place::Host(path) => open_host(path),
+            Place::Untrusted { path, root } => {
+                let (path, root) = (path.clone(), root.clone());
+                self.untrusted_use(name, &path, &root, why);
+                return None;
+            }
         };
         match opened.and_then(|fd| read_config_fd(fd, max)) {
             Ok(text) => text,
@@ -705,10 +750,10 @@ impl<'a> Reader<'a> {
                 let place = self.locate(worktree, Path::new(".git"));
                 let text = self.read(&dotgit, &place, "a .git file", GITFILE_MAX)?;
                 let dir = gitfile_target(&text)?;
-                if let Place::Inside(rel) = self.locate(worktree, &dir) {
-                    self.want(&rel, &format!("the git directory named by {}", dotgit.display()));
-                }
-                Some(worktree.join(dir))
+                let place = self.locate(worktree, &dir);
+                let gitdir = worktree.join(dir);
+                self.directory(&gitdir, place, &format!("the git directory named by {}", dotgit.display()))
+                    .then_some(gitdir)
             }
             Kind::Link | Kind::Other => None,
         }
@@ -754,12 +799,12 @@ impl<'a> Reader<'a> {
             }
             if !value.is_empty() {
                 let common = Path::new(OsStr::from_bytes(value));
-                if let Place::Inside(rel) = self.locate(gitdir, common) {
-                    self.want(&rel, &format!("the common git directory named by {}", name.display()));
-                }
+                let place = self.locate(gitdir, common);
                 let common = gitdir.join(common);
-                let why = format!("the configuration of the common git directory {}", common.display());
-                roots.push(Root::new(&common, Path::new("config"), why));
+                if self.directory(&common, place, &format!("the common git directory named by {}", name.display())) {
+                    let why = format!("the configuration of the common git directory {}", common.display());
+                    roots.push(Root::new(&common, Path::new("config"), why));
+                }
             }
         }
         roots
@@ -768,9 +813,36 @@ impl<'a> Reader<'a> {
     /// Keep the hooks directory `hooks` (relative to `base`) read-only when
     /// it is inside the project.
     fn hooks_path(&mut self, base: &Path, hooks: &Path) {
-        if let Place::Inside(rel) = self.locate(base, hooks) {
-            self.want(&rel, "the hooks directory of core.hooksPath");
+        let place = self.locate(base, hooks);
+        self.directory(&base.join(hooks), place, "the hooks directory of core.hooksPath");
+    }
+
+    /// A directory git would run or read from (`name`, at `place`, as
+    /// `why`): kept read-only when inside the project; false, and refused,
+    /// when the sandbox can write it, so that nothing in it is read.
+    fn directory(&mut self, name: &Path, place: Place, why: &str) -> bool {
+        match place {
+            Place::Inside(rel) => self.want(&rel, why),
+            Place::Host(_) => {}
+            Place::Untrusted { path, root } => {
+                self.untrusted_use(name, &path, &root, why);
+                return false;
+            }
         }
+        true
+    }
+
+    /// Refuse: git would trust `name` (at `path`, inside `root`, which the
+    /// sandbox can write) as `why`. Whatever it holds could name any hooks
+    /// path or command, so it is never read.
+    fn untrusted_use(&mut self, name: &Path, path: &Path, root: &Path, why: &str) {
+        self.refuse(format!(
+            "{} ({why}) is {}, inside {}, which the sandbox can write: git on the host would run what it names; \
+             remove what points there before using a writable mode",
+            name.display(),
+            path.display(),
+            root.display()
+        ));
     }
 }
 
@@ -1092,6 +1164,59 @@ mod tests {
         // A .git directory without HEAD is no repository: git looks further up.
         std::fs::remove_file(t.0.join("mid/.git/HEAD")).expect("rm");
         assert_eq!(wanted_in(&project, &HostGit::default()), ["from-outermost"]);
+    }
+
+    fn refused_with_repos(base: &Path, git: &HostGit) -> Vec<String> {
+        let project = base.join("project");
+        let tree = Tree::open(&project).expect("open");
+        let found = [(PathBuf::from("sub/.git"), Kind::File)];
+        refusals(&project, &tree, &found, git)
+    }
+
+    #[test]
+    fn a_gitdir_the_sandbox_can_write_is_never_read_and_is_refused() {
+        let t = tmp("untrusted");
+        let (project, runtime) = (t.0.join("project"), t.0.join("runtime"));
+        let scratch = runtime.join("0123456789abcdef/scratch");
+        // What the sandbox wrote in /scratch: a git directory whose config
+        // names hooks in the project.
+        write(&scratch.join("evil/config"), &format!("[core]\n\thooksPath = {}/hooks\n", project.display()));
+        write(&project.join("sub/.git"), &format!("gitdir: {}\n", scratch.join("evil").display()));
+        let git = HostGit { untrusted: vec![runtime.clone()], ..HostGit::default() };
+        // Trusted, its config is read (what the plan did before).
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["hooks"]);
+        assert_eq!(wanted(&t.0, &git), Vec::<String>::new());
+        let got = refused_with_repos(&t.0, &git);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].contains("sub/.git") && got[0].contains(&*runtime.to_string_lossy()), "{got:?}");
+        // Reached through a host link, or a relative path, all the same.
+        std::os::unix::fs::symlink(&scratch, t.0.join("to-scratch")).expect("link");
+        for named in [t.0.join("to-scratch/evil"), PathBuf::from("../../runtime/0123456789abcdef/scratch/evil")] {
+            write(&project.join("sub/.git"), &format!("gitdir: {}\n", named.display()));
+            assert_eq!(wanted(&t.0, &git), Vec::<String>::new(), "{}", named.display());
+            assert_eq!(refused_with_repos(&t.0, &git).len(), 1, "{}", named.display());
+        }
+        // A runtime root that does not exist yet is recognised too.
+        std::fs::remove_dir_all(&runtime).expect("rm");
+        assert_eq!(refused_with_repos(&t.0, &git).len(), 1);
+    }
+
+    #[test]
+    fn an_include_or_a_hooks_path_the_sandbox_can_write_is_refused() {
+        let t = tmp("untrusted-inc");
+        let (home, runtime) = (t.0.join("home"), t.0.join("runtime"));
+        write(&t.0.join("project/.git/HEAD"), "ref: refs/heads/main\n");
+        write(
+            &home.join(".gitconfig"),
+            &format!(
+                "[include]\n\tpath = {0}/s/scratch/x.gitconfig\n[core]\n\thooksPath = {0}/s/scratch/hooks\n",
+                runtime.display()
+            ),
+        );
+        let git = HostGit { untrusted: vec![runtime], ..fake_home(&home) };
+        let got = refused(&t.0, &git);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].contains("x.gitconfig") && got[1].contains("hooks"), "{got:?}");
     }
 
     fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
