@@ -748,15 +748,54 @@ impl<'a> Reader<'a> {
             Kind::Dir => Some(dotgit),
             Kind::File => {
                 let place = self.locate(worktree, Path::new(".git"));
-                let text = self.read(&dotgit, &place, "a .git file", GITFILE_MAX)?;
-                let dir = gitfile_target(&text)?;
-                let place = self.locate(worktree, &dir);
-                let gitdir = worktree.join(dir);
-                self.directory(&gitdir, place, &format!("the git directory named by {}", dotgit.display()))
-                    .then_some(gitdir)
+                self.gitfile(worktree, &place)
             }
-            Kind::Link | Kind::Other => None,
+            // git follows a `.git` link: read where it points, without
+            // following it (the plan puts the link back if it is replaced).
+            Kind::Link => {
+                let rel = dotgit.strip_prefix(self.project).ok()?;
+                let target = self.tree.read_link(rel).ok()?;
+                let place = self.locate(worktree, &target);
+                let kind = match &place {
+                    Place::Inside(r) => self.tree.lstat(r).ok().flatten().map(|st| Kind::of(&st)),
+                    Place::Host(p) => std::fs::metadata(p).ok().map(|m| match m.file_type() {
+                        t if t.is_dir() => Kind::Dir,
+                        t if t.is_file() => Kind::File,
+                        _ => Kind::Other,
+                    }),
+                    Place::Untrusted { .. } => None,
+                };
+                let target = worktree.join(target);
+                if !self.directory(&target, place.clone(), &format!("the target of the link {}", dotgit.display())) {
+                    return None;
+                }
+                match kind? {
+                    Kind::Dir => Some(target),
+                    Kind::File => self.gitfile(worktree, &place),
+                    Kind::Link => {
+                        self.refuse(format!(
+                            "{} is a link to a link inside the project: git follows both, the host does not; \
+                             make it a link to the git directory",
+                            dotgit.display()
+                        ));
+                        None
+                    }
+                    Kind::Other => None,
+                }
+            }
+            Kind::Other => None,
         }
+    }
+
+    /// The git directory a `.git` file at `place` names (relative to
+    /// `worktree`, the directory git names the file in).
+    fn gitfile(&mut self, worktree: &Path, place: &Place) -> Option<PathBuf> {
+        let dotgit = worktree.join(".git");
+        let text = self.read(&dotgit, place, "a .git file", GITFILE_MAX)?;
+        let dir = gitfile_target(&text)?;
+        let place = self.locate(worktree, &dir);
+        let gitdir = worktree.join(dir);
+        self.directory(&gitdir, place, &format!("the git directory named by {}", dotgit.display())).then_some(gitdir)
     }
 
     /// The first repository above the project, as git's discovery finds
@@ -1217,6 +1256,19 @@ mod tests {
         let got = refused(&t.0, &git);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].contains("x.gitconfig") && got[1].contains("hooks"), "{got:?}");
+    }
+
+    #[test]
+    fn a_dot_git_link_is_read_where_it_points() {
+        let t = tmp("gitlink");
+        let (project, store) = (t.0.join("project"), t.0.join("store"));
+        write(&store.join("repo.git/config"), "[core]\n\thooksPath = from-link-dir\n");
+        write(&store.join("repo2.git/config"), "[core]\n\thooksPath = from-link-file\n");
+        write(&store.join("gitfile"), &format!("gitdir: {}\n", store.join("repo2.git").display()));
+        std::os::unix::fs::symlink(store.join("repo.git"), project.join(".git")).expect("link");
+        std::fs::create_dir(project.join("sub")).expect("mkdir");
+        std::os::unix::fs::symlink(store.join("gitfile"), project.join("sub/.git")).expect("link");
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["from-link-dir", "sub/from-link-file"]);
     }
 
     fn paths(text: &[u8]) -> (Vec<String>, Vec<String>) {
