@@ -31,7 +31,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+use nix::sys::stat::{Mode, SFlag};
 
 use crate::beneath::{self, Kind, Tree};
 
@@ -369,6 +369,8 @@ const MAX_INCLUDE_DEPTH: usize = 10;
 /// Configuration files followed from one starting set (a repository's, or
 /// the user's and the system's); git has no such bound, so more is refused.
 const MAX_FILES: usize = 100;
+/// Distinct hooks paths taken from one starting set; more is refused.
+const MAX_HOOKS: usize = 64;
 /// Links followed resolving one host path (the kernel's `MAXSYMLINKS`).
 const MAX_LINKS: usize = 40;
 
@@ -491,16 +493,17 @@ enum Place {
     Untrusted { path: PathBuf, root: PathBuf },
 }
 
-/// A component of a path being resolved, and whether the sandbox could
-/// have made it a link by the time git resolves it (`loose`: it comes from
-/// a configuration value or a link target, not from a directory already
-/// held as a worktree or the directory of a file read).
+/// A component of a path being resolved.
 enum Part {
     Root,
     Up,
     Name(OsString),
 }
 
+/// The components of `path`, each with `loose`: whether the sandbox could
+/// make it a link before git resolves it (it comes from a configuration
+/// value or a link target, not from a directory already held, a worktree
+/// or the directory of a file read).
 fn parts(path: &Path, loose: bool) -> impl Iterator<Item = (Part, bool)> + '_ {
     path.components().filter_map(move |c| match c {
         Component::RootDir => Some((Part::Root, loose)),
@@ -514,7 +517,8 @@ struct Reader<'a> {
     project: &'a Path,
     tree: &'a Tree,
     git: &'a HostGit,
-    /// Entries the plan keeps read-only whole (the protected names found).
+    /// The protected names found: the plan keeps each whole (read-only, or
+    /// a link put back when replaced), so nothing below one is wanted.
     covered: &'a [(PathBuf, Kind)],
     /// [`HostGit::untrusted`], resolved.
     untrusted: Vec<PathBuf>,
@@ -692,7 +696,7 @@ impl<'a> Reader<'a> {
     /// [`MAX_INCLUDE_DEPTH`] deep. A file inside the project is read
     /// through the tree and kept read-only, whether it exists or not.
     fn chain(&mut self, roots: Vec<Root>) -> Vec<PathBuf> {
-        let mut hooks: Vec<PathBuf> = Vec::new();
+        let mut hooks: HashSet<PathBuf> = HashSet::new();
         let mut queue: VecDeque<(PathBuf, Place, String, usize)> = VecDeque::new();
         for root in roots {
             let place = self.locate(&root.base, &root.value);
@@ -716,9 +720,15 @@ impl<'a> Reader<'a> {
             };
             let Some(paths) = paths else { continue };
             for h in paths.hooks.iter().filter_map(|h| self.expand(h)) {
-                if !hooks.contains(&h) {
-                    hooks.push(h);
+                if hooks.len() == MAX_HOOKS && !hooks.contains(&h) {
+                    self.refuse(format!(
+                        "{} names more than {MAX_HOOKS} hooks paths with what it includes: the rest cannot be kept \
+                         read-only",
+                        name.display()
+                    ));
+                    return hooks.into_iter().collect();
                 }
+                hooks.insert(h);
             }
             if depth == MAX_INCLUDE_DEPTH {
                 continue;
@@ -731,13 +741,13 @@ impl<'a> Reader<'a> {
                         "{} includes more than {MAX_FILES} git configuration files: the rest cannot be checked",
                         name.display()
                     ));
-                    return hooks;
+                    return hooks.into_iter().collect();
                 }
                 let place = self.locate(&dir, &inc);
                 queue.push_back((dir.join(&inc), place, format!("included by {}", name.display()), depth + 1));
             }
         }
-        hooks
+        hooks.into_iter().collect()
     }
 
     /// The git directory of the repository whose `.git` (of `kind`) is in
@@ -756,17 +766,9 @@ impl<'a> Reader<'a> {
                 let rel = dotgit.strip_prefix(self.project).ok()?;
                 let target = self.tree.read_link(rel).ok()?;
                 let place = self.locate(worktree, &target);
-                let kind = match &place {
-                    Place::Inside(r) => self.tree.lstat(r).ok().flatten().map(|st| Kind::of(&st)),
-                    Place::Host(p) => std::fs::metadata(p).ok().map(|m| match m.file_type() {
-                        t if t.is_dir() => Kind::Dir,
-                        t if t.is_file() => Kind::File,
-                        _ => Kind::Other,
-                    }),
-                    Place::Untrusted { .. } => None,
-                };
+                let kind = self.kind(&place);
                 let target = worktree.join(target);
-                if !self.directory(&target, place.clone(), &format!("the target of the link {}", dotgit.display())) {
+                if !self.trust(&target, place.clone(), &format!("the target of the link {}", dotgit.display())) {
                     return None;
                 }
                 match kind? {
@@ -787,33 +789,61 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// What is at `place`, not following a link; `None` for nothing, or
+    /// for what the sandbox can write.
+    fn kind(&self, place: &Place) -> Option<Kind> {
+        match place {
+            Place::Inside(rel) => self.tree.lstat(rel).ok().flatten().map(|st| Kind::of(&st)),
+            Place::Host(path) => std::fs::symlink_metadata(path).ok().map(|m| match m.file_type() {
+                t if t.is_dir() => Kind::Dir,
+                t if t.is_file() => Kind::File,
+                t if t.is_symlink() => Kind::Link,
+                _ => Kind::Other,
+            }),
+            Place::Untrusted { .. } => None,
+        }
+    }
+
     /// The git directory a `.git` file at `place` names (relative to
     /// `worktree`, the directory git names the file in).
     fn gitfile(&mut self, worktree: &Path, place: &Place) -> Option<PathBuf> {
         let dotgit = worktree.join(".git");
+        if !self.trust(&dotgit, place.clone(), "a .git file") {
+            return None;
+        }
         let text = self.read(&dotgit, place, "a .git file", GITFILE_MAX)?;
         let dir = gitfile_target(&text)?;
         let place = self.locate(worktree, &dir);
         let gitdir = worktree.join(dir);
-        self.directory(&gitdir, place, &format!("the git directory named by {}", dotgit.display())).then_some(gitdir)
+        self.trust(&gitdir, place, &format!("the git directory named by {}", dotgit.display())).then_some(gitdir)
     }
 
     /// The first repository above the project, as git's discovery finds
     /// it walking up from the project's parent to `/`: a `.git` directory
     /// holding a `HEAD` (git passes over one without), or a `.git` file.
-    /// These are host paths outside the sandbox's reach, looked at by path;
-    /// what they name is located like any other path (it may lead into the
-    /// project). git's ceiling and file-system boundaries are not applied:
-    /// going further up only finds more.
+    /// These directories are outside the sandbox's reach; their `.git` is
+    /// located like any other path (a link there may lead into the
+    /// project, whose part is then looked at through the tree). git's
+    /// ceiling and file-system boundaries are not applied: going further up
+    /// only finds more.
     fn enclosing(&mut self) -> Option<Repo> {
         for dir in self.project.ancestors().skip(1) {
-            let dotgit = dir.join(".git");
-            let Ok(meta) = std::fs::metadata(&dotgit) else { continue };
-            if meta.is_dir() && std::fs::symlink_metadata(dotgit.join("HEAD")).is_ok() {
-                return Some(Repo { worktree: dir.to_path_buf(), gitdir: Some(dotgit) });
-            }
-            if meta.is_file() {
-                return Some(Repo { worktree: dir.to_path_buf(), gitdir: self.gitdir(dir, Kind::File) });
+            let place = self.locate(dir, Path::new(".git"));
+            match self.kind(&place) {
+                Some(Kind::Dir) => {
+                    let head = self.locate(dir, Path::new(".git/HEAD"));
+                    if self.kind(&head).is_none() {
+                        continue;
+                    }
+                    let gitdir = dir.join(".git");
+                    let why = "the git directory of the repository the project is in";
+                    let gitdir = self.trust(&gitdir, place, why).then_some(gitdir);
+                    return Some(Repo { worktree: dir.to_path_buf(), gitdir });
+                }
+                Some(Kind::File) => {
+                    return Some(Repo { worktree: dir.to_path_buf(), gitdir: self.gitdir(dir, Kind::File) })
+                }
+                Some(Kind::Link | Kind::Other) | None => {}
             }
         }
         None
@@ -840,7 +870,7 @@ impl<'a> Reader<'a> {
                 let common = Path::new(OsStr::from_bytes(value));
                 let place = self.locate(gitdir, common);
                 let common = gitdir.join(common);
-                if self.directory(&common, place, &format!("the common git directory named by {}", name.display())) {
+                if self.trust(&common, place, &format!("the common git directory named by {}", name.display())) {
                     let why = format!("the configuration of the common git directory {}", common.display());
                     roots.push(Root::new(&common, Path::new("config"), why));
                 }
@@ -853,13 +883,14 @@ impl<'a> Reader<'a> {
     /// it is inside the project.
     fn hooks_path(&mut self, base: &Path, hooks: &Path) {
         let place = self.locate(base, hooks);
-        self.directory(&base.join(hooks), place, "the hooks directory of core.hooksPath");
+        self.trust(&base.join(hooks), place, "the hooks directory of core.hooksPath");
     }
 
-    /// A directory git would run or read from (`name`, at `place`, as
-    /// `why`): kept read-only when inside the project; false, and refused,
-    /// when the sandbox can write it, so that nothing in it is read.
-    fn directory(&mut self, name: &Path, place: Place, why: &str) -> bool {
+    /// A file or directory git would run or read from (`name`, at
+    /// `place`, as `why`): kept read-only when inside the project; false,
+    /// and refused, when the sandbox can write it, so that nothing in it is
+    /// read.
+    fn trust(&mut self, name: &Path, place: Place, why: &str) -> bool {
         match place {
             Place::Inside(rel) => self.want(&rel, why),
             Place::Host(_) => {}
@@ -903,10 +934,16 @@ fn open_host(path: &Path) -> std::io::Result<OwnedFd> {
         .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
 }
 
-/// The text of an open configuration file: `None` for a directory (git
-/// reads one as empty), an error for anything but a regular file.
+/// The text of an open configuration file: `None` for a directory or
+/// `/dev/null` (git reads both as empty), an error for anything else but a
+/// regular file.
 fn read_config_fd(fd: OwnedFd, max: u64) -> std::io::Result<Option<Vec<u8>>> {
     let st = nix::sys::stat::fstat(&fd).map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    // `GIT_CONFIG_GLOBAL=/dev/null` is common: it reads as empty.
+    let null = nix::sys::stat::makedev(1, 3);
+    if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFCHR && st.st_rdev == null {
+        return Ok(None);
+    }
     match Kind::of(&st) {
         Kind::Dir => Ok(None),
         Kind::File => beneath::read_bounded(fd, max).map(Some),
@@ -1107,6 +1144,18 @@ mod tests {
     }
 
     #[test]
+    fn more_hooks_paths_than_the_bound_are_refused() {
+        let t = tmp("manyhooks");
+        let home = t.0.join("home");
+        let text: String = (0..=MAX_HOOKS).map(|i| format!("[core]\n\thooksPath = h{i}\n")).collect();
+        write(&home.join(".gitconfig"), &text);
+        let got = refused(&t.0, &fake_home(&home));
+        assert!(got.len() == 1 && got[0].contains("more than 64 hooks paths"), "{got:?}");
+        write(&home.join(".gitconfig"), &text.replace("h64", "h0"));
+        assert_eq!(refused(&t.0, &fake_home(&home)), Vec::<String>::new());
+    }
+
+    #[test]
     fn a_directory_named_before_dot_dot_is_kept_too() {
         let t = tmp("dotdot");
         let (home, project) = (t.0.join("home"), t.0.join("project"));
@@ -1119,7 +1168,11 @@ mod tests {
     fn a_fifo_or_an_oversized_include_is_refused_and_never_hangs() {
         let t = tmp("fifo");
         let home = t.0.join("home");
-        write(&home.join(".gitconfig"), "[include]\n\tpath = fifo\n\tpath = big\n\tpath = dir\n\tpath = missing\n");
+        // A directory, a missing file and /dev/null read as nothing, as for git.
+        write(
+            &home.join(".gitconfig"),
+            "[include]\n\tpath = fifo\n\tpath = big\n\tpath = dir\n\tpath = missing\n\tpath = /dev/null\n",
+        );
         nix::unistd::mkfifo(&home.join("fifo"), Mode::from_bits_truncate(0o600)).expect("mkfifo");
         std::fs::write(home.join("big"), vec![b'#'; CONFIG_MAX as usize + 1]).expect("write");
         std::fs::create_dir(home.join("dir")).expect("mkdir");
@@ -1188,6 +1241,13 @@ mod tests {
         write(&t.0.join(".git"), "gitdir: elsewhere/gitdir\n");
         write(&t.0.join("elsewhere/gitdir/config"), "[core]\n\thooksPath = project/from-gitfile\n");
         assert_eq!(wanted(&t.0, &HostGit::default()), ["from-gitfile"]);
+        // A .git link into the project: that git directory is the
+        // project's, and git runs its hooks.
+        std::fs::remove_file(t.0.join(".git")).expect("rm");
+        write(&t.0.join("project/gitdata/HEAD"), "ref: refs/heads/main\n");
+        write(&t.0.join("project/gitdata/config"), "[core]\n\thooksPath = project/from-linked\n");
+        std::os::unix::fs::symlink("project/gitdata", t.0.join(".git")).expect("link");
+        assert_eq!(wanted(&t.0, &HostGit::default()), ["from-linked", "gitdata"]);
     }
 
     #[test]
