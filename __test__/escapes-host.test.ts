@@ -243,6 +243,49 @@ describe("git and tool configuration cannot be changed from a writable mode", { 
     assert.notEqual(out.commit[0], 0, "git could write the repository from the sandbox");
     assert.equal(git("log", "--format=%s").trim(), "first");
   });
+
+  test("a hooks path in a file the user's global config includes is read-only", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project, base } = await makeFixture(t);
+    // Before: an include in ~/.gitconfig was taken from the project root instead of ~, so the
+    // file it names and the hooks path in it were never read.
+    const home = join(base, "home");
+    await mkdir(join(home, "git"), { recursive: true });
+    await writeFile(join(home, ".gitconfig"), "[user]\n\tname = t\n[include]\n\tpath = git/work.gitconfig\n");
+    await writeFile(join(home, "git/work.gitconfig"), "[core]\n\thooksPath = .work-hooks\n");
+    // git's own choice of the user's files: HOME alone, whatever the runner's environment says.
+    const names = ["HOME", "XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL"];
+    const saved = Object.fromEntries(names.map((k) => [k, process.env[k]]));
+    process.env.HOME = home;
+    delete process.env.XDG_CONFIG_HOME;
+    delete process.env.GIT_CONFIG_GLOBAL;
+    t.after(() => {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    });
+    await files(project, [".git/HEAD", ".work-hooks/pre-commit", "src/app.py"]);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const out = jsonOut(await sb.execute(writes([".work-hooks/pre-commit", ".work-hooks/post-checkout", "src/app.py"])));
+    assert.deepEqual(out, { ".work-hooks/pre-commit": EROFS, ".work-hooks/post-checkout": EROFS, "src/app.py": "written" });
+    assertUnchanged(project, [".work-hooks/pre-commit"]);
+  });
+
+  test("an enclosing repository's hooks path into the project is read-only", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project, base } = await makeFixture(t);
+    // pi run in repo/project: the repository's .git is above the project, where the scan never
+    // looks. Before: its core.hooksPath = project/hooks left those hooks writable, and git
+    // run anywhere in the repository ran them on the host.
+    execFileSync("git", ["init", "-q", base]);
+    execFileSync("git", ["-C", base, "config", "core.hooksPath", "project/hooks"]);
+    await files(project, ["hooks/pre-commit", "src/app.py"]);
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const out = jsonOut(await sb.execute(writes(["hooks/pre-commit", "hooks/pre-push", "src/app.py"])));
+    assert.deepEqual(out, { "hooks/pre-commit": EROFS, "hooks/pre-push": EROFS, "src/app.py": "written" });
+    assertUnchanged(project, ["hooks/pre-commit"]);
+  });
 });
 
 describe("a protected name the sandbox creates never stays active", { concurrency: 2 }, () => {
