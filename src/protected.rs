@@ -310,7 +310,11 @@ impl Rules {
         }
         let repos: Vec<(PathBuf, Kind)> = entries.iter().map(|(r, k, _)| (r.clone(), *k)).collect();
         let mut wanted = self.paths.clone();
-        wanted.extend(crate::gitconfig::protected_paths(tree.path(), tree, &repos, &self.git));
+        let git = crate::gitconfig::git_paths(tree.path(), tree, &repos, &self.git);
+        if let Some(why) = git.refused.first() {
+            return Err(PlanError::Unprotectable(why.clone()));
+        }
+        wanted.extend(git.wanted);
         let covered = |rel: &Path, seen: &HashSet<PathBuf>| rel.ancestors().any(|a| seen.contains(a));
         let mut expected = Vec::new();
         for rel in wanted {

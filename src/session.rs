@@ -867,8 +867,11 @@ impl Session {
         let (role, call) = (*role, *call);
         // A project that cannot be protected is mounted read-only for this
         // sandbox, and the first result says why.
-        // The settings of this start, read once.
-        let settings = Settings::from_env();
+        // The settings of this start, read once; git must never trust a
+        // file under this session's runtime root (scratch is there).
+        let mut settings = Settings::from_env();
+        let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
+        settings.git.untrusted.push(runtime_root);
         let sizes = settings.tmpfs.clone();
         let mut plan_notes = Vec::new();
         let plan = if mounts.workspace_writable {
