@@ -103,14 +103,14 @@ const PROBES: Probe[] = [
   // The mount table: bad pointers -> EFAULT, bad flags -> EINVAL, bad fds -> EBADF.
   { title: "mount", nr: 165, args: [1, 1, 1, 0, 0] },
   { title: "umount2", nr: 166, args: [1, U32] },
-  { title: "pivot_root", nr: 155, args: [1, 1] },
+  { title: "pivot_root", nr: 155, args: [1, 1], gated: process.getuid?.() !== 0 }, // as a non-root user the kernel refuses it unfiltered too
   { title: "chroot", nr: 161, args: [1] },
   { title: "open_tree", nr: 428, args: [-1, 1, U32] },
-  { title: "move_mount", nr: 429, args: [-1, 1, -1, 1, U32] },
-  { title: "fsopen", nr: 430, args: [1, U32] },
+  { title: "move_mount", nr: 429, args: [-1, 1, -1, 1, U32], gated: process.getuid?.() !== 0 }, // as a non-root user the kernel refuses it unfiltered too
+  { title: "fsopen", nr: 430, args: [1, U32], gated: process.getuid?.() !== 0 }, // as a non-root user the kernel refuses it unfiltered too
   { title: "fsconfig", nr: 431, args: [-1, 0, 0, 0, 0] },
-  { title: "fsmount", nr: 432, args: [-1, U32, 0] },
-  { title: "fspick", nr: 433, args: [-1, 1, U32] },
+  { title: "fsmount", nr: 432, args: [-1, U32, 0], gated: process.getuid?.() !== 0 }, // as a non-root user the kernel refuses it unfiltered too
+  { title: "fspick", nr: 433, args: [-1, 1, U32], gated: process.getuid?.() !== 0 }, // as a non-root user the kernel refuses it unfiltered too
   { title: "mount_setattr", nr: 442, args: [-1, 1, U32, 0, 0] },
   // Terminal control on fd 0 (/dev/null, not a tty): ENOTTY when allowed.
   { title: "ioctl TIOCLINUX", nr: 16, args: [0, 0x541c, 0] },
