@@ -327,99 +327,10 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
     let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
-    let mut text = format!(
-        "python tool: {}\n",
-        match available {
-            "unverified" => "not started yet (no execution so far)",
-            a => a,
-        }
-    );
-    if let Some(d) = &diagnostic {
-        text.push_str(&format!("diagnostic: {d}\n"));
-    }
-    text.push_str(&format!(
-        "worker running: {} (generation {}{})\n",
-        if r.worker_running { "yes" } else { "no" },
-        r.generation,
-        r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
-    ));
-    if let Some(reason) = &r.last_reset_reason {
-        text.push_str(&format!("last reset reason: {reason}\n"));
-    }
-    if !r.site_dirs.is_empty() {
-        let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
-        text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
-    }
-    for note in &r.python_notes {
-        text.push_str(&format!("python packages: {note}\n"));
-    }
-    text.push_str(&format!(
-        "spare sandbox: {}\n",
-        match (r.prewarm, r.spare) {
-            (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
-            (true, SpareState::None) => "none yet",
-            (true, SpareState::Starting) => "starting",
-            (true, SpareState::Ready) => "ready",
-        }
-    ));
-    text.push_str(&format!(
-        "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
-        r.project_dir.display(),
-        scratch.as_deref().unwrap_or("(not allocated yet)"),
-        logs.as_deref().unwrap_or("(not allocated yet)"),
-    ));
-    if roots.is_empty() {
-        text.push_str("read roots mounted: none\n");
-    } else {
-        text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
-    }
-    text.push_str(&format!(
-        "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
-     address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
-     These are per-process limits, not aggregate quotas.",
-        MAX_CODE_BYTES / 1024,
-        DEFAULT_TIMEOUT_SECONDS,
-        MAX_TIMEOUT_SECONDS,
-        OUTPUT_BUDGET_BYTES / 1024,
-        MAX_REPR_BYTES / 1024,
-        RLIMIT_AS_BYTES >> 20,
-        RLIMIT_FSIZE_BYTES >> 20,
-        RLIMIT_NOFILE
-    ));
-    text.push_str(&match &settings.tmpfs {
-        Ok(sizes) => format!(
-            "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
-             fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
-            describe_size(sizes.tmp),
-            describe_size(sizes.shm)
-        ),
-        Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
-    });
-    if let Some(b) = &r.bwrap {
-        let (x, y, z) = b.version;
-        text.push_str(&format!(
-            "\nbubblewrap: {} {x}.{y}.{z}{}",
-            b.path.display(),
-            if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
-        ));
-    }
     let protected = crate::protected::describe(&settings.protected);
     let seccomp_rules = crate::seccomp::rules().len();
-    text.push_str(&format!(
-        "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
-         native architecture only); no nested user namespaces; \
-         all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
-         Not applied: limits on the number of processes or on total memory (no cgroup limits).",
-        crate::seccomp::allowed_here(),
-        seccomp_rules,
-        if protected.is_empty() {
-            "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
-        } else {
-            protected.join(", ")
-        }
-    ));
     // The worker's ready frame, the host's probes and the paths: any can hold anything.
-    let text = displayed(text);
+    let text = displayed(crate::outcome::status_text(&r, &settings));
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
@@ -681,16 +592,8 @@ impl PythonSandbox {
     #[napi]
     pub async fn reset(&self) -> Result<ResetResult> {
         let (dirs, notes) = self.session.reset().await;
-        let scratch = dirs.map(|d| path_str(&d.scratch));
-        let mut text = format!(
-            "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
-       A fresh interpreter starts on the next execution.",
-            scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
-        );
-        for note in notes {
-            text.push_str(&format!("\n\nnote: {note}"));
-        }
-        Ok(ResetResult { scratch_dir: scratch, text: displayed(text) })
+        let text = displayed(crate::outcome::reset_text(dirs.as_ref(), &notes));
+        Ok(ResetResult { scratch_dir: dirs.map(|d| path_str(&d.scratch)), text })
     }
 
     /// Readiness, generation, limits and paths. Starts nothing, never waits.

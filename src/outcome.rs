@@ -9,7 +9,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::display::{display_line, display_text};
-use crate::limits::{OUTPUT_BUDGET_BYTES, RESULT_MAX_BYTES, RESULT_MAX_LINES};
+use crate::limits::*;
+use crate::options::Settings;
+use crate::permissions::MountConfig;
+use crate::probe::Bwrap;
+use crate::rundir::Dirs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -231,6 +235,194 @@ fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> String {
     let tail = cut_tail(tail_source, max_bytes / 4, max_lines / 4);
     let omitted = s.total.saturating_sub(head.len() + tail.len());
     format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Nothing was probed yet (no execution so far).
+    Unverified,
+    Available,
+    Unavailable(String),
+}
+
+/// What `status` reports; readable at any time without the lock.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    pub availability: Availability,
+    pub worker_running: bool,
+    pub busy: bool,
+    pub generation: u64,
+    pub executions: u64,
+    pub runtime_version: Option<String>,
+    pub last_reset_reason: Option<String>,
+    pub disposed: bool,
+    pub project_dir: PathBuf,
+    pub mounts: MountConfig,
+    /// Counts effective mount changes.
+    pub mount_epoch: u64,
+    /// A `tool-permissions:mode` event was applied at least once.
+    pub permissions_seen: bool,
+    /// Directories whose reads the user denied in this session.
+    pub denied_reads: Vec<PathBuf>,
+    pub dirs: Option<Dirs>,
+    pub bwrap: Option<Bwrap>,
+    /// Site directories added for the user's Python packages.
+    pub site_dirs: Vec<PathBuf>,
+    /// Settings of the Python environment that were skipped, and why.
+    pub python_notes: Vec<String>,
+    /// Keep a started spare sandbox ready after the first execution.
+    pub prewarm: bool,
+    pub spare: SpareState,
+    /// How the running worker was loaded: compiled from source, or from the
+    /// bytecode an earlier sandbox produced.
+    pub worker_code: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpareState {
+    None,
+    Starting,
+    Ready,
+}
+
+/// How a sandbox ended, in words.
+pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "did not exit within the cleanup deadline".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) if code > 128 => {
+                let sig = nix::sys::signal::Signal::try_from(code - 128).map(|s| s.as_str()).unwrap_or("?");
+                format!("was killed by signal {} ({sig})", code - 128)
+            }
+            (Some(code), _) => format!("exited with code {code}"),
+            (None, Some(sig)) => {
+                let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("?");
+                format!("was killed by signal {sig} ({name})")
+            }
+            (None, None) => "ended".into(),
+        },
+    }
+}
+
+/// The `status` text: what the session has, what the next sandbox start
+/// would get (`settings`), and what is and is not hardened.
+pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
+    let available = match &r.availability {
+        Availability::Unverified => "not started yet (no execution so far)",
+        Availability::Available => "available",
+        Availability::Unavailable(_) => "unavailable",
+    };
+    let diagnostic = match &r.availability {
+        Availability::Unavailable(d) => Some(d.as_str()),
+        _ => None,
+    };
+    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
+    let path_str = |p: &std::path::Path| p.display().to_string();
+    let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
+    let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
+    let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
+    let mut text = format!("python tool: {available}\n");
+    if let Some(d) = &diagnostic {
+        text.push_str(&format!("diagnostic: {d}\n"));
+    }
+    text.push_str(&format!(
+        "worker running: {} (generation {}{})\n",
+        if r.worker_running { "yes" } else { "no" },
+        r.generation,
+        r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
+    ));
+    if let Some(reason) = &r.last_reset_reason {
+        text.push_str(&format!("last reset reason: {reason}\n"));
+    }
+    if !r.site_dirs.is_empty() {
+        let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
+        text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
+    }
+    for note in &r.python_notes {
+        text.push_str(&format!("python packages: {note}\n"));
+    }
+    text.push_str(&format!(
+        "spare sandbox: {}\n",
+        match (r.prewarm, r.spare) {
+            (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
+            (true, SpareState::None) => "none yet",
+            (true, SpareState::Starting) => "starting",
+            (true, SpareState::Ready) => "ready",
+        }
+    ));
+    text.push_str(&format!(
+        "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
+        r.project_dir.display(),
+        scratch.as_deref().unwrap_or("(not allocated yet)"),
+        logs.as_deref().unwrap_or("(not allocated yet)"),
+    ));
+    if roots.is_empty() {
+        text.push_str("read roots mounted: none\n");
+    } else {
+        text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
+    }
+    text.push_str(&format!(
+        "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
+     address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
+     These are per-process limits, not aggregate quotas.",
+        MAX_CODE_BYTES / 1024,
+        DEFAULT_TIMEOUT_SECONDS,
+        MAX_TIMEOUT_SECONDS,
+        OUTPUT_BUDGET_BYTES / 1024,
+        MAX_REPR_BYTES / 1024,
+        RLIMIT_AS_BYTES >> 20,
+        RLIMIT_FSIZE_BYTES >> 20,
+        RLIMIT_NOFILE
+    ));
+    text.push_str(&match &settings.tmpfs {
+        Ok(sizes) => format!(
+            "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
+             fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
+            describe_size(sizes.tmp),
+            describe_size(sizes.shm)
+        ),
+        Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
+    });
+    if let Some(b) = &r.bwrap {
+        let (x, y, z) = b.version;
+        text.push_str(&format!(
+            "\nbubblewrap: {} {x}.{y}.{z}{}",
+            b.path.display(),
+            if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
+        ));
+    }
+    let protected = crate::protected::describe(&settings.protected);
+    let seccomp_rules = crate::seccomp::rules().len();
+    text.push_str(&format!(
+        "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
+         native architecture only); no nested user namespaces; \
+         all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
+         Not applied: limits on the number of processes or on total memory (no cgroup limits).",
+        crate::seccomp::allowed_here(),
+        seccomp_rules,
+        if protected.is_empty() {
+            "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
+        } else {
+            protected.join(", ")
+        }
+    ));
+    text
+}
+
+/// The text of a reset: what was kept, and notes of what the last checks
+/// of the project did.
+pub fn reset_text(dirs: Option<&Dirs>, notes: &[String]) -> String {
+    let scratch = dirs.map(|d| d.scratch.display().to_string());
+    let mut text = format!(
+        "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
+         A fresh interpreter starts on the next execution.",
+        scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
+    );
+    for note in notes {
+        text.push_str(&format!("\n\nnote: {note}"));
+    }
+    text
 }
 
 /// The text the model sees.
@@ -458,6 +650,40 @@ mod tests {
         assert_eq!(cut_tail(&s, 5, 100), "éé");
         assert_eq!(cut_head("a\nb\nc", 100, 2), "a\nb");
         assert_eq!(cut_tail("a\nb\nc", 100, 2), "b\nc");
+    }
+
+    #[test]
+    fn status_and_reset_texts() {
+        let report = StatusReport {
+            availability: Availability::Unverified,
+            worker_running: false,
+            busy: false,
+            generation: 0,
+            executions: 0,
+            runtime_version: None,
+            last_reset_reason: None,
+            disposed: false,
+            project_dir: "/p".into(),
+            mounts: MountConfig::default(),
+            mount_epoch: 0,
+            permissions_seen: false,
+            denied_reads: vec![],
+            dirs: None,
+            bwrap: None,
+            site_dirs: vec![],
+            python_notes: vec![],
+            prewarm: false,
+            spare: SpareState::None,
+            worker_code: None,
+        };
+        let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let text = status_text(&report, &settings);
+        assert!(text.starts_with("python tool: not started yet (no execution so far)\n"), "{text}");
+        assert!(text.contains("spare sandbox: off (PI_PYTHON_TOOL_PREWARM)"), "{text}");
+        assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+        assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
+        let reset = reset_text(None, &["x was renamed".into()]);
+        assert!(reset.contains("no scratch directory was allocated yet") && reset.ends_with("\n\nnote: x was renamed"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::capture::{Capture, Stream};
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, WorkerStatus, PROTOCOL_VERSION};
 use crate::limits::*;
 use crate::options::Settings;
-use crate::outcome::{ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
+use crate::outcome::{exit_text, ExceptionText, LogFiles, Outcome, Progress, ProgressFn, Status, StreamText};
 pub use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::protected::{self, Guard};
@@ -59,53 +59,7 @@ pub struct SessionOptions {
 
 pub use crate::options::PREWARM_ENV;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Availability {
-    /// Nothing was probed yet (no execution so far).
-    Unverified,
-    Available,
-    Unavailable(String),
-}
-
-/// What `status` reports; readable at any time without the lock.
-#[derive(Debug, Clone)]
-pub struct StatusReport {
-    pub availability: Availability,
-    pub worker_running: bool,
-    pub busy: bool,
-    pub generation: u64,
-    pub executions: u64,
-    pub runtime_version: Option<String>,
-    pub last_reset_reason: Option<String>,
-    pub disposed: bool,
-    pub project_dir: PathBuf,
-    pub mounts: MountConfig,
-    /// Counts effective mount changes.
-    pub mount_epoch: u64,
-    /// A `tool-permissions:mode` event was applied at least once.
-    pub permissions_seen: bool,
-    /// Directories whose reads the user denied in this session.
-    pub denied_reads: Vec<PathBuf>,
-    pub dirs: Option<Dirs>,
-    pub bwrap: Option<Bwrap>,
-    /// Site directories added for the user's Python packages.
-    pub site_dirs: Vec<PathBuf>,
-    /// Settings of the Python environment that were skipped, and why.
-    pub python_notes: Vec<String>,
-    /// Keep a started spare sandbox ready after the first execution.
-    pub prewarm: bool,
-    pub spare: SpareState,
-    /// How the running worker was loaded: compiled from source, or from the
-    /// bytecode an earlier sandbox produced.
-    pub worker_code: Option<&'static str>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpareState {
-    None,
-    Starting,
-    Ready,
-}
+pub use crate::outcome::{Availability, SpareState, StatusReport};
 
 struct Shared {
     report: StatusReport,
@@ -233,25 +187,6 @@ enum Interrupt {
 }
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
-
-fn exit_text(status: Option<std::process::ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        None => "did not exit within the cleanup deadline".into(),
-        Some(s) => match (s.code(), s.signal()) {
-            (Some(code), _) if code > 128 => {
-                let sig = nix::sys::signal::Signal::try_from(code - 128).map(|s| s.as_str()).unwrap_or("?");
-                format!("was killed by signal {} ({sig})", code - 128)
-            }
-            (Some(code), _) => format!("exited with code {code}"),
-            (None, Some(sig)) => {
-                let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("?");
-                format!("was killed by signal {sig} ({name})")
-            }
-            (None, None) => "ended".into(),
-        },
-    }
-}
 
 impl Session {
     pub fn new(opts: SessionOptions) -> Arc<Self> {
