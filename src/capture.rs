@@ -35,7 +35,7 @@ impl MarkScanner {
         }
         let mut data = std::mem::take(&mut self.held);
         data.extend_from_slice(chunk);
-        if let Some(at) = find(&data, &self.mark) {
+        if let Some(at) = memchr::memmem::find(&data, &self.mark) {
             self.found = true;
             data.truncate(at);
             return data;
@@ -53,27 +53,6 @@ impl MarkScanner {
     pub fn finish(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.held)
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || haystack.len() < needle.len() {
-        return None;
-    }
-    let first = needle[0];
-    let mut i = 0;
-    while i + needle.len() <= haystack.len() {
-        match haystack[i..=haystack.len() - needle.len()].iter().position(|&b| b == first) {
-            None => return None,
-            Some(p) => {
-                i += p;
-                if &haystack[i..i + needle.len()] == needle {
-                    return Some(i);
-                }
-                i += 1;
-            }
-        }
-    }
-    None
 }
 
 /// Head and tail of a stream, with its total size.
@@ -184,14 +163,16 @@ impl LazyLog {
         if self.failed {
             return Ok(());
         }
-        if self.file.is_none() {
-            let opened = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&self.path);
-            self.file = Some(opened.map_err(|e| {
-                self.failed = true;
-                format!("{}: {e}", self.path.display())
-            })?);
-        }
-        let file = self.file.as_mut().expect("opened above");
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => {
+                let opened = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&self.path);
+                self.file.insert(opened.map_err(|e| {
+                    self.failed = true;
+                    format!("{}: {e}", self.path.display())
+                })?)
+            }
+        };
         file.write_all(data).map_err(|e| {
             self.failed = true;
             format!("{}: {e}", self.path.display())
