@@ -4,6 +4,9 @@
 //! The sandbox logic is plain Rust, tested with `cargo test`; only
 //! `napi_api` (behind the `addon` feature) knows about Node.
 
+// `unwrap`/`expect` are denied in the library (Cargo.toml's [lints]), not in tests.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod beneath;
 pub mod bwrap;
 pub mod bytecode;

@@ -427,7 +427,9 @@ impl Session {
         o.diagnostic = None;
         o.started = true;
 
-        let worker = inner.worker.as_mut().expect("started above");
+        let Some(worker) = inner.worker.as_mut() else {
+            return Outcome::static_result(Status::WorkerError, generation(), "internal error: no sandbox".into());
+        };
         let guard = worker.guard.clone();
         discard_idle_output(worker).await;
         let request =
@@ -632,7 +634,8 @@ impl Session {
                 return Err(Interrupt::OutputLimit);
             }
         }
-        let report = report.expect("loop ends only with a report");
+        // The loop ends only with a report; say so if that ever changes.
+        let Some(report) = report else { return Err(Interrupt::Violation("no result before the drain ended".into())) };
         Ok((report, Ok(())))
     }
 

@@ -97,6 +97,7 @@ fn child_cloexec_from(first: RawFd) -> io::Result<()> {
     // SAFETY: sysconf and fcntl are async-signal-safe.
     let max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) }.clamp(1024, 65536) as RawFd;
     for fd in first..max {
+        // SAFETY: F_SETFD on any number only sets a flag (EBADF for a closed one).
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
     Ok(())

@@ -3,6 +3,8 @@
 //! random and mutated frames. The oracle is `fuzz/frame_check.rs`, the same
 //! one the cargo-fuzz target uses (`npm run fuzz` for the open-ended run).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../fuzz/frame_check.rs"]
 mod frame_check;
 

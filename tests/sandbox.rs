@@ -2,6 +2,8 @@
 //! Skips with the reason printed where bwrap cannot run; under CI=true a
 //! skip is a failure.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
