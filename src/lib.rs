@@ -25,6 +25,7 @@ pub mod rundir;
 pub mod scan;
 pub mod seccomp;
 pub mod session;
+pub mod spare;
 pub mod spawn;
 
 #[cfg(feature = "addon")]

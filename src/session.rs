@@ -32,6 +32,7 @@ use crate::protected::{self, Guard};
 pub use crate::rundir::{cleanup_all, default_runtime_root, Dirs};
 use crate::rundir::{live_update, random_u64};
 use crate::seccomp;
+use crate::spare::Spare;
 use crate::spawn::{kill_group, spawn_sandbox};
 
 /// The worker script, embedded in the addon.
@@ -137,20 +138,10 @@ struct Inner {
     start_failed: bool,
 }
 
-/// The spare sandbox slot.
-enum Spare {
-    Empty,
-    /// A start is under way; the number tells it from a start that was
-    /// discarded meanwhile (which must not fill the slot).
-    Starting(u64),
-    Ready(Box<Worker>),
-}
-
 pub struct Session {
     id: u64,
     weak: std::sync::Weak<Session>,
-    spare: parking_lot::Mutex<Spare>,
-    spare_tickets: AtomicU64,
+    spare: Spare<Worker>,
     opts: SessionOptions,
     nonce_base: u64,
     ops: tokio::sync::Mutex<Inner>,
@@ -216,8 +207,7 @@ impl Session {
         Arc::new_cyclic(|weak| Session {
             id,
             weak: weak.clone(),
-            spare: parking_lot::Mutex::new(Spare::Empty),
-            spare_tickets: AtomicU64::new(0),
+            spare: Spare::default(),
             nonce_base: random_u64(),
             opts,
             ops: tokio::sync::Mutex::new(Inner {
@@ -246,11 +236,7 @@ impl Session {
 
     /// A snapshot for `status`; starts nothing and never waits.
     pub fn status(&self) -> StatusReport {
-        let spare = match *self.spare.lock() {
-            Spare::Empty => SpareState::None,
-            Spare::Starting(_) => SpareState::Starting,
-            Spare::Ready(_) => SpareState::Ready,
-        };
+        let spare = self.spare.state();
         let mut report = self.shared.lock().report.clone();
         report.spare = spare;
         report
@@ -957,7 +943,7 @@ impl Session {
                 self.shared.lock().report.worker_code = pid.map(|_| code_kind);
             }
             Role::Spare(ticket) => {
-                let ours = matches!(*self.spare.lock(), Spare::Starting(t) if t == ticket);
+                let ours = self.spare.is_current(ticket);
                 let mut sh = self.shared.lock();
                 match pid {
                     Some(pid) if ours => sh.spare_pid = Some(pid),
@@ -1000,12 +986,7 @@ impl Session {
 
     /// Take the ready spare if it was made for `mounts` and is still alive.
     fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
-        let mut slot = self.spare.lock();
-        if !matches!(*slot, Spare::Ready(_)) {
-            return None;
-        }
-        let Spare::Ready(mut w) = std::mem::replace(&mut *slot, Spare::Empty) else { return None };
-        drop(slot);
+        let mut w = self.spare.take()?;
         self.shared.lock().spare_pid = None;
         if w.mounts != *mounts || !matches!(w.child.try_wait(), Ok(None)) {
             reap(*w);
@@ -1017,8 +998,7 @@ impl Session {
 
     /// Kill the spare (mounts changed, or the session ends).
     fn discard_spare(&self) {
-        let old = std::mem::replace(&mut *self.spare.lock(), Spare::Empty);
-        if let Spare::Ready(w) = old {
+        if let Some(w) = self.spare.clear() {
             reap(*w);
         }
         let pid = self.shared.lock().spare_pid.take();
@@ -1040,31 +1020,22 @@ impl Session {
                 return;
             }
         }
-        let ticket = {
-            let mut slot = self.spare.lock();
-            if !matches!(*slot, Spare::Empty) {
-                return;
-            }
-            let ticket = self.spare_tickets.fetch_add(1, Ordering::Relaxed);
-            *slot = Spare::Starting(ticket);
-            ticket
+        let Some(ticket) = self.spare.begin() else { return };
+        let Some(me) = self.weak.upgrade() else {
+            self.spare.abandon(ticket);
+            return;
         };
-        let Some(me) = self.weak.upgrade() else { return };
         tokio::spawn(async move {
-            let ours = |slot: &Spare| matches!(slot, Spare::Starting(t) if *t == ticket);
             // Forking the host process costs a few milliseconds of both
             // cores: let the result that triggered this reach JS first.
             tokio::time::sleep(SPARE_DELAY).await;
             let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
-                let mut slot = me.spare.lock();
-                if ours(&slot) {
-                    *slot = Spare::Empty;
-                }
+                me.spare.abandon(ticket);
                 return;
             };
             let mounts = me.shared.lock().report.mounts.clone();
             let mut wake = me.wake.subscribe();
-            let made = if ours(&me.spare.lock()) {
+            let made = if me.spare.is_current(ticket) {
                 let start = Start {
                     facts: &facts,
                     dirs: &dirs,
@@ -1081,26 +1052,26 @@ impl Session {
                 let sh = me.shared.lock();
                 !sh.report.disposed && sh.report.mounts == mounts
             };
-            let mut slot = me.spare.lock();
-            let mine = ours(&slot);
-            match made {
-                Ok(w) if current && mine => *slot = Spare::Ready(Box::new(w)),
-                other => {
-                    if mine {
-                        *slot = Spare::Empty;
-                    }
-                    drop(slot);
-                    if let Ok(w) = other {
-                        let mut sh = me.shared.lock();
-                        if sh.spare_pid == Some(w.pid) {
-                            sh.spare_pid = None;
-                        }
-                        drop(sh);
-                        reap(w);
-                    }
-                    me.sync_live();
+            let unused = match made {
+                Ok(w) if current => me.spare.fill(ticket, w).err(),
+                Ok(w) => {
+                    me.spare.abandon(ticket);
+                    Some(w)
                 }
+                Err(_) => {
+                    me.spare.abandon(ticket);
+                    None
+                }
+            };
+            if let Some(w) = unused {
+                let mut sh = me.shared.lock();
+                if sh.spare_pid == Some(w.pid) {
+                    sh.spare_pid = None;
+                }
+                drop(sh);
+                reap(w);
             }
+            me.sync_live();
         });
     }
 
