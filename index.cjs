@@ -838,3 +838,4 @@ module.exports = nativeBinding
 module.exports.PythonSandbox = nativeBinding.PythonSandbox
 module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayText = nativeBinding.displayText
+module.exports.sandboxLimits = nativeBinding.sandboxLimits

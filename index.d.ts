@@ -231,6 +231,12 @@ export interface ResetResult {
   text: string
 }
 
+/**
+ * The sandbox's limits (the same as `status().limits`), without a
+ * session: the one source the TypeScript wrapper reads its bounds from.
+ */
+export declare function sandboxLimits(): Limits
+
 /** Options for a new sandbox session. */
 export interface SandboxOptions {
   /**

@@ -4,12 +4,13 @@
  * tool reports as `unavailable`.
  */
 import { createRequire } from "node:module";
-import type { PythonSandbox as PythonSandboxClass, SandboxOptions } from "../index.d.ts";
+import type { Limits, PythonSandbox as PythonSandboxClass, SandboxOptions } from "../index.d.ts";
 
 export type PythonSandbox = PythonSandboxClass;
 type Binding = {
   PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass;
   cleanupAll(): void;
+  sandboxLimits?(): Limits;
   displayText(text: string): string;
 };
 const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");

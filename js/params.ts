@@ -4,9 +4,24 @@
  * tool checks again here; every rejection happens before any sandbox work.
  */
 
-export const MAX_CODE_BYTES = 64 * 1024;
-export const DEFAULT_TIMEOUT_SECONDS = 30;
-export const MAX_TIMEOUT_SECONDS = 120;
+import { loadAddon } from "./addon.ts";
+
+/**
+ * The addon's limits are the source (`sandboxLimits()`); these are used where it does not load
+ * (and for the schema, built before it is loaded), and a test pins that they agree.
+ */
+export const FALLBACK_LIMITS = { maxCodeBytes: 64 * 1024, defaultTimeoutSeconds: 30, maxTimeoutSeconds: 120 };
+
+/** The limits in force: the addon's when it loads. */
+export function toolLimits(): typeof FALLBACK_LIMITS {
+  const l = loadAddon().binding?.sandboxLimits?.();
+  if (!l) return FALLBACK_LIMITS;
+  return { maxCodeBytes: l.maxCodeBytes, defaultTimeoutSeconds: l.defaultTimeoutSeconds, maxTimeoutSeconds: l.maxTimeoutSeconds };
+}
+
+export const MAX_CODE_BYTES = FALLBACK_LIMITS.maxCodeBytes;
+export const DEFAULT_TIMEOUT_SECONDS = FALLBACK_LIMITS.defaultTimeoutSeconds;
+export const MAX_TIMEOUT_SECONDS = FALLBACK_LIMITS.maxTimeoutSeconds;
 export const ACTIONS = ["execute", "reset", "status"] as const;
 export type Action = (typeof ACTIONS)[number];
 
@@ -39,13 +54,14 @@ export function parseParams(raw: unknown): PythonParams {
   if (typeof p.code !== "string" || p.code.length === 0) {
     throw new Error("The python tool requires `code` (a non-empty string) when action is execute (or omitted).");
   }
+  const limits = toolLimits();
   const bytes = Buffer.byteLength(p.code, "utf8");
-  if (bytes > MAX_CODE_BYTES) {
-    throw new Error(`Code exceeds the 64 KiB UTF-8 limit (${bytes} bytes); write long programs in parts or to /scratch.`);
+  if (bytes > limits.maxCodeBytes) {
+    throw new Error(`Code exceeds the ${limits.maxCodeBytes / 1024} KiB UTF-8 limit (${bytes} bytes); write long programs in parts or to /scratch.`);
   }
-  const t = p.timeoutSeconds === undefined ? DEFAULT_TIMEOUT_SECONDS : p.timeoutSeconds;
-  if (typeof t !== "number" || !Number.isInteger(t) || t < 1 || t > MAX_TIMEOUT_SECONDS) {
-    throw new Error("timeoutSeconds must be an integer between 1 and 120.");
+  const t = p.timeoutSeconds === undefined ? limits.defaultTimeoutSeconds : p.timeoutSeconds;
+  if (typeof t !== "number" || !Number.isInteger(t) || t < 1 || t > limits.maxTimeoutSeconds) {
+    throw new Error(`timeoutSeconds must be an integer between 1 and ${limits.maxTimeoutSeconds}.`);
   }
   return { action: "execute", code: p.code, timeoutSeconds: t };
 }

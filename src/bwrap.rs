@@ -87,6 +87,9 @@ pub struct SandboxSpec {
     /// The open-file limit the worker sets for itself and everything it
     /// starts, when bubblewrap needed a higher one for its mount fds.
     pub nofile: Option<u64>,
+    /// The worker's bounds, `name=value,...` (see `limits::worker_limits`):
+    /// the host's constants are the only source.
+    pub worker_limits: String,
     pub site_dirs: Vec<PathBuf>,
     /// Sizes of the `/tmp` and `/dev/shm` tmpfs, in bytes (never 0, which
     /// would mean unlimited).
@@ -185,6 +188,8 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
         a.push("--site".into());
         a.push(dir.into());
     }
+    a.push("--limits".into());
+    a.push(spec.worker_limits.clone().into());
     if let Some(n) = spec.nofile {
         a.push("--nofile".into());
         a.push(n.to_string().into());
@@ -213,6 +218,7 @@ mod tests {
             python_mounts: vec![],
             python_fd_mounts: vec![],
             nofile: None,
+            worker_limits: "frame=1".into(),
             site_dirs: vec![],
             tmp_bytes: 256 << 20,
             shm_bytes: 64 << 20,
@@ -243,7 +249,7 @@ mod tests {
             --ro-bind /tmp/s/worker.py /worker.py --chdir /workspace \
             --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
             --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 \
-            -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py";
+            -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --limits frame=1";
         assert_eq!(argv.join(" "), expected);
     }
 
@@ -260,7 +266,7 @@ mod tests {
             tail(emit),
             (
                 "--ro-bind /tmp/s/worker.py /worker.py".into(),
-                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --emit-code --site /v/site".into()
+                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --emit-code --site /v/site --limits frame=1".into()
             )
         );
         let pyc = WorkerCode::Bytecode("/rt/.worker-code/worker-00ff.pyc".into());
@@ -268,7 +274,7 @@ mod tests {
             tail(pyc),
             (
                 "--ro-bind /rt/.worker-code/worker-00ff.pyc /worker.pyc".into(),
-                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.pyc --site /v/site".into()
+                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.pyc --site /v/site --limits frame=1".into()
             )
         );
     }
@@ -298,7 +304,7 @@ mod tests {
         assert!(has_triple(&argv, ["--ro-bind-try", "/data/a", "/data/a"]));
         assert!(has_triple(&argv, ["--ro-bind-try", "/etc", "/etc"]));
         assert!(has_triple(&argv, ["--ro-bind", "/opt/py", "/opt/py"]));
-        assert_eq!(argv[argv.len() - 8], "/opt/py/bin/python3");
+        assert_eq!(argv[argv.len() - 10], "/opt/py/bin/python3");
     }
 
     #[test]
@@ -309,7 +315,10 @@ mod tests {
             ..spec()
         }));
         assert!(has_triple(&argv, ["--ro-bind-try", "/home/u/venv", "/home/u/venv"]));
-        assert_eq!(argv[argv.len() - 3..], ["/worker.py", "--site", "/home/u/venv/lib/python3.11/site-packages"]);
+        assert_eq!(
+            argv[argv.len() - 5..argv.len() - 2],
+            ["/worker.py", "--site", "/home/u/venv/lib/python3.11/site-packages"]
+        );
     }
 
     #[test]

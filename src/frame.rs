@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::limits::MAX_FRAME_BYTES;
 
 /// Version spoken by this host and the embedded worker.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
@@ -37,8 +37,8 @@ pub enum FrameError {
 pub enum Request {
     /// Run `code` (base64 of the UTF-8 source, so that JSON escaping can
     /// never push a 64 KiB source past the frame limit). After the result the
-    /// worker writes `end_mark(nonce)` on stdout and stderr.
-    Exec { id: u64, code: String, nonce: String },
+    /// worker writes `mark` (base64 of [`end_mark`]) on stdout and stderr.
+    Exec { id: u64, code: String, mark: String },
 }
 
 /// Outcome class reported by the worker for one execution.
@@ -288,7 +288,7 @@ mod tests {
         let req = Request::Exec {
             id: u64::MAX,
             code: base64::engine::general_purpose::STANDARD.encode(code),
-            nonce: "0".repeat(32),
+            mark: base64::engine::general_purpose::STANDARD.encode(end_mark(&"0".repeat(24))),
         };
         let frame = encode(&req).expect("a maximal source must fit one frame");
         assert!(frame.len() - 4 <= MAX_FRAME_BYTES);

@@ -57,6 +57,16 @@ pub const SPARE_DELAY: Duration = Duration::from_millis(20);
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Bytes of each stream's latest output in a progress report.
 pub const PROGRESS_TAIL_BYTES: usize = 2048;
+/// The worker's bounds as it takes them on its command line: the host's
+/// constants are their only source.
+pub fn worker_limits() -> String {
+    format!(
+        "frame={MAX_FRAME_BYTES},repr={MAX_REPR_BYTES},message={MAX_MESSAGE_BYTES},traceback={MAX_TRACEBACK_BYTES},\
+         drain_ms={},images={MAX_IMAGES},image_bytes={MAX_IMAGE_BYTES},images_total={MAX_IMAGES_TOTAL_BYTES}",
+        DRAIN_CAP.as_millis()
+    )
+}
+
 /// pi's ceiling for model-facing tool output.
 pub const RESULT_MAX_BYTES: usize = 50 * 1024;
 pub const RESULT_MAX_LINES: usize = 2000;
@@ -139,6 +149,24 @@ pub fn describe_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_worker_gets_every_bound_it_enforces() {
+        let l = worker_limits();
+        for (name, value) in [
+            ("frame", MAX_FRAME_BYTES),
+            ("repr", MAX_REPR_BYTES),
+            ("message", MAX_MESSAGE_BYTES),
+            ("traceback", MAX_TRACEBACK_BYTES),
+            ("drain_ms", DRAIN_CAP.as_millis() as usize),
+            ("images", MAX_IMAGES),
+            ("image_bytes", MAX_IMAGE_BYTES),
+            ("images_total", MAX_IMAGES_TOTAL_BYTES),
+        ] {
+            assert!(l.split(',').any(|kv| kv == format!("{name}={value}")), "{name} missing in {l}");
+        }
+        assert_eq!(l.split(',').count(), 8, "the worker refuses names it does not know: {l}");
+    }
 
     #[test]
     fn sizes_are_bytes_or_whole_numbers_of_k_m_g() {

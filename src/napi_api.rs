@@ -293,6 +293,14 @@ fn to_js(o: Outcome) -> ExecResult {
     }
 }
 
+/// The sandbox's limits (the same as `status().limits`), without a
+/// session: the one source the TypeScript wrapper reads its bounds from.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn sandbox_limits() -> Limits {
+    limits(&Settings::from_env())
+}
+
 fn limits(settings: &Settings) -> Limits {
     Limits {
     max_code_bytes: MAX_CODE_BYTES as u32,

@@ -418,8 +418,9 @@ impl Session {
         };
         let guard = worker.guard.clone();
         discard_idle_output(worker).await;
+        let b64 = &base64::engine::general_purpose::STANDARD;
         let request =
-            Request::Exec { id: seq, code: base64::engine::general_purpose::STANDARD.encode(code.as_bytes()), nonce };
+            Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(frame::end_mark(&nonce)) };
         let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
         let result = match frame::encode(&request) {
             Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
@@ -880,6 +881,7 @@ impl Session {
             python_mounts,
             python_fd_mounts,
             nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
+            worker_limits: worker_limits(),
             site_dirs: facts.python.site_dirs.clone(),
         };
         let bpf = seccomp::bpf_memfd()

@@ -19,7 +19,9 @@ MODULE_CODE = sys._getframe().f_code
 
 REQUEST_FD = 3
 REPLY_FD = 4
-PROTOCOL = 1
+PROTOCOL = 2
+# The bounds below are the host's: it passes them with --limits (see
+# set_limits); these values only serve until then.
 MAX_FRAME = 128 * 1024
 MAX_REPR = 8 * 1024
 MAX_MESSAGE = 8 * 1024
@@ -532,14 +534,13 @@ def live_processes():
     return live
 
 
-def end_streams(nonce, started):
-    """Wait (bounded) for the processes this execution started, then mark
-    the end of output."""
+def end_streams(mark, started):
+    """Wait (bounded) for the processes this execution started, then write
+    the end mark (the host's bytes) on both streams."""
     if started:
         deadline = time.monotonic() + DRAIN_CAP
         while time.monotonic() < deadline and started & live_processes():
             time.sleep(0.01)
-    mark = b"\0\x1bpipy-end:" + nonce.encode("ascii") + b"\0"
     marked = {}
     for name, fd in (("stdout", 1), ("stderr", 2)):
         try:
@@ -565,14 +566,15 @@ def serve():
         kind = request.get("type")
         req_id = request.get("id")
         if kind != "exec" or not isinstance(req_id, int) or not isinstance(request.get("code"), str) \
-                or not isinstance(request.get("nonce"), str):
+                or not isinstance(request.get("mark"), str):
             send({"type": "error", "id": req_id if isinstance(req_id, int) else None,
                   "message": "unknown or invalid request: %s" % bound(repr(kind), 200)[0]})
             continue
         try:
             code = b64decode(request["code"]).decode("utf-8")
+            mark = b64decode(request["mark"])
         except (ValueError, binascii.Error) as e:
-            send({"type": "error", "id": req_id, "message": "exec code is not base64 UTF-8: %s" % e})
+            send({"type": "error", "id": req_id, "message": "exec code or mark is not base64 (UTF-8): %s" % e})
             continue
         rich = state["rich"] = Rich(req_id)
         # Processes earlier executions left running are not waited for;
@@ -592,7 +594,7 @@ def serve():
               "reprTruncated": truncated, "exception": exception, "background": background,
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
-        marked = end_streams(request["nonce"], live - before)
+        marked = end_streams(mark, live - before)
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
 
 
@@ -611,9 +613,31 @@ def send_code():
         send({"type": "code", "pyc": text})
 
 
+def set_limits(spec):
+    """Take the host's bounds: `name=value,...` (unknown names are refused,
+    so that a host and a worker of different versions cannot disagree)."""
+    global MAX_FRAME, MAX_REPR, MAX_MESSAGE, MAX_TRACEBACK, DRAIN_CAP, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGES_TOTAL
+    values = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+    known = {"frame", "repr", "message", "traceback", "drain_ms", "images", "image_bytes", "images_total"}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError("unknown limits from the host: %s" % ", ".join(sorted(unknown)))
+    MAX_FRAME = int(values.get("frame", MAX_FRAME))
+    MAX_REPR = int(values.get("repr", MAX_REPR))
+    MAX_MESSAGE = int(values.get("message", MAX_MESSAGE))
+    MAX_TRACEBACK = int(values.get("traceback", MAX_TRACEBACK))
+    DRAIN_CAP = int(values.get("drain_ms", DRAIN_CAP * 1000)) / 1000.0
+    MAX_IMAGES = int(values.get("images", MAX_IMAGES))
+    MAX_IMAGE_BYTES = int(values.get("image_bytes", MAX_IMAGE_BYTES))
+    MAX_IMAGES_TOTAL = int(values.get("images_total", MAX_IMAGES_TOTAL))
+
+
 def main():
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
+    limits = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--limits"]
+    if limits:
+        set_limits(limits[0])
     if "--emit-code" in sys.argv[1:]:
         send_code()
     site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
