@@ -607,7 +607,15 @@ impl Session {
                         return match report { Some(r) => Ok((r, Err(why))), None => Err(Interrupt::Violation(why)) };
                     }
                     Some(Err(FrameError::Eof)) | None => {
-                        return match report { Some(r) => Ok((r, Err("the worker exited".into()))), None => Err(Interrupt::Died) };
+                        if let Some(r) = report {
+                            return Ok((r, Err("the worker exited".into())));
+                        }
+                        // The kill may come before its wake: a sandbox we
+                        // killed reports why we killed it, not a death.
+                        if self.is_disposed() { return Err(Interrupt::Disposed); }
+                        if self.is_cancelled(call) { return Err(Interrupt::Cancelled); }
+                        if self.shared.lock().report.mounts != *mounts { return Err(Interrupt::Remounted); }
+                        return Err(Interrupt::Died);
                     }
                     Some(Err(e)) => {
                         let why = e.to_string();
@@ -1142,6 +1150,10 @@ impl Session {
                     Some(Ok(Reply::Error { message, .. })) => return Err(failed(message, &diag)),
                     Some(Ok(other)) => return Err(failed(format!("unexpected {} frame before ready", reply_kind(&other)), &diag)),
                     Some(Err(FrameError::Eof)) | None => {
+                        // Killed by a dispose or a cancel whose wake is still on its way.
+                        if self.is_disposed() || call.is_some_and(|c| self.is_cancelled(c)) {
+                            return Err((Status::Cancelled, "Cancelled while the sandbox was starting; it was killed before any code ran.".into()));
+                        }
                         // Collect what bwrap or Python said on the way out.
                         let _ = timeout(Duration::from_millis(500), async {
                             while let Some(n) = read_opt(stderr, err_buf).await {
