@@ -175,19 +175,32 @@ pub fn python_env(
 /// beneath it without following links, never by realpath, which would
 /// follow a link the sandbox planted there out of the tree.
 pub fn python_env_from_host(setting: Option<&str>, system_site: bool, writable: &[(PathBuf, PathBuf)]) -> PythonEnv {
+    // (tree, path inside it) of a path inside a tree the sandbox can write.
+    let beneath = |p: &Path| -> Option<(crate::beneath::Tree, PathBuf, PathBuf)> {
+        let lexical = crate::permissions::normalize(&p.to_string_lossy()).unwrap_or_else(|| p.to_path_buf());
+        writable.iter().find_map(|(given, canonical)| {
+            let rel = lexical.strip_prefix(given).or_else(|_| lexical.strip_prefix(canonical)).ok()?.to_path_buf();
+            Some((crate::beneath::Tree::open(canonical).ok()?, rel, canonical.clone()))
+        })
+    };
+    let is_dir_beneath = |t: &crate::beneath::Tree, rel: &Path| {
+        t.lstat(rel).ok().flatten().is_some_and(|st| crate::beneath::Kind::of(&st) == crate::beneath::Kind::Dir)
+    };
     python_env(
         setting,
         system_site,
         |p| {
-            let lexical = crate::permissions::normalize(&p.to_string_lossy()).unwrap_or_else(|| p.to_path_buf());
-            for (given, canonical) in writable {
-                let rel = lexical.strip_prefix(given).or_else(|_| lexical.strip_prefix(canonical));
-                if let Ok(rel) = rel {
-                    crate::beneath::Tree::open(canonical).and_then(|t| t.dir(rel)).map_err(|e| {
-                        std::io::Error::other(format!("{e} (resolved inside a tree the sandbox can write)"))
-                    })?;
-                    return Ok(canonical.join(rel));
-                }
+            let inside = writable.iter().any(|(given, canonical)| {
+                let lexical = crate::permissions::normalize(&p.to_string_lossy()).unwrap_or_else(|| p.to_path_buf());
+                lexical.starts_with(given) || lexical.starts_with(canonical)
+            });
+            if inside {
+                let (tree, rel, canonical) = beneath(p)
+                    .ok_or_else(|| std::io::Error::other("the tree the sandbox can write cannot be opened"))?;
+                tree.dir(&rel).map_err(|e| {
+                    std::io::Error::other(format!("{e} (resolved inside a tree the sandbox can write)"))
+                })?;
+                return Ok(canonical.join(rel));
             }
             let real = std::fs::canonicalize(p)?;
             if !real.is_dir() {
@@ -195,16 +208,36 @@ pub fn python_env_from_host(setting: Option<&str>, system_site: bool, writable: 
             }
             Ok(real)
         },
-        |p| p.join("pyvenv.cfg").is_file(),
+        |p| match beneath(p) {
+            // Inside a writable tree: looked at beneath it, never through a link.
+            Some((tree, rel, _)) => tree
+                .lstat(&rel.join("pyvenv.cfg"))
+                .ok()
+                .flatten()
+                .is_some_and(|st| crate::beneath::Kind::of(&st) == crate::beneath::Kind::File),
+            None => p.join("pyvenv.cfg").is_file(),
+        },
         |venv| {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("python3."))
-                .map(|e| e.path().join("site-packages"))
-                .filter(|p| p.is_dir())
-                .collect();
+            let mut found: Vec<PathBuf> = match beneath(venv) {
+                Some((tree, rel, canonical)) => tree
+                    .list(&rel.join("lib"), 1024)
+                    .map(|(entries, _)| entries)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(name, _)| name.to_string_lossy().starts_with("python3."))
+                    .map(|(name, _)| rel.join("lib").join(name).join("site-packages"))
+                    .filter(|site| is_dir_beneath(&tree, site))
+                    .map(|site| canonical.join(site))
+                    .collect(),
+                None => std::fs::read_dir(venv.join("lib"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("python3."))
+                    .map(|e| e.path().join("site-packages"))
+                    .filter(|p| p.is_dir())
+                    .collect(),
+            };
             found.sort();
             found
         },
