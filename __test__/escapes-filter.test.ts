@@ -13,15 +13,12 @@
  * multiprocessing, sh and coreutils, git, numpy, pandas and matplotlib from a user venv).
  */
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
-import { mkdir } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { after, before, describe, type TestContext, test } from "node:test";
-import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { describe, type TestContext, test } from "node:test";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { unfiltered } from "./helpers/unfiltered.ts";
-import { jsonOut, lit, makeFixture, PythonSandbox, py, show } from "./helpers/sandbox-fixture.ts";
+import { jsonOut, lit, makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
 import { venvOrSkip } from "./helpers/test-venv.ts";
+import { lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
 
 const EPERM = 1;
 const ENOSYS = 38;
@@ -31,17 +28,7 @@ const MiB = 1 << 20;
 const TMP_DEFAULT = 256 * MiB;
 const SHM_DEFAULT = 64 * MiB;
 
-/** The x86_64 system call numbers below are meaningless elsewhere: skip loudly. */
-function skipUnlessX64(t: TestContext): boolean {
-  if (process.arch === "x64") return false;
-  console.log(`# SKIP ${t.name}: the probes use x86_64 system call numbers, this is ${process.arch}`);
-  t.skip(`x86_64 system call numbers; this is ${process.arch}`);
-  return true;
-}
-
-const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
-
-const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
+const skip = skipProbe;
 
 /** Set environment variables for one test (the addon reads them when a sandbox starts). */
 function withEnv(t: TestContext, env: Record<string, string>): void {
@@ -90,47 +77,15 @@ const PROBES: Probe[] = [
   { title: "semctl", nr: 66, args: [-1, 0, 2, 0], expect: EPERM },
 ];
 
-function tableProbe(probes: Probe[]): string {
-  return py`
-    import ctypes, json
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    def call(nr, args):
-        ctypes.set_errno(0)
-        ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-        return {"ret": ret, "errno": ctypes.get_errno()}
-    probes = json.loads(${lit(JSON.stringify(probes.map((p) => [p.title, p.nr, p.args])))})
-    print(json.dumps({title: call(nr, args) for title, nr, args in probes}))
-  `;
-}
-
-type Answer = { ret: number; errno: number };
 
 describe("seccomp default-deny: calls outside the allowlist", { concurrency: 4 }, () => {
-  let inside: Record<string, Answer> | undefined;
-  let outside: Record<string, Answer> | undefined;
-  let base: string | undefined;
-  let sandbox: PythonSandbox | undefined;
-
-  before(async () => {
-    if (sandboxSkipReason() !== null || process.arch !== "x64") return;
-    base = mkdtempSync(join(tmpdir(), "pps-filter-"));
-    await mkdir(join(base, "project"));
-    sandbox = new PythonSandbox({ projectDir: join(base, "project"), runtimeRoot: join(base, "runtime") });
-    const code = tableProbe(PROBES);
-    const [r, baseline] = await Promise.all([sandbox.execute(code), unfiltered(code)]);
-    inside = jsonOut(r);
-    outside = lastJson(baseline);
-  });
-  after(async () => {
-    await sandbox?.dispose("test end");
-    if (base) rmSync(base, { recursive: true, force: true });
-  });
+  const table = probeTable("filter", PROBES);
 
   for (const p of PROBES) {
     const name = p.expect === ENOSYS ? `${p.title} answers ENOSYS (not in the allowlist)` : `blocks ${p.title}`;
     test(name, (t) => {
       if (skip(t)) return;
+      const [inside, outside] = [table.inside(), table.outside()];
       assert.ok(inside && outside, "the probes did not run");
       assert.deepEqual(inside[p.title], { ret: -1, errno: p.expect }, `${p.title} inside the sandbox`);
       const free = outside[p.title];

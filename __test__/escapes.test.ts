@@ -18,14 +18,13 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
 import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, type TestContext, test } from "node:test";
+import { describe, test } from "node:test";
 import { workerPids } from "./helpers/host-procs.ts";
-import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { unfiltered } from "./helpers/unfiltered.ts";
 import {
   assertOk,
@@ -34,12 +33,12 @@ import {
   lit,
   makeFixture,
   makeFixtureWithoutSpare,
-  PythonSandbox,
   py,
   show,
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
+import { lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
 
 const CONCURRENCY = 4;
 const EPERM = 1;
@@ -50,17 +49,7 @@ const SIGSYS = 31;
 
 
 
-/** The x86_64 system call numbers below are meaningless elsewhere: skip loudly. */
-function skipUnlessX64(t: TestContext): boolean {
-  if (process.arch === "x64") return false;
-  console.log(`# SKIP ${t.name}: the probes use x86_64 system call numbers, this is ${process.arch}`);
-  t.skip(`x86_64 system call numbers; this is ${process.arch}`);
-  return true;
-}
-
-const skip = (t: TestContext) => skipWithoutSandbox(t) || skipUnlessX64(t);
-
-const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1) ?? "null");
+const skip = skipProbe;
 
 // ---------------------------------------------------------------------------------------------
 /**
@@ -135,47 +124,15 @@ const PROBES: Probe[] = [
   { title: "clone3 with ENOSYS", nr: 435, args: [0, 0], expect: ENOSYS },
 ];
 
-function tableProbe(probes: Probe[]): string {
-  return py`
-    import ctypes, json
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    def call(nr, args):
-        ctypes.set_errno(0)
-        ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-        return {"ret": ret, "errno": ctypes.get_errno()}
-    probes = json.loads(${lit(JSON.stringify(probes.map((p) => [p.title, p.nr, p.args])))})
-    print(json.dumps({title: call(nr, args) for title, nr, args in probes}))
-  `;
-}
-
-type Answer = { ret: number; errno: number };
 
 describe("seccomp: the hardening table, call by call", { concurrency: CONCURRENCY }, () => {
-  let inside: Record<string, Answer> | undefined;
-  let outside: Record<string, Answer> | undefined;
-  let base: string | undefined;
-  let sandbox: PythonSandbox | undefined;
-
-  before(async () => {
-    if (sandboxSkipReason() !== null || process.arch !== "x64") return;
-    base = mkdtempSync(join(tmpdir(), "pps-escape-"));
-    await mkdir(join(base, "project"));
-    sandbox = new PythonSandbox({ projectDir: join(base, "project"), runtimeRoot: join(base, "runtime") });
-    const code = tableProbe(PROBES);
-    const [r, baseline] = await Promise.all([sandbox.execute(code), unfiltered(code)]);
-    inside = jsonOut(r);
-    outside = lastJson(baseline);
-  });
-  after(async () => {
-    await sandbox?.dispose("test end");
-    if (base) rmSync(base, { recursive: true, force: true });
-  });
+  const table = probeTable("escape", PROBES);
 
   for (const p of PROBES) {
     // "clone with CLONE_NEWNS" is the catalogue's "blocks clone with CLONE_NEWNS".
     test(p.title === "clone3 with ENOSYS" ? "clone3 answers ENOSYS (raw call)" : `blocks ${p.title}`, (t) => {
       if (skip(t)) return;
+      const [inside, outside] = [table.inside(), table.outside()];
       assert.ok(inside && outside, "the probes did not run");
       const want = p.expect ?? EPERM;
       assert.deepEqual(inside[p.title], { ret: -1, errno: want }, `${p.title} inside the sandbox`);
