@@ -15,6 +15,7 @@ pub mod display;
 pub mod frame;
 pub mod gitconfig;
 pub mod images;
+pub mod launch;
 pub mod limits;
 pub mod options;
 pub mod outcome;
@@ -27,6 +28,7 @@ pub mod seccomp;
 pub mod session;
 pub mod spare;
 pub mod spawn;
+pub mod worker;
 
 #[cfg(feature = "addon")]
 mod napi_api;

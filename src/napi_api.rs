@@ -349,7 +349,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         generation: r.generation as f64,
         executions: r.executions as f64,
         runtime_version: r.runtime_version.map(displayed_line),
-        last_reset_reason: r.last_reset_reason.map(displayed),
+        last_reset_reason: r.last_reset_reason.map(|r| displayed(r.to_string())),
         disposed: r.disposed,
         workspace_mode: mode.into(),
         read_roots: roots,

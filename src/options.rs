@@ -8,8 +8,11 @@
 //! keeps the meaning of its own settings (parsing, defaults); this module
 //! only gathers the raw values.
 
+use std::path::PathBuf;
+
 use crate::gitconfig::HostGit;
 use crate::limits::{tmpfs_sizes, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
+use crate::permissions::MountConfig;
 use crate::protected::{patterns, Pattern, PROTECTED_ENV};
 use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
 
@@ -21,6 +24,27 @@ pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
 pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
 /// `0`, `false`, `off` or `no` turns the spare sandbox off.
 pub const PREWARM_ENV: &str = "PI_PYTHON_TOOL_PREWARM";
+
+#[derive(Debug, Clone, Default)]
+/// What the caller of a session decides (the rest comes from [`Settings`]).
+pub struct SessionOptions {
+    /// The project directory (mounted at /workspace).
+    pub project_dir: PathBuf,
+    /// Where session directories are made; default `<tmp>/pi-python-sandbox-<uid>`.
+    pub runtime_root: Option<PathBuf>,
+    /// Interpreter path; default `$PI_PYTHON_TOOL_INTERPRETER`, else /usr/bin/python3.
+    pub interpreter: Option<String>,
+    /// Initial mounts; change them later with [`Session::set_mounts`].
+    pub mounts: MountConfig,
+    /// The user's Python packages (a venv or site directories, colon
+    /// separated); default `$PI_PYTHON_TOOL_VENV`.
+    pub python_packages: Option<String>,
+    /// Add the system's dist-packages; default `$PI_PYTHON_TOOL_SYSTEM_SITE` = 1.
+    pub system_site_packages: Option<bool>,
+    /// Keep a spare sandbox ready (default: `$PI_PYTHON_TOOL_PREWARM`,
+    /// on unless it is `0`, `false`, `off` or `no`).
+    pub prewarm: Option<bool>,
+}
 
 /// The settings in force.
 #[derive(Debug, Clone)]

@@ -9,11 +9,13 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::display::{display_line, display_text};
+use crate::frame::{ExecReport, WorkerStatus};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::permissions::MountConfig;
 use crate::probe::Bwrap;
 use crate::rundir::Dirs;
+use crate::worker::{Halt, Interrupt, NotReady, StartError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -47,19 +49,7 @@ impl Status {
     }
 }
 
-/// A running execution's progress, reported every `PROGRESS_EVERY`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
-    pub elapsed_ms: u64,
-    pub stdout_bytes: usize,
-    pub stderr_bytes: usize,
-    /// The latest output of each stream (a few KiB).
-    pub stdout_tail: String,
-    pub stderr_tail: String,
-}
-
-/// Receives progress reports; must not block.
-pub type ProgressFn = std::sync::Arc<dyn Fn(Progress) + Send + Sync>;
+pub use crate::worker::{Progress, ProgressFn};
 
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -254,7 +244,7 @@ pub struct StatusReport {
     pub generation: u64,
     pub executions: u64,
     pub runtime_version: Option<String>,
-    pub last_reset_reason: Option<String>,
+    pub last_reset_reason: Option<ResetReason>,
     pub disposed: bool,
     pub project_dir: PathBuf,
     pub mounts: MountConfig,
@@ -302,6 +292,196 @@ pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
             }
             (None, None) => "ended".into(),
         },
+    }
+}
+
+/// Why the session's interpreter was last discarded (`status` shows it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetReason {
+    Explicit,
+    StartupFailure,
+    MountsChanged,
+    WorkerError,
+    DiedIdle,
+    Timeout,
+    Cancelled,
+    OutputLimit,
+    Remounted,
+    Disposed,
+    /// A dispose with the caller's own reason.
+    DisposedFor(String),
+}
+
+impl ResetReason {
+    pub fn as_str(&self) -> &str {
+        match self {
+            ResetReason::Explicit => "explicit_reset",
+            ResetReason::StartupFailure => "startup_failure",
+            ResetReason::MountsChanged => "mounts_changed",
+            ResetReason::WorkerError => "worker_error",
+            ResetReason::DiedIdle => "worker_died_idle",
+            ResetReason::Timeout => "timeout",
+            ResetReason::Cancelled => "cancelled",
+            ResetReason::OutputLimit => "output_limit",
+            ResetReason::Remounted => "permission mode or read roots changed",
+            ResetReason::Disposed => "session disposed",
+            ResetReason::DisposedFor(why) => why,
+        }
+    }
+}
+
+impl std::fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&Interrupt> for ResetReason {
+    fn from(i: &Interrupt) -> Self {
+        match i {
+            Interrupt::Timeout => ResetReason::Timeout,
+            Interrupt::Halted(Halt::Cancelled) => ResetReason::Cancelled,
+            Interrupt::Halted(Halt::Disposed) => ResetReason::Disposed,
+            Interrupt::Halted(Halt::Remounted) => ResetReason::Remounted,
+            Interrupt::OutputLimit => ResetReason::OutputLimit,
+            Interrupt::Died | Interrupt::Violation(_) => ResetReason::WorkerError,
+        }
+    }
+}
+
+/// A failed sandbox start, as a status and the text the model reads.
+pub fn start_failure(e: &StartError) -> (Status, String) {
+    match e {
+        StartError::Halted(_) => {
+            (Status::Cancelled, "Cancelled while the sandbox was starting; it was killed before any code ran.".into())
+        }
+        StartError::Settings(why) => (Status::Unavailable, why.clone()),
+        StartError::Prepare(why) => (Status::WorkerError, why.clone()),
+        StartError::Spawn(e) => (Status::WorkerError, format!("bubblewrap could not be started: {e}")),
+        StartError::NotReady { why, stderr } => {
+            let why = match why {
+                NotReady::Exited(status) => format!("the sandbox {}", exit_text(*status)),
+                other => other.to_string(),
+            };
+            let mut msg = format!("The sandbox did not start: {why}.");
+            if !stderr.is_empty() {
+                let _ = write!(msg, "\nIts error output: {stderr}");
+            }
+            if stderr.contains("namespace") || stderr.contains("uid map") || stderr.contains("Operation not permitted")
+            {
+                msg.push_str(
+                    "\nCommon causes: unprivileged user namespaces are disabled by the kernel or a container \
+                     runtime (sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces, or an AppArmor \
+                     policy such as kernel.apparmor_restrict_unprivileged_userns).",
+                );
+            }
+            msg.push_str(" The python tool never runs Python outside the sandbox.");
+            (Status::WorkerError, msg)
+        }
+    }
+}
+
+/// Why an execution was interrupted: its status, the short reason that
+/// `status` keeps as the last reset, and the diagnostic the model reads.
+/// `killed_for` is why the host killed the sandbox itself (a breach, a
+/// stray frame), `exit` how it ended.
+pub fn interruption(
+    i: &Interrupt,
+    timeout_seconds: u32,
+    killed_for: Option<String>,
+    exit: Option<std::process::ExitStatus>,
+) -> (Status, String, String) {
+    let never = "Code is never replayed automatically.";
+    match i {
+        Interrupt::Timeout => (
+            Status::Timeout,
+            "timeout".into(),
+            format!("Execution exceeded the {timeout_seconds}s deadline; the sandbox was killed."),
+        ),
+        Interrupt::Halted(Halt::Cancelled) => {
+            (Status::Cancelled, "cancelled".into(), "Execution was cancelled; the sandbox was killed.".into())
+        }
+        Interrupt::Halted(Halt::Disposed) => (
+            Status::Cancelled,
+            "session disposed".into(),
+            "The session was disposed while the code ran; the sandbox was killed.".into(),
+        ),
+        Interrupt::Halted(Halt::Remounted) => (
+            Status::WorkerError,
+            "permission mode or read roots changed".into(),
+            "The permission mode or read roots changed while the code ran; the sandbox was killed and the next \
+             execution starts with the new mounts."
+                .into(),
+        ),
+        Interrupt::OutputLimit => (
+            Status::OutputLimit,
+            "output_limit".into(),
+            format!(
+                "Output exceeded the {} KiB per-execution capture budget; the sandbox was killed. The saved log is partial.",
+                OUTPUT_BUDGET_BYTES / 1024
+            ),
+        ),
+        Interrupt::Died => match killed_for {
+            Some(why) => (Status::WorkerError, why.clone(), format!("The sandbox was killed: {why}. {never}")),
+            None => (
+                Status::WorkerError,
+                "worker_error".into(),
+                format!("The worker died: the sandbox {}. {never}", exit_text(exit)),
+            ),
+        },
+        Interrupt::Violation(m) => {
+            (Status::WorkerError, "worker_error".into(), format!("Protocol violation: {m}. The sandbox was killed."))
+        }
+    }
+}
+
+/// Fill `o` from the worker's report. The worker bounds every field; they
+/// are bounded again here, so that an oversized field is truncated, never
+/// turned into a failure.
+pub fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &std::path::Path) {
+    let (images, notes) = crate::images::collect(scratch, r.images);
+    o.images = images;
+    o.notes.extend(notes);
+    o.notes.extend(r.notes.into_iter().take(8).map(|n| bound_bytes(n, 1024).0));
+    o.status = match r.status {
+        WorkerStatus::Ok => Status::Ok,
+        WorkerStatus::RuntimeError => Status::RuntimeError,
+        WorkerStatus::PermissionNeeded => Status::PermissionNeeded,
+    };
+    o.repr_truncated = r.repr_truncated;
+    o.repr = r.repr.map(|s| {
+        let (s, cut) = bound_bytes(s, MAX_REPR_BYTES + 64);
+        o.repr_truncated |= cut;
+        s
+    });
+    o.exception = r.exception.map(|e| ExceptionText {
+        type_name: bound_bytes(e.type_name, 256).0,
+        message: bound_bytes(e.message, MAX_MESSAGE_BYTES + 64).0,
+        traceback: bound_bytes(e.traceback, MAX_TRACEBACK_BYTES + 64).0,
+    });
+    o.permission_path = r.path.filter(|_| o.status == Status::PermissionNeeded);
+    o.permission_is_dir = r.path_is_dir;
+}
+
+/// `s` cut to at most `max` bytes (on a character boundary) plus a marker;
+/// the flag says whether it was cut.
+fn bound_bytes(mut s: String, max: usize) -> (String, bool) {
+    if s.len() <= max {
+        return (s, false);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str("...[truncated]");
+    (s, true)
+}
+
+impl From<&crate::capture::Excerpt> for StreamText {
+    fn from(e: &crate::capture::Excerpt) -> Self {
+        let (head, omitted, tail) = e.parts();
+        StreamText { head, omitted, tail, total: e.total }
     }
 }
 
@@ -700,5 +880,51 @@ mod tests {
         ] {
             assert!(s.is_failure(), "{}", s.as_str());
         }
+    }
+
+    #[test]
+    fn bound_bytes_cuts_on_a_character_boundary() {
+        let (cut, was) = bound_bytes("héllo".into(), 2);
+        assert!(was);
+        assert_eq!(cut, "h...[truncated]");
+        assert_eq!(bound_bytes("abc".into(), 3), ("abc".into(), false));
+    }
+
+    #[test]
+    fn every_interruption_has_its_status_and_says_the_sandbox_was_killed() {
+        let cases = [
+            (Interrupt::Timeout, Status::Timeout),
+            (Interrupt::Halted(Halt::Cancelled), Status::Cancelled),
+            (Interrupt::Halted(Halt::Disposed), Status::Cancelled),
+            (Interrupt::Halted(Halt::Remounted), Status::WorkerError),
+            (Interrupt::OutputLimit, Status::OutputLimit),
+            (Interrupt::Violation("x".into()), Status::WorkerError),
+        ];
+        for (i, want) in cases {
+            let (status, reason, text) = interruption(&i, 7, None, None);
+            assert_eq!(status, want, "{i:?}");
+            assert!(!reason.is_empty());
+            assert!(text.contains("killed"), "{i:?}: {text}");
+        }
+        let (_, reason, text) = interruption(&Interrupt::Died, 7, Some("it sent a stray frame".into()), None);
+        assert_eq!(reason, "it sent a stray frame");
+        assert!(text.starts_with("The sandbox was killed: it sent a stray frame."));
+        let (_, reason, text) = interruption(&Interrupt::Died, 7, None, None);
+        assert_eq!(reason, "worker_error");
+        assert!(text.contains("did not exit within the cleanup deadline"));
+    }
+
+    #[test]
+    fn a_start_failure_names_the_user_namespace_cause() {
+        let e = StartError::NotReady {
+            why: NotReady::Exited(None),
+            stderr: "bwrap: setting up uid map: Operation not permitted".into(),
+        };
+        let (status, text) = start_failure(&e);
+        assert_eq!(status, Status::WorkerError);
+        assert!(text.starts_with("The sandbox did not start: the sandbox did not exit"));
+        assert!(text.contains("unprivileged user namespaces"));
+        assert!(text.ends_with("never runs Python outside the sandbox."));
+        assert_eq!(start_failure(&StartError::Halted(Halt::Disposed)).0, Status::Cancelled);
     }
 }

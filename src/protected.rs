@@ -841,6 +841,21 @@ pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot:
     }
 }
 
+/// Blocking: wait (bounded) for a killed sandbox's init to exit (the
+/// kernel ends every other process of the namespace before it does), so
+/// that no process of it can still create a name, then walk the project
+/// afresh for protected names it left.
+pub fn settle_and_check(guard: &Guard, init: Option<i32>, notes: &Notes) {
+    if let Some(init) = init {
+        let until = std::time::Instant::now() + crate::limits::CLEANUP_DEADLINE;
+        while !crate::spawn::exited(init) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let found = guard.check_all();
+    notes.lock().extend(found);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

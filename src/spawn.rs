@@ -198,3 +198,27 @@ pub fn kill_group(pid: i32) {
         unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
 }
+/// Whether `pid` has exited (gone, or a zombie).
+pub fn exited(pid: i32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).copied();
+            matches!(state, Some(b'Z' | b'X'))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exited_tells_a_live_process_from_a_gone_one() {
+        assert!(!exited(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(exited(pid));
+    }
+}

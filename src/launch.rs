@@ -1,0 +1,226 @@
+//! What one sandbox start is made of: the host facts probed once per
+//! session, the protection plan of a writable project, the mount sources
+//! as fds, the bubblewrap argv and the seccomp program; and the start
+//! itself, from the stored bytecode of the worker when there is one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::beneath::Tree;
+use crate::bwrap::{bwrap_argv, FdBind, SandboxSpec, WorkerCode, MOUNT_FD_BASE, WORKSPACE};
+use crate::limits::{worker_limits, RLIMIT_NOFILE, STARTUP_DEADLINE};
+use crate::options::{SessionOptions, Settings};
+use crate::permissions::MountConfig;
+use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
+use crate::protected;
+use crate::rundir::Dirs;
+use crate::seccomp;
+use crate::worker::{CodeForm, Launch, Ready, StartError, Stop, Worker};
+
+/// The worker script, embedded in the addon.
+pub const WORKER_SOURCE: &str = include_str!("worker/worker.py");
+
+/// What a session learns about the host once.
+pub struct Facts {
+    pub bwrap: Bwrap,
+    pub interpreter: Interpreter,
+    pub merged_usr: bool,
+    pub python: PythonEnv,
+    /// Key of the worker's compiled form for this interpreter.
+    pub code_key: Option<u64>,
+}
+
+/// Why the host cannot run the tool at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{0}")]
+    Bwrap(String),
+    #[error("{0}")]
+    Interpreter(String),
+}
+
+impl Facts {
+    /// Find bubblewrap, the interpreter and the Python packages.
+    pub async fn probe(opts: &SessionOptions) -> Result<Facts, ProbeError> {
+        let bwrap = probe::probe_bwrap().await.map_err(ProbeError::Bwrap)?;
+        let settings = Settings::from_env();
+        let configured = opts.interpreter.clone().or(settings.interpreter);
+        let interpreter = probe::resolve_interpreter(configured.as_deref()).map_err(ProbeError::Interpreter)?;
+        let venv = opts.python_packages.clone().or(settings.venv);
+        let system_site = opts.system_site_packages.unwrap_or(settings.system_site);
+        // The project and the runtime root: trees the sandbox can write.
+        let runtime = opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
+        let writable: Vec<(PathBuf, PathBuf)> = [opts.project_dir.clone(), runtime]
+            .into_iter()
+            .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
+            .collect();
+        let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
+        let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
+        Ok(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python, code_key })
+    }
+}
+
+/// One start: where, with which mounts, and where its notes go.
+pub struct Start<'a> {
+    pub facts: &'a Facts,
+    pub dirs: &'a Dirs,
+    /// The canonical project directory.
+    pub project: PathBuf,
+    pub mounts: MountConfig,
+    /// Where the protection plan's findings between executions go.
+    pub notes: protected::Notes,
+    pub tainted: protected::Tainted,
+}
+
+/// Start one sandbox and wait for it to report ready: from the stored
+/// bytecode when there is one, else from source (asking the worker for its
+/// compiled form). Bytecode whose worker failed (exited, or sent something
+/// wrong) is deleted and the start is made again from source; a cancel or
+/// the startup deadline is not the image's doing.
+pub async fn start(
+    start: &Start<'_>,
+    stop: &mut Stop<'_>,
+    spawned: &(dyn Fn(i32, bool) + Send + Sync),
+) -> Result<(Worker, Ready), StartError> {
+    let runtime_root = start.dirs.root.parent().unwrap_or(&start.dirs.root);
+    let stored = start.facts.code_key.and_then(|key| crate::bytecode::cached(runtime_root, key));
+    if let Some(pyc) = stored {
+        let began = Instant::now();
+        match start_once(start, stop, spawned, WorkerCode::Bytecode(pyc.clone())).await {
+            Err(e) if e.is_worker_failure() && began.elapsed() < STARTUP_DEADLINE => {
+                tracing::warn!("stored worker bytecode {} did not start ({e}); deleted", pyc.display());
+                let _ = std::fs::remove_file(&pyc);
+            }
+            done => return done,
+        }
+    }
+    let code = WorkerCode::Source { path: start.dirs.worker_file.clone(), emit: start.facts.code_key.is_some() };
+    start_once(start, stop, spawned, code).await
+}
+
+/// Start one sandbox running `code` and wait for it to report ready.
+async fn start_once(
+    start: &Start<'_>,
+    stop: &mut Stop<'_>,
+    spawned: &(dyn Fn(i32, bool) + Send + Sync),
+    code: WorkerCode,
+) -> Result<(Worker, Ready), StartError> {
+    let Start { facts, dirs, project, mounts, .. } = start;
+    // The settings of this start, read once; git must never trust a file
+    // under this session's runtime root (scratch is there).
+    let mut settings = Settings::from_env();
+    let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
+    settings.git.untrusted.push(runtime_root.clone());
+    let sizes = settings.tmpfs.clone();
+    let mut plan_notes = Vec::new();
+    // A project that cannot be protected is mounted read-only for this
+    // sandbox, and the first result says why.
+    let plan = if mounts.workspace_writable {
+        let (root, sink, tainted) = (project.clone(), start.notes.clone(), start.tainted.clone());
+        let planned = tokio::task::spawn_blocking(move || {
+            let s = settings;
+            protected::plan(&root, &s.protected, s.scan, &s.git, sink, tainted)
+        })
+        .await;
+        match planned {
+            Ok(Ok(plan)) => Some(plan),
+            Ok(Err(e)) => {
+                plan_notes.push(format!(
+                    "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
+                ));
+                None
+            }
+            Err(e) => return Err(StartError::Prepare(format!("The protected paths could not be planned: {e}"))),
+        }
+    } else {
+        None
+    };
+    let project = project.as_path();
+    let writable = plan.is_some();
+    if let Some(halt) = (stop.check)() {
+        return Err(StartError::Halted(halt));
+    }
+    let (binds, guard) = match plan {
+        Some(p) => {
+            plan_notes.extend(p.notes);
+            (p.binds, Some(Arc::new(p.guard)))
+        }
+        None => (Vec::new(), None),
+    };
+    let mut mount_fds = Vec::new();
+    let mut protected_binds = Vec::new();
+    for b in binds {
+        protected_binds.push(FdBind {
+            fd: MOUNT_FD_BASE + mount_fds.len() as i32,
+            dest: Path::new(WORKSPACE).join(&b.rel),
+            read_only: b.read_only,
+        });
+        mount_fds.push(b.fd);
+    }
+    // Package directories inside the project (a venv there) or the
+    // scratch directory are trees the sandbox may have written: mounted
+    // from fds opened beneath them, never by path.
+    let mut python_mounts = Vec::new();
+    let mut python_fd_mounts = Vec::new();
+    for dir in &facts.python.mounts {
+        let tree_root = [project, dirs.scratch.as_path()].into_iter().find(|r| dir.starts_with(r));
+        let Some(root) = tree_root else {
+            python_mounts.push(dir.clone());
+            continue;
+        };
+        let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
+        let opened = Tree::open(root).and_then(|t| t.dir(rel));
+        match opened {
+            Ok(fd) => {
+                python_fd_mounts.push(FdBind {
+                    fd: MOUNT_FD_BASE + mount_fds.len() as i32,
+                    dest: dir.clone(),
+                    read_only: true,
+                });
+                mount_fds.push(fd);
+            }
+            Err(e) => tracing::warn!("{} not mounted: {e}", dir.display()),
+        }
+    }
+    let sizes = sizes.map_err(StartError::Settings)?;
+    let spec = SandboxSpec {
+        tmp_bytes: sizes.tmp,
+        shm_bytes: sizes.shm,
+        protected: protected_binds,
+        project_dir: project.to_path_buf(),
+        interpreter: facts.interpreter.path.clone(),
+        interpreter_mounts: facts.interpreter.mounts.clone(),
+        merged_usr: facts.merged_usr,
+        workspace_writable: writable,
+        scratch_dir: dirs.scratch.clone(),
+        worker: code.clone(),
+        read_roots: start.mounts.read_roots.clone(),
+        python_mounts,
+        python_fd_mounts,
+        nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
+        worker_limits: worker_limits(),
+        site_dirs: facts.python.site_dirs.clone(),
+    };
+    let seccomp =
+        seccomp::bpf_memfd().map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
+    let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
+    let launch = Launch {
+        bwrap: facts.bwrap.path.clone(),
+        argv: bwrap_argv(&spec),
+        seccomp,
+        mount_fds,
+        mounts: mounts.clone(),
+        guard,
+        plan_notes,
+        code: form,
+        emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
+    };
+    let (worker, ready) = Worker::start(launch, stop, spawned).await?;
+    if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {
+        if let Err(e) = crate::bytecode::store(&runtime_root, key, image) {
+            tracing::warn!("{e}");
+        }
+    }
+    Ok((worker, ready))
+}

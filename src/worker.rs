@@ -1,0 +1,600 @@
+//! One sandboxed interpreter: its process tree, its channels, its start,
+//! its executions and its end.
+//!
+//! A [`Worker`] owns the bubblewrap child, the protocol pipes, the output
+//! streams and the task that reads reply frames. It knows nothing of
+//! sessions: what may stop an operation comes in as a [`Stop`] (the
+//! session's wake channel and a check that says why), and every failure is
+//! a typed value ([`StartError`], [`Interrupt`]) that `outcome` words.
+//! A [`KillHandle`] kills the tree without the worker itself, so that a
+//! mode change or a dispose need not wait for the running operation.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{ChildStderr, ChildStdout};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{sleep_until, timeout, Instant};
+
+use crate::capture::{Capture, Stream};
+use crate::frame::{self, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
+use crate::limits::{
+    CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES, STARTUP_DEADLINE,
+};
+use crate::permissions::MountConfig;
+use crate::protected::{self, Guard};
+use crate::spawn::{kill_group, spawn_sandbox};
+
+/// Why the session wants the operation in progress to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Halt {
+    Disposed,
+    Cancelled,
+    Remounted,
+}
+
+/// What can end a worker operation early: the session's wake channel, and
+/// a check that says whether (and why) to stop when it fires.
+pub struct Stop<'a> {
+    pub wake: &'a mut watch::Receiver<u64>,
+    pub check: &'a (dyn Fn() -> Option<Halt> + Send + Sync),
+}
+
+/// A running execution's progress, reported every `PROGRESS_EVERY`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub elapsed_ms: u64,
+    pub stdout_bytes: usize,
+    pub stderr_bytes: usize,
+    /// The latest output of each stream (a few KiB).
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+}
+
+/// Receives progress reports; must not block.
+pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
+
+/// How a start failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The session stopped the start (cancel, dispose, mode change).
+    #[error("the start was stopped ({0:?})")]
+    Halted(Halt),
+    /// A setting cannot be applied (the text says which and why).
+    #[error("{0}")]
+    Settings(String),
+    /// The start could not be prepared (the seccomp program, the plan).
+    #[error("{0}")]
+    Prepare(String),
+    /// bubblewrap could not be executed at all.
+    #[error("bubblewrap could not be started: {0}")]
+    Spawn(std::io::Error),
+    /// The sandbox ran but never reported ready; `stderr` is what it wrote
+    /// there (bounded).
+    #[error("{why}")]
+    NotReady { why: NotReady, stderr: String },
+}
+
+/// Why a started sandbox never reported ready.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("the worker did not report ready within {}s", STARTUP_DEADLINE.as_secs())]
+    Deadline,
+    /// The sandbox ended (its exit status, if it was reaped in time).
+    #[error("the sandbox ended")]
+    Exited(Option<std::process::ExitStatus>),
+    #[error("the worker speaks protocol {0}, not {PROTOCOL_VERSION}")]
+    Protocol(u32),
+    /// The worker said why it cannot serve (an error frame).
+    #[error("{0}")]
+    Refused(String),
+    #[error("unexpected {0} frame before ready")]
+    Unexpected(&'static str),
+    #[error("bad frame: {0}")]
+    BadFrame(String),
+    #[error("{0}")]
+    BadImage(String),
+}
+
+impl StartError {
+    /// The start failed because of what ran, not because it was stopped
+    /// or could not be attempted (the bytecode fallback's test).
+    pub fn is_worker_failure(&self) -> bool {
+        matches!(self, StartError::NotReady { why, .. } if !matches!(why, NotReady::Deadline))
+    }
+}
+
+/// How a running execution ended before producing a complete result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interrupt {
+    Halted(Halt),
+    Timeout,
+    OutputLimit,
+    Died,
+    Violation(String),
+}
+
+/// What a finished execution gave: the worker's report, and whether the
+/// phase after it (draining, the end marks) went cleanly.
+pub struct ExecDone {
+    pub report: ExecReport,
+    pub after: Result<(), String>,
+}
+
+/// What the ready frame said.
+pub struct Ready {
+    pub runtime_version: String,
+    pub site_notes: Vec<String>,
+    /// The worker's compiled form, when it was asked for (checked).
+    pub image: Option<Vec<u8>>,
+}
+
+/// How the worker's code reached the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeForm {
+    Source,
+    Bytecode,
+}
+
+impl CodeForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodeForm::Source => "source",
+            CodeForm::Bytecode => "bytecode",
+        }
+    }
+}
+
+/// Everything one start needs, decided by the caller.
+pub struct Launch {
+    pub bwrap: PathBuf,
+    pub argv: Vec<OsString>,
+    pub seccomp: OwnedFd,
+    pub mount_fds: Vec<OwnedFd>,
+    pub mounts: MountConfig,
+    pub guard: Option<Arc<Guard>>,
+    pub plan_notes: Vec<String>,
+    pub code: CodeForm,
+    /// Ask the worker for its compiled form before it reports ready.
+    pub emit_code: bool,
+}
+
+/// Kills a worker's whole process tree, without the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KillHandle(i32);
+
+impl KillHandle {
+    pub fn kill(self) {
+        kill_group(self.0);
+    }
+
+    pub fn pid(self) -> i32 {
+        self.0
+    }
+}
+
+pub struct Worker {
+    child: tokio::process::Child,
+    pid: i32,
+    requests: tokio::net::unix::pipe::Sender,
+    /// Bounded: a sandbox that floods frames waits on its pipe, never on
+    /// host memory.
+    replies: mpsc::Receiver<Result<Reply, FrameError>>,
+    /// Frames are expected (a start or a request in flight); one that
+    /// arrives otherwise makes the reply task kill the sandbox at once.
+    expecting: Arc<AtomicBool>,
+    /// Why the reply task or the guard killed the sandbox, when one did.
+    killed_for: protected::KilledFor,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    out_buf: Vec<u8>,
+    err_buf: Vec<u8>,
+    /// The mounts this sandbox was started with.
+    pub mounts: MountConfig,
+    /// The protected paths of a writable workspace (see `protected`).
+    pub guard: Option<Arc<Guard>>,
+    /// Ends the guard's watch when the worker is dropped.
+    _watch: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The pid namespace's init (host pid), once known: when it is gone,
+    /// every process of the sandbox is.
+    pub init_pid: Option<i32>,
+    /// What the protection plan said, for the first result it serves.
+    pub plan_notes: Vec<String>,
+    pub code: CodeForm,
+}
+
+impl Worker {
+    /// Start one sandbox and wait (bounded) for it to report ready.
+    /// `spawned` is told the pid as soon as there is one (`true`), and
+    /// again (`false`) when a start that failed has been cleaned up.
+    pub async fn start(
+        launch: Launch,
+        stop: &mut Stop<'_>,
+        spawned: &(dyn Fn(i32, bool) + Send + Sync),
+    ) -> Result<(Worker, Ready), StartError> {
+        let Launch { bwrap, argv, seccomp, mount_fds, mounts, guard, plan_notes, code, emit_code } = launch;
+        let child = spawn_sandbox(&bwrap, &argv, seccomp, mount_fds).map_err(StartError::Spawn)?;
+        // Two frames in flight at most: a flood waits on the pipe. A frame
+        // that no start or request asked for kills the sandbox at once.
+        let (tx, rx) = mpsc::channel(2);
+        let expecting = Arc::new(AtomicBool::new(true));
+        let killed_for: protected::KilledFor = Arc::default();
+        if let Some(g) = &guard {
+            g.arm(child.pid, killed_for.clone());
+        }
+        tokio::spawn(read_replies(child.replies, tx, expecting.clone(), killed_for.clone(), child.pid));
+        let mut worker = Worker {
+            child: child.child,
+            pid: child.pid,
+            requests: child.requests,
+            replies: rx,
+            expecting,
+            killed_for,
+            stdout: Some(child.stdout),
+            stderr: Some(child.stderr),
+            out_buf: vec![0; 64 * 1024],
+            err_buf: vec![0; 64 * 1024],
+            mounts,
+            guard,
+            _watch: None,
+            init_pid: None,
+            plan_notes,
+            code,
+        };
+        spawned(worker.pid, true);
+        match worker.await_ready(stop, emit_code).await {
+            Ok(ready) => {
+                worker.init_pid = child_of(worker.pid);
+                if let Some(guard) = worker.guard.clone() {
+                    let (stop, stopped) = tokio::sync::oneshot::channel();
+                    tokio::spawn(protected::watch(guard, stopped));
+                    worker._watch = Some(stop);
+                }
+                tracing::debug!(pid = worker.pid, code = code.as_str(), "sandbox ready");
+                Ok((worker, ready))
+            }
+            Err(failure) => {
+                tracing::debug!(pid = worker.pid, "sandbox start failed: {failure}");
+                kill_group(worker.pid);
+                let _ = timeout(CLEANUP_DEADLINE, worker.child.wait()).await;
+                spawned(worker.pid, false);
+                Err(failure)
+            }
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn kill_handle(&self) -> KillHandle {
+        KillHandle(self.pid)
+    }
+
+    /// Why the reply task or the guard killed this sandbox, once.
+    pub fn take_killed_for(&self) -> Option<String> {
+        self.killed_for.lock().take()
+    }
+
+    /// The sandbox's exit status, if it has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Wait (bounded) for the sandbox to end by itself.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        timeout(within, self.child.wait()).await.ok().and_then(|r| r.ok())
+    }
+
+    /// Wait for the ready frame, collecting stderr for the diagnostic.
+    /// With `emit`, the worker's compiled form may come first.
+    async fn await_ready(&mut self, stop: &mut Stop<'_>, emit: bool) -> Result<Ready, StartError> {
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        let mut diag: Vec<u8> = Vec::new();
+        let mut image: Option<Vec<u8>> = None;
+        loop {
+            let Worker { replies, stdout, stderr, err_buf, out_buf, .. } = self;
+            tokio::select! {
+                biased;
+                changed = stop.wake.changed() => {
+                    if changed.is_err() { return Err(StartError::Halted(Halt::Disposed)); }
+                    if let Some(halt) = (stop.check)() { return Err(StartError::Halted(halt)); }
+                }
+                _ = sleep_until(deadline) => {
+                    return Err(not_ready(NotReady::Deadline, &diag));
+                }
+                msg = replies.recv() => match msg {
+                    Some(Ok(Reply::Ready { protocol, runtime_version, site_notes })) if protocol == PROTOCOL_VERSION => {
+                        self.expecting.store(false, Ordering::Release);
+                        return Ok(Ready { runtime_version, site_notes, image });
+                    }
+                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::bytecode::decode(&pyc) {
+                        Ok(bytes) => image = Some(bytes),
+                        Err(why) => return Err(not_ready(NotReady::BadImage(why), &diag)),
+                    },
+                    Some(Ok(Reply::Ready { protocol, .. })) => {
+                        return Err(not_ready(NotReady::Protocol(protocol), &diag));
+                    }
+                    Some(Ok(Reply::Error { message, .. })) => return Err(not_ready(NotReady::Refused(message), &diag)),
+                    Some(Ok(other)) => return Err(not_ready(NotReady::Unexpected(reply_kind(&other)), &diag)),
+                    Some(Err(FrameError::Eof)) | None => {
+                        // Killed by a dispose or a cancel whose wake is still on its way.
+                        if let Some(halt) = (stop.check)() { return Err(StartError::Halted(halt)); }
+                        // Collect what bwrap or Python said on the way out.
+                        let _ = timeout(Duration::from_millis(500), async {
+                            while let Some(n) = read_opt(stderr, err_buf).await {
+                                if n == 0 { break; }
+                                diag.extend_from_slice(&err_buf[..n.min(IDLE_STDERR_BYTES.saturating_sub(diag.len()))]);
+                            }
+                        }).await;
+                        let exit = self.wait_exit(CLEANUP_DEADLINE).await;
+                        return Err(not_ready(NotReady::Exited(exit), &diag));
+                    }
+                    Some(Err(e)) => return Err(not_ready(NotReady::BadFrame(e.to_string()), &diag)),
+                },
+                n = read_opt(stderr, err_buf) => match n {
+                    Some(n) if n > 0 => diag.extend_from_slice(&err_buf[..n.min(IDLE_STDERR_BYTES.saturating_sub(diag.len()))]),
+                    _ => *stderr = None,
+                },
+                n = read_opt(stdout, out_buf) => if !matches!(n, Some(n) if n > 0) { *stdout = None },
+            }
+        }
+    }
+
+    /// Send one framed exec request (`seq` is its id) and follow it to its
+    /// end: the result, then the drained frame and both end marks.
+    pub async fn exec(
+        &mut self,
+        request: &[u8],
+        seq: u64,
+        deadline: Instant,
+        capture: &mut Capture,
+        stop: &mut Stop<'_>,
+        progress: Option<ProgressFn>,
+    ) -> Result<ExecDone, Interrupt> {
+        self.discard_idle_output();
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, .. } = self;
+        expecting.store(true, Ordering::Release);
+        let mut report: Option<ExecReport> = None;
+        let mut drained: Option<(bool, bool)> = None;
+        let mut drain_until = deadline;
+        let mut written = false;
+        let begun = Instant::now();
+        let mut tick = tokio::time::interval_at(begun + PROGRESS_EVERY, PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let done = |report: ExecReport, after| Ok(ExecDone { report, after });
+        loop {
+            if let (Some(_), Some((want_out, want_err))) = (&report, drained) {
+                let out_done = !want_out || stdout.is_none() || capture.mark_seen(Stream::Stdout);
+                let err_done = !want_err || stderr.is_none() || capture.mark_seen(Stream::Stderr);
+                if out_done && err_done {
+                    break;
+                }
+            }
+            let running = report.is_none();
+            tokio::select! {
+                biased;
+                // Before the request goes out: a change that is already
+                // signalled must not let the code start.
+                changed = stop.wake.changed(), if running => {
+                    if changed.is_err() { return Err(Interrupt::Halted(Halt::Disposed)); }
+                    if let Some(halt) = (stop.check)() { return Err(Interrupt::Halted(halt)); }
+                }
+                r = requests.write_all(request), if !written => {
+                    if r.is_err() { return Err(Interrupt::Died); }
+                    written = true;
+                }
+                _ = sleep_until(deadline), if running => return Err(Interrupt::Timeout),
+                _ = sleep_until(drain_until), if !running => break,
+                _ = tick.tick(), if running && progress.is_some() => {
+                    if let Some(report) = &progress {
+                        report(Progress {
+                            elapsed_ms: begun.elapsed().as_millis() as u64,
+                            stdout_bytes: capture.stdout.total,
+                            stderr_bytes: capture.stderr.total,
+                            stdout_tail: capture.stdout.latest(PROGRESS_TAIL_BYTES),
+                            stderr_tail: capture.stderr.latest(PROGRESS_TAIL_BYTES),
+                        });
+                    }
+                }
+                msg = replies.recv() => match msg {
+                    Some(Ok(Reply::Result(r))) if running && r.id == seq => {
+                        report = Some(r);
+                        drain_until = Instant::now() + DRAIN_CAP + DRAIN_SLACK;
+                    }
+                    Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
+                        // Nothing more is due until the next request.
+                        expecting.store(false, Ordering::Release);
+                        drained = Some((o, e));
+                    }
+                    Some(Ok(other)) => {
+                        let why = format!("unexpected {} frame", reply_kind(&other));
+                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why)) };
+                    }
+                    Some(Err(FrameError::Eof)) | None => {
+                        if let Some(r) = report {
+                            return done(r, Err("the worker exited".into()));
+                        }
+                        // The kill may come before its wake: a sandbox the
+                        // session killed reports why, not a death.
+                        if let Some(halt) = (stop.check)() { return Err(Interrupt::Halted(halt)); }
+                        return Err(Interrupt::Died);
+                    }
+                    Some(Err(e)) => {
+                        let why = e.to_string();
+                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why)) };
+                    }
+                },
+                n = read_opt(stdout, out_buf) => take_read(capture, Stream::Stdout, stdout, out_buf, n),
+                n = read_opt(stderr, err_buf) => take_read(capture, Stream::Stderr, stderr, err_buf, n),
+            }
+            if capture.overflowed {
+                return Err(Interrupt::OutputLimit);
+            }
+        }
+        // The loop ends only with a report; say so if that ever changes.
+        match report {
+            Some(r) => done(r, Ok(())),
+            None => Err(Interrupt::Violation("no result before the drain ended".into())),
+        }
+    }
+
+    /// Kill the whole tree, keep the output that was already written (into
+    /// `capture`, when given), and wait (bounded) for everything to exit.
+    pub async fn kill(mut self, capture: Option<&mut Capture>) -> (Option<std::process::ExitStatus>, Dead) {
+        kill_group(self.pid);
+        if let Some(capture) = capture {
+            let Worker { stdout, stderr, out_buf, err_buf, .. } = &mut self;
+            let _ = timeout(CLEANUP_DEADLINE, async {
+                while stdout.is_some() || stderr.is_some() {
+                    tokio::select! {
+                        n = read_opt(stdout, out_buf) => take_read(capture, Stream::Stdout, stdout, out_buf, n),
+                        n = read_opt(stderr, err_buf) => take_read(capture, Stream::Stderr, stderr, err_buf, n),
+                    }
+                }
+            })
+            .await;
+        }
+        let exit = self.wait_exit(CLEANUP_DEADLINE).await;
+        tracing::debug!(pid = self.pid, ?exit, "sandbox killed");
+        (exit, Dead { guard: self.guard.clone(), init_pid: self.init_pid })
+    }
+
+    /// Kill a sandbox nobody waits for and collect its exit on a plain
+    /// thread (this may run on the JS thread, outside any async runtime),
+    /// so that no zombie is left behind.
+    pub fn reap(self) {
+        kill_group(self.pid);
+        let pid = nix::unistd::Pid::from_raw(self.pid);
+        drop(self);
+        let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
+            let _ = nix::sys::wait::waitpid(pid, None);
+        });
+    }
+
+    /// Drop whatever background processes wrote while no execution ran.
+    /// Polls each read once: no timer, no wait when the pipes are empty.
+    fn discard_idle_output(&mut self) {
+        let Worker { stdout, stderr, out_buf, .. } = self;
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let streams =
+            [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin + Send)), stderr.as_mut().map(|s| s as _)];
+        for stream in streams.into_iter().flatten() {
+            loop {
+                let mut buf = tokio::io::ReadBuf::new(out_buf);
+                match std::pin::Pin::new(&mut *stream).poll_read(&mut cx, &mut buf) {
+                    std::task::Poll::Ready(Ok(())) if !buf.filled().is_empty() => continue,
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// What is left of a killed worker for the checks after it: its project
+/// guard and its namespace's init.
+pub struct Dead {
+    pub guard: Option<Arc<Guard>>,
+    pub init_pid: Option<i32>,
+}
+
+/// Read reply frames into `tx` until the stream ends; a frame that arrives
+/// while none is expected kills the sandbox.
+async fn read_replies(
+    mut reader: tokio::net::unix::pipe::Receiver,
+    tx: mpsc::Sender<Result<Reply, FrameError>>,
+    expecting: Arc<AtomicBool>,
+    killed: protected::KilledFor,
+    group: i32,
+) {
+    loop {
+        let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
+        let end = matches!(
+            item,
+            Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. })
+        );
+        if !end && !expecting.load(Ordering::Acquire) {
+            tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
+            *killed.lock() = Some("it sent a protocol frame while no execution ran".into());
+            kill_group(group);
+            break;
+        }
+        if tx.send(item).await.is_err() || end {
+            break;
+        }
+    }
+}
+
+fn not_ready(why: NotReady, diag: &[u8]) -> StartError {
+    StartError::NotReady { why, stderr: String::from_utf8_lossy(diag).trim().to_string() }
+}
+
+fn reply_kind(r: &Reply) -> &'static str {
+    match r {
+        Reply::Ready { .. } => "ready",
+        Reply::Result(_) => "result",
+        Reply::Drained { .. } => "drained",
+        Reply::Code { .. } => "code",
+        Reply::Error { .. } => "error",
+    }
+}
+
+/// Hand a read result to the capture; a closed or failed stream is finished.
+fn take_read<R>(capture: &mut Capture, which: Stream, slot: &mut Option<R>, buf: &[u8], n: Option<usize>) {
+    match n {
+        Some(n) if n > 0 => capture.feed(which, &buf[..n]),
+        _ => {
+            capture.finish(which);
+            *slot = None;
+        }
+    }
+}
+
+/// Read from an optional stream; `None` when it is closed or failed.
+async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    match stream {
+        Some(s) => s.read(buf).await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// The first child of `pid` (bubblewrap's: the pid namespace's init).
+fn child_of(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_ran_counts_as_a_worker_failure() {
+        let failed = not_ready(NotReady::Exited(None), b"oops");
+        assert!(failed.is_worker_failure());
+        assert!(!not_ready(NotReady::Deadline, b"").is_worker_failure());
+        assert!(!StartError::Halted(Halt::Cancelled).is_worker_failure());
+        let StartError::NotReady { stderr, .. } = failed else { panic!("wrong variant") };
+        assert_eq!(stderr, "oops");
+    }
+
+    #[test]
+    fn take_read_finishes_a_closed_stream() {
+        let dir = std::env::temp_dir().join(format!("pps-worker-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut capture = Capture::new(b"END".to_vec(), dir.join("o"), dir.join("e"));
+        let mut slot = Some(());
+        take_read(&mut capture, Stream::Stdout, &mut slot, b"hello", Some(5));
+        assert!(slot.is_some());
+        assert_eq!(capture.stdout.total, 5);
+        take_read(&mut capture, Stream::Stdout, &mut slot, b"", Some(0));
+        assert!(slot.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
