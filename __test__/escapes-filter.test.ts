@@ -222,6 +222,32 @@ describe("memory the sandbox can hold beyond a process", { concurrency: 1 }, () 
     assert.equal(free.left.length, 1, `unfiltered, the queue outlives its maker: ${JSON.stringify(free)}`);
   });
 
+  test("blocks POSIX message queues (mq_open), which a reset could not remove", async (t) => {
+    if (skip(t)) return;
+    const { sb } = await makeFixture(t);
+    // A child makes a queue and exits; the parent opens it again by name (x86_64: mq_open 240).
+    const code = py`
+      import ctypes, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def sc(nr, *args):
+          ctypes.set_errno(0)
+          return libc.syscall(ctypes.c_long(nr), *[ctypes.c_void_p(a) if isinstance(a, bytes) else ctypes.c_long(a) for a in args]), ctypes.get_errno()
+      name = ctypes.create_string_buffer(b"pps-queue")
+      pid = os.fork()
+      if pid == 0:
+          os._exit(0 if sc(240, ctypes.addressof(name), os.O_CREAT | os.O_RDWR, 0o600, 0)[0] >= 0 else 1)
+      made = os.waitpid(pid, 0)[1] == 0
+      again = sc(240, ctypes.addressof(name), os.O_RDWR, 0, 0)
+      print(json.dumps({"made": made, "again": list(again)}))
+    `;
+    const inside = jsonOut(await sb.execute(code));
+    assert.deepEqual(inside, { made: false, again: [-1, EPERM] }, JSON.stringify(inside));
+    const free = lastJson(await unfiltered(code));
+    assert.equal(free.made, true, `unfiltered: ${JSON.stringify(free)}`);
+    assert.ok(free.again[0] >= 0, `unfiltered, the queue outlives its maker: ${JSON.stringify(free)}`);
+  });
+
   test("blocks SysV shared memory (shmget)", async (t) => {
     if (skip(t)) return;
     const { sb } = await makeFixture(t);

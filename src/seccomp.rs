@@ -202,10 +202,6 @@ pub fn allowlist() -> Vec<Allowed> {
             "calls on socket descriptors, which the sandbox cannot make (socket and socketpair are refused); code asking whether a descriptor is a socket gets ENOTSOCK",
         ),
         allow(
-            &["mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"],
-            "POSIX message queues, whose memory RLIMIT_MSGQUEUE bounds per user (800 KiB by default)",
-        ),
-        allow(
             &["io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents"],
             "Linux native asynchronous I/O (libaio), whose contexts the kernel bounds (fs.aio-max-nr)",
         ),
@@ -262,6 +258,8 @@ pub fn rules() -> Vec<Rule> {
     const SYSV: &str = "SysV message queues, shared memory and semaphore sets outlive the process that made them and \
         hold kernel memory until the sandbox ends, beyond any process's limits (about 500 MiB of queues, unbounded \
         shared memory on a default kernel); POSIX shared memory and semaphores live in the sized /dev/shm";
+    const MQUEUE: &str = "POSIX message queues outlive the processes that made them, and a reset in the same sandbox \
+        could not find them to remove them (listing needs a mounted mqueue file system)";
     let mut r = vec![
         eperm("socket", true, NET),
         eperm("socketpair", true, NET),
@@ -316,6 +314,12 @@ pub fn rules() -> Vec<Rule> {
         eperm("migrate_pages", false, NUMA),
         eperm("move_pages", false, NUMA),
         eperm("set_mempolicy", false, NUMA),
+        eperm("mq_open", false, MQUEUE),
+        eperm("mq_unlink", false, MQUEUE),
+        eperm("mq_timedsend", false, MQUEUE),
+        eperm("mq_timedreceive", false, MQUEUE),
+        eperm("mq_notify", false, MQUEUE),
+        eperm("mq_getsetattr", false, MQUEUE),
         eperm("msgget", false, SYSV),
         eperm("msgsnd", false, SYSV),
         eperm("msgrcv", false, SYSV),
@@ -636,6 +640,12 @@ mod tests {
             "semop",
             "semtimedop",
             "semctl",
+            "mq_open",
+            "mq_unlink",
+            "mq_timedsend",
+            "mq_timedreceive",
+            "mq_notify",
+            "mq_getsetattr",
         ] {
             let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
             assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
