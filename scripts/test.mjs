@@ -87,8 +87,17 @@ try {
     .map((f) => join("__test__", f));
   // Node 20 cannot strip types and `node --test DIR` finds no .ts files:
   // the list is explicit.
-  await step("addon, escape, fault and pi 0.73 suites", () =>
-    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files]),
+  // The spec's recovery (kill, state lost, fresh interpreter) is what these
+  // suites assert: they run with rollback off; rollback has its own suite.
+  const rollbackSuite = join("__test__", "rollback.test.ts");
+  const spec = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
+  await step("addon, escape, fault and pi 0.73 suites (PI_PYTHON_TOOL_ROLLBACK=0)", () =>
+    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files.filter((f) => f !== rollbackSuite)], {
+      env: spec,
+    }),
+  );
+  await step("rollback suite (the default)", () =>
+    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", rollbackSuite]),
   );
   await step("pi 1.x suites", pi1EndToEnd);
   // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).

@@ -90,6 +90,9 @@ pub struct SandboxSpec {
     /// The worker's bounds, `name=value,...` (see `limits::worker_limits`):
     /// the host's constants are the only source.
     pub worker_limits: String,
+    /// Run the worker as PID 1 that keeps the sandbox across interpreters
+    /// (rollback and fast reset); off, the worker is the interpreter.
+    pub keeper: bool,
     pub site_dirs: Vec<PathBuf>,
     /// Sizes of the `/tmp` and `/dev/shm` tmpfs, in bytes (never 0, which
     /// would mean unlimited).
@@ -178,6 +181,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // The filter is loaded last, right before exec.
     a.push("--seccomp".into());
     a.push(SECCOMP_FD.to_string().into());
+    if spec.keeper {
+        // The worker is the namespace's PID 1 (see `worker`'s rollback).
+        a.push("--as-pid-1".into());
+    }
     a.push("--".into());
     a.push(spec.interpreter.clone().into());
     push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", worker]);
@@ -190,6 +197,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     }
     a.push("--limits".into());
     a.push(spec.worker_limits.clone().into());
+    if spec.keeper {
+        a.push("--keeper".into());
+    }
     if let Some(n) = spec.nofile {
         a.push("--nofile".into());
         a.push(n.to_string().into());
@@ -219,6 +229,7 @@ mod tests {
             python_fd_mounts: vec![],
             nofile: None,
             worker_limits: "frame=1".into(),
+            keeper: false,
             site_dirs: vec![],
             tmp_bytes: 256 << 20,
             shm_bytes: 64 << 20,

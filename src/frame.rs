@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::limits::MAX_FRAME_BYTES;
 
 /// Version spoken by this host and the embedded worker.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
@@ -38,7 +38,16 @@ pub enum Request {
     /// Run `code` (base64 of the UTF-8 source, so that JSON escaping can
     /// never push a 64 KiB source past the frame limit). After the result the
     /// worker writes `mark` (base64 of [`end_mark`]) on stdout and stderr.
-    Exec { id: u64, code: String, mark: String },
+    /// With `checkpoint`, it forks a rollback point first.
+    Exec {
+        id: u64,
+        code: String,
+        mark: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        checkpoint: bool,
+    },
+    /// The first frame on fresh channels: the host has taken its ends.
+    Resume,
 }
 
 /// Outcome class reported by the worker for one execution.
@@ -121,6 +130,20 @@ pub enum Reply {
         id: u64,
         stdout: bool,
         stderr: bool,
+    },
+    /// The rollback point of execution `id`: the copy's pid in the
+    /// sandbox, or why there is none.
+    Checkpoint {
+        id: u64,
+        pid: Option<u32>,
+        why: Option<String>,
+    },
+    /// An interpreter on fresh channels: a restored copy, or (`fresh`) a
+    /// new one; `threads` names what the copy could not bring back.
+    Restored {
+        fresh: bool,
+        #[serde(default)]
+        threads: Vec<String>,
     },
     /// The worker refused a request or could not set itself up.
     Error {
@@ -289,6 +312,7 @@ mod tests {
             id: u64::MAX,
             code: base64::engine::general_purpose::STANDARD.encode(code),
             mark: base64::engine::general_purpose::STANDARD.encode(end_mark(&"0".repeat(24))),
+            checkpoint: true,
         };
         let frame = encode(&req).expect("a maximal source must fit one frame");
         assert!(frame.len() - 4 <= MAX_FRAME_BYTES);

@@ -71,6 +71,8 @@ pub struct Start<'a> {
     /// Where the protection plan's findings between executions go.
     pub notes: protected::Notes,
     pub tainted: protected::Tainted,
+    /// The caller's rollback choice, over the environment's.
+    pub rollback: Option<bool>,
 }
 
 /// Start one sandbox and wait for it to report ready: from the stored
@@ -113,6 +115,7 @@ async fn start_once(
     let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
+    let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
     // A project that cannot be protected is mounted read-only for this
     // sandbox, and the first result says why.
@@ -200,6 +203,7 @@ async fn start_once(
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
         worker_limits: worker_limits(),
+        keeper,
         site_dirs: facts.python.site_dirs.clone(),
     };
     let seccomp =
@@ -215,6 +219,7 @@ async fn start_once(
         plan_notes,
         code: form,
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
+        keeper,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

@@ -42,6 +42,11 @@ pub struct SandboxOptions {
     /// reset, timeout or crash hands over to a ready interpreter. Default:
     /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
     pub prewarm: Option<bool>,
+    /// Roll a failed call (timeout, cancel, output flood, the interpreter's
+    /// death, a protocol violation) back to the interpreter's state from
+    /// before it, and reset in the same sandbox. Default: on, unless
+    /// `PI_PYTHON_TOOL_ROLLBACK` is `0`, `false`, `off` or `no`.
+    pub rollback: Option<bool>,
     /// The user's Python packages: a virtualenv, or site directories,
     /// colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
     /// A user setting: never let the model choose it.
@@ -101,6 +106,9 @@ pub struct ExecResult {
     /// Interpreter state from before this call is gone.
     pub state_lost: bool,
     pub state_lost_reason: Option<String>,
+    /// The call failed and the interpreter was rolled back to its state
+    /// from right before it (see the README's Rollback).
+    pub rolled_back: bool,
     /// repr() of the final expression, when it is not None (bounded to 8 KiB).
     pub repr: Option<String>,
     pub repr_truncated: bool,
@@ -201,6 +209,12 @@ pub struct StatusResult {
     pub python_notes: Vec<String>,
     /// Whether a spare sandbox is kept ready.
     pub prewarm: bool,
+    /// Whether failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`, read at
+    /// each sandbox start).
+    pub rollback: bool,
+    /// When the running interpreter last took a rollback point (ms since
+    /// the epoch).
+    pub last_rollback_point: Option<f64>,
     /// The spare sandbox: `none`, `starting` or `ready`.
     pub spare: String,
     /// How the running worker was loaded: `source` (compiled at start) or
@@ -256,6 +270,7 @@ fn to_js(o: Outcome) -> ExecResult {
         generation: o.generation as f64,
         state_lost: o.state_lost,
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
+        rolled_back: o.rolled_back,
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
         stdout: displayed(join(&o.stdout)),
@@ -367,6 +382,11 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
         python_notes: r.python_notes.iter().cloned().map(displayed).collect(),
         prewarm: r.prewarm,
+        rollback: r.rollback,
+        last_rollback_point: r
+            .last_rollback_point
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as f64),
         spare: match r.spare {
             SpareState::None => "none",
             SpareState::Starting => "starting",
@@ -478,6 +498,7 @@ impl PythonSandbox {
                 read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
             },
             prewarm: options.prewarm,
+            rollback: options.rollback,
             python_packages: options.python_packages,
             system_site_packages: options.system_site_packages,
         });

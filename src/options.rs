@@ -44,6 +44,17 @@ pub struct SessionOptions {
     /// Keep a spare sandbox ready (default: `$PI_PYTHON_TOOL_PREWARM`,
     /// on unless it is `0`, `false`, `off` or `no`).
     pub prewarm: Option<bool>,
+    /// Roll failed calls back (default: `$PI_PYTHON_TOOL_ROLLBACK`, on
+    /// unless it is `0`, `false`, `off` or `no`; read at each sandbox start).
+    pub rollback: Option<bool>,
+}
+
+/// `0`, `false`, `off` or `no`: no rollback (the spec's recovery: the
+/// sandbox is killed and the next call gets a new one).
+pub const ROLLBACK_ENV: &str = "PI_PYTHON_TOOL_ROLLBACK";
+
+fn is_off(value: Option<String>) -> bool {
+    matches!(value.map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("0" | "false" | "off" | "no"))
 }
 
 /// The settings in force.
@@ -53,6 +64,9 @@ pub struct Settings {
     pub venv: Option<String>,
     pub system_site: bool,
     pub prewarm: bool,
+    /// Failed calls roll back, and a reset is a fresh interpreter in the
+    /// same sandbox (see `worker`).
+    pub rollback: bool,
     pub protected: Vec<Pattern>,
     pub scan: Limits,
     /// The sizes of /tmp and /dev/shm, or why the setting is not one.
@@ -72,10 +86,8 @@ impl Settings {
             interpreter: get(INTERPRETER_ENV),
             venv: get(VENV_ENV),
             system_site: get(SYSTEM_SITE_ENV).is_some_and(|v| v.trim() == "1"),
-            prewarm: !matches!(
-                get(PREWARM_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref(),
-                Some("0" | "false" | "off" | "no")
-            ),
+            prewarm: !is_off(get(PREWARM_ENV)),
+            rollback: !is_off(get(ROLLBACK_ENV)),
             protected: patterns(get(PROTECTED_ENV).as_deref()),
             scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
@@ -99,17 +111,18 @@ mod tests {
             (ENTRIES_ENV, "10"),
             (DEPTH_ENV, "x"),
             (TMP_SIZE_ENV, "8M"),
+            (ROLLBACK_ENV, " no"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let s = Settings::from_lookup(get, HostGit::default());
         assert_eq!(s.interpreter.as_deref(), Some("/opt/py/bin/python3"));
         assert_eq!(s.venv.as_deref(), Some("/v"));
-        assert!(s.system_site && !s.prewarm);
+        assert!(s.system_site && !s.prewarm && !s.rollback);
         assert_eq!(s.protected, [Pattern::Name(".a".into()), Pattern::Path("b/c".into())]);
         assert_eq!((s.scan.max_entries, s.scan.max_depth), (10, crate::scan::DEFAULT_LIMITS.max_depth));
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
         let none = Settings::from_lookup(|_| None, HostGit::default());
-        assert!(none.prewarm && !none.system_site && none.interpreter.is_none());
+        assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());
         assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());
     }
 }

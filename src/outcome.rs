@@ -49,6 +49,7 @@ impl Status {
     }
 }
 
+use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 /// One stream's excerpt: head, how much was left out, tail.
@@ -126,6 +127,8 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// The code was handed to an interpreter.
     pub started: bool,
+    /// The call failed and the interpreter is back where it was before it.
+    pub rolled_back: bool,
     pub log_complete: bool,
     pub diagnostic: Option<String>,
 }
@@ -151,6 +154,7 @@ impl Outcome {
             images: Vec::new(),
             notes: Vec::new(),
             started: false,
+            rolled_back: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
         }
@@ -266,6 +270,10 @@ pub struct StatusReport {
     /// How the running worker was loaded: compiled from source, or from the
     /// bytecode an earlier sandbox produced.
     pub worker_code: Option<&'static str>,
+    /// When the running interpreter last took a rollback point.
+    pub last_rollback_point: Option<std::time::SystemTime>,
+    /// Whether the next sandbox start gets rollback.
+    pub rollback: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,6 +354,18 @@ impl From<&Interrupt> for ResetReason {
             Interrupt::OutputLimit => ResetReason::OutputLimit,
             Interrupt::Died | Interrupt::Violation(_) => ResetReason::WorkerError,
         }
+    }
+}
+
+/// The `status` line about rollback: whether it is on, and how long ago
+/// the running interpreter took its last rollback point.
+fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
+    if !on {
+        return "rollback: off (PI_PYTHON_TOOL_ROLLBACK=0: a failed call kills the sandbox)\n".into();
+    }
+    match last.and_then(|t| now.duration_since(t).ok()) {
+        Some(ago) => format!("rollback: on (last rollback point {:.1} s ago)\n", ago.as_secs_f64()),
+        None => "rollback: on (no rollback point taken yet)\n".into(),
     }
 }
 
@@ -432,6 +452,71 @@ pub fn interruption(
         Interrupt::Violation(m) => {
             (Status::WorkerError, "worker_error".into(), format!("Protocol violation: {m}. The sandbox was killed."))
         }
+    }
+}
+
+/// A failed call whose sandbox was kept (see [`Recovery`]).
+pub struct Recovered {
+    pub status: Status,
+    pub diagnostic: String,
+    pub rolled_back: bool,
+    pub state_lost: bool,
+    pub state_lost_reason: Option<String>,
+}
+
+/// The words for a failed call whose interpreter was rolled back or
+/// replaced in the same sandbox: the one table of the rollback cases.
+pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery) -> Recovered {
+    let (status, reason, _) = interruption(i, timeout_seconds, None, None);
+    let what = match i {
+        Interrupt::Timeout => format!("Execution exceeded the {timeout_seconds}s deadline"),
+        Interrupt::Halted(_) => "Execution was cancelled".into(),
+        Interrupt::OutputLimit => format!(
+            "Output exceeded the {} KiB per-execution capture budget (the saved log is partial)",
+            OUTPUT_BUDGET_BYTES / 1024
+        ),
+        Interrupt::Died => "The interpreter died".into(),
+        Interrupt::Violation(m) => format!("Protocol violation: {m}"),
+    };
+    let killed = "every process of the sandbox was killed";
+    let files = "files in /workspace and /scratch keep what the call wrote";
+    match recovery {
+        Recovery::Restored { threads } => {
+            let mut diagnostic = format!(
+                "{what}; {killed} and the interpreter was rolled back to its state before this call (variables, \
+                 imports and definitions are as they were; {files})."
+            );
+            if !threads.is_empty() {
+                let _ = write!(diagnostic, " Not restored: {}.", threads.join(", "));
+            }
+            Recovered { status, diagnostic, rolled_back: true, state_lost: false, state_lost_reason: None }
+        }
+        Recovery::Fresh => Recovered {
+            status,
+            diagnostic: format!(
+                "{what}; {killed} and the interpreter was rolled back to its state before this call (a fresh \
+                 interpreter: this was its first call; {files})."
+            ),
+            rolled_back: true,
+            state_lost: false,
+            state_lost_reason: None,
+        },
+        Recovery::Lost(why) => Recovered {
+            status,
+            diagnostic: format!(
+                "{what}; {killed} and a fresh interpreter replaces it: {why}. Interpreter state was lost; {files}."
+            ),
+            rolled_back: false,
+            state_lost: true,
+            state_lost_reason: Some(format!("{reason}; {why}")),
+        },
+        Recovery::Reset => Recovered {
+            status,
+            diagnostic: format!("{what}; {killed} and a fresh interpreter replaces it."),
+            rolled_back: false,
+            state_lost: true,
+            state_lost_reason: Some(reason),
+        },
     }
 }
 
@@ -522,6 +607,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     for note in &r.python_notes {
         text.push_str(&format!("python packages: {note}\n"));
     }
+    text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!(
         "spare sandbox: {}\n",
         match (r.prewarm, r.spare) {
@@ -855,6 +941,8 @@ mod tests {
             prewarm: false,
             spare: SpareState::None,
             worker_code: None,
+            last_rollback_point: None,
+            rollback: true,
         };
         let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&report, &settings);
@@ -926,5 +1014,29 @@ mod tests {
         assert!(text.contains("unprivileged user namespaces"));
         assert!(text.ends_with("never runs Python outside the sandbox."));
         assert_eq!(start_failure(&StartError::Halted(Halt::Disposed)).0, Status::Cancelled);
+    }
+
+    #[test]
+    fn the_rollback_line_says_whether_it_is_on_and_when_the_last_point_was_taken() {
+        let now = std::time::SystemTime::now();
+        let ago = now - std::time::Duration::from_millis(2500);
+        assert_eq!(rollback_line(true, Some(ago), now), "rollback: on (last rollback point 2.5 s ago)\n");
+        assert!(rollback_line(true, None, now).contains("no rollback point"));
+        assert!(rollback_line(false, Some(ago), now).starts_with("rollback: off (PI_PYTHON_TOOL_ROLLBACK=0"));
+    }
+
+    #[test]
+    fn a_rollback_keeps_state_and_says_files_are_not_rolled_back() {
+        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] });
+        assert_eq!(r.status, Status::Timeout);
+        assert!(r.rolled_back && !r.state_lost);
+        assert!(r.diagnostic.contains("rolled back to its state before this call"));
+        assert!(r.diagnostic.contains("files in /workspace and /scratch keep what the call wrote"));
+        let lost = recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()));
+        assert!(lost.state_lost && !lost.rolled_back);
+        assert_eq!(lost.state_lost_reason.as_deref(), Some("worker_error; no rollback point had been taken"));
+        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh);
+        assert_eq!(fresh.status, Status::OutputLimit);
+        assert!(fresh.rolled_back && !fresh.state_lost);
     }
 }

@@ -13,17 +13,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use tokio::sync::watch;
 
 use crate::bwrap::{SCRATCH, WORKSPACE};
 use crate::capture::Capture;
-use crate::frame::{self, Request};
+use crate::frame;
 use crate::launch::{Facts, Start};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, start_failure, LogFiles, Outcome, ResetReason, Status, StreamText,
+    apply_report, exit_text, interruption, recovered_text, start_failure, LogFiles, Outcome, ResetReason, Status,
+    StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -32,7 +32,7 @@ pub use crate::rundir::{cleanup_all, default_runtime_root, Dirs};
 use crate::rundir::{live_update, random_u64};
 use crate::spare::Spare;
 use crate::spawn::kill_group;
-use crate::worker::{Halt, Interrupt, Stop, Worker};
+use crate::worker::{Call, Halt, Interrupt, Stop, Worker};
 
 pub use crate::launch::WORKER_SOURCE;
 pub use crate::options::{SessionOptions, PREWARM_ENV};
@@ -107,6 +107,8 @@ impl Session {
             prewarm: opts.prewarm.unwrap_or_else(|| Settings::from_env().prewarm),
             spare: SpareState::None,
             worker_code: None,
+            last_rollback_point: None,
+            rollback: true,
         };
         Arc::new_cyclic(|weak| Session {
             id,
@@ -142,6 +144,7 @@ impl Session {
         let spare = self.spare.state();
         let mut report = self.shared.lock().report.clone();
         report.spare = spare;
+        report.rollback = self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback);
         report
     }
 
@@ -270,6 +273,16 @@ impl Session {
             if let Some(why) = w.take_killed_for() {
                 inner.pending_loss = Some(format!("the sandbox was killed between executions: {why}"));
                 self.drop_worker(inner, ResetReason::WorkerError).await;
+            } else if w.keeper() && w.interpreter_gone() {
+                // The sandbox is still there: a fresh interpreter in it.
+                inner.pending_loss = Some("the interpreter died while idle".into());
+                if w.recover(None, true).await.is_ok() {
+                    let mut sh = self.shared.lock();
+                    sh.report.generation += 1;
+                    sh.report.last_reset_reason = Some(ResetReason::DiedIdle);
+                } else {
+                    self.drop_worker(inner, ResetReason::DiedIdle).await;
+                }
             } else if let Some(status) = w.exited() {
                 let what = exit_text(Some(status));
                 inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}"));
@@ -319,17 +332,16 @@ impl Session {
             return Outcome::static_result(Status::WorkerError, generation(), "internal error: no sandbox".into());
         };
         let guard = worker.guard.clone();
-        let b64 = &base64::engine::general_purpose::STANDARD;
-        let request =
-            Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(frame::end_mark(&nonce)) };
         let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
         let mounts = worker.mounts.clone();
         let check = self.halt_check(Some(call), mounts);
         let mut stop = Stop { wake, check: &check };
-        let result = match frame::encode(&request) {
-            Err(e) => Err(Interrupt::Violation(format!("request could not be framed: {e}"))),
-            Ok(bytes) => worker.exec(&bytes, seq, deadline, &mut capture, &mut stop, progress).await,
-        };
+        let mark = frame::end_mark(&nonce);
+        let call = Call { seq, code: &code, mark: &mark, deadline, progress };
+        let result = worker.exec(call, &mut capture, &mut stop).await;
+        if worker.took_point() {
+            self.shared.lock().report.last_rollback_point = Some(std::time::SystemTime::now());
+        }
         match result {
             Ok(done) => {
                 apply_report(&mut o, done.report, &dirs.scratch);
@@ -342,16 +354,56 @@ impl Session {
                 }
             }
             Err(interrupt) => {
+                // In a keeper layout the sandbox stays: the interpreter is
+                // rolled back (or replaced) and every other process killed.
+                let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
+                let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
+                let recovered = match inner.worker.as_mut() {
+                    Some(w) if kept && killed_for.is_none() && w.keeper() => {
+                        Some(w.recover(Some(&mut capture), false).await)
+                    }
+                    _ => None,
+                };
+                match recovered {
+                    Some(Ok(recovery)) => {
+                        let r = recovered_text(&interrupt, timeout_seconds, &recovery);
+                        if r.state_lost {
+                            self.shared.lock().report.generation += 1;
+                            o.generation = generation();
+                        }
+                        self.shared.lock().report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                        o.status = r.status;
+                        o.state_lost = r.state_lost;
+                        o.state_lost_reason = r.state_lost_reason;
+                        o.rolled_back = r.rolled_back;
+                        o.diagnostic = Some(r.diagnostic);
+                        o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
+                        o.log_complete = !o.output_limit_exceeded;
+                        if let Some(guard) = &guard {
+                            // The killed processes are gone: check the project now.
+                            let (guard, notes) = (guard.clone(), self.notes.clone());
+                            let _ =
+                                tokio::task::spawn_blocking(move || protected::settle_and_check(&guard, None, &notes))
+                                    .await;
+                        }
+                        return self.finish_exec(o, guard, &capture, out_path, err_path, inner.worker.is_some());
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("rollback failed: {e}");
+                        o.notes.push(format!(
+                            "The interpreter could not be rolled back ({e}); the sandbox was killed instead."
+                        ));
+                    }
+                    None => {}
+                }
                 let mut exit = None;
-                if interrupt == Interrupt::Died {
+                if interrupt == Interrupt::Died && !inner.worker.as_ref().is_some_and(|w| w.keeper()) {
                     // Let the sandbox exit by itself first, so that its exit
                     // status is the worker's and not our SIGKILL.
                     if let Some(w) = inner.worker.as_mut() {
                         exit = w.wait_exit(DEATH_GRACE).await;
                     }
                 }
-                // The reply task or the guard may have killed it, and said why.
-                let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                 let reason = ResetReason::from(&interrupt);
                 let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
                 let (status, reason, diagnostic) =
@@ -364,11 +416,26 @@ impl Session {
                 o.log_complete = !o.output_limit_exceeded;
             }
         }
+        let alive = inner.worker.is_some();
+        self.finish_exec(o, guard, &capture, out_path, err_path, alive)
+    }
+
+    /// The parts of an execution's result that every ending shares: the
+    /// protected-path checks, the notes, the streams and their logs.
+    fn finish_exec(
+        &self,
+        mut o: Outcome,
+        guard: Option<Arc<Guard>>,
+        capture: &Capture,
+        out_path: PathBuf,
+        err_path: PathBuf,
+        alive: bool,
+    ) -> Outcome {
         if let Some(guard) = guard {
             // The names where protected entries live, now; the whole
             // project off the result's path (its notes reach the next result).
             o.notes.extend(guard.check_holders());
-            if inner.worker.is_some() {
+            if alive {
                 tokio::task::spawn_blocking(move || guard.check_all_pending());
             }
         }
@@ -494,7 +561,15 @@ impl Session {
     }
 
     fn start_of<'a>(&self, facts: &'a Facts, dirs: &'a Dirs, project: PathBuf, mounts: MountConfig) -> Start<'a> {
-        Start { facts, dirs, project, mounts, notes: self.notes.clone(), tainted: self.tainted.clone() }
+        Start {
+            facts,
+            dirs,
+            project,
+            mounts,
+            notes: self.notes.clone(),
+            tainted: self.tainted.clone(),
+            rollback: self.opts.rollback,
+        }
     }
 
     /// What a ready frame tells the session.
@@ -742,7 +817,18 @@ impl Session {
     /// Returns the session directories and notes for the user.
     pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
         let mut inner = self.ops.lock().await;
-        self.drop_worker(&mut inner, ResetReason::Explicit).await;
+        // In a keeper layout: a fresh interpreter in the same sandbox.
+        let fast = match inner.worker.as_mut() {
+            Some(w) if w.keeper() => !w.interpreter_gone() && w.recover(None, true).await.is_ok(),
+            _ => false,
+        };
+        if fast {
+            let mut sh = self.shared.lock();
+            sh.report.generation += 1;
+            sh.report.last_reset_reason = Some(ResetReason::Explicit);
+        } else {
+            self.drop_worker(&mut inner, ResetReason::Explicit).await;
+        }
         inner.pending_loss = None;
         self.refill_spare(&inner);
         (inner.dirs.clone(), self.notes.lock().take())

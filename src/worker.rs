@@ -16,19 +16,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{ChildStderr, ChildStdout};
+use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::capture::{Capture, Stream};
-use crate::frame::{self, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
+use crate::frame::{self, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
 use crate::limits::{
     CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES, STARTUP_DEADLINE,
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
-use crate::spawn::{kill_group, spawn_sandbox};
+use crate::spawn::{kill_group, signal_pid, spawn_sandbox, take_fd};
 
 /// Why the session wants the operation in progress to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +120,16 @@ pub enum Interrupt {
     Violation(String),
 }
 
+/// One execution: its id, its code, the end mark of its output, its
+/// deadline, and who hears its progress.
+pub struct Call<'a> {
+    pub seq: u64,
+    pub code: &'a str,
+    pub mark: &'a [u8],
+    pub deadline: Instant,
+    pub progress: Option<ProgressFn>,
+}
+
 /// What a finished execution gave: the worker's report, and whether the
 /// phase after it (draining, the end marks) went cleanly.
 pub struct ExecDone {
@@ -162,6 +173,9 @@ pub struct Launch {
     pub code: CodeForm,
     /// Ask the worker for its compiled form before it reports ready.
     pub emit_code: bool,
+    /// The worker runs as the sandbox's PID 1 that keeps it across
+    /// interpreters: failed calls roll back, a reset is fast.
+    pub keeper: bool,
 }
 
 /// Kills a worker's whole process tree, without the worker.
@@ -181,17 +195,19 @@ impl KillHandle {
 pub struct Worker {
     child: tokio::process::Child,
     pid: i32,
-    requests: tokio::net::unix::pipe::Sender,
+    requests: pipe::Sender,
     /// Bounded: a sandbox that floods frames waits on its pipe, never on
     /// host memory.
     replies: mpsc::Receiver<Result<Reply, FrameError>>,
     /// Frames are expected (a start or a request in flight); one that
     /// arrives otherwise makes the reply task kill the sandbox at once.
     expecting: Arc<AtomicBool>,
+    /// The task that reads `replies` (replaced with the channels).
+    reader: tokio::task::JoinHandle<()>,
     /// Why the reply task or the guard killed the sandbox, when one did.
     killed_for: protected::KilledFor,
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
     out_buf: Vec<u8>,
     err_buf: Vec<u8>,
     /// The mounts this sandbox was started with.
@@ -206,6 +222,50 @@ pub struct Worker {
     /// What the protection plan said, for the first result it serves.
     pub plan_notes: Vec<String>,
     pub code: CodeForm,
+    /// A keeper layout (see [`Launch::keeper`]).
+    keeper: bool,
+    /// The interpreter's host pid (in a keeper layout), once looked up.
+    interp: Option<i32>,
+    /// Executions the current interpreter started: the first needs no
+    /// rollback point (a fresh interpreter is where it was).
+    execs: u64,
+    /// The rollback point of the execution in flight: the copy's pid in
+    /// the sandbox, or why there is none.
+    point: Option<Result<u32, String>>,
+    point_taken: bool,
+}
+
+/// How a failed call's interpreter was replaced in the same sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// The copy taken right before the call carries on.
+    Restored { threads: Vec<String> },
+    /// The call was the interpreter's first: a fresh one is where it was.
+    Fresh,
+    /// No rollback point existed (or it was lost): a fresh interpreter,
+    /// with empty temporary file systems, as after the spec's kill.
+    Lost(String),
+    /// An explicit reset.
+    Reset,
+}
+
+/// Why the sandbox could not be kept (the caller then kills it).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error("this sandbox has no keeper (PI_PYTHON_TOOL_ROLLBACK is off)")]
+    NoKeeper,
+    #[error("the sandbox's PID 1 is gone")]
+    KeeperGone,
+    #[error("the new interpreter did not appear within {0} ms")]
+    NoInterpreter(u128),
+    #[error("the new interpreter's channels could not be taken: {0}")]
+    Channels(std::io::Error),
+    #[error("the new interpreter did not report within {0} ms")]
+    Silent(u128),
+    #[error("the new interpreter answered with {0}")]
+    Unexpected(String),
+    #[error("{0} other processes were still running after the kill")]
+    Survivors(usize),
 }
 
 impl Worker {
@@ -217,7 +277,7 @@ impl Worker {
         stop: &mut Stop<'_>,
         spawned: &(dyn Fn(i32, bool) + Send + Sync),
     ) -> Result<(Worker, Ready), StartError> {
-        let Launch { bwrap, argv, seccomp, mount_fds, mounts, guard, plan_notes, code, emit_code } = launch;
+        let Launch { bwrap, argv, seccomp, mount_fds, mounts, guard, plan_notes, code, emit_code, keeper } = launch;
         let child = spawn_sandbox(&bwrap, &argv, seccomp, mount_fds).map_err(StartError::Spawn)?;
         // Two frames in flight at most: a flood waits on the pipe. A frame
         // that no start or request asked for kills the sandbox at once.
@@ -227,16 +287,19 @@ impl Worker {
         if let Some(g) = &guard {
             g.arm(child.pid, killed_for.clone());
         }
-        tokio::spawn(read_replies(child.replies, tx, expecting.clone(), killed_for.clone(), child.pid));
+        let reader = tokio::spawn(read_replies(child.replies, tx, expecting.clone(), killed_for.clone(), child.pid));
+        let stdout = child.stdout.into_owned_fd().and_then(pipe::Receiver::from_owned_fd).map_err(StartError::Spawn)?;
+        let stderr = child.stderr.into_owned_fd().and_then(pipe::Receiver::from_owned_fd).map_err(StartError::Spawn)?;
         let mut worker = Worker {
             child: child.child,
             pid: child.pid,
             requests: child.requests,
             replies: rx,
             expecting,
+            reader,
             killed_for,
-            stdout: Some(child.stdout),
-            stderr: Some(child.stderr),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
             mounts,
@@ -245,6 +308,11 @@ impl Worker {
             init_pid: None,
             plan_notes,
             code,
+            keeper,
+            interp: None,
+            execs: 0,
+            point: None,
+            point_taken: false,
         };
         spawned(worker.pid, true);
         match worker.await_ready(stop, emit_code).await {
@@ -346,19 +414,46 @@ impl Worker {
         }
     }
 
-    /// Send one framed exec request (`seq` is its id) and follow it to its
-    /// end: the result, then the drained frame and both end marks.
+    /// Run `code` as execution `seq` (its output ends with `mark`) and
+    /// follow it to its end: the result, then the drained frame and both
+    /// end marks. In a keeper layout every execution but an interpreter's
+    /// first takes a rollback point first.
     pub async fn exec(
         &mut self,
-        request: &[u8],
-        seq: u64,
-        deadline: Instant,
+        call: Call<'_>,
         capture: &mut Capture,
         stop: &mut Stop<'_>,
-        progress: Option<ProgressFn>,
     ) -> Result<ExecDone, Interrupt> {
+        let done = self.run(call, capture, stop).await;
+        self.point_taken = matches!(self.point, Some(Ok(_)));
+        if done.is_ok() {
+            // The worker discards the copy once the call succeeded.
+            self.point = None;
+        }
+        done
+    }
+
+    /// Whether the last execution took a rollback point.
+    pub fn took_point(&self) -> bool {
+        self.point_taken
+    }
+
+    /// A keeper layout (rollback and fast reset).
+    pub fn keeper(&self) -> bool {
+        self.keeper
+    }
+
+    async fn run(&mut self, call: Call<'_>, capture: &mut Capture, stop: &mut Stop<'_>) -> Result<ExecDone, Interrupt> {
+        let Call { seq, code, mark, deadline, progress } = call;
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        let checkpoint = self.keeper && self.execs > 0;
+        let request = Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(mark), checkpoint };
+        let request =
+            frame::encode(&request).map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
         self.discard_idle_output();
-        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, .. } = self;
+        self.execs += 1;
+        self.point = None;
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, .. } = self;
         expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
@@ -385,7 +480,7 @@ impl Worker {
                     if changed.is_err() { return Err(Interrupt::Halted(Halt::Disposed)); }
                     if let Some(halt) = (stop.check)() { return Err(Interrupt::Halted(halt)); }
                 }
-                r = requests.write_all(request), if !written => {
+                r = requests.write_all(&request), if !written => {
                     if r.is_err() { return Err(Interrupt::Died); }
                     written = true;
                 }
@@ -406,6 +501,9 @@ impl Worker {
                     Some(Ok(Reply::Result(r))) if running && r.id == seq => {
                         report = Some(r);
                         drain_until = Instant::now() + DRAIN_CAP + DRAIN_SLACK;
+                    }
+                    Some(Ok(Reply::Checkpoint { id, pid, why })) if running && checkpoint && point.is_none() && id == seq => {
+                        *point = Some(pid.ok_or_else(|| why.unwrap_or_else(|| "none was taken".into())));
                     }
                     Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
                         // Nothing more is due until the next request.
@@ -442,6 +540,145 @@ impl Worker {
             Some(r) => done(r, Ok(())),
             None => Err(Interrupt::Violation("no result before the drain ended".into())),
         }
+    }
+
+    /// Whether the interpreter (not the sandbox) has ended: in a keeper
+    /// layout the sandbox outlives it.
+    pub fn interpreter_gone(&mut self) -> bool {
+        if !self.keeper {
+            return self.exited().is_some();
+        }
+        match self.interpreter() {
+            Some(pid) => crate::spawn::exited(pid),
+            None => true,
+        }
+    }
+
+    /// The interpreter's host pid in a keeper layout: PID 1's only child
+    /// until the first execution has run.
+    fn interpreter(&mut self) -> Option<i32> {
+        if self.interp.is_none() {
+            let keeper = self.init_pid?;
+            self.interp = children(keeper).into_iter().next();
+        }
+        self.interp
+    }
+
+    /// Replace a failed call's interpreter in the same sandbox: with its
+    /// rollback point when there is one (`reset` false), else with a fresh
+    /// interpreter from PID 1. Every other process of the sandbox is
+    /// killed first; what was written to the old streams goes to `capture`.
+    pub async fn recover(&mut self, capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
+        let keeper = match (self.keeper, self.init_pid) {
+            (false, _) => return Err(RecoverError::NoKeeper),
+            (true, None) => return Err(RecoverError::KeeperGone),
+            (true, Some(k)) => k,
+        };
+        let began = Instant::now();
+        // The old channels: their reader must not act on what is left in
+        // them, and nothing more is sent there.
+        self.expecting.store(true, Ordering::Release);
+        self.reader.abort();
+        let point = self.point.take();
+        let first = self.execs <= 1 && point.is_none();
+        let copy = match (&point, reset) {
+            (Some(Ok(ns)), false) => find_in_sandbox(keeper, *ns),
+            _ => None,
+        };
+        let before = children(keeper);
+        let (recovery, target) = match copy {
+            Some(pid) => {
+                // It may have been stopped; only the host's signal counts.
+                // A copy forked a moment ago may not hold its signals yet
+                // (SIGUSR1 would end it): wait until it does. It holds all
+                // at once; SIGUSR1 itself shows as open while it waits in
+                // sigwaitinfo, so SIGTERM tells.
+                signal_pid(pid, libc::SIGCONT);
+                let until = began + RESTORE_DEADLINE;
+                let _ = tokio::task::spawn_blocking(move || wait_blocked(pid, libc::SIGTERM, until)).await;
+                signal_pid(pid, libc::SIGUSR1);
+                (Recovery::Restored { threads: Vec::new() }, Some(pid))
+            }
+            None => {
+                let recovery = if reset {
+                    Recovery::Reset
+                } else if first {
+                    Recovery::Fresh
+                } else {
+                    Recovery::Lost(match point {
+                        Some(Err(why)) => format!("there was no rollback point: {why}"),
+                        Some(Ok(_)) => "the rollback point was gone (killed from inside the sandbox)".into(),
+                        None => "no rollback point had been taken".into(),
+                    })
+                };
+                let clean_tmp = !matches!(recovery, Recovery::Fresh);
+                if !signal_pid(keeper, if clean_tmp { libc::SIGUSR2 } else { libc::SIGUSR1 }) {
+                    return Err(RecoverError::KeeperGone);
+                }
+                (recovery, None)
+            }
+        };
+        // bubblewrap holds the old streams open as long as the sandbox
+        // runs: what the killed processes wrote is read once they are gone.
+        let old = (self.stdout.take(), self.stderr.take());
+        let until = began + RESTORE_DEADLINE;
+        let ms = RESTORE_DEADLINE.as_millis();
+        let pid = tokio::task::spawn_blocking(move || await_channels(keeper, target, &before, until))
+            .await
+            .ok()
+            .flatten()
+            .ok_or(RecoverError::NoInterpreter(ms))?;
+        let mut fds = Vec::with_capacity(4);
+        for fd in CHANNEL_FDS {
+            fds.push(take_fd(pid, fd).map_err(RecoverError::Channels)?);
+        }
+        let [req, rep, out, err]: [OwnedFd; 4] = fds.try_into().map_err(|_| RecoverError::NoInterpreter(ms))?;
+        let requests = pipe::Sender::from_owned_fd(req).map_err(RecoverError::Channels)?;
+        let replies = pipe::Receiver::from_owned_fd(rep).map_err(RecoverError::Channels)?;
+        self.stdout = Some(pipe::Receiver::from_owned_fd(out).map_err(RecoverError::Channels)?);
+        self.stderr = Some(pipe::Receiver::from_owned_fd(err).map_err(RecoverError::Channels)?);
+        let (tx, rx) = mpsc::channel(2);
+        self.expecting = Arc::new(AtomicBool::new(true));
+        self.reader =
+            tokio::spawn(read_replies(replies, tx, self.expecting.clone(), self.killed_for.clone(), self.pid));
+        self.replies = rx;
+        self.requests = requests;
+        let resume = frame::encode(&Request::Resume).map_err(|e| RecoverError::Unexpected(e.to_string()))?;
+        let reply = timeout(until.saturating_duration_since(Instant::now()), async {
+            self.requests.write_all(&resume).await.ok()?;
+            self.replies.recv().await
+        })
+        .await
+        .map_err(|_| RecoverError::Silent(ms))?;
+        let threads = match reply {
+            Some(Ok(Reply::Restored { threads, .. })) => threads,
+            Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", reply_kind(&other)))),
+            Some(Err(e)) => return Err(RecoverError::Unexpected(e.to_string())),
+            None => return Err(RecoverError::Silent(ms)),
+        };
+        self.expecting.store(false, Ordering::Release);
+        if let Some(capture) = capture {
+            for (stream, which) in [(old.0, Stream::Stdout), (old.1, Stream::Stderr)] {
+                if let Some(stream) = stream {
+                    drain_now(&stream, capture, which, &mut self.out_buf);
+                }
+                capture.finish(which);
+            }
+        }
+        // The copy checked that it is alone with PID 1; so does the host.
+        let others = children(keeper).into_iter().filter(|&c| c != pid && !crate::spawn::exited(c)).count();
+        if others > 0 {
+            return Err(RecoverError::Survivors(others));
+        }
+        self.interp = Some(pid);
+        if !matches!(recovery, Recovery::Restored { .. }) {
+            self.execs = 0;
+        }
+        tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
+        Ok(match recovery {
+            Recovery::Restored { .. } => Recovery::Restored { threads },
+            other => other,
+        })
     }
 
     /// Kill the whole tree, keep the output that was already written (into
@@ -483,9 +720,7 @@ impl Worker {
         let Worker { stdout, stderr, out_buf, .. } = self;
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
-        let streams =
-            [stdout.as_mut().map(|s| s as &mut (dyn AsyncRead + Unpin + Send)), stderr.as_mut().map(|s| s as _)];
-        for stream in streams.into_iter().flatten() {
+        for stream in [stdout.as_mut(), stderr.as_mut()].into_iter().flatten() {
             loop {
                 let mut buf = tokio::io::ReadBuf::new(out_buf);
                 match std::pin::Pin::new(&mut *stream).poll_read(&mut cx, &mut buf) {
@@ -495,6 +730,94 @@ impl Worker {
             }
         }
     }
+}
+
+/// Where a new interpreter leaves the host's ends of its fresh channels
+/// (requests, replies, stdout, stderr; see the worker's `fresh_channels`).
+const CHANNEL_FDS: [i32; 4] = [10, 11, 12, 13];
+
+/// How long a rollback or a fresh interpreter may take before the sandbox
+/// is given up.
+const RESTORE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Blocking: wait until the new interpreter (`target`, or a child of
+/// `keeper` not in `before`) has placed its channels; its host pid.
+fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Instant) -> Option<i32> {
+    let until = until.into_std();
+    let last = CHANNEL_FDS[CHANNEL_FDS.len() - 1];
+    // Asked through pidfd_getfd: an unprivileged host may not look into
+    // /proc/PID/fd of a non-dumpable process, but it may take its fds.
+    let placed = |pid: i32| take_fd(pid, last).is_ok();
+    loop {
+        match target {
+            Some(pid) if placed(pid) => return Some(pid),
+            Some(pid) if crate::spawn::exited(pid) => return None,
+            Some(_) => {}
+            // Processes the kill is ending can still be listed as children
+            // of PID 1 for a moment: only a live one that placed its ends.
+            None => {
+                let fresh = children(keeper).into_iter().find(|c| !before.contains(c) && !crate::spawn::exited(*c));
+                if let Some(pid) = fresh.filter(|&p| placed(p)) {
+                    return Some(pid);
+                }
+            }
+        }
+        if std::time::Instant::now() >= until || crate::spawn::exited(keeper) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Blocking: wait (bounded) until process `pid` blocks signal `sig`
+/// (the `SigBlk` mask of its status); whether it does.
+fn wait_blocked(pid: i32, sig: i32, until: Instant) -> bool {
+    let until = until.into_std();
+    let bit = 1u64 << (sig - 1);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask =
+            status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
+        match mask {
+            Some(m) if m & bit != 0 => return true,
+            None => return false,
+            Some(_) if std::time::Instant::now() >= until => return false,
+            Some(_) => std::thread::sleep(Duration::from_micros(100)),
+        }
+    }
+}
+
+/// The children of `pid` (host pids).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The host pid of the process that is `ns_pid` in the sandbox whose
+/// PID 1 is `keeper` (searched below it, bounded).
+fn find_in_sandbox(keeper: i32, ns_pid: u32) -> Option<i32> {
+    let mut queue = vec![keeper];
+    let mut seen = 0;
+    while let Some(p) = queue.pop() {
+        for c in children(p) {
+            seen += 1;
+            if seen > 4096 {
+                return None;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{c}/status")).unwrap_or_default();
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|n| n.parse::<u32>().ok());
+            if inner == Some(ns_pid) {
+                return (!crate::spawn::exited(c)).then_some(c);
+            }
+            queue.push(c);
+        }
+    }
+    None
 }
 
 /// What is left of a killed worker for the checks after it: its project
@@ -507,7 +830,7 @@ pub struct Dead {
 /// Read reply frames into `tx` until the stream ends; a frame that arrives
 /// while none is expected kills the sandbox.
 async fn read_replies(
-    mut reader: tokio::net::unix::pipe::Receiver,
+    mut reader: pipe::Receiver,
     tx: mpsc::Sender<Result<Reply, FrameError>>,
     expecting: Arc<AtomicBool>,
     killed: protected::KilledFor,
@@ -541,7 +864,22 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Result(_) => "result",
         Reply::Drained { .. } => "drained",
         Reply::Code { .. } => "code",
+        Reply::Checkpoint { .. } => "checkpoint",
+        Reply::Restored { .. } => "restored",
         Reply::Error { .. } => "error",
+    }
+}
+
+/// Read what `stream` holds now, without waiting, into `capture`.
+fn drain_now(stream: &pipe::Receiver, capture: &mut Capture, which: Stream, buf: &mut [u8]) {
+    while let Ok(n) = stream.try_read(buf) {
+        if n == 0 {
+            break;
+        }
+        capture.feed(which, &buf[..n]);
+        if capture.overflowed {
+            break;
+        }
     }
 }
 

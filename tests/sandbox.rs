@@ -22,6 +22,12 @@ impl Drop for Fixture {
 }
 
 fn fixture(name: &str) -> Option<Fixture> {
+    fixture_with(name, None)
+}
+
+/// A fixture whose sandboxes roll back as `rollback` says (None: the
+/// environment's setting).
+fn fixture_with(name: &str, rollback: Option<bool>) -> Option<Fixture> {
     if let Err(why) = can_sandbox() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
         eprintln!("SKIP {name}: {why}");
@@ -37,6 +43,7 @@ fn fixture(name: &str) -> Option<Fixture> {
         // No background spare: a test that ends while one starts would race
         // the runtime's shutdown.
         prewarm: Some(false),
+        rollback,
         ..Default::default()
     });
     Some(Fixture { dir, session })
@@ -82,7 +89,7 @@ async fn runs_code_and_keeps_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_and_next_call_is_fresh() {
-    let Some(f) = fixture("timeout") else { return };
+    let Some(f) = fixture_with("timeout", Some(false)) else { return };
     f.session.execute("y = 1".into(), 30, None).await;
     let t = f.session.execute("while True: pass".into(), 1, None).await;
     assert_eq!(t.status, Status::Timeout, "{}", render(&t));
@@ -90,6 +97,26 @@ async fn timeout_kills_and_next_call_is_fresh() {
     let n = f.session.execute("y".into(), 30, None).await;
     assert_eq!(n.status, Status::RuntimeError, "{}", render(&n));
     assert_eq!(n.generation, 2);
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_rolls_back_and_leaves_only_the_interpreter() {
+    let Some(f) = fixture("rollback") else { return };
+    f.session.execute("y = 1".into(), 30, None).await;
+    f.session.execute("z = [1, 2]".into(), 30, None).await;
+    let code = "import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nz.append(3)\ny = 2\nwhile True: pass";
+    let t = f.session.execute(code.into(), 1, None).await;
+    assert_eq!(t.status, Status::Timeout, "{}", render(&t));
+    assert!(t.rolled_back && !t.state_lost, "{}", render(&t));
+    let n = f.session.execute("(y, z)".into(), 30, None).await;
+    assert_eq!(n.repr.as_deref(), Some("(1, [1, 2])"), "{}", render(&n));
+    assert_eq!(n.generation, t.generation);
+    let others =
+        "import os\nme = os.getpid()\n[p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me) \
+        and open(f'/proc/{p}/stat').read().rsplit(') ', 1)[1].split()[1] != str(me)]";
+    let left = f.session.execute(others.into(), 30, None).await;
+    assert_eq!(left.repr.as_deref(), Some("[]"), "{}", render(&left));
     f.session.dispose("test").await;
 }
 

@@ -19,7 +19,7 @@ MODULE_CODE = sys._getframe().f_code
 
 REQUEST_FD = 3
 REPLY_FD = 4
-PROTOCOL = 2
+PROTOCOL = 3
 # The bounds below are the host's: it passes them with --limits (see
 # set_limits); these values only serve until then.
 MAX_FRAME = 128 * 1024
@@ -551,8 +551,248 @@ def end_streams(mark, started):
     return marked
 
 
-def serve():
-    state = {}
+# Rollback (see the README): with --keeper this process is the sandbox's
+# PID 1. It never runs user code; it reaps, and on the host's word it kills
+# every other process and forks a fresh interpreter. Before each execution
+# the interpreter forks a checkpoint, a frozen copy of itself; when the call
+# fails, the host tells the checkpoint to kill every other process and to
+# carry on as the interpreter. Every process here is non-dumpable, so that
+# no other process of the sandbox can read or write a checkpoint's memory.
+# Only signals the host sends count: those from inside the sandbox carry
+# the sender's pid, the host's carry none (it is outside the namespace).
+KEEPER_FDS = (10, 11, 12, 13)  # the host takes these ends with pidfd_getfd
+ALL_SIGNALS = None
+_prctl = None
+
+
+def undumpable():
+    """PR_SET_DUMPABLE 0, through _ctypes alone (ctypes costs 3 ms more)."""
+    global _prctl
+    if _prctl is None:
+        import _ctypes
+
+        class c_int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class Fn(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL
+            _restype_ = c_int
+
+        class Libc(object):
+            _handle = _ctypes.dlopen(None, 2)
+
+        _prctl = Fn(("prctl", Libc))
+    if _prctl(4, 0, 0, 0, 0) != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE) failed")
+
+
+def from_host(info):
+    return info.si_code == 0 and info.si_pid == 0  # SI_USER, from outside
+
+
+def others_alive():
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_all():
+    """Kill every process of the sandbox but PID 1 and this one. kill(-1)
+    reaches each process atomically (a process being forked either is in
+    the list or its parent can no longer fork), so one pass is enough; the
+    check is for the record."""
+    import signal
+    for _ in range(200):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if os.getpid() == 1:
+            reap()
+        if not others_alive():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def high_dup(fd):
+    import fcntl
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 32)
+    os.close(fd)
+    return new
+
+
+def fresh_channels():
+    """New pipes for the frames and both streams, so that nothing a killed
+    process left in the old ones reaches the host. Ours go to 1-4; the
+    host's ends wait at 10-13 (13 last) until the host has taken them."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    fds = [high_dup(fd) for fd in (req_r, rep_w, out_w, err_w, req_w, rep_r, out_r, err_r)]
+    for fd, target in zip(fds, (REQUEST_FD, REPLY_FD, 1, 2) + KEEPER_FDS):
+        os.dup2(fd, target, inheritable=target in (1, 2))
+        os.close(fd)
+    request = read_request()
+    for fd in KEEPER_FDS:
+        os.close(fd)
+    if not isinstance(request, dict) or request.get("type") != "resume":
+        raise ValueError("the host did not resume the interpreter")
+
+
+def to_dev_null():
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    for fd in (REQUEST_FD, REPLY_FD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def keeper(gate):
+    """PID 1's loop (see above); `gate` tells the first interpreter when
+    this process is non-dumpable."""
+    import signal
+    # PID 1 gets only the signals it has a handler for from inside the
+    # namespace: Python's SIGINT handler would let any process end it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    to_dev_null()
+    undumpable()
+    os.write(gate, b"1")
+    os.close(gate)
+    wanted = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2}
+    while True:
+        info = signal.sigwaitinfo(wanted)
+        if info.si_signo == signal.SIGCHLD or not from_host(info):
+            reap()
+            continue
+        # SIGUSR2: a reset (the temporary file systems are emptied, as a
+        # new sandbox would have them); SIGUSR1: the first execution
+        # failed, and a fresh interpreter is where it was.
+        kill_all()
+        if info.si_signo == signal.SIGUSR2:
+            for top in ("/tmp", "/dev/shm"):
+                empty_dir(top)
+        if os.fork() == 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            fresh_channels()
+            send({"type": "restored", "fresh": True, "threads": []})
+            serve()
+            os._exit(0)
+
+
+def empty_dir(top):
+    import shutil
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(top, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def checkpoint():
+    """Fork this interpreter's copy for rollback. Returns (pid, None) in
+    the interpreter, (None, reason) when there is no rollback point, and
+    ("restored", threads) in the copy once the host has made it the
+    interpreter."""
+    import signal
+    threading = sys.modules.get("threading")
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
+    if others:
+        return None, "%d thread%s started by earlier calls %s running (%s)" % (
+            len(others), "" if len(others) == 1 else "s", "was" if len(others) == 1 else "were",
+            ", ".join(others[:4]))
+    flush_streams()
+    # Born with every signal held: a signal sent the moment the copy exists
+    # must neither end it nor run a handler in it.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
+    try:
+        if sys.version_info >= (3, 12) and len(os.listdir("/proc/self/task")) > 1:
+            # Threads of libraries (BLAS pools, ...): Python 3.12+ warns.
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pid = os.fork()
+        else:
+            pid = os.fork()
+    except OSError as e:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return None, "the interpreter could not be copied: %s" % e.strerror
+    if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return pid, None
+    # The copy: no channels until it is needed. It never returns into the
+    # serve loop unless it became the interpreter.
+    try:
+        to_dev_null()
+        while True:
+            info = signal.sigwaitinfo({signal.SIGUSR1})
+            if from_host(info):
+                break
+        if not kill_all():
+            os._exit(70)
+        fresh_channels()
+        # Signals the failed call queued here are dropped, not delivered.
+        for sig in signal.sigpending():
+            handler = signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    except BaseException:
+        os._exit(70)
+    return "restored", []
+
+
+def private(state):
+    """Make this interpreter non-dumpable (its copies inherit it); on
+    failure `state["dumpable"]` says why, and no copy is taken."""
+    try:
+        undumpable()
+        state["dumpable"] = False
+    except (OSError, ImportError) as e:
+        state["dumpable"] = bound(str(e), 200)[0]
+
+
+def discard(pid):
+    import signal
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def serve(gate=None):
+    state = {"gate": gate}
     namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins,
                  "display": make_display(state)}
     while True:
@@ -576,6 +816,31 @@ def serve():
         except (ValueError, binascii.Error) as e:
             send({"type": "error", "id": req_id, "message": "exec code or mark is not base64 (UTF-8): %s" % e})
             continue
+        copy = None
+        left = []
+        for pid in state.pop("discarded", []):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    left.append(pid)
+            except OSError:
+                pass
+        if left:
+            state["discarded"] = left
+        if request.get("checkpoint") is True and ALL_SIGNALS is not None:
+            if state.get("dumpable", True):
+                private(state)
+            if state["dumpable"]:
+                copy, why = None, "the interpreter could not be made private (%s)" % state["dumpable"]
+            else:
+                copy, why = checkpoint()
+            if copy == "restored":
+                send({"type": "restored", "fresh": False, "threads": why})
+                continue
+            send({"type": "checkpoint", "id": req_id, "pid": copy, "why": why})
+        gate = state.pop("gate", None)
+        if gate is not None:
+            os.read(gate, 1)  # PID 1 is non-dumpable before any user code runs
+            os.close(gate)
         rich = state["rich"] = Rich(req_id)
         # Processes earlier executions left running are not waited for;
         # /proc is only read before the code when there were any.
@@ -585,7 +850,12 @@ def serve():
         finally:
             state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
-        live = live_processes()
+        live = live_processes() - set(state.get("discarded", ()))
+        if copy:
+            # Killed, not waited for: it is reaped before the next copy.
+            discard(copy)
+            live.discard(copy)
+            state.setdefault("discarded", []).append(copy)
         background = state["background"] = len(live)
         path = is_dir = None
         if status == "permission_needed":
@@ -596,6 +866,8 @@ def serve():
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
         marked = end_streams(mark, live - before)
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
+        if ALL_SIGNALS is not None and state.get("dumpable", True) is True:
+            private(state)  # before the next call needs it, off its path
 
 
 def send_code():
@@ -655,6 +927,18 @@ def main():
     send({"type": "ready", "protocol": PROTOCOL,
           "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
           "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]})
+    if "--keeper" in sys.argv[1:]:
+        import signal
+        global ALL_SIGNALS
+        ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2})
+        gate_r, gate_w = os.pipe()
+        if os.fork():
+            os.close(gate_r)
+            keeper(gate_w)
+        os.close(gate_w)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        serve(gate_r)
     serve()
 
 
