@@ -126,6 +126,11 @@ export interface ExecResult {
   /** Interpreter state from before this call is gone. */
   stateLost: boolean
   stateLostReason?: string
+  /**
+   * The call failed and the interpreter was rolled back to its state
+   * from right before it (see the README's Rollback).
+   */
+  rolledBack: boolean
   /** repr() of the final expression, when it is not None (bounded to 8 KiB). */
   repr?: string
   reprTruncated: boolean
@@ -266,6 +271,13 @@ export interface SandboxOptions {
    */
   prewarm?: boolean
   /**
+   * Roll a failed call (timeout, cancel, output flood, the interpreter's
+   * death, a protocol violation) back to the interpreter's state from
+   * before it, and reset in the same sandbox. Default: on, unless
+   * `PI_PYTHON_TOOL_ROLLBACK` is `0`, `false`, `off` or `no`.
+   */
+  rollback?: boolean
+  /**
    * The user's Python packages: a virtualenv, or site directories,
    * colon-separated; mounted read-only. Default `$PI_PYTHON_TOOL_VENV`.
    * A user setting: never let the model choose it.
@@ -322,6 +334,16 @@ export interface StatusResult {
   pythonNotes: Array<string>
   /** Whether a spare sandbox is kept ready. */
   prewarm: boolean
+  /**
+   * Whether failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`, read at
+   * each sandbox start).
+   */
+  rollback: boolean
+  /**
+   * When the running interpreter last took a rollback point (ms since
+   * the epoch).
+   */
+  lastRollbackPoint?: number
   /** The spare sandbox: `none`, `starting` or `ready`. */
   spare: string
   /**
