@@ -246,10 +246,18 @@ test("agent turn: the model sees the output; failures are isError, successes are
   assert.match(messageText(ok), /hello from 42/);
   assert.match(messageText(ok), /^status: ok/);
 
+  // Lean for an ordinary result: the status, the output, nothing about state or logs.
+  const [hi] = await turn(h, [{ code: 'print("hi")' }]);
+  const hiLines = messageText(hi).split("\n").filter((l) => l.trim() !== "");
+  assert.ok(hiLines.length <= 4, `print("hi") gave ${hiLines.length} lines:\n${messageText(hi)}`);
+  assert.doesNotMatch(messageText(hi), /Interpreter state|saved to/);
+
   const [failed, fine] = await turn(h, [{ code: 'raise ValueError("boom")' }, { code: "'still' + ' here'" }]);
   assert.equal(failed.isError, true);
   assert.match(messageText(failed), /--- exception: ValueError ---/);
   assert.match(messageText(failed), /boom/);
+  assert.match(messageText(failed), /Interpreter state preserved/, "after an error the model learns what stayed");
+  assert.doesNotMatch(messageText(fine), /Interpreter state/);
   assert.equal(fine.isError, false);
   assert.match(messageText(fine), /result: 'still here'/);
 
