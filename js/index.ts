@@ -194,6 +194,25 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           }
         : undefined;
       const run = () => target.execute(params.code, params.timeoutSeconds, callId, onProgress);
+      const started = Date.now();
+      let waitedMs = 0;
+      /** Ask about `path`, telling the UI what the call waits for (once a second, for the count). */
+      const waitForAnswer = async (path: string): Promise<PromptOutcome> => {
+        const since = Date.now();
+        const tell = () =>
+          onUpdate?.({
+            content: [{ type: "text", text: displayText(`waiting for your answer: may the code read ${path}? (no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)`) }],
+            details: { action: "execute", status: "waiting", waitingFor: displayText(path), elapsedMs: Date.now() - since },
+          });
+        tell();
+        const ticker = setInterval(tell, 1000);
+        try {
+          return await askToRead(path, signal);
+        } finally {
+          clearInterval(ticker);
+          waitedMs += Date.now() - since;
+        }
+      };
       try {
         let r = await run();
         let text = r.text;
@@ -208,7 +227,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
             break;
           }
           const epoch = target.status().mountEpoch;
-          const outcome = await askToRead(path, signal);
+          const outcome = await waitForAnswer(path);
           if (outcome !== "allow") {
             const why = {
               deny: "denied by the user",
@@ -231,12 +250,18 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           diagnostic = r.diagnostic;
         }
         if (diagnostic && diagnostic !== r.diagnostic) text = `${text}\n\n${diagnostic}`;
+        // After a prompt the call took the runs and the wait: the status line and details say so.
+        const durationMs = waitedMs > 0 ? Date.now() - started : r.durationMs;
+        if (waitedMs > 0) {
+          text = text.replace(/^(status: \S+ \()\d+\.\ds,/, (_m, head: string) => `${head}${(durationMs / 1000).toFixed(1)}s, ${(waitedMs / 1000).toFixed(1)}s of it waiting for the user,`);
+        }
         const scratchDir = target.status().paths.scratchDir ?? undefined;
         return textResult(text, {
           action: "execute",
           status: r.status,
           isError: r.isError,
-          durationMs: r.durationMs,
+          durationMs,
+          waitMs: waitedMs,
           generation: r.generation,
           stateLost: r.stateLost,
           stateLostReason: r.stateLostReason,
