@@ -24,12 +24,13 @@ import { basename, dirname, join } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
+import * as piAgent from "@mariozechner/pi-coding-agent";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { descendantsOf, parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { waitUntil } from "./helpers/sandbox-fixture.ts";
-import { context, plain, pythonRenderers, screen, setupTui, shown, theme } from "./helpers/render.ts";
+import { context, plain, pythonRenderers, screen, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
 const MAX_TEXT_BYTES = 51200;
@@ -194,6 +195,12 @@ test("loading: one sequential python tool, no errors, nothing started, status un
   assert.equal(active[0].executionMode, "sequential");
   const registered = h.session.extensionRunner.getAllRegisteredTools().filter((r) => r.definition.name === "python");
   assert.equal(registered.length, 1);
+  // pi's header names the extension after the folder of its index file: the package's folder, never `js`.
+  const Interactive = (piAgent as unknown as { InteractiveMode: { prototype: object } }).InteractiveMode;
+  const labels = (Object.create(Interactive.prototype) as { getCompactExtensionLabels(e: unknown): string[] })
+    .getCompactExtensionLabels(h.resourceLoader.getExtensions().extensions);
+  const ours = h.resourceLoader.getExtensions().extensions.findIndex((e) => e.path.startsWith(PACKAGE_DIR));
+  assert.equal(labels[ours], basename(PACKAGE_DIR), `pi's header lists ${JSON.stringify(labels)}`);
 
   // Loading started nothing and made no directory.
   assert.deepEqual(descendantsOf(process.pid), childrenBefore, "loading created no child process");
@@ -830,7 +837,7 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
   const h = await setup(t);
   const { renderResult } = pythonRenderers(h);
   const render = (r: unknown, expanded: boolean, ctx: Record<string, unknown> = {}) =>
-    shown(renderResult(r, { expanded, isPartial: false }, theme(), context({ expanded, ...ctx })));
+    shownResult(renderResult(r, { expanded, isPartial: false }, theme(), context({ expanded, ...ctx })));
   const tool = h.getTool("python");
 
   const statusResult = await tool.execute("s", { action: "status" }, undefined, undefined);
