@@ -10,7 +10,7 @@ import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { fauxAssistantMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
-import { context, pythonRenderers, setupTui, shown, theme } from "./helpers/render.ts";
+import { context, pythonRenderers, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
@@ -228,7 +228,7 @@ test("while the prompt waits, progress says what for; the duration includes the 
   assert.match(text, /^status: permission_needed \((1\.[6-9]|[2-9]\.\d)s, (1\.[6-9]|[2-9]\.\d)s of it waiting for the user, worker generation 1\)/);
   assert.doesNotMatch(text, /worker\.py|in hook/, "the tool's own frames never appear");
 
-  const collapsed = shown(renderResult(result, { expanded: false, isPartial: false }, theme(), context()), 400);
+  const collapsed = shownResult(renderResult(result, { expanded: false, isPartial: false }, theme(), context()), 400);
   assert.match(collapsed, /^✗ python permission_needed (1\.[6-9]|[2-9]\.\d)s\n/);
   const advice = (details.diagnostic as string).trim();
   assert.match(advice, /denied by the user.*grant read access/);

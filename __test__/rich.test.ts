@@ -14,7 +14,7 @@ import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessag
 import * as piAgent from "@mariozechner/pi-coding-agent";
 import * as piTui from "@mariozechner/pi-tui";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
-import { context, pythonRenderers, setupTui, shown, theme } from "./helpers/render.ts";
+import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { venvOrSkip } from "./helpers/test-venv.ts";
 
@@ -129,7 +129,7 @@ test("images in pi's TUI: inline where pi shows images, else the host file and t
   assert.ok(existsSync(host), "the named host file exists");
   const { renderResult } = pythonRenderers(h);
   const render = (showImages: boolean) =>
-    shown(renderResult(one.r, { expanded: false, isPartial: false }, theme(), context({ showImages })), 400);
+    shownResult(renderResult(one.r, { expanded: false, isPartial: false }, theme(), context({ showImages })), 400);
 
   // No inline images (a terminal without them, or pi's showImages off): one line per image.
   const lines = render(false).split("\n");

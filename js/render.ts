@@ -172,7 +172,8 @@ class ResultView implements Component {
 
   render(width: number): string[] {
     if (this.cache?.width === width) return this.cache.lines;
-    const lines = new Text(this.header, 0, 0).render(width);
+    // A blank line between the call and its result, as pi's bash has.
+    const lines = ["", ...new Text(this.header, 0, 0).render(width)];
     if (this.body) {
       if (this.collapse === "tail") {
         const preview = truncateToVisualLines(this.body, RESULT_PREVIEW_LINES, width);

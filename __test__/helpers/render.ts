@@ -76,3 +76,10 @@ export function context(over: Record<string, unknown> = {}): Record<string, unkn
     ...over,
   };
 }
+
+/** A finished result as shown: like `shown`, after the blank line that separates it from the call (as pi's bash has). */
+export function shownResult(component: Component, width = 100): string {
+  const text = shown(component, width);
+  if (!text.startsWith("\n")) throw new Error(`a result starts with a blank line under its call:\n${text}`);
+  return text.slice(1);
+}
