@@ -10,7 +10,7 @@
  * `stripAnsi` would keep DEL, C1 and bidi controls); highlighting runs on the escaped text.
  */
 import { readFileSync } from "node:fs";
-import { formatSize, highlightCode, keyHint, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
+import { formatSize, highlightCode, keyHint, keyText, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
 import { type Component, getCapabilities, imageFallback, Text, truncateToWidth } from "@mariozechner/pi-tui";
 import { displayText } from "./display.ts";
 
@@ -34,13 +34,18 @@ export function count(n: number, noun: string): string {
 }
 
 /** pi's key hint for expanding tool output (`ctrl+o to expand`), in pi's colours. */
-function expandHint(): string {
-  return keyHint("app.tools.expand", "to expand");
+function expandHint(theme: Theme): string {
+  try {
+    return keyHint("app.tools.expand", "to expand");
+  } catch {
+    // pi's global theme is not up (a renderer called outside the TUI): the same words, this theme.
+    return theme.fg("dim", keyText("app.tools.expand") || "ctrl+o") + theme.fg("muted", " to expand");
+  }
 }
 
 /** `... (12 more lines, 18 total, ctrl+o to expand)`, muted, as pi's write tool says it. */
 function moreHint(theme: Theme, what: string): string {
-  return `${theme.fg("muted", `... (${what},`)} ${expandHint()}${theme.fg("muted", ")")}`;
+  return `${theme.fg("muted", `... (${what},`)} ${expandHint(theme)}${theme.fg("muted", ")")}`;
 }
 
 /** The lines of `code` (already made safe to show) highlighted as Python; plain if pi's theme is not up. */
@@ -59,7 +64,8 @@ export function renderCall(args: unknown, theme: Theme, context: RenderContext |
   const a = (args ?? {}) as { action?: unknown; code?: unknown; timeoutSeconds?: unknown };
   const title = (s: string) => theme.fg("toolTitle", theme.bold(s));
   if (a.action === "status" || a.action === "reset") return new Text(title(`python ${a.action}`), 0, 0);
-  const timeout = typeof a.timeoutSeconds === "number" ? theme.fg("muted", ` (timeout ${a.timeoutSeconds}s)`) : "";
+  // Arguments are drawn before pi validates them: whatever they hold is shown escaped.
+  const timeout = a.timeoutSeconds !== undefined ? theme.fg("muted", displayText(` (timeout ${String(a.timeoutSeconds)}s)`)) : "";
   // The code comes from the model and can carry terminal sequences too.
   const code = displayText(typeof a.code === "string" ? a.code : "").replace(/\t/g, "   ");
   const plain = code.split("\n");
