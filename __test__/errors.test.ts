@@ -67,7 +67,9 @@ describe("errors keep the interpreter", { concurrency: CONCURRENCY }, () => {
     const r = await sb.execute("def broken(:\n    pass");
     assert.equal(r.status, "runtime_error", show(r));
     assert.equal(r.exception?.type, "SyntaxError");
-    assert.match(r.exception?.traceback ?? "", /File "<python>", line 1/);
+    // Executions are numbered per session: this is the second.
+    assert.match(r.exception?.traceback ?? "", /File "<python-2>", line 1\n    def broken\(:\n/);
+    assert.doesNotMatch(r.exception?.traceback ?? "", /worker\.py/);
     assert.equal(r.stateLost, false);
     const after = await sb.execute("x");
     assert.equal(after.repr, "10");
@@ -83,13 +85,54 @@ describe("errors keep the interpreter", { concurrency: CONCURRENCY }, () => {
     assert.equal(r.exception?.type, "ValueError");
     assert.equal(r.exception?.message, "bad value");
     const tb = r.exception?.traceback ?? "";
-    assert.match(tb, /File "<python>", line 4, in <module>/);
-    assert.match(tb, /File "<python>", line 3, in f/);
+    assert.match(tb, /File "<python-1>", line 4, in <module>\n    f\(\)\n/);
+    assert.match(tb, /File "<python-1>", line 3, in f\n    raise ValueError\("bad value"\)\n/);
     assert.doesNotMatch(tb, /worker\.py/);
     assert.match(r.text, /--- exception: ValueError ---/);
     const after = await sb.execute("(y, f.__name__)");
     assert.equal(after.repr, "(2, 'f')", "mutations before the error remain");
     assert.equal(after.generation, 1);
+  });
+
+  test("tracebacks show each line, from the execution that defined it, like a notebook", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("\ndef half(x):\n    return 1 / x\n"));
+    const r = await sb.execute("\n\nhalf(0)");
+    assert.equal(r.status, "runtime_error", show(r));
+    const tb = r.exception?.traceback ?? "";
+    assert.match(tb, /File "<python-2>", line 3, in <module>\n    half\(0\)\n/);
+    assert.match(tb, /File "<python-1>", line 3, in half\n    return 1 \/ x\n/, "the line of a function an earlier call defined");
+    // Code that imports traceback and prints its own traceback, in the same call, sees the sources.
+    const own = await sb.execute(py`
+      import traceback
+      try:
+          half(0)
+      except ZeroDivisionError:
+          traceback.print_exc()
+    `);
+    assertOk(own);
+    assert.match(own.stderr, /File "<python-1>", line 3, in half\n    return 1 \/ x\n/);
+    assert.match(own.stderr, /File "<python-3>", line 3, in <module>\n    half\(0\)\n/);
+    assert.doesNotMatch(own.stderr + tb, /worker\.py/);
+    // After the code cleared linecache, the next traceback has its sources again.
+    assertOk(await sb.execute("import linecache\nlinecache.clearcache()"));
+    // A chained exception loses the tool's frames in both parts.
+    const chained = await sb.execute("try:\n    half(0)\nexcept Exception as e:\n    raise KeyError('k') from e");
+    const ctb = chained.exception?.traceback ?? "";
+    assert.match(ctb, /direct cause of the following exception/);
+    assert.match(ctb, /return 1 \/ x/);
+    assert.doesNotMatch(ctb, /worker\.py/);
+  });
+
+  test("a refused read's traceback ends at the user's line, never in the tool's read hook", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const r = await sb.execute("import os\nos.listdir('/etc')");
+    assert.equal(r.status, "permission_needed", show(r));
+    const tb = r.exception?.traceback ?? "";
+    assert.match(tb, /File "<python-1>", line 2, in <module>\n    os\.listdir\('\/etc'\)\n/);
+    assert.doesNotMatch(tb + r.text, /worker\.py|in hook/);
   });
 
   test("SystemExit is a runtime_error and the interpreter survives", async (t) => {

@@ -374,7 +374,8 @@ test("pi: the tool result, its details and renderResult hold no raw control char
   for (const expanded of [false, true]) {
     const drawn = rendered(def.renderResult(result, { expanded, isPartial: false }, plainTheme, {}));
     assertInert(`renderResult (expanded: ${expanded})`, drawn);
-    assert.ok(drawn.includes(SHOWN_OSC52), q(drawn));
+    // Collapsed shows the tail (the exception); the stdout with the OSC 52 is above it.
+    assert.ok(drawn.includes(expanded ? SHOWN_OSC52 : SHOWN_BIDI), q(drawn));
   }
 });
 
@@ -404,9 +405,10 @@ test("pi: renderCall shows code from the model escaped", async (t) => {
   // The model's code itself carries the sequences (a tool call is drawn before anything runs).
   const line = rendered(def.renderCall({ code: `print(1)  # ${ATTACK}\r\nprint(2)`, timeoutSeconds: `5${TITLE}` }, plainTheme, {}));
   assertInert("renderCall", line);
-  assert.ok(line.startsWith(`python> print(1)  # ${SHOWN_OSC52}`), q(line));
-  assert.ok(line.includes(SHOWN_BIDI) && line.includes(" …") && line.includes("(5\u241b]0;pwned\u2407s)"), q(line));
-  assert.ok(line.includes("lone\u240dcr … (5"), `a lone CR is shown, a CRLF is a line end: ${line}`);
+  const text = line.split("\n").map((l) => l.trimEnd()).join("\n");
+  assert.ok(text.startsWith("python (timeout 5\u241b]0;pwned\u2407s)\nprint(1)  # " + SHOWN_OSC52), q(text));
+  assert.ok(text.includes(SHOWN_BIDI), q(text));
+  assert.ok(text.includes("lone\u240dcr\nprint(2)"), `a lone CR is shown, a CRLF is a line end: ${text}`);
 });
 
 test("pi: renderResult escapes a stored result that never went through the addon", async (t) => {

@@ -24,11 +24,13 @@ import { basename, dirname, join } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
+import * as piAgent from "@mariozechner/pi-coding-agent";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { descendantsOf, parentOf } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { waitUntil } from "./helpers/sandbox-fixture.ts";
+import { context, plain, pythonRenderers, screen, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
 const MAX_TEXT_BYTES = 51200;
@@ -193,6 +195,12 @@ test("loading: one sequential python tool, no errors, nothing started, status un
   assert.equal(active[0].executionMode, "sequential");
   const registered = h.session.extensionRunner.getAllRegisteredTools().filter((r) => r.definition.name === "python");
   assert.equal(registered.length, 1);
+  // pi's header names the extension after the folder of its index file: the package's folder, never `js`.
+  const Interactive = (piAgent as unknown as { InteractiveMode: { prototype: object } }).InteractiveMode;
+  const labels = (Object.create(Interactive.prototype) as { getCompactExtensionLabels(e: unknown): string[] })
+    .getCompactExtensionLabels(h.resourceLoader.getExtensions().extensions);
+  const ours = h.resourceLoader.getExtensions().extensions.findIndex((e) => e.path.startsWith(PACKAGE_DIR));
+  assert.equal(labels[ours], basename(PACKAGE_DIR), `pi's header lists ${JSON.stringify(labels)}`);
 
   // Loading started nothing and made no directory.
   assert.deepEqual(descendantsOf(process.pid), childrenBefore, "loading created no child process");
@@ -246,10 +254,18 @@ test("agent turn: the model sees the output; failures are isError, successes are
   assert.match(messageText(ok), /hello from 42/);
   assert.match(messageText(ok), /^status: ok/);
 
+  // Lean for an ordinary result: the status, the output, nothing about state or logs.
+  const [hi] = await turn(h, [{ code: 'print("hi")' }]);
+  const hiLines = messageText(hi).split("\n").filter((l) => l.trim() !== "");
+  assert.ok(hiLines.length <= 4, `print("hi") gave ${hiLines.length} lines:\n${messageText(hi)}`);
+  assert.doesNotMatch(messageText(hi), /Interpreter state|saved to/);
+
   const [failed, fine] = await turn(h, [{ code: 'raise ValueError("boom")' }, { code: "'still' + ' here'" }]);
   assert.equal(failed.isError, true);
   assert.match(messageText(failed), /--- exception: ValueError ---/);
   assert.match(messageText(failed), /boom/);
+  assert.match(messageText(failed), /Interpreter state preserved/, "after an error the model learns what stayed");
+  assert.doesNotMatch(messageText(fine), /Interpreter state/);
   assert.equal(fine.isError, false);
   assert.match(messageText(fine), /result: 'still here'/);
 
@@ -760,16 +776,6 @@ test("model-facing text stays within 50 KiB and 2,000 lines and points at the lo
 
 // --- TUI and streaming ------------------------------------------------------------------------------
 
-/** A theme stand-in: marks styling so assertions can see it. */
-const plainTheme = {
-  fg: (_color: string, s: string) => s,
-  bold: (s: string) => s,
-} as never;
-
-function rendered(component: unknown): string {
-  return (component as { render(width: number): string[] }).render(200).map((l) => l.trimEnd()).join("\n").trimEnd();
-}
-
 test("a long execution streams progress through onUpdate at a bounded rate", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const h = await setup(t);
@@ -792,26 +798,83 @@ test("a long execution streams progress through onUpdate at a bounded rate", asy
   assert.ok((updates.at(-1)!.details.stdoutBytes as number) >= 14);
 });
 
-test("renderCall and renderResult: call line, header with duration, collapsed body, progress", async (t) => {
-  if (skipWithoutSandbox(t)) return;
+test("renderCall: the first lines of the code, highlighted, how many more; expanded all of it", async (t) => {
+  setupTui();
   const h = await setup(t);
-  const def = (h.session as never as { extensionRunner: { getToolDefinition(n: string): any } }).extensionRunner.getToolDefinition("python");
-  assert.ok(def?.renderCall && def?.renderResult, "the tool has renderers");
-  assert.equal(rendered(def.renderCall({ code: "print(1)\nprint(2)", timeoutSeconds: 5 }, plainTheme, {})), "python> print(1) … (5s)");
-  assert.equal(rendered(def.renderCall({ action: "status" }, plainTheme, {})), "python status");
-  assert.equal(rendered(def.renderCall({ action: "reset" }, plainTheme, {})), "python reset");
+  const { renderCall } = pythonRenderers(h);
+  const code = ["", "", "import math", "def area(r):", "    return math.pi * r * r", ...Array.from({ length: 8 }, (_, i) => `print(area(${i}))`), ""].join("\n");
+  const collapsed = renderCall({ code, timeoutSeconds: 5 }, theme(), context());
+  assert.deepEqual(shown(collapsed).split("\n"), [
+    "python (timeout 5s)",
+    "import math",
+    "def area(r):",
+    "    return math.pi * r * r",
+    "print(area(0))",
+    "print(area(1))",
+    "print(area(2))",
+    "... (5 more lines, 13 lines total, ctrl+o to expand)",
+  ]);
+  // Highlighted as pi highlights Python: the keywords carry colours of their own.
+  const raw = screen(collapsed).join("\n");
+  assert.match(raw, /\x1b\[[0-9;]*m(import|def)\x1b\[39m/);
+  const expanded = shown(renderCall({ code, timeoutSeconds: 5 }, theme(), context({ expanded: true })));
+  assert.equal(expanded, ["python (timeout 5s)", ...code.trimEnd().split("\n")].join("\n"), "every line, the leading blank ones too");
+  assert.doesNotMatch(expanded, /more line/);
 
-  const result = await h.getTool("python").execute("r-1", { code: "for i in range(30): print('line', i)" }, undefined, undefined);
-  const collapsed = rendered(def.renderResult(result, { expanded: false, isPartial: false }, plainTheme, {}));
-  assert.match(collapsed.split("\n")[0], /^✓ python ok \d+\.\ds$/);
-  assert.match(collapsed, /more lines, expand to see all/);
-  const expanded = rendered(def.renderResult(result, { expanded: true, isPartial: false }, plainTheme, {}));
-  assert.match(expanded, /line 29/);
-  assert.ok(expanded.split("\n").length > collapsed.split("\n").length);
+  assert.equal(shown(renderCall({ code: "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\nf = 6\ng = 7" }, theme(), context())).split("\n").at(-1), "... (1 more line, 7 lines total, ctrl+o to expand)");
+  assert.equal(shown(renderCall({ code: "print(1)" }, theme(), context())), "python\nprint(1)");
+  assert.equal(shown(renderCall({ action: "status" }, theme(), context())), "python status");
+  assert.equal(shown(renderCall({ action: "reset" }, theme(), context())), "python reset");
+  // The model's code cannot reach the terminal as sequences.
+  const hostile = screen(renderCall({ code: "print('\x1b]52;c;aGk=\x07\u202e')" }, theme(), context({ expanded: true }))).join("");
+  assert.doesNotMatch(hostile, /\x1b\]|\x07|\u202e/);
+  assert.match(plain(hostile), /␛\]52;c;aGk=␇<U\+202E>/);
+});
 
-  const failed = await h.getTool("python").execute("r-2", { code: "1/0" }, undefined, undefined);
-  assert.match(rendered(def.renderResult(failed, { expanded: false, isPartial: false }, plainTheme, {})), /^✗ python error /);
+test("renderResult: never drops the first line; collapsed, the tail with counts and the log; expanded, every line", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const { renderResult } = pythonRenderers(h);
+  const render = (r: unknown, expanded: boolean, ctx: Record<string, unknown> = {}) =>
+    shownResult(renderResult(r, { expanded, isPartial: false }, theme(), context({ expanded, ...ctx })));
+  const tool = h.getTool("python");
+
+  const statusResult = await tool.execute("s", { action: "status" }, undefined, undefined);
+  const status = render(statusResult, false);
+  assert.match(status, /^✓ python status\npython tool: not started yet/, "the report's first line is shown");
+  assert.match(status, /more lines?, ctrl\+o to expand\)/);
+  assert.match(render(statusResult, true), /hardening: default-deny seccomp/);
+  assert.match(render(await tool.execute("r", { action: "reset" }, undefined, undefined), false), /^✓ python reset\nInterpreter reset: sandbox killed/);
+
+  const quiet = await tool.execute("q", { code: "x = 1" }, undefined, undefined);
+  assert.match(render(quiet, false), /^✓ python ok \d+\.\ds$/);
+
+  const many = await tool.execute("m", { code: "for i in range(20000): print('line', i)" }, undefined, undefined);
+  const d = many.details as Details;
+  const collapsed = render(many, false).split("\n");
+  assert.match(collapsed[0], /^✓ python ok \d+\.\ds$/);
+  assert.match(collapsed[1], /^\.\.\. \([\d,]+ earlier lines, ctrl\+o to expand\)$/);
+  const last = collapsed.indexOf("line 19999");
+  assert.ok(last > 1, "the tail is shown");
+  assert.deepEqual(collapsed.slice(last - 2, last + 1), ["line 19997", "line 19998", "line 19999"]);
+  const note = collapsed.slice(last + 1).join(" ");
+  assert.match(note, new RegExp(`^\\[Full stdout: ${d.logPaths.stdout} \\(20,000 lines, [\\d.]+KB\\)\\. [\\d.]+KB left out of the result\\]$`));
+  const expanded = render(many, true);
+  const body = messageText(many as never).split("\n").filter((l) => !/^(status: |Full output saved to: )/.test(l));
+  for (const line of body) assert.ok(expanded.includes(line), `expanded shows ${JSON.stringify(line)}`);
+  assert.match(expanded, /^✓ python ok \d+\.\ds\n--- stdout ---\nline 0\n/, "the head too");
+  assert.match(expanded.replace(/\n/g, " "), /\(20,000 lines, /, "the same note expanded");
+
+  // Output shown whole names no log.
+  const few = await tool.execute("f", { code: "for i in range(3): print('row', i)" }, undefined, undefined);
+  assert.equal(render(few, false).replace(/ok \d+\.\ds/, "ok"), "✓ python ok\n--- stdout ---\nrow 0\nrow 1\nrow 2");
+
+  const failed = await tool.execute("e", { code: "def f(x):\n    return 1 / x\nf(0)" }, undefined, undefined);
+  const error = render(failed, false);
+  assert.match(error, /^✗ python error /);
+  assert.match(error, /return 1 \/ x\n.*\nZeroDivisionError: division by zero/, "the tail of the traceback, with its lines");
 
   const partial = { content: [{ type: "text", text: "running 1.5s · stdout 10 B · stderr 0 B\nhello" }], details: { status: "running" } };
-  assert.equal(rendered(def.renderResult(partial, { expanded: false, isPartial: true }, plainTheme, {})), "⋯ running 1.5s · stdout 10 B · stderr 0 B\nhello");
+  assert.equal(shown(renderResult(partial, { expanded: false, isPartial: true }, theme(), context())), "⋯ running 1.5s · stdout 10 B · stderr 0 B\nhello");
 });

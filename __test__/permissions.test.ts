@@ -10,6 +10,7 @@ import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { fauxAssistantMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { context, pythonRenderers, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
@@ -198,6 +199,42 @@ test("deny: the path is named, the directory is remembered, no second prompt", a
   assert.match(state.text, /result: 5/);
 });
 
+test("while the prompt waits, progress says what for; the duration includes the wait; the advice shows collapsed", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  setupTui();
+  s.mode("manual");
+  const path = `${s.outside}/secret.txt`;
+  s.h.events.on("tool-permissions:prompt", (p: unknown) => {
+    setTimeout(() => s.h.events.emit("tool-permissions:promptResult", { id: (p as { id: number }).id, outcome: "deny" }), 1600);
+  });
+  const updates: { text: string; details: Record<string, any> }[] = [];
+  const result = await s.h.getTool("python").execute("wait-1", { code: `open('${path}')` }, undefined, (u: unknown) => {
+    const update = u as { content: { type: string; text?: string }[]; details: Record<string, any> };
+    updates.push({ text: messageText(update as never), details: update.details });
+  });
+  const { renderResult } = pythonRenderers(s.h);
+  const waiting = updates.filter((u) => u.details.status === "waiting");
+  assert.ok(waiting.length >= 2, `the wait is reported, and again as it goes on (${waiting.length} updates)`);
+  assert.equal(waiting[0].details.waitingFor, path);
+  const partial = shown(renderResult({ content: [{ type: "text", text: waiting.at(-1)!.text }], details: waiting.at(-1)!.details }, { expanded: false, isPartial: true }, theme(), context()), 300);
+  assert.match(partial, new RegExp(`^⋯ waiting for your answer: may the code read ${path}\\? \\(no answer in 30 s counts as no\\) 1s$`));
+
+  const details = result.details as Record<string, any>;
+  const text = messageText(result);
+  assert.equal(details.status, "permission_needed");
+  assert.ok(details.durationMs >= 1600, `the duration includes the wait: ${details.durationMs} ms`);
+  assert.ok(details.waitMs >= 1600);
+  assert.match(text, /^status: permission_needed \((1\.[6-9]|[2-9]\.\d)s, (1\.[6-9]|[2-9]\.\d)s of it waiting for the user, worker generation 1\)/);
+  assert.doesNotMatch(text, /worker\.py|in hook/, "the tool's own frames never appear");
+
+  const collapsed = shownResult(renderResult(result, { expanded: false, isPartial: false }, theme(), context()), 400);
+  assert.match(collapsed, /^✗ python permission_needed (1\.[6-9]|[2-9]\.\d)s\n/);
+  const advice = (details.diagnostic as string).trim();
+  assert.match(advice, /denied by the user.*grant read access/);
+  assert.ok(collapsed.endsWith(advice), `the advice is visible collapsed:\n${collapsed}`);
+});
+
 test("abort while the prompt is open counts as a denial", async (t) => {
   const s = await setup(t);
   if (!s) return;
@@ -221,6 +258,7 @@ test("no pi-tool-permissions (no mode event ever): immediate denial that says ho
   assert.match(r.text, /no permission extension/);
   assert.match(r.text, /To allow it, grant read access/);
   assert.equal(s.prompts.length, 0);
+  assert.doesNotMatch(r.text, /worker\.py|in hook/, "the tool's own frames never appear");
   assert.ok(Date.now() - started < 10_000, "no 30 s wait for nobody");
 });
 

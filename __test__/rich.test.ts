@@ -5,13 +5,16 @@
  * the host read a file outside the scratch directory.
  */
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
+import * as piAgent from "@mariozechner/pi-coding-agent";
+import * as piTui from "@mariozechner/pi-tui";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { venvOrSkip } from "./helpers/test-venv.ts";
 
@@ -112,6 +115,42 @@ test("display() and final values with _repr_png_ become images; SVG and overflow
 
   const md = await call(h, "class M:\n    def _repr_markdown_(self): return '**bold** text'\nM()");
   assert.match(md.text, /result: \*\*bold\*\* text/);
+});
+
+test("images in pi's TUI: inline where pi shows images, else the host file and that it goes with the session", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const one = await call(h, `${PNG_PY}\nprint('made')\ndisplay(Pic(3, 2))\nfor i in range(4):\n    display(Pic(1, 1))`);
+  assert.equal(one.details.status, "ok", one.text);
+  const scratchDir = one.details.scratchDir as string;
+  const host = one.details.images[0].hostPath as string;
+  assert.equal(host, `${scratchDir}/.pi-images/0001-1.png`);
+  assert.ok(existsSync(host), "the named host file exists");
+  const { renderResult } = pythonRenderers(h);
+  const render = (showImages: boolean) =>
+    shownResult(renderResult(one.r, { expanded: false, isPartial: false }, theme(), context({ showImages })), 400);
+
+  // No inline images (a terminal without them, or pi's showImages off): one line per image.
+  const lines = render(false).split("\n");
+  assert.ok(lines.includes(`[Image: ${host} [image/png] 3x2] (deleted with the session)`), lines.join("\n"));
+  assert.equal(lines.filter((l) => l.startsWith("[Image: ")).length, 4);
+  assert.ok(lines.some((l) => l.startsWith(`note: image saved as ${scratchDir}/.pi-images/0001-5.png but not sent`)));
+  assert.doesNotMatch(lines.join("\n"), /(^|[\s(])\/scratch\//m, "no path the user cannot open");
+  assert.match(one.text, /image 1: \/scratch\/\.pi-images\/0001-1\.png/, "the model keeps the sandbox path it can use");
+
+  // A terminal with images: pi's own tool row draws them, the renderer adds no line of its own.
+  const tui = piTui as unknown as { setCapabilities(c: object): void; resetCapabilitiesCache(): void };
+  tui.setCapabilities({ images: "kitty", trueColor: true, hyperlinks: false });
+  t.after(() => tui.resetCapabilitiesCache());
+  assert.doesNotMatch(render(true), /\[Image: |(^|[\s(])\/scratch\//m);
+  const Row = (piAgent as unknown as { ToolExecutionComponent: new (...a: unknown[]) => { updateResult(r: unknown, p: boolean): void; render(w: number): string[] } }).ToolExecutionComponent;
+  const def = (h.session as never as { extensionRunner: { getToolDefinition(n: string): unknown } }).extensionRunner.getToolDefinition("python");
+  const row = new Row("python", "img-1", { code: "display(Pic(3, 2))" }, { showImages: true }, def, { requestRender() {} }, process.cwd());
+  row.updateResult({ ...one.r, isError: false }, false);
+  const drawn = row.render(120).join("\n");
+  assert.match(drawn, /\x1b_G/, "pi draws the image inline (kitty graphics)");
+  assert.doesNotMatch(drawn, /\[Image: /);
 });
 
 test("an image path never makes the host read outside the scratch directory", async (t) => {

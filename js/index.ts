@@ -8,16 +8,17 @@
  * missing addon, bubblewrap or interpreter is reported by the tool itself.
  * Everything it shows (results, progress, the call line, notifications,
  * prompts) goes through `displayText`, so that no control character from the
- * sandbox or the model reaches the terminal.
+ * sandbox or the model reaches the terminal. The TUI layout of a call and its
+ * result is js/render.ts.
  */
 import { realpathSync } from "node:fs";
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { Text } from "@mariozechner/pi-tui";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox } from "./addon.ts";
 import { displayText } from "./display.ts";
 import { ACTIONS, parseParams } from "./params.ts";
+import { hostImagePath, renderCall, renderResult } from "./render.ts";
 
 const TOOL = "python";
 
@@ -36,13 +37,6 @@ const PROMPT_TIMEOUT_MS = 30_000;
 
 type PromptOutcome = "allow" | "deny" | "timeout" | "aborted" | "shutdown";
 type UI = { notify(message: string, type?: "info" | "warning" | "error"): void };
-
-interface ImageInfo {
-  path: string;
-  mimeType: string;
-  width?: number;
-  height?: number;
-}
 
 /** One registration's state (pi evaluates the module again on /reload). */
 interface State {
@@ -200,6 +194,25 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           }
         : undefined;
       const run = () => target.execute(params.code, params.timeoutSeconds, callId, onProgress);
+      const started = Date.now();
+      let waitedMs = 0;
+      /** Ask about `path`, telling the UI what the call waits for (once a second, for the count). */
+      const waitForAnswer = async (path: string): Promise<PromptOutcome> => {
+        const since = Date.now();
+        const tell = () =>
+          onUpdate?.({
+            content: [{ type: "text", text: displayText(`waiting for your answer: may the code read ${path}? (no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)`) }],
+            details: { action: "execute", status: "waiting", waitingFor: displayText(path), elapsedMs: Date.now() - since },
+          });
+        tell();
+        const ticker = setInterval(tell, 1000);
+        try {
+          return await askToRead(path, signal);
+        } finally {
+          clearInterval(ticker);
+          waitedMs += Date.now() - since;
+        }
+      };
       try {
         let r = await run();
         let text = r.text;
@@ -214,7 +227,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
             break;
           }
           const epoch = target.status().mountEpoch;
-          const outcome = await askToRead(path, signal);
+          const outcome = await waitForAnswer(path);
           if (outcome !== "allow") {
             const why = {
               deny: "denied by the user",
@@ -237,11 +250,18 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           diagnostic = r.diagnostic;
         }
         if (diagnostic && diagnostic !== r.diagnostic) text = `${text}\n\n${diagnostic}`;
+        // After a prompt the call took the runs and the wait: the status line and details say so.
+        const durationMs = waitedMs > 0 ? Date.now() - started : r.durationMs;
+        if (waitedMs > 0) {
+          text = text.replace(/^(status: \S+ \()\d+\.\ds,/, (_m, head: string) => `${head}${(durationMs / 1000).toFixed(1)}s, ${(waitedMs / 1000).toFixed(1)}s of it waiting for the user,`);
+        }
+        const scratchDir = target.status().paths.scratchDir ?? undefined;
         return textResult(text, {
           action: "execute",
           status: r.status,
           isError: r.isError,
-          durationMs: r.durationMs,
+          durationMs,
+          waitMs: waitedMs,
           generation: r.generation,
           stateLost: r.stateLost,
           stateLostReason: r.stateLostReason,
@@ -255,7 +275,14 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           diagnostic,
           exceptionType: r.exception?.type,
           permissionPath: r.permissionPath,
-          images: r.images.map((i) => ({ path: i.sandboxPath, mimeType: i.mimeType, width: i.width, height: i.height })),
+          scratchDir,
+          images: r.images.map((i) => ({
+            path: i.sandboxPath,
+            hostPath: hostImagePath(i.sandboxPath, scratchDir),
+            mimeType: i.mimeType,
+            width: i.width,
+            height: i.height,
+          })),
           notes: r.notes,
         }, r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType })));
       } finally {
@@ -263,39 +290,12 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       }
     },
 
-    renderCall(args, theme) {
-      const a = (args ?? {}) as { action?: string; code?: string; timeoutSeconds?: number };
-      if (a.action === "status" || a.action === "reset") return new Text(theme.bold(`python ${a.action}`), 0, 0);
-      // The code comes from the model and can carry terminal sequences too.
-      const lines = displayText(String(a.code ?? "")).split("\n");
-      const more = lines.length > 1 ? " …" : "";
-      const limit = a.timeoutSeconds !== undefined ? theme.fg("muted", displayText(` (${a.timeoutSeconds}s)`)) : "";
-      return new Text(`${theme.bold("python>")} ${lines[0]}${more}${limit}`, 0, 0);
+    renderCall(args, theme, context) {
+      return renderCall(args, theme, context);
     },
 
-    renderResult(result, { expanded, isPartial }, theme) {
-      const details = (result.details ?? {}) as { status?: string; isError?: boolean; durationMs?: number };
-      const first = result.content.find((c) => c.type === "text");
-      // A result restored from a session file was never through the addon.
-      const text = displayText(first && "text" in first ? first.text : "");
-      if (isPartial || details.status === "running") {
-        const lines = text.split("\n");
-        const shown = lines.slice(1).slice(-8);
-        return new Text([theme.fg("muted", `⋯ ${lines[0]}`), ...shown].join("\n"), 0, 0);
-      }
-      const body = text.split("\n").slice(1);
-      while (body[0] === "") body.shift();
-      const mark = details.isError ? theme.fg("error", "✗") : theme.fg("success", "✓");
-      const label = displayText(details.status === "runtime_error" ? "error" : (details.status ?? ""));
-      const secs = typeof details.durationMs === "number" ? ` ${(details.durationMs / 1000).toFixed(1)}s` : "";
-      const shown = expanded ? body : body.slice(0, 10);
-      const hidden = body.length - shown.length;
-      const tail = hidden > 0 ? `\n${theme.fg("muted", `... (${hidden} more lines, expand to see all)`)}` : "";
-      const images = ((result.details as { images?: ImageInfo[] })?.images ?? []).map((i) =>
-        theme.fg("accent", displayText(`[image ${i.width ?? "?"}x${i.height ?? "?"} ${i.mimeType.replace("image/", "").toUpperCase()}] ${i.path}`)),
-      );
-      const imageLines = images.length > 0 ? `\n${images.join("\n")}` : "";
-      return new Text(`${mark} python ${label}${secs}${imageLines}\n${shown.join("\n")}${tail}`, 0, 0);
+    renderResult(result, options, theme, context) {
+      return renderResult(result, options, theme, context);
     },
   });
 

@@ -10,8 +10,11 @@
 //      pi comes from the platform package
 //   4. the root tarball without its optional dependency: the tool says `unavailable` and why;
 //      with NAPI_RS_NATIVE_LIBRARY_PATH it runs
-//   5. when the pi 1.x host is installed (.hosts/pi1): the real `pi install
-//      npm:pi-python-sandbox@file:<tarball>` into a temp agent dir, then a run: `result: 2`
+//   5. when the pi 1.x host is installed (.hosts/pi1): the README's pi 1.x steps verbatim: `pi
+//      install npm:pi-python-sandbox@file:<tarball>` into a temp agent dir (no platform package:
+//      the tool says so), `overrides` added to the npm project pi made, the same install again,
+//      then a run: `result: 2`
+//   pi's header must name the package (`pi-python-sandbox`, not `js`) after both installs.
 //
 //   node scripts/pack-test.mjs          (KEEP=1 keeps the temp dir)
 import assert from "node:assert/strict";
@@ -100,6 +103,13 @@ async function runInPi({ node = process.execPath, cliPackage = PI0_PACKAGE, exte
   }
 }
 
+/** The names pi's interactive header gives the installed extensions (scripts/lib/extension-labels.mjs). */
+function headerLabels({ node = process.execPath, cliPackage = PI0_PACKAGE, agentDir, base, env }) {
+  const cwd = mkdtempSync(join(base, "labels-"));
+  const out = sh(node, [join(root, "scripts", "lib", "extension-labels.mjs"), cliPackage, cwd], { env: { ...env, PI_CODING_AGENT_DIR: agentDir }, quiet: true });
+  return JSON.parse(out.trim().split("\n").at(-1));
+}
+
 /**
  * The run must have worked. A sandbox that cannot start on this machine (no bubblewrap, no user
  * namespaces) only skips, and not under CI; a missing or broken addon always fails.
@@ -134,8 +144,8 @@ export async function packTest() {
       const r = npmPack(root, dest, env);
       const p = npmPack(platformPkg.dir, dest, env);
       console.log(`${r.file}:\n  ${r.files.join("\n  ")}\n${p.file}:\n  ${p.files.join("\n  ")}`);
-      for (const f of ["package.json", "README.md", "index.cjs", "index.d.ts", "js/index.ts"]) assert.ok(r.files.includes(f), `root tarball has ${f}`);
-      const unexpected = r.files.filter((f) => !/^(package\.json|README\.md|LICENSE(\.\w+)?|index\.cjs|index\.d\.ts|js\/[\w./-]+\.ts)$/.test(f));
+      for (const f of ["package.json", "README.md", "index.cjs", "index.d.ts", "index.js", "js/index.ts"]) assert.ok(r.files.includes(f), `root tarball has ${f}`);
+      const unexpected = r.files.filter((f) => !/^(package\.json|README\.md|LICENSE(\.\w+)?|index\.cjs|index\.d\.ts|index\.js|js\/[\w./-]+\.ts)$/.test(f));
       assert.deepEqual(unexpected, [], "root tarball: only the loader, the types, js/*.ts, README, package.json");
       assert.deepEqual(p.files, ["README.md", nodeFile, "package.json"].sort(), "platform tarball: the addon");
       return [r.file, p.file];
@@ -151,6 +161,7 @@ export async function packTest() {
       assert.equal(existsSync(join(modules, "@mariozechner")), false, "pi's packages are optional peers and not installed");
       const agentDir = join(base, "agent-pi0");
       sh(process.execPath, [piCli(PI0_PACKAGE), "install", pkgDir], { env: { ...env, PI_CODING_AGENT_DIR: agentDir } });
+      assert.deepEqual(headerLabels({ agentDir, base, env }), [ROOT_NAME], "pi's header names the package");
       const r = await runInPi({ agentDir, discover: true, base, env, code: "1+1" });
       if (assertRan(r, "installed package")) {
         assert.deepEqual(r.nodeFiles, [join(modules, platformPkg.name, nodeFile)], "the addon came from the platform package");
@@ -181,22 +192,30 @@ export async function packTest() {
     if (!existsSync(pi1.cli) || !existsSync(pi1.node)) {
       console.log("\n# SKIP pi 1.x `pi install`: the pi 1.x host is not installed (node scripts/pi1-host.mjs)");
     } else {
-      await timed(`pi ${pi1.version()}: \`pi install npm:${ROOT_NAME}@file:<tarball>\`, run 1+1`, async () => {
-        // pi 1.x installs npm packages into <agentDir>/npm with --legacy-peer-deps; an `overrides`
-        // entry in that project points the optional dependency at the local platform tarball
-        // instead of the registry.
+      await timed(`pi ${pi1.version()}: the README's \`pi install npm:${ROOT_NAME}@file:<tarball>\`, overrides, the same install again, run 1+1`, async () => {
+        // As the README says it: the install alone brings no platform package (it is not on the
+        // registry, or not this version); `overrides` in the npm project pi made points it at the
+        // local tarball, and the same install again brings it.
         const agentDir = join(base, "agent-pi1");
-        mkdirSync(join(agentDir, "npm"), { recursive: true });
-        writeFileSync(
-          join(agentDir, "npm", "package.json"),
-          JSON.stringify({ name: "pi-extensions", private: true, overrides: { [platformPkg.name]: `file:${platformTgz}` } }, null, 2),
-        );
         const cliPackage = join(pi1.dir, "node_modules", "@earendil-works", "pi-coding-agent");
         const env1 = { ...env, PI_CODING_AGENT_DIR: agentDir, PATH: `${join(pi1.node, "..")}${delimiter}${env.PATH}` };
-        sh(pi1.node, [piCli(cliPackage), "install", `npm:${ROOT_NAME}@file:${rootTgz}`], { env: env1 });
+        const install = () => sh(pi1.node, [piCli(cliPackage), "install", `npm:${ROOT_NAME}@file:${rootTgz}`], { env: env1 });
+        install();
         const modules = join(agentDir, "npm", "node_modules");
-        assert.ok(existsSync(join(modules, ROOT_NAME, "js", "index.ts")));
-        assert.ok(existsSync(join(modules, platformPkg.name, nodeFile)));
+        assert.ok(existsSync(join(modules, ROOT_NAME, "index.js")));
+        assert.equal(existsSync(join(modules, platformPkg.name)), false, "the first install lacks the platform package");
+        const missing = await runInPi({ node: pi1.node, cliPackage, agentDir, discover: true, base, env: env1, code: "1+1" });
+        assert.equal(missing.details.status, "unavailable", missing.text);
+        assert.match(missing.text, new RegExp(`the platform package ${platformPkg.name} is not installed`));
+        const npmProject = join(agentDir, "npm", "package.json");
+        const manifest = JSON.parse(readFileSync(npmProject, "utf8"));
+        manifest.overrides = { [platformPkg.name]: `file:${platformTgz}` };
+        writeFileSync(npmProject, JSON.stringify(manifest, null, 2));
+        install();
+        assert.ok(existsSync(join(modules, platformPkg.name, nodeFile)), "the same install again brings it");
+        // pi names a package by its source (`npm:pi-python-sandbox` shows `pi-python-sandbox`) and adds
+        // the entry's folder unless the entry is the package's own index file (it was `...:js`).
+        assert.deepEqual(headerLabels({ node: pi1.node, cliPackage, agentDir, base, env: env1 }), [`${ROOT_NAME}@file:${rootTgz}`], "pi's header names the package");
         const r = await runInPi({ node: pi1.node, cliPackage, agentDir, discover: true, base, env: env1, code: "1+1" });
         if (assertRan(r, "pi 1.x pi install")) assert.deepEqual(r.nodeFiles, [join(modules, platformPkg.name, nodeFile)]);
       });

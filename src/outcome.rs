@@ -212,11 +212,12 @@ fn displayed_stream(s: &StreamText) -> Cow<'_, StreamText> {
 
 /// A stream excerpt fitted into `max_bytes` / `max_lines`: three quarters for
 /// the head, one for the tail, with one line saying how much is omitted.
-fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> String {
+/// Also says whether anything of the stream was left out.
+fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> (String, bool) {
     let whole_len = s.head.len() + s.tail.len();
     let whole_lines = s.head.matches('\n').count() + s.tail.matches('\n').count();
     if s.omitted == 0 && whole_len <= max_bytes && whole_lines < max_lines {
-        return format!("{}{}", s.head, s.tail).trim_end().to_string();
+        return (format!("{}{}", s.head, s.tail).trim_end().to_string(), false);
     }
     let head = cut_head(&s.head, max_bytes * 3 / 4, max_lines * 3 / 4);
     let joined_tail;
@@ -228,7 +229,7 @@ fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> String {
     };
     let tail = cut_tail(tail_source, max_bytes / 4, max_lines / 4);
     let omitted = s.total.saturating_sub(head.len() + tail.len());
-    format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end())
+    (format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end()), true)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -737,7 +738,8 @@ pub fn render(o: &Outcome) -> String {
             tail,
             "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution."
         );
-    } else if o.status != Status::Unavailable {
+    } else if o.status.is_failure() && o.status != Status::Unavailable {
+        // Said only where it informs: after a failure, what ran before it stays.
         tail.push_str(
             "\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain).",
         );
@@ -745,23 +747,21 @@ pub fn render(o: &Outcome) -> String {
     if o.output_limit_exceeded {
         let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
     }
+    // Named only when the text leaves output out: otherwise the text is all of it.
     let logs: Vec<String> = [(&o.log_paths.stdout, "stdout"), (&o.log_paths.stderr, "stderr")]
         .into_iter()
         .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", display_line(&p.to_string_lossy()))))
         .collect();
-    if !logs.is_empty() {
-        if o.log_complete {
-            let _ = write!(tail, "\nFull output saved to: {}", logs.join(", "));
-        } else {
-            let _ = write!(
-                tail,
-                "\nPartial output saved to: {}; the log was cut off by the output limit.",
-                logs.join(", ")
-            );
+    let log_line = match (logs.is_empty(), o.log_complete) {
+        (true, _) => String::new(),
+        (false, true) => format!("\nFull output saved to: {}", logs.join(", ")),
+        (false, false) => {
+            format!("\nPartial output saved to: {}; the log was cut off by the output limit.", logs.join(", "))
         }
-    }
+    };
+    let mut after_logs = String::new();
     if let Some(d) = &o.diagnostic {
-        let _ = write!(tail, "\n\n{}", display_text(d));
+        let _ = write!(after_logs, "\n\n{}", display_text(d));
     }
     let lines = |s: &str| s.matches('\n').count() + 1;
     let reserve = 200; // section headers
@@ -770,15 +770,22 @@ pub fn render(o: &Outcome) -> String {
         .filter(|(_, s)| !s.is_blank())
         .map(|(name, s)| (name, displayed_stream(s)))
         .collect();
-    let used_bytes = t.len() + tail.len() + reserve;
-    let used_lines = lines(&t) + lines(&tail) + 8;
+    let used_bytes = t.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
+    let used_lines = lines(&t) + lines(&tail) + lines(&after_logs) + 9;
+    let mut cut = o.output_limit_exceeded;
     if !streams.is_empty() {
         let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes) / streams.len();
         let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines) / streams.len();
         for (name, s) in streams {
-            let _ = write!(t, "\n\n--- {name} ---\n{}", fit_stream(&s, budget_bytes, budget_lines));
+            let (text, shortened) = fit_stream(&s, budget_bytes, budget_lines);
+            cut |= shortened;
+            let _ = write!(t, "\n\n--- {name} ---\n{text}");
         }
     }
+    if cut {
+        tail.push_str(&log_line);
+    }
+    tail.push_str(&after_logs);
     t.push_str(&tail);
     // Exception, repr and diagnostics are already bounded; this is the last
     // guard for pathological combinations.
@@ -807,12 +814,43 @@ mod tests {
             log_paths: LogFiles { stdout: Some("/l/0001-out.log".into()), stderr: None },
             ..ok()
         };
-        assert_eq!(
-            render(&o),
-            "status: ok (0.1s, worker generation 1)\n\nresult: 42\n\n--- stdout ---\nhi\n\n\
-             Interpreter state preserved (execution is not transactional: mutations before an error remain).\n\
-             Full output saved to: /l/0001-out.log (stdout)"
-        );
+        // Lean: no sentence about kept state, no log path for output shown in full.
+        assert_eq!(render(&o), "status: ok (0.1s, worker generation 1)\n\nresult: 42\n\n--- stdout ---\nhi");
+    }
+
+    #[test]
+    fn print_hi_is_at_most_four_lines() {
+        let o = Outcome {
+            stdout: StreamText { head: "hi\n".into(), total: 3, ..Default::default() },
+            log_paths: LogFiles { stdout: Some("/l/0001-out.log".into()), stderr: None },
+            ..ok()
+        };
+        let text = render(&o);
+        assert!(text.lines().filter(|l| !l.trim().is_empty()).count() <= 4, "{text}");
+    }
+
+    #[test]
+    fn an_error_says_what_stayed_and_a_cut_stream_names_its_log() {
+        let o = Outcome {
+            status: Status::RuntimeError,
+            exception: Some(ExceptionText {
+                type_name: "ValueError".into(),
+                message: "boom".into(),
+                traceback: "Traceback (most recent call last):\nValueError: boom".into(),
+            }),
+            ..ok()
+        };
+        assert!(render(&o).ends_with(
+            "\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain)."
+        ));
+        let cut = Outcome {
+            stdout: StreamText { head: "a\n".repeat(100), omitted: 5000, tail: "z\n".repeat(100), total: 5400 },
+            log_paths: LogFiles { stdout: Some("/l/0002-out.log".into()), stderr: Some("/l/0002-err.log".into()) },
+            ..ok()
+        };
+        let text = render(&cut);
+        assert!(text.ends_with("\nFull output saved to: /l/0002-out.log (stdout), /l/0002-err.log (stderr)"), "{text}");
+        assert!(!text.contains("Interpreter state"), "{text}");
     }
 
     #[test]
@@ -827,13 +865,14 @@ mod tests {
         let line = "0123456789abcdef0123456789abcdef0123456789\n";
         let big = StreamText { head: line.repeat(400), omitted: 900_000, tail: line.repeat(200), total: 1_000_000 };
         let many_lines = StreamText { head: "x\n".repeat(8000), omitted: 0, tail: "y\n".repeat(4000), total: 24000 };
-        let o = Outcome { stdout: big, stderr: many_lines, ..ok() };
+        let log_paths = LogFiles { stdout: Some("/l/out".into()), stderr: None };
+        let o = Outcome { stdout: big, stderr: many_lines, log_paths, ..ok() };
         let text = render(&o);
         assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
         assert!(text.contains("bytes omitted; the full stream is in the log file"));
         assert!(text.contains("\ny\n"), "the tail of a stream is kept");
-        assert!(text.ends_with("mutations before an error remain)."), "the state line is never cut");
+        assert!(text.ends_with("\nFull output saved to: /l/out (stdout)"), "the log line is never cut");
     }
 
     /// Every piece of text an outcome can hold, each carrying the sequences.
@@ -900,6 +939,7 @@ mod tests {
         let o = Outcome {
             stdout: StreamText { head: esc.clone(), omitted: 0, tail: esc.clone(), total: 80_000 },
             stderr: StreamText { head: "\r\n".repeat(30_000), omitted: 0, tail: String::new(), total: 60_000 },
+            status: Status::RuntimeError,
             ..ok()
         };
         let text = render(&o);

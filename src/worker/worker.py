@@ -188,17 +188,120 @@ def read_request():
     return request
 
 
+# Every execution's source, under its own name (`<python-N>`, N the host's
+# execution number), so that a traceback shows the offending line, also in a
+# function an earlier execution defined, as a notebook does. Kept oldest
+# first and bounded: the oldest go first past MAX_SOURCE_BYTES.
+MAX_SOURCE_BYTES = 8 * 1024 * 1024
+SOURCES = {}
+SOURCE_BYTES = [0]
+# Names linecache has not been given yet.
+PENDING = []
+
+
+def source_name(exec_id):
+    return "<python-%d>" % exec_id
+
+
+def remember_source(name, code):
+    SOURCES[name] = code
+    PENDING.append(name)
+    SOURCE_BYTES[0] += len(code)
+    while SOURCE_BYTES[0] > MAX_SOURCE_BYTES and len(SOURCES) > 1:
+        old = next(iter(SOURCES))
+        SOURCE_BYTES[0] -= len(SOURCES.pop(old))
+        lc = sys.modules.get("linecache")
+        if lc is not None:
+            lc.cache.pop(old, None)
+    register_sources()
+
+
+def register_sources():
+    """Give linecache the sources it lacks, once something has imported it.
+
+    Importing linecache (and with it tokenize and re) costs about a third of
+    the interpreter's start-up, so the worker never does so itself before a
+    traceback is formatted. Entries without a modification time are never
+    evicted by linecache.checkcache; a clearcache() is noticed by the oldest
+    name missing, and everything is given again.
+    """
+    lc = sys.modules.get("linecache")
+    if lc is None or not SOURCES:
+        return
+    cache = getattr(lc, "cache", None)
+    if not isinstance(cache, dict):
+        return
+    names = list(SOURCES) if next(iter(SOURCES)) not in cache else PENDING
+    for name in names:
+        code = SOURCES.get(name)
+        if code is not None and name not in cache:
+            cache[name] = (len(code), None, code.splitlines(True), name)
+    del PENDING[:]
+
+
+class SourcesAfter(object):
+    """A module loader that gives linecache the sources once it has run."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        register_sources()
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+class LinecacheWatch(object):
+    """A one-shot import hook: the moment anything first imports linecache
+    (traceback, logging, ...), even in the middle of an execution, it gets
+    the sources, so that the code's own traceback.print_exc() shows lines
+    too. It costs one call per import until then."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "linecache":
+            return None
+        if LinecacheWatch in sys.meta_path:
+            sys.meta_path.remove(LinecacheWatch)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = SourcesAfter(spec.loader)
+        return spec
+
+
+def watch_linecache():
+    if "linecache" not in sys.modules:
+        sys.meta_path.insert(0, LinecacheWatch)
+
+
 def user_traceback(exc):
-    """The formatted exception without the worker's own frames."""
+    """The formatted exception without the worker's own frames: none of
+    them, wherever they are in the stack (the read hook is the innermost
+    frame of a refused read) and in chained exceptions too."""
     import traceback
-    tb = exc.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == WORKER_FILE:
-        tb = tb.tb_next
-    if isinstance(exc, SyntaxError) and tb is None:
-        lines = traceback.format_exception_only(type(exc), exc)
-    else:
-        lines = traceback.format_exception(type(exc), exc, tb)
-    return "".join(lines)
+    register_sources()
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    todo, seen = [te], set()
+    while todo:
+        t = todo.pop()
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list(
+            [f for f in t.stack if os.path.abspath(f.filename) != WORKER_FILE])
+        todo.extend([t.__cause__, t.__context__] + list(getattr(t, "exceptions", None) or ()))
+    return "".join(te.format())
 
 
 def describe(exc):
@@ -471,15 +574,16 @@ def make_display(state):
     return display
 
 
-def run(code, namespace, rich=None):
-    """Execute `code`; returns (status, repr or None, exception dict or None)."""
+def run(code, namespace, rich=None, name="<python>"):
+    """Execute `code` as the source `name`; returns (status, repr or None, exception dict or None)."""
+    remember_source(name, code)
     try:
-        tree = compile(code, "<python>", "exec", _ast.PyCF_ONLY_AST)
+        tree = compile(code, name, "exec", _ast.PyCF_ONLY_AST)
         last = None
         if tree.body and isinstance(tree.body[-1], _ast.Expr):
             last = _ast.Expression(tree.body.pop().value)
-        body = compile(tree, "<python>", "exec")
-        tail = compile(last, "<python>", "eval") if last is not None else None
+        body = compile(tree, name, "exec")
+        tail = compile(last, name, "eval") if last is not None else None
     except BaseException as e:
         return "runtime_error", None, describe(e)
     try:
@@ -493,6 +597,8 @@ def run(code, namespace, rich=None):
         if rich is not None:
             rich.collect_figures()
         flush_streams()
+        # The code may have imported linecache (traceback, logging, ...).
+        register_sources()
     if value is None:
         return "ok", None, None
     try:
@@ -846,7 +952,7 @@ def serve(gate=None):
         # /proc is only read before the code when there were any.
         before = live_processes() if state.get("background") else set()
         try:
-            status, value, exception = run(code, namespace, rich)
+            status, value, exception = run(code, namespace, rich, source_name(req_id))
         finally:
             state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
@@ -924,6 +1030,7 @@ def main():
     # TMPDIR and LANG only.
     os.environ.pop("PWD", None)
     install_read_hook()
+    watch_linecache()
     send({"type": "ready", "protocol": PROTOCOL,
           "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
           "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]})

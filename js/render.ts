@@ -1,0 +1,289 @@
+/**
+ * What a person sees of the python tool in pi's TUI: the call (the code, highlighted as pi's
+ * write tool highlights a file) and the result (pi's bash layout: the tail collapsed with what
+ * was left out, everything expanded, the log when output was cut). The model-facing text is not
+ * made here (src/outcome.rs); this only lays it out.
+ *
+ * pi's own helpers do the work where pi has them: `highlightCode`, `keyHint`,
+ * `truncateToVisualLines`, `formatSize`, pi-tui's `getCapabilities` and `imageFallback`. Every
+ * piece of text from the model or the sandbox goes through `displayText` first (pi's
+ * `stripAnsi` would keep DEL, C1 and bidi controls); highlighting runs on the escaped text.
+ */
+import { readFileSync } from "node:fs";
+import { formatSize, highlightCode, keyHint, keyText, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
+import { type Component, getCapabilities, imageFallback, Text, truncateToWidth } from "@mariozechner/pi-tui";
+import { displayText } from "./display.ts";
+
+/** Lines of code shown by a collapsed call (pi's write tool shows 10 of a file). */
+export const CALL_PREVIEW_LINES = 6;
+/** Lines of output shown by a collapsed result, from its end (pi's bash shows 5). */
+export const RESULT_PREVIEW_LINES = 8;
+/** Lines of a status or reset report shown collapsed (on screen, wrapped), from its start. */
+const REPORT_PREVIEW_LINES = 10;
+
+/** What the renderers read of pi's render context (both majors pass more). */
+export interface RenderContext {
+  expanded?: boolean;
+  showImages?: boolean;
+  state?: Record<string, unknown>;
+}
+
+/** `1 line`, `2 lines`. */
+export function count(n: number, noun: string): string {
+  return `${n.toLocaleString("en-US")} ${noun}${n === 1 ? "" : "s"}`;
+}
+
+/** pi's key hint for expanding tool output (`ctrl+o to expand`), in pi's colours. */
+function expandHint(theme: Theme): string {
+  try {
+    return keyHint("app.tools.expand", "to expand");
+  } catch {
+    // pi's global theme is not up (a renderer called outside the TUI): the same words, this theme.
+    return theme.fg("dim", keyText("app.tools.expand") || "ctrl+o") + theme.fg("muted", " to expand");
+  }
+}
+
+/** `... (12 more lines, 18 total, ctrl+o to expand)`, muted, as pi's write tool says it. */
+function moreHint(theme: Theme, what: string): string {
+  return `${theme.fg("muted", `... (${what},`)} ${expandHint(theme)}${theme.fg("muted", ")")}`;
+}
+
+/** The lines of `code` (already made safe to show) highlighted as Python; plain if pi's theme is not up. */
+function highlightPython(code: string, theme: Theme): string[] {
+  try {
+    const lines = highlightCode(code, "python");
+    if (lines.length === code.split("\n").length) return lines;
+  } catch {
+    // No initialised theme (not the TUI): plain text.
+  }
+  return code.split("\n").map((line) => theme.fg("toolOutput", line));
+}
+
+/** The call: `python (timeout 5s)`, then the code; collapsed, its first lines and how many more. */
+export function renderCall(args: unknown, theme: Theme, context: RenderContext | undefined): Component {
+  const a = (args ?? {}) as { action?: unknown; code?: unknown; timeoutSeconds?: unknown };
+  const title = (s: string) => theme.fg("toolTitle", theme.bold(s));
+  if (a.action === "status" || a.action === "reset") return new Text(title(`python ${a.action}`), 0, 0);
+  // Arguments are drawn before pi validates them: whatever they hold is shown escaped.
+  const timeout = a.timeoutSeconds !== undefined ? theme.fg("muted", displayText(` (timeout ${String(a.timeoutSeconds)}s)`)) : "";
+  // The code comes from the model and can carry terminal sequences too.
+  const code = displayText(typeof a.code === "string" ? a.code : "").replace(/\t/g, "   ");
+  const plain = code.split("\n");
+  while (plain.length > 0 && plain[plain.length - 1].trim() === "") plain.pop();
+  if (plain.length === 0) return new Text(`${title("python")}${timeout} ${theme.fg("toolOutput", "...")}`, 0, 0);
+  const lines = highlightPython(plain.join("\n"), theme);
+  let body: string[];
+  let hint = "";
+  if (context?.expanded) {
+    body = lines;
+  } else {
+    let first = 0;
+    while (plain[first].trim() === "") first++;
+    body = lines.slice(first, first + CALL_PREVIEW_LINES);
+    const remaining = lines.length - first - body.length;
+    if (remaining > 0) hint = "\n" + moreHint(theme, `${count(remaining, "more line")}, ${count(lines.length, "line")} total`);
+  }
+  return new Text(`${title("python")}${timeout}\n${body.join("\n")}${hint}`, 0, 0);
+}
+
+interface ImageDetail {
+  path: string;
+  hostPath?: string;
+  mimeType: string;
+  width?: number;
+  height?: number;
+}
+
+interface ResultDetails {
+  action?: string;
+  status?: string;
+  isError?: boolean;
+  durationMs?: number;
+  diagnostic?: string;
+  excerptTruncated?: boolean;
+  outputLimitExceeded?: boolean;
+  logPaths?: { stdout?: string; stderr?: string };
+  logComplete?: boolean;
+  stdoutBytes?: number;
+  stderrBytes?: number;
+  scratchDir?: string;
+  images?: ImageDetail[];
+  // While running or waiting.
+  elapsedMs?: number;
+  waitingFor?: string;
+}
+
+/** A stream's log: its lines, counted once per render slot (the log can be 1 MiB). */
+function logLines(path: string, state: Record<string, unknown> | undefined): number | undefined {
+  const cache = ((state ?? {}) as { logLines?: Map<string, number | undefined> });
+  cache.logLines ??= new Map();
+  if (!cache.logLines.has(path)) {
+    let lines: number | undefined;
+    try {
+      const data = readFileSync(path);
+      lines = 0;
+      for (let i = data.indexOf(10); i !== -1; i = data.indexOf(10, i + 1)) lines++;
+      if (data.length > 0 && data[data.length - 1] !== 10) lines++;
+    } catch {
+      lines = undefined; // deleted with its session
+    }
+    cache.logLines.set(path, lines);
+  }
+  return cache.logLines.get(path);
+}
+
+/** The sandbox path of an image as the host file the user can open. */
+export function hostImagePath(sandboxPath: string, scratchDir: string | undefined): string | undefined {
+  if (!scratchDir || !sandboxPath.startsWith("/scratch/")) return undefined;
+  return `${scratchDir}${sandboxPath.slice("/scratch".length)}`;
+}
+
+/** The warning under a result whose output was cut: each log, its size, what the result left out. */
+function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> | undefined): string | undefined {
+  const omitted = [...text.matchAll(/\.\.\.\[(\d+) bytes omitted; the full stream is in the log file\]\.\.\./g)].map((m) => Number(m[1]));
+  const cut = d.excerptTruncated || d.outputLimitExceeded || omitted.length > 0;
+  if (!cut) return undefined;
+  const parts: string[] = [];
+  for (const [name, bytes] of [["stdout", d.stdoutBytes], ["stderr", d.stderrBytes]] as const) {
+    const path = d.logPaths?.[name];
+    if (!path) continue;
+    const lines = logLines(path, state);
+    const size = [lines !== undefined ? count(lines, "line") : undefined, typeof bytes === "number" ? formatSize(bytes) : undefined]
+      .filter(Boolean)
+      .join(", ");
+    parts.push(`${d.logComplete === false ? "Partial" : "Full"} ${name}: ${displayText(path)}${size ? ` (${size})` : ""}`);
+  }
+  const left = omitted.reduce((a, b) => a + b, 0);
+  if (left > 0) parts.push(`${formatSize(left)} left out of the result`);
+  if (d.outputLimitExceeded) parts.push("output limit reached, the sandbox was stopped");
+  return parts.length > 0 ? `[${parts.join(". ")}]` : undefined;
+}
+
+/** A result laid out for a width: header, body (tail or head when collapsed), notes. */
+class ResultView implements Component {
+  private cache?: { width: number; lines: string[] };
+  private readonly header: string;
+  private readonly body: string;
+  private readonly collapse: "tail" | "head" | "none";
+  private readonly after: string[];
+  private readonly theme: Theme;
+
+  constructor(header: string, body: string, collapse: "tail" | "head" | "none", after: string[], theme: Theme) {
+    this.header = header;
+    this.body = body;
+    this.collapse = collapse;
+    this.after = after;
+    this.theme = theme;
+  }
+
+  render(width: number): string[] {
+    if (this.cache?.width === width) return this.cache.lines;
+    // A blank line between the call and its result, as pi's bash has.
+    const lines = ["", ...new Text(this.header, 0, 0).render(width)];
+    if (this.body) {
+      if (this.collapse === "tail") {
+        const preview = truncateToVisualLines(this.body, RESULT_PREVIEW_LINES, width);
+        if (preview.skippedCount > 0) {
+          lines.push(truncateToWidth(moreHint(this.theme, count(preview.skippedCount, "earlier line")), width, "..."));
+        }
+        lines.push(...preview.visualLines);
+      } else if (this.collapse === "head") {
+        const all = new Text(this.body, 0, 0).render(width);
+        lines.push(...all.slice(0, REPORT_PREVIEW_LINES));
+        const hidden = all.length - REPORT_PREVIEW_LINES;
+        if (hidden > 0) lines.push(truncateToWidth(moreHint(this.theme, count(hidden, "more line")), width, "..."));
+      } else {
+        lines.push(...new Text(this.body, 0, 0).render(width));
+      }
+    }
+    for (const block of this.after) lines.push(...new Text(block, 0, 0).render(width));
+    this.cache = { width, lines };
+    return lines;
+  }
+
+  invalidate(): void {
+    this.cache = undefined;
+  }
+}
+
+/** The text of a result without what the renderer shows its own way. */
+function bodyLines(text: string, d: ResultDetails): string[] {
+  const lines = text.split("\n");
+  // The status line of an execute result is the header; a report's first line is content.
+  if (/^status: \S+/.test(lines[0] ?? "")) lines.shift();
+  const scratch = d.scratchDir ? displayText(d.scratchDir) : undefined;
+  const kept = lines
+    // Images are shown inline or by their host file below.
+    .filter((l) => !/^image \d+: \/scratch\/\S+ \(.*\), attached$/.test(l))
+    // The warning under the result names the logs.
+    .filter((l) => !/^(Full|Partial) output saved to: /.test(l))
+    // A note names the host file the user can open, not the sandbox's /scratch.
+    .map((l) => (scratch && l.startsWith("note: ") ? l.replaceAll("/scratch/.pi-images/", `${scratch}/.pi-images/`) : l));
+  while (kept[0] === "") kept.shift();
+  while (kept.length > 0 && kept[kept.length - 1] === "") kept.pop();
+  // Blank lines left doubled by the lines taken out.
+  return kept.filter((l, i) => !(l === "" && kept[i - 1] === ""));
+}
+
+/** `⋯ running 1.5s · ...` and the latest output, or what a wait is for. */
+function renderPartial(text: string, d: ResultDetails, theme: Theme): Component {
+  if (d.status === "waiting") {
+    const secs = typeof d.elapsedMs === "number" ? ` ${Math.floor(d.elapsedMs / 1000)}s` : "";
+    return new Text(theme.fg("warning", `⋯ ${text}`) + theme.fg("muted", secs), 0, 0);
+  }
+  const lines = text.split("\n");
+  const shown = lines.slice(1).slice(-RESULT_PREVIEW_LINES);
+  return new Text([theme.fg("muted", `⋯ ${lines[0]}`), ...shown.map((l) => theme.fg("toolOutput", l))].join("\n"), 0, 0);
+}
+
+export function renderResult(
+  result: { content: ReadonlyArray<{ type: string; text?: string }>; details?: unknown },
+  options: { expanded: boolean; isPartial: boolean },
+  theme: Theme,
+  context: RenderContext | undefined,
+): Component {
+  const d = (result.details ?? {}) as ResultDetails;
+  const first = result.content.find((c) => c.type === "text");
+  // A result restored from a session file was never through the addon.
+  const text = displayText(first?.text ?? "");
+  if (options.isPartial || d.status === "running" || d.status === "waiting") return renderPartial(text, d, theme);
+
+  const mark = d.isError ? theme.fg("error", "✗") : theme.fg("success", "✓");
+  const report = d.action === "status" || d.action === "reset";
+  const label = report ? d.action! : displayText(d.status === "runtime_error" ? "error" : (d.status ?? ""));
+  const secs = !report && typeof d.durationMs === "number" ? theme.fg("muted", ` ${(d.durationMs / 1000).toFixed(1)}s`) : "";
+  const header = `${mark} ${theme.fg("toolTitle", "python")} ${label}${secs}`;
+
+  let lines = bodyLines(text, d);
+  const after: string[] = [];
+  const expanded = options.expanded || context?.expanded === true;
+  // The advice of a refused read (or any diagnostic) is shown whole, also collapsed.
+  const diagnostic = d.diagnostic ? displayText(d.diagnostic).trim() : "";
+  if (!expanded && diagnostic) {
+    const dl = diagnostic.split("\n");
+    const at = lines.length - dl.length;
+    if (at >= 0 && dl.every((l, i) => lines[at + i] === l)) {
+      lines = lines.slice(0, at);
+      while (lines.length > 0 && lines[lines.length - 1] === "") lines.pop();
+      after.push(theme.fg("warning", diagnostic));
+    }
+  }
+  const images = d.images ?? [];
+  const inline = context?.showImages === true && Boolean(getCapabilities().images);
+  if (images.length > 0 && !inline) {
+    after.push(
+      images
+        .map((i) => {
+          const host = hostImagePath(i.path, d.scratchDir);
+          const dims = i.width && i.height ? { widthPx: i.width, heightPx: i.height } : undefined;
+          const name = imageFallback(displayText(i.mimeType), dims, displayText(host ?? i.path));
+          return theme.fg("accent", name) + theme.fg("muted", host ? " (deleted with the session)" : "");
+        })
+        .join("\n"),
+    );
+  }
+  const note = cutNote(d, text, context?.state);
+  if (note) after.push(theme.fg("warning", note));
+  const body = lines.map((l) => theme.fg("toolOutput", l)).join("\n");
+  return new ResultView(header, body, expanded ? "none" : report ? "head" : "tail", after, theme);
+}
