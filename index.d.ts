@@ -131,6 +131,11 @@ export interface ExecResult {
    * from right before it (see the README's Rollback).
    */
   rolledBack: boolean
+  /**
+   * The earlier state was discarded before this call ran (a mode
+   * change, a death while idle), and why; this call's state is kept.
+   */
+  lostBefore?: string
   /** repr() of the final expression, when it is not None (bounded to 8 KiB). */
   repr?: string
   reprTruncated: boolean

@@ -65,6 +65,26 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
     assert.equal(next.stdout, "next\n", "trailing output leaked into the next execution");
   });
 
+  test("output a process of an earlier call writes after the drain window never reaches a later call", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    // It writes 1.5 s after its call began, past the 1 s wait for trailing output, while the next
+    // call is running; and again between calls, and during the call after that.
+    const first = await sb.execute(
+      'import subprocess\nsubprocess.Popen(["sh", "-c", "sleep 1.5; echo late-out; echo late-err >&2; sleep 1; echo later"])\nprint("first")',
+      10,
+    );
+    assertOk(first);
+    assert.equal(first.stdout, "first\n");
+    const during = await sb.execute('import time\ntime.sleep(1)\nprint("second")', 10);
+    assertOk(during);
+    assert.equal(during.stdout, "second\n", "an earlier call's process wrote into this call's stdout");
+    assert.equal(during.stderr, "", "an earlier call's process wrote into this call's stderr");
+    const after = await sb.execute('import time\ntime.sleep(1)\nprint("third")', 10);
+    assertOk(after);
+    assert.equal(after.stdout, "third\n");
+  });
+
   test("a background process left running does not hang later calls", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t);

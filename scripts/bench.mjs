@@ -2,11 +2,12 @@
 // next to a baseline measured in the same run, printed as a table and
 // written to bench/results.json. No test framework timing.
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { prepare, root } from "./prepare.mjs";
+import { hostPidsWithCmdline } from "./lib/procs.mjs";
 
 prepare();
 const { PythonSandbox } = createRequire(import.meta.url)(join(root, "index.cjs"));
@@ -187,6 +188,12 @@ async function warm() {
   const ours = [];
   for (let i = 0; i < n; i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
   record("warm execute x = 1, median", median(ours), "ms", "pipe round trip, plain python", median(base), "<= 0.5 ms");
+  const off = new PythonSandbox({ projectDir: project, rollback: false });
+  mustOk(await off.execute("1"), "warm-up, rollback off");
+  const offMs = [];
+  for (let i = 0; i < n; i++) offMs.push((await timed(() => off.execute("x = 1")))[0]);
+  await off.dispose();
+  record("  the same, rollback off", median(offMs), "ms", "rollback on", median(ours), "(no slower than 0.1)");
   record("warm execute x = 1, p99", pct(ours, 0.99), "ms", "pipe round trip, plain python, p99", pct(base, 0.99));
 
   // -- 4. 1 MiB of stdout
@@ -208,8 +215,44 @@ async function warm() {
 // -- 3. recovery with and without the spare -------------------------------------
 
 async function recovery() {
+  // With rollback (the default): a fresh interpreter in the same sandbox.
+  const cold = [];
+  for (let i = 0; i < runs(10); i++) {
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+    const [ms, r] = await timed(() => sb.execute("1"));
+    mustOk(r, "cold");
+    cold.push(ms);
+    await sb.dispose();
+  }
+  {
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+    mustOk(await sb.execute("1"), "first");
+    const afterReset = [];
+    const afterTimeout = [];
+    const loop = [];
+    for (let i = 0; i < runs(20); i++) {
+      await sb.reset();
+      afterReset.push((await timed(() => sb.execute("1")))[0]);
+      mustOk(await sb.execute("y = 1"), "state");
+      const t = await sb.execute("while True: pass", 1);
+      if (t.status !== "timeout" || !t.rolledBack) throw new Error(`expected a rollback, got ${t.status}`);
+      afterTimeout.push((await timed(() => sb.execute("1")))[0]);
+    }
+    // A tight reset -> execute loop, no pause anywhere.
+    for (let i = 0; i < runs(50); i++) {
+      const [ms] = await timed(async () => {
+        await sb.reset();
+        return sb.execute("1");
+      });
+      loop.push(ms);
+    }
+    record("execute after reset (rollback on)", median(afterReset), "ms", "cold first execute", median(cold), "<= 0.15x");
+    record("execute after timeout (rollback on)", median(afterTimeout), "ms", "cold first execute", median(cold), "<= 0.15x");
+    record("  reset + execute, tight loop", median(loop), "ms", "cold first execute", median(cold), "<= 0.15x");
+    await sb.dispose();
+  }
   for (const prewarm of [false, true]) {
-    const sb = new PythonSandbox({ projectDir: project, prewarm });
+    const sb = new PythonSandbox({ projectDir: project, prewarm, rollback: false });
     mustOk(await sb.execute("1"), "first");
     const afterReset = [];
     const afterTimeout = [];
@@ -222,10 +265,83 @@ async function recovery() {
       if (t.status !== "timeout") throw new Error(`expected a timeout, got ${t.status}`);
       afterTimeout.push((await timed(() => sb.execute("1")))[0]);
     }
-    const label = prewarm ? "with spare" : "cold";
+    const label = prewarm ? "rollback off, with spare" : "rollback off, cold";
     record(`execute after reset (${label})`, median(afterReset), "ms", prewarm ? "" : undefined, undefined, prewarm ? "<= 3 ms" : undefined);
     record(`execute after timeout (${label})`, median(afterTimeout), "ms", undefined, undefined, prewarm ? "<= 3 ms" : undefined);
     await sb.dispose();
+  }
+}
+
+// -- 3b. rollback: the cost of a rollback point, and of rolling back, by heap size ----
+
+/** The host pids of a session's sandbox processes: PID 1 (the keeper), its
+ * children (the interpreter), and theirs (the rollback point while a call runs). */
+function sandboxTree(sb) {
+  const scratch = sb.status().paths.scratchDir;
+  const children = (pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").split(" ").filter(Boolean).map(Number);
+    } catch {
+      return [];
+    }
+  };
+  const bwrap = hostPidsWithCmdline(scratch).find((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").startsWith("bwrap") || readFileSync(`/proc/${pid}/comm`, "utf8").startsWith("bwrap"));
+  const keeper = bwrap ? children(bwrap)[0] : undefined;
+  const interp = keeper ? children(keeper)[0] : undefined;
+  return { keeper, interp, copies: interp ? children(interp) : [] };
+}
+
+const privateDirtyMiB = (pid) => {
+  try {
+    const m = /Private_Dirty:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/smaps_rollup`, "utf8"));
+    return m ? Number(m[1]) / 1024 : NaN;
+  } catch {
+    return NaN;
+  }
+};
+
+async function rollback() {
+  const heaps = quick ? [0, 100] : [0, 10, 100, 400];
+  for (const mib of heaps) {
+    const on = new PythonSandbox({ projectDir: project, prewarm: false });
+    const off = new PythonSandbox({ projectDir: project, prewarm: false, rollback: false });
+    const heap = mib ? `big = bytearray(b"\\1") * (${mib} << 20)` : "big = b''";
+    for (const sb of [on, off]) mustOk(await sb.execute(heap, 60), `a ${mib} MiB heap`);
+    const n = runs(mib >= 100 ? 100 : 300);
+    const onMs = [];
+    const offMs = [];
+    for (let i = 0; i < n; i++) {
+      onMs.push((await timed(() => on.execute("x = 1")))[0]);
+      offMs.push((await timed(() => off.execute("x = 1")))[0]);
+    }
+    // A bare fork of the same interpreter: until fork() returns in the parent.
+    const fork = await on.execute(
+      "import os, time\nts = []\nfor _ in range(21):\n    t = time.perf_counter(); p = os.fork()\n    if p == 0: os._exit(0)\n    ts.append(time.perf_counter() - t); os.waitpid(p, 0)\nsorted(ts)[10] * 1000",
+      60,
+    );
+    mustOk(fork, "bare fork");
+    const bareFork = Number(fork.repr);
+    const label = `${mib} MiB heap`;
+    record(`rollback point, warm x = 1 added (${label})`, median(onMs) - median(offMs), "ms", "bare fork() of the interpreter", bareFork, "<= 1.5x");
+    // The copy's own memory while a call that touches nothing runs.
+    const running = on.execute("import time\ntime.sleep(0.4)");
+    await sleep(200);
+    const { copies } = sandboxTree(on);
+    const extra = copies.length ? privateDirtyMiB(copies[copies.length - 1]) : NaN;
+    mustOk(await running, "sleep");
+    record(`  rollback point's own memory (${label})`, extra, "MiB", undefined, undefined, "");
+    // Rolling back: a timeout that changed the heap, then the next call.
+    const rolled = [];
+    for (let i = 0; i < runs(mib >= 100 ? 5 : 10); i++) {
+      const [ms, t] = await timed(() => on.execute("big = None\nwhile True: pass", 1));
+      if (t.status !== "timeout" || !t.rolledBack) throw new Error(`expected a rollback: ${JSON.stringify(t).slice(0, 300)}`);
+      const [after, r] = await timed(() => on.execute("len(big)"));
+      if (r.repr !== String(mib << 20)) throw new Error(`rolled back to ${r.repr}`);
+      rolled.push(ms - 1000 + after);
+    }
+    record(`  time to roll back and answer (${label})`, median(rolled), "ms", undefined, undefined, "");
+    await on.dispose();
+    await off.dispose();
   }
 }
 
@@ -339,6 +455,7 @@ try {
   await writableStart();
   await warm();
   await recovery();
+  await rollback();
   await timeoutPrecision();
   await manySessions();
   if (!process.argv.includes("--no-jupyter")) await jupyter();

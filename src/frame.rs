@@ -131,11 +131,12 @@ pub enum Reply {
         stdout: bool,
         stderr: bool,
     },
-    /// The rollback point of execution `id`: the copy's pid in the
-    /// sandbox, or why there is none.
-    Checkpoint {
+    /// Execution `id` begins: its output goes to fresh pipes (whose read
+    /// ends the host takes), and `copy` is its rollback point's pid in the
+    /// sandbox (none when none was asked for, or `why` there is none).
+    Begin {
         id: u64,
-        pid: Option<u32>,
+        copy: Option<u32>,
         why: Option<String>,
     },
     /// An interpreter on fresh channels: a restored copy, or (`fresh`) a

@@ -109,6 +109,9 @@ pub struct ExecResult {
     /// The call failed and the interpreter was rolled back to its state
     /// from right before it (see the README's Rollback).
     pub rolled_back: bool,
+    /// The earlier state was discarded before this call ran (a mode
+    /// change, a death while idle), and why; this call's state is kept.
+    pub lost_before: Option<String>,
     /// repr() of the final expression, when it is not None (bounded to 8 KiB).
     pub repr: Option<String>,
     pub repr_truncated: bool,
@@ -271,6 +274,7 @@ fn to_js(o: Outcome) -> ExecResult {
         state_lost: o.state_lost,
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
         rolled_back: o.rolled_back,
+        lost_before: o.lost_before.clone().map(displayed),
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
         stdout: displayed(join(&o.stdout)),

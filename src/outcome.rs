@@ -111,6 +111,9 @@ pub struct Outcome {
     /// Interpreter state from before this call is gone.
     pub state_lost: bool,
     pub state_lost_reason: Option<String>,
+    /// The earlier state was discarded before this call ran (a mode
+    /// change, a death while idle): this call's own state is kept.
+    pub lost_before: Option<String>,
     pub repr: Option<String>,
     pub repr_truncated: bool,
     pub stdout: StreamText,
@@ -142,6 +145,7 @@ impl Outcome {
             generation,
             state_lost: false,
             state_lost_reason: None,
+            lost_before: None,
             repr: None,
             repr_truncated: false,
             stdout: StreamText::default(),
@@ -732,7 +736,14 @@ pub fn render(o: &Outcome) -> String {
             let _ = write!(tail, "\n\n{}", display_text(e.traceback.trim_end()));
         }
     }
-    if o.state_lost {
+    if let Some(before) = &o.lost_before {
+        let _ = write!(
+            tail,
+            "\n\nEarlier interpreter state was discarded before this call ({}); this call ran on a fresh interpreter.",
+            display_text(before)
+        );
+    }
+    if o.state_lost && (o.lost_before.is_none() || o.state_lost_reason.as_deref() != o.lost_before.as_deref()) {
         let reason = display_text(o.state_lost_reason.as_deref().unwrap_or("sandbox killed"));
         let _ = write!(
             tail,
@@ -1078,5 +1089,25 @@ mod tests {
         let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh);
         assert_eq!(fresh.status, Status::OutputLimit);
         assert!(fresh.rolled_back && !fresh.state_lost);
+    }
+
+    #[test]
+    fn state_discarded_before_a_call_is_not_a_loss_by_the_call() {
+        let before = "the sandbox was restarted because the permission mode or read roots changed";
+        let o = Outcome {
+            state_lost: true,
+            state_lost_reason: Some(before.into()),
+            lost_before: Some(before.into()),
+            ..Outcome::static_result(Status::Ok, 2, String::new())
+        };
+        let text = render(&o);
+        assert!(
+            text.contains(&format!("Earlier interpreter state was discarded before this call ({before})")),
+            "{text}"
+        );
+        assert!(!text.contains("was LOST"), "{text}");
+        let both = Outcome { status: Status::Timeout, state_lost_reason: Some(format!("{before}; then timeout")), ..o };
+        let text = render(&both);
+        assert!(text.contains("discarded before this call") && text.contains("was LOST"), "{text}");
     }
 }

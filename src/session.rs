@@ -222,6 +222,7 @@ impl Session {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
                 outcome.state_lost = true;
+                outcome.lost_before = Some(loss.clone());
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
                     Some(now) => format!("{loss}; then {now}"),
                     None => loss,

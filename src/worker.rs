@@ -450,7 +450,11 @@ impl Worker {
         let request = Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(mark), checkpoint };
         let request =
             frame::encode(&request).map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
-        self.discard_idle_output();
+        // The streams of earlier calls are drained and dropped by
+        // themselves: what their processes write is never this call's.
+        retire(self.stdout.take());
+        retire(self.stderr.take());
+        let interpreter = self.interpreter();
         self.execs += 1;
         self.point = None;
         let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, .. } = self;
@@ -459,8 +463,9 @@ impl Worker {
         let mut drained: Option<(bool, bool)> = None;
         let mut drain_until = deadline;
         let mut written = false;
-        let begun = Instant::now();
-        let mut tick = tokio::time::interval_at(begun + PROGRESS_EVERY, PROGRESS_EVERY);
+        let mut begun = false;
+        let started = Instant::now();
+        let mut tick = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let done = |report: ExecReport, after| Ok(ExecDone { report, after });
         loop {
@@ -489,7 +494,7 @@ impl Worker {
                 _ = tick.tick(), if running && progress.is_some() => {
                     if let Some(report) = &progress {
                         report(Progress {
-                            elapsed_ms: begun.elapsed().as_millis() as u64,
+                            elapsed_ms: started.elapsed().as_millis() as u64,
                             stdout_bytes: capture.stdout.total,
                             stderr_bytes: capture.stderr.total,
                             stdout_tail: capture.stdout.latest(PROGRESS_TAIL_BYTES),
@@ -502,8 +507,18 @@ impl Worker {
                         report = Some(r);
                         drain_until = Instant::now() + DRAIN_CAP + DRAIN_SLACK;
                     }
-                    Some(Ok(Reply::Checkpoint { id, pid, why })) if running && checkpoint && point.is_none() && id == seq => {
-                        *point = Some(pid.ok_or_else(|| why.unwrap_or_else(|| "none was taken".into())));
+                    Some(Ok(Reply::Begin { id, copy, why })) if running && !begun && id == seq => {
+                        begun = true;
+                        if checkpoint {
+                            *point = Some(copy.ok_or_else(|| why.unwrap_or_else(|| "none was taken".into())));
+                        }
+                        let taken = interpreter
+                            .ok_or_else(|| std::io::Error::other("the interpreter's pid is not known"))
+                            .and_then(call_streams);
+                        match taken {
+                            Ok((out, err)) => (*stdout, *stderr) = (Some(out), Some(err)),
+                            Err(e) => return Err(Interrupt::Violation(format!("the call's output pipes could not be taken: {e}"))),
+                        }
                     }
                     Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
                         // Nothing more is due until the next request.
@@ -548,10 +563,8 @@ impl Worker {
         if !self.keeper {
             return self.exited().is_some();
         }
-        match self.interpreter() {
-            Some(pid) => crate::spawn::exited(pid),
-            None => true,
-        }
+        // Not found: not known to be gone (the call itself will tell).
+        self.interpreter().is_some_and(crate::spawn::exited)
     }
 
     /// The interpreter's host pid in a keeper layout: PID 1's only child
@@ -713,23 +726,29 @@ impl Worker {
             let _ = nix::sys::wait::waitpid(pid, None);
         });
     }
+}
 
-    /// Drop whatever background processes wrote while no execution ran.
-    /// Polls each read once: no timer, no wait when the pipes are empty.
-    fn discard_idle_output(&mut self) {
-        let Worker { stdout, stderr, out_buf, .. } = self;
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        for stream in [stdout.as_mut(), stderr.as_mut()].into_iter().flatten() {
-            loop {
-                let mut buf = tokio::io::ReadBuf::new(out_buf);
-                match std::pin::Pin::new(&mut *stream).poll_read(&mut cx, &mut buf) {
-                    std::task::Poll::Ready(Ok(())) if !buf.filled().is_empty() => continue,
-                    _ => break,
-                }
-            }
-        }
-    }
+/// Where the interpreter leaves the read ends of one call's stdout and
+/// stderr (see the worker's `call_streams`).
+const STREAM_FDS: [i32; 2] = [14, 15];
+
+/// Take the read ends of the call's fresh output pipes from `pid`.
+fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
+    let out = pipe::Receiver::from_owned_fd(take_fd(pid, STREAM_FDS[0])?)?;
+    let err = pipe::Receiver::from_owned_fd(take_fd(pid, STREAM_FDS[1])?)?;
+    Ok((out, err))
+}
+
+/// Read a stream of an earlier call until its last writer is gone, and
+/// drop what it says (closing it under a writer would hand a background
+/// process SIGPIPE). One task and one fd per stream that a process of the
+/// sandbox still holds.
+fn retire(stream: Option<pipe::Receiver>) {
+    let Some(mut stream) = stream else { return };
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
 }
 
 /// Where a new interpreter leaves the host's ends of its fresh channels
@@ -756,8 +775,8 @@ fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Insta
             // Processes the kill is ending can still be listed as children
             // of PID 1 for a moment: only a live one that placed its ends.
             None => {
-                let fresh = children(keeper).into_iter().find(|c| !before.contains(c) && !crate::spawn::exited(*c));
-                if let Some(pid) = fresh.filter(|&p| placed(p)) {
+                let fresh = children(keeper).into_iter().filter(|c| !before.contains(c) && !crate::spawn::exited(*c));
+                if let Some(pid) = fresh.into_iter().find(|&p| placed(p)) {
                     return Some(pid);
                 }
             }
@@ -864,7 +883,7 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Result(_) => "result",
         Reply::Drained { .. } => "drained",
         Reply::Code { .. } => "code",
-        Reply::Checkpoint { .. } => "checkpoint",
+        Reply::Begin { .. } => "begin",
         Reply::Restored { .. } => "restored",
         Reply::Error { .. } => "error",
     }

@@ -617,6 +617,16 @@ def flush_streams():
             pass
 
 
+def last_pid():
+    """The newest pid of this pid namespace (the kernel writes it last in
+    /proc/loadavg), or None."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().rsplit(None, 1)[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def live_processes():
     """Pids of the processes in the sandbox other than its init (pid 1) and
     this worker."""
@@ -696,10 +706,10 @@ def from_host(info):
     return info.si_code == 0 and info.si_pid == 0  # SI_USER, from outside
 
 
-def others_alive():
+def others_alive(keep=()):
     me = os.getpid()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (1, me):
+        if not entry.isdigit() or int(entry) in (1, me) or int(entry) in keep:
             continue
         try:
             with open("/proc/%s/stat" % entry, "rb") as f:
@@ -721,22 +731,28 @@ def reap():
             return
 
 
-def kill_all():
-    """Kill every process of the sandbox but PID 1 and this one. kill(-1)
-    reaches each process atomically (a process being forked either is in
-    the list or its parent can no longer fork), so one pass is enough; the
-    check is for the record."""
-    import signal
-    for _ in range(200):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_now():
+    """Signal every process of the sandbox but PID 1 and this one. kill(-1)
+    reaches each process atomically: a process being forked either gets
+    the signal or its parent can no longer fork."""
+    try:
+        os.kill(-1, 9)
+    except ProcessLookupError:
+        pass
+
+
+def kill_all(keep=()):
+    """Kill every process of the sandbox but PID 1 and this one, and wait
+    until they have ended; the processes in `keep` (PID 1's new
+    interpreter, forked after the kill) are left alone."""
+    for _ in range(5000):
+        if not keep:
+            kill_now()
         if os.getpid() == 1:
             reap()
-        if not others_alive():
+        if not others_alive(keep):
             return True
-        time.sleep(0.001)
+        time.sleep(0.0002)
     return False
 
 
@@ -747,10 +763,11 @@ def high_dup(fd):
     return new
 
 
-def fresh_channels():
+def fresh_channels(settle):
     """New pipes for the frames and both streams, so that nothing a killed
     process left in the old ones reaches the host. Ours go to 1-4; the
-    host's ends wait at 10-13 (13 last) until the host has taken them."""
+    host's ends wait at 10-13 (13 last) until the host has taken them.
+    `settle` runs while the host takes them (the killed processes end)."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -759,6 +776,7 @@ def fresh_channels():
     for fd, target in zip(fds, (REQUEST_FD, REPLY_FD, 1, 2) + KEEPER_FDS):
         os.dup2(fd, target, inheritable=target in (1, 2))
         os.close(fd)
+    settle()
     request = read_request()
     for fd in KEEPER_FDS:
         os.close(fd)
@@ -781,7 +799,7 @@ def to_dev_null():
 def keeper(gate):
     """PID 1's loop (see above); `gate` tells the first interpreter when
     this process is non-dumpable."""
-    import signal
+    import _signal as signal  # signal.py imports enum: 4 ms
     # PID 1 gets only the signals it has a handler for from inside the
     # namespace: Python's SIGINT handler would let any process end it.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -798,31 +816,43 @@ def keeper(gate):
         # SIGUSR2: a reset (the temporary file systems are emptied, as a
         # new sandbox would have them); SIGUSR1: the first execution
         # failed, and a fresh interpreter is where it was.
-        kill_all()
-        if info.si_signo == signal.SIGUSR2:
-            for top in ("/tmp", "/dev/shm"):
-                empty_dir(top)
-        if os.fork() == 0:
+        # Every process ends (none can fork once the signal is pending);
+        # the new interpreter is made meanwhile and waits until they are
+        # gone and the temporary file systems are empty.
+        kill_now()
+        done_r, done_w = (high_dup(fd) for fd in os.pipe())  # clear of the fds fresh_channels places
+        child = os.fork()
+        if child == 0:
+            os.close(done_w)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            fresh_channels()
+            fresh_channels(lambda: os.read(done_r, 1))
+            os.close(done_r)
             send({"type": "restored", "fresh": True, "threads": []})
             serve()
             os._exit(0)
+        os.close(done_r)
+        kill_all(keep={child})
+        if info.si_signo == signal.SIGUSR2:
+            for top in ("/tmp", "/dev/shm"):
+                empty_dir(top)
+        os.write(done_w, b"1")
+        os.close(done_w)
 
 
 def empty_dir(top):
-    import shutil
+    """Remove everything in `top`, never following a link (no other process
+    runs any more: nothing can change the tree meanwhile)."""
     try:
-        names = os.listdir(top)
+        entries = list(os.scandir(top))
     except OSError:
         return
-    for name in names:
-        path = os.path.join(top, name)
+    for entry in entries:
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
+            if entry.is_dir(follow_symlinks=False):
+                empty_dir(entry.path)
+                os.rmdir(entry.path)
             else:
-                os.unlink(path)
+                os.unlink(entry.path)
         except OSError:
             pass
 
@@ -832,7 +862,7 @@ def checkpoint():
     the interpreter, (None, reason) when there is no rollback point, and
     ("restored", threads) in the copy once the host has made it the
     interpreter."""
-    import signal
+    import _signal as signal  # signal.py imports enum: 4 ms
     threading = sys.modules.get("threading")
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
     if others:
@@ -866,9 +896,8 @@ def checkpoint():
             info = signal.sigwaitinfo({signal.SIGUSR1})
             if from_host(info):
                 break
-        if not kill_all():
-            os._exit(70)
-        fresh_channels()
+        kill_now()
+        fresh_channels(lambda: kill_all() or os._exit(70))
         # Signals the failed call queued here are dropped, not delivered.
         for sig in signal.sigpending():
             handler = signal.signal(sig, signal.SIG_IGN)
@@ -889,8 +918,31 @@ def private(state):
         state["dumpable"] = bound(str(e), 200)[0]
 
 
+STREAM_FDS = (14, 15)  # the host takes these read ends with pidfd_getfd
+
+
+def call_streams():
+    """Fresh stdout and stderr pipes for one call, so that output of
+    processes that earlier calls started (they keep the old pipes) never
+    reaches this call's result. The read ends wait at 14 and 15; the host
+    has taken them once it saw the begin frame, and they are closed when the
+    next call makes its own."""
+    flush_streams()
+    for fd in STREAM_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    fds = [high_dup(fd) for fd in (out_w, err_w, out_r, err_r)]
+    for fd, target in zip(fds, (1, 2) + STREAM_FDS):
+        os.dup2(fd, target, inheritable=target in (1, 2))
+        os.close(fd)
+
+
 def discard(pid):
-    import signal
+    import _signal as signal  # signal.py imports enum: 4 ms
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
@@ -932,6 +984,7 @@ def serve(gate=None):
                 pass
         if left:
             state["discarded"] = left
+        newest = last_pid()
         if request.get("checkpoint") is True and ALL_SIGNALS is not None:
             if state.get("dumpable", True):
                 private(state)
@@ -942,7 +995,14 @@ def serve(gate=None):
             if copy == "restored":
                 send({"type": "restored", "fresh": False, "threads": why})
                 continue
-            send({"type": "checkpoint", "id": req_id, "pid": copy, "why": why})
+        else:
+            why = None
+        call_streams()
+        if why is None:
+            body = ('{"type":"begin","id":%d,"copy":%s,"why":null}' % (req_id, copy or "null")).encode()
+            write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)  # send(), without the JSON encoder
+        else:
+            send({"type": "begin", "id": req_id, "copy": None, "why": why})
         gate = state.pop("gate", None)
         if gate is not None:
             os.read(gate, 1)  # PID 1 is non-dumpable before any user code runs
@@ -956,7 +1016,14 @@ def serve(gate=None):
         finally:
             state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
-        live = live_processes() - set(state.get("discarded", ()))
+        # Only a call that made a process (the newest pid of the namespace
+        # moved past this call's copy) or that has earlier ones to count
+        # needs the walk of /proc.
+        made = last_pid()
+        if state.get("background") or made is None or newest is None or made != (copy or newest):
+            live = live_processes() - set(state.get("discarded", ()))
+        else:
+            live = set()
         if copy:
             # Killed, not waited for: it is reaped before the next copy.
             discard(copy)
@@ -1031,11 +1098,13 @@ def main():
     os.environ.pop("PWD", None)
     install_read_hook()
     watch_linecache()
-    send({"type": "ready", "protocol": PROTOCOL,
-          "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
-          "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]})
+    ready = {"type": "ready", "protocol": PROTOCOL,
+             "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
+             "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]}
     if "--keeper" in sys.argv[1:]:
-        import signal
+        # The first interpreter exists before the ready frame does, so that
+        # the host finds it as PID 1's child.
+        import _signal as signal  # signal.py imports enum: 4 ms
         global ALL_SIGNALS
         ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2})
@@ -1045,7 +1114,9 @@ def main():
             keeper(gate_w)
         os.close(gate_w)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        send(ready)
         serve(gate_r)
+    send(ready)
     serve()
 
 
