@@ -75,6 +75,34 @@ export interface BwrapInfo {
  */
 export declare function cleanupAll(): void
 
+/** What caps one sandbox's totals (see `contain` and `scratch`). */
+export interface Containment {
+  /**
+   * What caps its tasks: `cgroup-v2`, `cgroup-v1`, `rlimit-nproc` or
+   * `none` (not contained).
+   */
+  tasks: string
+  /** What caps its memory: `cgroup-v2`, `cgroup-v1` or `none`. */
+  memory: string
+  /**
+   * The caps (`PI_PYTHON_TOOL_MAX_TASKS`, `PI_PYTHON_TOOL_MAX_MEMORY`);
+   * absent when the setting is not one.
+   */
+  maxTasks?: number
+  maxMemoryBytes?: number
+  /** Why each better mechanism is not used on this host. */
+  notUsed: Array<string>
+  /**
+   * /scratch at the last check (absent before the first), a lower bound
+   * when `scratchComplete` is false; the note threshold.
+   */
+  scratchBytes?: number
+  scratchComplete: boolean
+  scratchNoteBytes: number
+  /** The containment line of `text`. */
+  text: string
+}
+
 /**
  * `text` made safe to show in a terminal: C0 controls but tab and newline
  * as control pictures (U+2400 + code), DEL as U+2421, C1 and bidi controls
@@ -356,6 +384,7 @@ export interface StatusResult {
    * `bytecode` (compiled by an earlier sandbox); absent when none runs.
    */
   workerCode?: string
+  containment: Containment
   /** Number of refusal rules in the seccomp filter (besides its allowlist). */
   seccompRules: number
   /** Project paths kept read-only when /workspace is writable. */

@@ -87,6 +87,9 @@ pub struct SandboxSpec {
     /// The open-file limit the worker sets for itself and everything it
     /// starts, when bubblewrap needed a higher one for its mount fds.
     pub nofile: Option<u64>,
+    /// The RLIMIT_NPROC the worker sets in the sandbox's user namespace,
+    /// where no cgroup caps its tasks (see `contain`).
+    pub nproc: Option<u64>,
     /// The worker's bounds, `name=value,...` (see `limits::worker_limits`):
     /// the host's constants are the only source.
     pub worker_limits: String,
@@ -204,6 +207,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
         a.push("--nofile".into());
         a.push(n.to_string().into());
     }
+    if let Some(n) = spec.nproc {
+        a.push("--nproc".into());
+        a.push(n.to_string().into());
+    }
     a
 }
 
@@ -228,6 +235,7 @@ mod tests {
             python_mounts: vec![],
             python_fd_mounts: vec![],
             nofile: None,
+            nproc: None,
             worker_limits: "frame=1".into(),
             keeper: false,
             site_dirs: vec![],
@@ -288,6 +296,16 @@ mod tests {
                 "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.pyc --site /v/site --limits frame=1".into()
             )
         );
+    }
+
+    #[test]
+    fn the_worker_is_told_its_open_file_and_task_limits_last() {
+        let argv = strings(&bwrap_argv(&SandboxSpec { nofile: Some(128), nproc: Some(256), ..spec() }));
+        assert_eq!(argv[argv.len() - 6..], ["--limits", "frame=1", "--nofile", "128", "--nproc", "256"]);
+        // As PID 1 (rollback), the worker sets both before it forks the first
+        // interpreter (see worker.py's main), so every process has them.
+        let keeper = strings(&bwrap_argv(&SandboxSpec { keeper: true, nproc: Some(64), ..spec() }));
+        assert_eq!(keeper[keeper.len() - 5..], ["--limits", "frame=1", "--keeper", "--nproc", "64"]);
     }
 
     #[test]

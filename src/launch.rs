@@ -1,7 +1,8 @@
 //! What one sandbox start is made of: the host facts probed once per
 //! session, the protection plan of a writable project, the mount sources
-//! as fds, the bubblewrap argv and the seccomp program; and the start
-//! itself, from the stored bytecode of the worker when there is one.
+//! as fds, the containment (see `contain`), the bubblewrap argv and the
+//! seccomp program; and the start itself, from the stored bytecode of the
+//! worker when there is one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -115,6 +116,7 @@ async fn start_once(
     let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
+    let caps = settings.caps.clone();
     let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
     // A project that cannot be protected is mounted read-only for this
@@ -187,6 +189,9 @@ async fn start_once(
         }
     }
     let sizes = sizes.map_err(StartError::Settings)?;
+    // The sandbox's own cgroups (or RLIMIT_NPROC), made before it starts
+    // so that its first process joins them before it forks.
+    let contained = crate::contain::for_sandbox(&caps, &mut plan_notes).map_err(StartError::Settings)?;
     let spec = SandboxSpec {
         tmp_bytes: sizes.tmp,
         shm_bytes: sizes.shm,
@@ -202,6 +207,7 @@ async fn start_once(
         python_mounts,
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
+        nproc: contained.nproc(),
         worker_limits: worker_limits(),
         keeper,
         site_dirs: facts.python.site_dirs.clone(),
@@ -220,6 +226,7 @@ async fn start_once(
         code: form,
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
         keeper,
+        contained,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

@@ -164,6 +164,29 @@ pub struct Limits {
     pub note: String,
 }
 
+/// What caps one sandbox's totals (see `contain` and `scratch`).
+#[napi(object)]
+pub struct Containment {
+    /// What caps its tasks: `cgroup-v2`, `cgroup-v1`, `rlimit-nproc` or
+    /// `none` (not contained).
+    pub tasks: String,
+    /// What caps its memory: `cgroup-v2`, `cgroup-v1` or `none`.
+    pub memory: String,
+    /// The caps (`PI_PYTHON_TOOL_MAX_TASKS`, `PI_PYTHON_TOOL_MAX_MEMORY`);
+    /// absent when the setting is not one.
+    pub max_tasks: Option<f64>,
+    pub max_memory_bytes: Option<f64>,
+    /// Why each better mechanism is not used on this host.
+    pub not_used: Vec<String>,
+    /// /scratch at the last check (absent before the first), a lower bound
+    /// when `scratchComplete` is false; the note threshold.
+    pub scratch_bytes: Option<f64>,
+    pub scratch_complete: bool,
+    pub scratch_note_bytes: f64,
+    /// The containment line of `text`.
+    pub text: String,
+}
+
 #[napi(object)]
 pub struct SandboxPaths {
     pub project_dir: String,
@@ -223,6 +246,7 @@ pub struct StatusResult {
     /// How the running worker was loaded: `source` (compiled at start) or
     /// `bytecode` (compiled by an earlier sandbox); absent when none runs.
     pub worker_code: Option<String>,
+    pub containment: Containment,
     /// Number of refusal rules in the seccomp filter (besides its allowlist).
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
@@ -322,24 +346,39 @@ pub fn sandbox_limits() -> Limits {
 
 fn limits(settings: &Settings) -> Limits {
     Limits {
-    max_code_bytes: MAX_CODE_BYTES as u32,
-    default_timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
-    max_timeout_seconds: MAX_TIMEOUT_SECONDS,
-    startup_deadline_seconds: STARTUP_DEADLINE.as_secs() as u32,
-    cleanup_deadline_seconds: CLEANUP_DEADLINE.as_secs() as u32,
-    output_budget_bytes: OUTPUT_BUDGET_BYTES as u32,
-    max_repr_bytes: MAX_REPR_BYTES as u32,
-    max_frame_bytes: MAX_FRAME_BYTES as u32,
-    rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
-    rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
-    rlimit_nofile: RLIMIT_NOFILE as u32,
-    tmp_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.tmp as f64),
-    shm_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.shm as f64),
-    core_dumps: "disabled".into(),
-    note: "Per-process and per-file limits, per-execution budgets, and sizes for /tmp and /dev/shm; no other aggregate \
-      memory, process or disk quotas."
-      .into(),
-  }
+        max_code_bytes: MAX_CODE_BYTES as u32,
+        default_timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+        max_timeout_seconds: MAX_TIMEOUT_SECONDS,
+        startup_deadline_seconds: STARTUP_DEADLINE.as_secs() as u32,
+        cleanup_deadline_seconds: CLEANUP_DEADLINE.as_secs() as u32,
+        output_budget_bytes: OUTPUT_BUDGET_BYTES as u32,
+        max_repr_bytes: MAX_REPR_BYTES as u32,
+        max_frame_bytes: MAX_FRAME_BYTES as u32,
+        rlimit_as_bytes: RLIMIT_AS_BYTES as f64,
+        rlimit_fsize_bytes: RLIMIT_FSIZE_BYTES as f64,
+        rlimit_nofile: RLIMIT_NOFILE as u32,
+        tmp_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.tmp as f64),
+        shm_size_bytes: settings.tmpfs.as_ref().ok().map(|s| s.shm as f64),
+        core_dumps: "disabled".into(),
+        note: "Per-process and per-file limits, per-execution budgets, and sizes for /tmp and /dev/shm; the sandbox's \
+      total tasks and memory are capped where status().containment says so; /scratch is not capped."
+            .into(),
+    }
+}
+
+fn containment(settings: &Settings, scratch: Option<crate::scratch::Measure>) -> Containment {
+    let plan = crate::contain::host_plan();
+    Containment {
+        tasks: plan.tasks.name().into(),
+        memory: plan.memory.name().into(),
+        max_tasks: settings.caps.as_ref().ok().map(|c| c.tasks as f64),
+        max_memory_bytes: settings.caps.as_ref().ok().map(|c| c.memory as f64),
+        not_used: plan.why.iter().cloned().map(displayed).collect(),
+        scratch_bytes: scratch.map(|m| m.bytes as f64),
+        scratch_complete: scratch.is_some_and(|m| m.complete),
+        scratch_note_bytes: settings.scratch_note as f64,
+        text: displayed(crate::contain::describe(plan, &settings.caps)),
+    }
 }
 
 fn status_to_js(r: StatusReport) -> StatusResult {
@@ -376,6 +415,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         permissions_seen: r.permissions_seen,
         denied_reads: r.denied_reads.iter().map(|p| path_str(p)).collect(),
         limits: limits(&settings),
+        containment: containment(&settings, r.scratch),
         paths: SandboxPaths {
             project_dir: path_str(&r.project_dir),
             sandbox_project: "/workspace".into(),

@@ -10,11 +10,13 @@
 
 use std::path::PathBuf;
 
+use crate::contain::{caps, Caps, MAX_MEMORY_ENV, MAX_TASKS_ENV};
 use crate::gitconfig::HostGit;
 use crate::limits::{tmpfs_sizes, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
 use crate::permissions::MountConfig;
 use crate::protected::{patterns, Pattern, PROTECTED_ENV};
 use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
+use crate::scratch::{note_threshold, SCRATCH_NOTE_ENV};
 
 /// The interpreter (an absolute path; default /usr/bin/python3).
 pub const INTERPRETER_ENV: &str = "PI_PYTHON_TOOL_INTERPRETER";
@@ -71,6 +73,11 @@ pub struct Settings {
     pub scan: Limits,
     /// The sizes of /tmp and /dev/shm, or why the setting is not one.
     pub tmpfs: Result<TmpfsSizes, String>,
+    /// The caps on one sandbox's tasks and memory, or why the setting is
+    /// not one (see `contain`).
+    pub caps: Result<Caps, String>,
+    /// The size of /scratch past which results and `status` say so.
+    pub scratch_note: u64,
     pub git: HostGit,
 }
 
@@ -91,6 +98,8 @@ impl Settings {
             protected: patterns(get(PROTECTED_ENV).as_deref()),
             scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
+            caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
+            scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
             git,
         }
     }
@@ -112,6 +121,8 @@ mod tests {
             (DEPTH_ENV, "x"),
             (TMP_SIZE_ENV, "8M"),
             (ROLLBACK_ENV, " no"),
+            (MAX_TASKS_ENV, "64"),
+            (SCRATCH_NOTE_ENV, "10M"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let s = Settings::from_lookup(get, HostGit::default());
@@ -121,6 +132,8 @@ mod tests {
         assert_eq!(s.protected, [Pattern::Name(".a".into()), Pattern::Path("b/c".into())]);
         assert_eq!((s.scan.max_entries, s.scan.max_depth), (10, crate::scan::DEFAULT_LIMITS.max_depth));
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
+        assert_eq!(s.caps, Ok(Caps { tasks: 64, memory: crate::contain::DEFAULT_MAX_MEMORY }));
+        assert_eq!(s.scratch_note, 10 << 20);
         let none = Settings::from_lookup(|_| None, HostGit::default());
         assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());
         assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());

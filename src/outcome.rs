@@ -279,6 +279,8 @@ pub struct StatusReport {
     pub last_rollback_point: Option<std::time::SystemTime>,
     /// Whether the next sandbox start gets rollback.
     pub rollback: bool,
+    /// How much /scratch held at the last check (see `scratch`).
+    pub scratch: Option<crate::scratch::Measure>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -460,6 +462,28 @@ pub fn interruption(
     }
 }
 
+/// What the sandbox's memory cap did during a failed call (the text is
+/// `contain::Contained::oom_note`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomKill {
+    /// The OOM killer ended the interpreter: the call's cause, also when
+    /// it was noticed only at the deadline (processes the interpreter
+    /// started hold its pipe).
+    Interpreter(String),
+    /// It ended processes the code started, not the interpreter.
+    Others(String),
+}
+
+/// [`interruption`]'s reason and diagnostic with what the memory cap did:
+/// an OOM kill of the interpreter is the reason, another is a sentence.
+pub fn with_oom(reason: String, diagnostic: String, oom: Option<&OomKill>) -> (String, String) {
+    match oom {
+        Some(OomKill::Interpreter(oom)) => (oom.clone(), format!("{oom}. {diagnostic}")),
+        Some(OomKill::Others(oom)) => (reason, format!("{diagnostic}\n{oom}.")),
+        None => (reason, diagnostic),
+    }
+}
+
 /// A failed call whose sandbox was kept (see [`Recovery`]).
 pub struct Recovered {
     pub status: Status,
@@ -471,17 +495,23 @@ pub struct Recovered {
 
 /// The words for a failed call whose interpreter was rolled back or
 /// replaced in the same sandbox: the one table of the rollback cases.
-pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery) -> Recovered {
+/// `oom` is what the sandbox's memory cap did during the call.
+pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, oom: Option<&OomKill>) -> Recovered {
     let (status, reason, _) = interruption(i, timeout_seconds, None, None);
+    let (reason, died_of, also) = match oom {
+        Some(OomKill::Interpreter(oom)) => (oom.clone(), format!(" ({oom})"), String::new()),
+        Some(OomKill::Others(oom)) => (reason, String::new(), format!(" Also, {oom}.")),
+        None => (reason, String::new(), String::new()),
+    };
     let what = match i {
-        Interrupt::Timeout => format!("Execution exceeded the {timeout_seconds}s deadline"),
-        Interrupt::Halted(_) => "Execution was cancelled".into(),
+        Interrupt::Timeout => format!("Execution exceeded the {timeout_seconds}s deadline{died_of}"),
+        Interrupt::Halted(_) => format!("Execution was cancelled{died_of}"),
         Interrupt::OutputLimit => format!(
-            "Output exceeded the {} KiB per-execution capture budget (the saved log is partial)",
+            "Output exceeded the {} KiB per-execution capture budget (the saved log is partial){died_of}",
             OUTPUT_BUDGET_BYTES / 1024
         ),
-        Interrupt::Died => "The interpreter died".into(),
-        Interrupt::Violation(m) => format!("Protocol violation: {m}"),
+        Interrupt::Died => format!("The interpreter died{died_of}"),
+        Interrupt::Violation(m) => format!("Protocol violation: {m}{died_of}"),
     };
     let killed = "every process of the sandbox was killed";
     let files = "files in /workspace and /scratch keep what the call wrote";
@@ -494,13 +524,14 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery) 
             if !threads.is_empty() {
                 let _ = write!(diagnostic, " Not restored: {}.", threads.join(", "));
             }
+            diagnostic.push_str(&also);
             Recovered { status, diagnostic, rolled_back: true, state_lost: false, state_lost_reason: None }
         }
         Recovery::Fresh => Recovered {
             status,
             diagnostic: format!(
                 "{what}; {killed} and the interpreter was rolled back to its state before this call (a fresh \
-                 interpreter: this was its first call; {files})."
+                 interpreter: this was its first call; {files}).{also}"
             ),
             rolled_back: true,
             state_lost: false,
@@ -509,7 +540,7 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery) 
         Recovery::Lost(why) => Recovered {
             status,
             diagnostic: format!(
-                "{what}; {killed} and a fresh interpreter replaces it: {why}. Interpreter state was lost; {files}."
+                "{what}; {killed} and a fresh interpreter replaces it: {why}. Interpreter state was lost; {files}.{also}"
             ),
             rolled_back: false,
             state_lost: true,
@@ -517,7 +548,7 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery) 
         },
         Recovery::Reset => Recovered {
             status,
-            diagnostic: format!("{what}; {killed} and a fresh interpreter replaces it."),
+            diagnostic: format!("{what}; {killed} and a fresh interpreter replaces it.{also}"),
             rolled_back: false,
             state_lost: true,
             state_lost_reason: Some(reason),
@@ -636,7 +667,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text.push_str(&format!(
         "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
      address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
-     These are per-process limits, not aggregate quotas.",
+     These are per-process limits; the sandbox's totals are under containment.",
         MAX_CODE_BYTES / 1024,
         DEFAULT_TIMEOUT_SECONDS,
         MAX_TIMEOUT_SECONDS,
@@ -655,6 +686,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         ),
         Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
     });
+    text.push('\n');
+    text.push_str(&crate::contain::describe(crate::contain::host_plan(), &settings.caps));
+    text.push('\n');
+    text.push_str(&crate::scratch::describe(r.scratch, settings.scratch_note));
     if let Some(b) = &r.bwrap {
         let (x, y, z) = b.version;
         text.push_str(&format!(
@@ -668,8 +703,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text.push_str(&format!(
         "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
          native architecture only); no nested user namespaces; \
-         all capabilities dropped; new session; protected paths when /workspace is writable: {}. \
-         Not applied: limits on the number of processes or on total memory (no cgroup limits).",
+         all capabilities dropped; new session; protected paths when /workspace is writable: {}.",
         crate::seccomp::allowed_here(),
         seccomp_rules,
         if protected.is_empty() {
@@ -994,6 +1028,7 @@ mod tests {
             worker_code: None,
             last_rollback_point: None,
             rollback: true,
+            scratch: None,
         };
         let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&report, &settings);
@@ -1001,6 +1036,8 @@ mod tests {
         assert!(text.contains("spare sandbox: off (PI_PYTHON_TOOL_PREWARM)"), "{text}");
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
+        assert!(text.contains("\ncontainment: ") && text.contains("PI_PYTHON_TOOL_MAX_TASKS"), "{text}");
+        assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
         let reset = reset_text(None, &["x was renamed".into()]);
         assert!(reset.contains("no scratch directory was allocated yet") && reset.ends_with("\n\nnote: x was renamed"));
     }
@@ -1078,15 +1115,16 @@ mod tests {
 
     #[test]
     fn a_rollback_keeps_state_and_says_files_are_not_rolled_back() {
-        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] });
+        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] }, None);
         assert_eq!(r.status, Status::Timeout);
         assert!(r.rolled_back && !r.state_lost);
         assert!(r.diagnostic.contains("rolled back to its state before this call"));
         assert!(r.diagnostic.contains("files in /workspace and /scratch keep what the call wrote"));
-        let lost = recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()));
+        let lost =
+            recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None);
         assert!(lost.state_lost && !lost.rolled_back);
         assert_eq!(lost.state_lost_reason.as_deref(), Some("worker_error; no rollback point had been taken"));
-        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh);
+        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None);
         assert_eq!(fresh.status, Status::OutputLimit);
         assert!(fresh.rolled_back && !fresh.state_lost);
     }
@@ -1109,5 +1147,32 @@ mod tests {
         let both = Outcome { status: Status::Timeout, state_lost_reason: Some(format!("{before}; then timeout")), ..o };
         let text = render(&both);
         assert!(text.contains("discarded before this call") && text.contains("was LOST"), "{text}");
+    }
+
+    #[test]
+    fn an_oom_kill_is_the_cause_of_a_death_and_a_sentence_otherwise() {
+        let oom = "out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 64 MiB \
+                   (cgroup-v1 memory) was reached";
+        let ended = OomKill::Interpreter(oom.into());
+        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored { threads: vec![] }, Some(&ended));
+        assert!(died.rolled_back && !died.state_lost);
+        let every = format!("The interpreter died ({oom}); every process");
+        assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
+        let gone = Recovery::Lost("no rollback point had been taken".into());
+        let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended));
+        assert_eq!(lost.state_lost_reason, Some(format!("{oom}; no rollback point had been taken")));
+        let child = "out of memory: the cap was reached; the kernel's OOM killer ended 1 process(es) the code started";
+        let others = OomKill::Others(child.into());
+        let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others));
+        assert!(timeout.diagnostic.starts_with("Execution exceeded the 3s deadline;"), "{}", timeout.diagnostic);
+        assert!(timeout.diagnostic.ends_with(&format!(" Also, {child}.")), "{}", timeout.diagnostic);
+        // Processes it started held the pipe: the death shows at the deadline.
+        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] }, Some(&ended));
+        let deadline = format!("Execution exceeded the 3s deadline ({oom}); ");
+        assert!(late.diagnostic.starts_with(&deadline), "{}", late.diagnostic);
+        let (reason, diagnostic) = with_oom("worker_error".into(), "The worker died.".into(), Some(&ended));
+        assert_eq!((reason.as_str(), diagnostic), (oom, format!("{oom}. The worker died.")));
+        let (reason, diagnostic) = with_oom("timeout".into(), "Execution exceeded.".into(), Some(&others));
+        assert_eq!((reason.as_str(), diagnostic), ("timeout", format!("Execution exceeded.\n{child}.")));
     }
 }

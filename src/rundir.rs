@@ -126,6 +126,8 @@ pub fn cleanup_all() {
             let _ = crate::beneath::remove_tree(&dir);
         }
     }
+    // The sandboxes' cgroups, once their processes are gone.
+    crate::contain::cleanup_all();
 }
 
 #[cfg(test)]

@@ -22,8 +22,8 @@ use crate::launch::{Facts, Start};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, recovered_text, start_failure, LogFiles, Outcome, ResetReason, Status,
-    StreamText,
+    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, OomKill, Outcome,
+    ResetReason, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -76,6 +76,13 @@ pub struct Session {
     notes: protected::Notes,
     /// Protected names that could not be made inert (see `protected`).
     tainted: protected::Tainted,
+    /// How much /scratch holds (see `scratch`).
+    scratch: Arc<crate::scratch::ScratchWatch>,
+}
+
+/// Where execution `seq` logs its streams.
+fn log_paths(dirs: &Dirs, seq: u64) -> (PathBuf, PathBuf) {
+    (dirs.logs.join(format!("{seq:04}-out.log")), dirs.logs.join(format!("{seq:04}-err.log")))
 }
 
 const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
@@ -109,6 +116,7 @@ impl Session {
             worker_code: None,
             last_rollback_point: None,
             rollback: true,
+            scratch: None,
         };
         Arc::new_cyclic(|weak| Session {
             id,
@@ -136,6 +144,7 @@ impl Session {
             auto_call: AtomicU64::new(0),
             notes: protected::Notes::default(),
             tainted: protected::Tainted::default(),
+            scratch: Arc::default(),
         })
     }
 
@@ -145,6 +154,7 @@ impl Session {
         let mut report = self.shared.lock().report.clone();
         report.spare = spare;
         report.rollback = self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback);
+        report.scratch = self.scratch.last();
         report
     }
 
@@ -276,7 +286,8 @@ impl Session {
                 self.drop_worker(inner, ResetReason::WorkerError).await;
             } else if w.keeper() && w.interpreter_gone() {
                 // The sandbox is still there: a fresh interpreter in it.
-                inner.pending_loss = Some("the interpreter died while idle".into());
+                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
+                inner.pending_loss = Some(format!("the interpreter died while idle{oom}"));
                 if w.recover(None, true).await.is_ok() {
                     let mut sh = self.shared.lock();
                     sh.report.generation += 1;
@@ -286,7 +297,8 @@ impl Session {
                 }
             } else if let Some(status) = w.exited() {
                 let what = exit_text(Some(status));
-                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}"));
+                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
+                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}{oom}"));
                 self.drop_worker(inner, ResetReason::DiedIdle).await;
             }
         }
@@ -321,8 +333,7 @@ impl Session {
         inner.exec_seq += 1;
         let seq = inner.exec_seq;
         self.shared.lock().report.executions = seq;
-        let out_path = dirs.logs.join(format!("{seq:04}-out.log"));
-        let err_path = dirs.logs.join(format!("{seq:04}-err.log"));
+        let (out_path, err_path) = log_paths(&dirs, seq);
         let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
         let mut capture = Capture::new(frame::end_mark(&nonce), out_path.clone(), err_path.clone());
         let mut o = Outcome::static_result(Status::Ok, generation(), String::new());
@@ -346,6 +357,8 @@ impl Session {
         match result {
             Ok(done) => {
                 apply_report(&mut o, done.report, &dirs.scratch);
+                // Processes the code started that the memory cap ended.
+                o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));
                 if let Err(why) = done.after {
                     // The worker misbehaved after its result: keep the result,
                     // but its interpreter is gone.
@@ -359,6 +372,15 @@ impl Session {
                 // rolled back (or replaced) and every other process killed.
                 let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
                 let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
+                // A memory cap the kernel enforced says so (and whom it
+                // killed), read before the recovery kills the rest. The
+                // interpreter it ended may be noticed only at the deadline,
+                // when processes it started hold its pipe.
+                let oom = inner.worker.as_mut().and_then(|w| {
+                    let died = interrupt == Interrupt::Died || w.interpreter_gone();
+                    let note = w.oom_note(died)?;
+                    Some(if died { OomKill::Interpreter(note) } else { OomKill::Others(note) })
+                });
                 let recovered = match inner.worker.as_mut() {
                     Some(w) if kept && killed_for.is_none() && w.keeper() => {
                         Some(w.recover(Some(&mut capture), false).await)
@@ -367,7 +389,7 @@ impl Session {
                 };
                 match recovered {
                     Some(Ok(recovery)) => {
-                        let r = recovered_text(&interrupt, timeout_seconds, &recovery);
+                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref());
                         if r.state_lost {
                             self.shared.lock().report.generation += 1;
                             o.generation = generation();
@@ -387,7 +409,7 @@ impl Session {
                                 tokio::task::spawn_blocking(move || protected::settle_and_check(&guard, None, &notes))
                                     .await;
                         }
-                        return self.finish_exec(o, guard, &capture, out_path, err_path, inner.worker.is_some());
+                        return self.finish_exec(o, guard, &capture, &dirs, seq, inner.worker.is_some());
                     }
                     Some(Err(e)) => {
                         tracing::warn!("rollback failed: {e}");
@@ -409,6 +431,7 @@ impl Session {
                 let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
                 let (status, reason, diagnostic) =
                     interruption(&interrupt, timeout_seconds, killed_for, exit.or(killed));
+                let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
                 o.state_lost = true;
                 o.state_lost_reason = Some(reason);
@@ -418,7 +441,7 @@ impl Session {
             }
         }
         let alive = inner.worker.is_some();
-        self.finish_exec(o, guard, &capture, out_path, err_path, alive)
+        self.finish_exec(o, guard, &capture, &dirs, seq, alive)
     }
 
     /// The parts of an execution's result that every ending shares: the
@@ -428,8 +451,8 @@ impl Session {
         mut o: Outcome,
         guard: Option<Arc<Guard>>,
         capture: &Capture,
-        out_path: PathBuf,
-        err_path: PathBuf,
+        dirs: &Dirs,
+        seq: u64,
         alive: bool,
     ) -> Outcome {
         if let Some(guard) = guard {
@@ -441,6 +464,9 @@ impl Session {
             }
         }
         o.notes.extend(self.notes.lock().take());
+        // How much /scratch holds, measured off the result's path (a note
+        // reaches a later result).
+        self.scratch.poke(&dirs.scratch, &self.notes);
         if let Some(e) = &capture.log_error {
             let note = format!("Writing the log files failed: {e}");
             o.diagnostic = Some(match o.diagnostic.take() {
@@ -448,6 +474,7 @@ impl Session {
                 None => note,
             });
         }
+        let (out_path, err_path) = log_paths(dirs, seq);
         o.stdout = StreamText::from(&capture.stdout);
         o.stderr = StreamText::from(&capture.stderr);
         o.log_paths = LogFiles {

@@ -5,7 +5,9 @@
 //! seccomp program at their fixed fd numbers, marks every other inherited fd
 //! close-on-exec, applies the rlimits (inherited by everything in the
 //! sandbox) and makes bwrap the leader of a new session, so that the host's
-//! controlling terminal stays out of reach. The child runs with an empty
+//! controlling terminal stays out of reach. Before anything else it joins
+//! the sandbox's cgroups (see `contain`), so that everything bubblewrap
+//! starts is counted from its first fork. The child runs with an empty
 //! environment. Nothing here decides what the sandbox contains.
 //!
 //! Every sandbox process stays in that session's process group: bwrap's own
@@ -77,6 +79,16 @@ fn child_new_session() -> io::Result<()> {
     Ok(())
 }
 
+fn child_join_cgroup(procs: RawFd) -> io::Result<()> {
+    // SAFETY: write(2) of a static buffer to an fd the child holds: `0`
+    // moves the writer (a fresh child: its only thread) into the cgroup of
+    // that `tasks` or `cgroup.procs` file.
+    if unsafe { libc::write(procs, b"0".as_ptr().cast(), 1) } != 1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn child_dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: plain dup2 on fds valid in the child; clears FD_CLOEXEC on `to`.
     if unsafe { libc::dup2(from, to) } < 0 {
@@ -137,7 +149,16 @@ pub const MAX_MOUNT_FDS: usize = 2048;
 /// Start `bwrap argv` with the protocol pipes, the seccomp program and
 /// `mounts`, the mount sources that argv names as fds: `mounts[i]` is
 /// placed at `MOUNT_FD_BASE + i` (bubblewrap closes each after its mount).
-pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: Vec<OwnedFd>) -> io::Result<Spawned> {
+/// `cgroups` are the files that join the sandbox's cgroups (see
+/// `contain::join_file`), which bubblewrap's process writes to before it
+/// execs (they never cross exec).
+pub fn spawn_sandbox(
+    bwrap: &Path,
+    argv: &[OsString],
+    seccomp: OwnedFd,
+    mounts: Vec<OwnedFd>,
+    cgroups: Vec<OwnedFd>,
+) -> io::Result<Spawned> {
     if mounts.len() > MAX_MOUNT_FDS {
         return Err(io::Error::other(format!("{} mount sources, at most {MAX_MOUNT_FDS}", mounts.len())));
     }
@@ -150,16 +171,21 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: 
     let child_rep = dup_high(&rep_write, high)?;
     let child_bpf = dup_high(&seccomp, high)?;
     let child_mounts = mounts.iter().map(|fd| dup_high(fd, high)).collect::<io::Result<Vec<_>>>()?;
-    drop((req_read, rep_write, seccomp, mounts));
+    let child_cgroups = cgroups.iter().map(|fd| dup_high(fd, high)).collect::<io::Result<Vec<_>>>()?;
+    drop((req_read, rep_write, seccomp, mounts, cgroups));
     let (req_fd, rep_fd, bpf_fd) = (child_req.as_raw_fd(), child_rep.as_raw_fd(), child_bpf.as_raw_fd());
     // Raw numbers for the child (which must not allocate).
     let mount_fds: Vec<RawFd> = child_mounts.iter().map(|f| f.as_raw_fd()).collect();
+    let cgroup_fds: Vec<RawFd> = child_cgroups.iter().map(|f| f.as_raw_fd()).collect();
 
     let mut cmd = Command::new(bwrap);
     cmd.args(argv).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     // SAFETY: the closure only makes async-signal-safe system calls.
     unsafe {
         cmd.pre_exec(move || {
+            for fd in &cgroup_fds {
+                child_join_cgroup(*fd)?;
+            }
             child_new_session()?;
             child_dup2(req_fd, REQUEST_FD)?;
             child_dup2(rep_fd, REPLY_FD)?;
@@ -174,7 +200,7 @@ pub fn spawn_sandbox(bwrap: &Path, argv: &[OsString], seccomp: OwnedFd, mounts: 
     }
     let mut child = cmd.spawn()?;
     // The child has its copies; ours close here.
-    drop((child_req, child_rep, child_bpf, child_mounts));
+    drop((child_req, child_rep, child_bpf, child_mounts, child_cgroups));
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
     let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
     let stderr = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::capture::{Capture, Stream};
+use crate::contain::Contained;
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
 use crate::limits::{
     CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES, STARTUP_DEADLINE,
@@ -176,6 +177,8 @@ pub struct Launch {
     /// The worker runs as the sandbox's PID 1 that keeps it across
     /// interpreters: failed calls roll back, a reset is fast.
     pub keeper: bool,
+    /// The caps on the sandbox's tasks and memory (see `contain`).
+    pub contained: Contained,
 }
 
 /// Kills a worker's whole process tree, without the worker.
@@ -233,6 +236,11 @@ pub struct Worker {
     /// the sandbox, or why there is none.
     point: Option<Result<u32, String>>,
     point_taken: bool,
+    /// The caps on the sandbox's tasks and memory. Its cgroups live as
+    /// long as the sandbox, across interpreters, and go when the worker
+    /// does: the last field, so that they are removed after the child is
+    /// dropped (killed).
+    contained: Contained,
 }
 
 /// How a failed call's interpreter was replaced in the same sandbox.
@@ -277,8 +285,21 @@ impl Worker {
         stop: &mut Stop<'_>,
         spawned: &(dyn Fn(i32, bool) + Send + Sync),
     ) -> Result<(Worker, Ready), StartError> {
-        let Launch { bwrap, argv, seccomp, mount_fds, mounts, guard, plan_notes, code, emit_code, keeper } = launch;
-        let child = spawn_sandbox(&bwrap, &argv, seccomp, mount_fds).map_err(StartError::Spawn)?;
+        let Launch {
+            bwrap,
+            argv,
+            seccomp,
+            mount_fds,
+            mounts,
+            guard,
+            plan_notes,
+            code,
+            emit_code,
+            keeper,
+            mut contained,
+        } = launch;
+        let child =
+            spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
         // Two frames in flight at most: a flood waits on the pipe. A frame
         // that no start or request asked for kills the sandbox at once.
         let (tx, rx) = mpsc::channel(2);
@@ -313,6 +334,7 @@ impl Worker {
             execs: 0,
             point: None,
             point_taken: false,
+            contained,
         };
         spawned(worker.pid, true);
         match worker.await_ready(stop, emit_code).await {
@@ -342,6 +364,12 @@ impl Worker {
 
     pub fn kill_handle(&self) -> KillHandle {
         KillHandle(self.pid)
+    }
+
+    /// OOM kills in the sandbox since the last look, worded; `died` tells
+    /// whether the interpreter was among them (see `Contained::oom_note`).
+    pub fn oom_note(&mut self, died: bool) -> Option<String> {
+        self.contained.oom_note(died)
     }
 
     /// Why the reply task or the guard killed this sandbox, once.

@@ -327,3 +327,235 @@ print(w("/workspace/.git/config"), w("/workspace/.git/commondir"), w("/workspace
     assert!(render(&r).contains(".envrc appeared in the project"), "{}", render(&r));
     f.session.dispose("test").await;
 }
+
+// Containment: one sandbox's tasks and memory in all (see src/contain.rs).
+// Each attempt is bounded by the test itself, so that a regression fails
+// the test instead of taking the machine down, and each is run once
+// without the sandbox (plain bubblewrap: same namespaces, no cgroup, no
+// rlimits) to show that the attempt works without the defence.
+
+/// Forks children that wait on a pipe, at most `bound` of them, and says
+/// how many tasks the sandbox had before, how many forks succeeded and the
+/// errno of the first refused one; then ends every child.
+fn fork_bomb(bound: u64) -> String {
+    format!(
+        r#"
+import os, json
+def tasks():
+    n = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                n += len(os.listdir("/proc/%s/task" % p))
+            except OSError:
+                pass
+    return n
+r, w = os.pipe()
+before = tasks()
+kids, refused = [], None
+for i in range({bound}):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        refused = e.errno
+        break
+    if pid == 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+os.close(r)
+for k in kids:
+    os.waitpid(k, 0)
+print(json.dumps({{"before": before, "forked": len(kids), "refused": refused}}))
+"#
+    )
+}
+
+/// Six children that each try to hold 400 MiB (2.4 GiB in all, each within
+/// the per-process address-space limit); says how many held it and how
+/// many were killed by a signal, then ends them all.
+const MEMORY_BOMB: &str = r#"
+import os, json, select, time
+N, SIZE = 6, 400 << 20
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+kids = []
+for i in range(N):
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.close(go_w)
+        try:
+            block = b"\x01" * SIZE
+            os.write(w, b"k")
+        except MemoryError:
+            os.write(w, b"m")
+        os.read(go_r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+os.close(go_r)
+held, refused, killed, done = 0, 0, 0, set()
+until = time.monotonic() + 60
+while held + refused + killed < N and time.monotonic() < until:
+    if select.select([r], [], [], 0.05)[0]:
+        for b in os.read(r, 64):
+            held += b == ord("k")
+            refused += b == ord("m")
+    for k in kids:
+        if k not in done:
+            pid, status = os.waitpid(k, os.WNOHANG)
+            if pid and os.WIFSIGNALED(status):
+                done.add(k)
+                killed += 1
+os.close(go_w)
+for k in kids:
+    if k not in done:
+        os.waitpid(k, 0)
+print(json.dumps({"held": held, "refused": refused, "killed": killed}))
+"#;
+
+/// `code` in plain bubblewrap: the sandbox's namespaces without its
+/// cgroups, rlimits or filter.
+fn unfiltered(code: &str) -> serde_json::Value {
+    let out = std::process::Command::new("bwrap")
+        .args(["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--die-with-parent"])
+        .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
+        .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
+        .args(["--", "/usr/bin/python3", "-I", "-S", "-c", code])
+        .output()
+        .expect("plain bwrap");
+    assert!(out.status.success(), "baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("baseline json")
+}
+
+async fn json_of(f: &Fixture, code: &str) -> (serde_json::Value, pi_python_sandbox::outcome::Outcome) {
+    let o = f.session.execute(code.into(), 120, None).await;
+    assert_eq!(o.status, Status::Ok, "{}", render(&o));
+    let text = format!("{}{}", o.stdout.head, o.stdout.tail);
+    (serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {}", render(&o))), o)
+}
+
+fn status_text(f: &Fixture) -> String {
+    let settings = pi_python_sandbox::options::Settings::from_env();
+    pi_python_sandbox::outcome::status_text(&f.session.status(), &settings)
+}
+
+fn uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_is_capped_at_the_configured_number_of_tasks() {
+    use pi_python_sandbox::contain::{host_plan, Cap, DEFAULT_MAX_TASKS};
+    let Some(f) = fixture("forkbomb") else { return };
+    let cap = DEFAULT_MAX_TASKS;
+    let bomb = fork_bomb(cap + 64);
+    let plan = host_plan();
+    let status = status_text(&f);
+    eprintln!("uid {}: tasks capped by {}", uid(), plan.tasks.name());
+    // The attempt works without the sandbox: every bounded fork succeeds.
+    let baseline = unfiltered(&bomb);
+    assert_eq!((baseline["forked"].as_u64(), baseline["refused"].as_u64()), (Some(cap + 64), None), "{baseline}");
+    let outside = match plan.tasks {
+        // bubblewrap's own process is in the cgroup, outside the namespace.
+        Cap::CgroupV1(_) | Cap::CgroupV2(_) => 1,
+        // The user namespace counts only what is inside it.
+        Cap::Nproc => 0,
+        Cap::None => {
+            // Only as root, where RLIMIT_NPROC does not bind, and no cgroup is writable.
+            assert_eq!(uid(), 0, "an unprivileged user always has RLIMIT_NPROC: {status}");
+            assert!(status.contains("tasks NOT contained") && status.contains("exempts"), "{status}");
+            f.session.dispose("test").await;
+            return;
+        }
+    };
+    assert!(status.contains(&format!("at most {cap} tasks")), "{status}");
+    let (got, o) = json_of(&f, &bomb).await;
+    let (before, forked) = (got["before"].as_u64().unwrap(), got["forked"].as_u64().unwrap());
+    assert_eq!(got["refused"].as_i64(), Some(libc::EAGAIN as i64), "a refused fork is EAGAIN: {got}");
+    assert_eq!(before + forked + outside, cap, "{got} under {}: {}", plan.tasks.name(), render(&o));
+    // The interpreter is unharmed and forks again once the children are gone.
+    let (again, _) = json_of(&f, &fork_bomb(4)).await;
+    assert_eq!(again["forked"].as_u64(), Some(4), "{again}");
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_bomb_of_several_processes_is_capped_where_a_cgroup_is() {
+    use pi_python_sandbox::contain::{host_plan, Cap};
+    let Some(f) = fixture("membomb") else { return };
+    let plan = host_plan();
+    let status = status_text(&f);
+    eprintln!("uid {}: memory capped by {}", uid(), plan.memory.name());
+    if plan.memory == Cap::None {
+        // No writable cgroup for this user here: the report says so, and why.
+        assert!(status.contains("memory NOT contained"), "{status}");
+        assert!(status.contains(&format!("not writable by uid {}", uid())), "{status}");
+        f.session.dispose("test").await;
+        return;
+    }
+    assert!(status.contains("at most 2 GiB of memory in all, swap not counted in its favour"), "{status}");
+    let baseline = unfiltered(MEMORY_BOMB);
+    assert_eq!(baseline["held"].as_u64(), Some(6), "without the cap all six hold 400 MiB: {baseline}");
+    let (got, o) = json_of(&f, MEMORY_BOMB).await;
+    let held = got["held"].as_u64().unwrap();
+    assert!(held <= 5 && got["killed"].as_u64().unwrap() >= 1, "{got} under {}", plan.memory.name());
+    let text = render(&o);
+    assert!(text.contains("out of memory: the sandbox's memory cap of 2 GiB"), "{text}");
+    assert!(text.contains("the interpreter was not one of them"), "{text}");
+    assert!(!o.state_lost, "{text}");
+    f.session.dispose("test").await;
+}
+
+/// The cgroup directories the host process `pid` is in.
+fn cgroups_of(pid: i32) -> Vec<PathBuf> {
+    use pi_python_sandbox::contain::{parse_mountinfo, parse_proc_cgroup};
+    let members = parse_proc_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default());
+    let mounts = parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    members
+        .iter()
+        .filter_map(|m| {
+            let mount = mounts.iter().find(|c| {
+                if m.hierarchy == 0 {
+                    c.v2
+                } else {
+                    !c.v2 && m.controllers.iter().any(|x| c.controllers.contains(x))
+                }
+            })?;
+            Some(mount.mount_point.join(m.path.strip_prefix(&mount.root).ok()?))
+        })
+        .filter(|d| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("pi-python-sandbox.")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cgroup_is_left_after_dispose() {
+    use pi_python_sandbox::contain::{host_plan, Cap};
+    let Some(f) = fixture("cgroupgone") else { return };
+    let _ = stdout_of(&f, "print(1)").await;
+    // The sandbox's bubblewrap: the host process whose command line names
+    // this fixture's scratch directory.
+    let scratch = f.session.status().dirs.expect("dirs").scratch;
+    let needle = scratch.to_string_lossy().into_owned();
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        })
+        .expect("the sandbox's bubblewrap");
+    let dirs = cgroups_of(pid);
+    let expected = [&host_plan().tasks, &host_plan().memory]
+        .iter()
+        .filter(|c| matches!(c, Cap::CgroupV1(_) | Cap::CgroupV2(_)))
+        .count();
+    let expected = if matches!(host_plan().tasks, Cap::CgroupV2(_)) { 1 } else { expected };
+    assert_eq!(dirs.len(), expected, "the sandbox is in its own cgroups: {dirs:?}");
+    f.session.dispose("test").await;
+    for d in &dirs {
+        assert!(!d.exists(), "{} is left after dispose", d.display());
+    }
+}

@@ -1092,6 +1092,15 @@ def main():
         # from here on gets the sandbox's own limit.
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[0], nofile[0]))
+    nproc = [int(sys.argv[i + 1]) for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--nproc"]
+    if nproc:
+        # No cgroup caps this sandbox's tasks: RLIMIT_NPROC does, set here
+        # because this is the sandbox's own user namespace, where the kernel
+        # counts only the sandbox's tasks (see contain.rs). With --keeper
+        # this is PID 1 before it forks the first interpreter (below), so
+        # the keeper, every interpreter and every rollback copy have it.
+        import resource
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc[0], nproc[0]))
     site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
