@@ -180,6 +180,7 @@ export async function packTest() {
       assert.match(missing.text, /native addon could not be loaded/);
       assert.deepEqual(missing.nodeFiles, []);
       assert.match(missing.text, new RegExp(`the platform package ${platformPkg.name} is not installed`));
+      assert.match(missing.text, /install it again without skipping optional dependencies/, "the fix fits a plain npm install");
       // The explicit override: a build anywhere on disk.
       const override = join(base, "override", nodeFile);
       mkdirSync(join(base, "override"));
