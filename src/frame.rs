@@ -117,6 +117,9 @@ pub enum Reply {
         /// Site directories the worker skipped, and why.
         #[serde(default)]
         site_notes: Vec<String>,
+        /// The next call's fresh output pipes wait at fds 14 and 15.
+        #[serde(default)]
+        streams: bool,
     },
     Result(ExecReport),
     /// The worker's own compiled module as a `.pyc` image (base64), sent
@@ -130,6 +133,8 @@ pub enum Reply {
         id: u64,
         stdout: bool,
         stderr: bool,
+        #[serde(default)]
+        streams: bool,
     },
     /// Execution `id` begins: its output goes to fresh pipes (whose read
     /// ends the host takes), and `copy` is its rollback point's pid in the
@@ -145,6 +150,8 @@ pub enum Reply {
         fresh: bool,
         #[serde(default)]
         threads: Vec<String>,
+        #[serde(default)]
+        streams: bool,
     },
     /// The worker refused a request or could not set itself up.
     Error {
@@ -239,7 +246,7 @@ mod tests {
 
     #[tokio::test]
     async fn ready_frame_round_trips() {
-        let msg = Reply::Ready { protocol: 1, runtime_version: "3.11.2".into(), site_notes: vec![] };
+        let msg = Reply::Ready { protocol: 1, runtime_version: "3.11.2".into(), site_notes: vec![], streams: true };
         let bytes = encode(&msg).expect("encode");
         assert_eq!(&bytes[..4], &(bytes.len() as u32 - 4).to_be_bytes());
         assert_eq!(read(&bytes).await, Ok(msg));

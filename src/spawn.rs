@@ -230,10 +230,10 @@ pub fn signal_pid(pid: i32, sig: i32) -> bool {
     pid > 0 && unsafe { libc::kill(pid, sig) } == 0
 }
 
-/// A duplicate of file descriptor `fd` of process `pid` (pidfd_getfd):
-/// the same open file, never a reopening by path, so that a process of the
+/// Duplicates of file descriptors `fds` of process `pid` (pidfd_getfd):
+/// the same open files, never a reopening by path, so that a process of the
 /// sandbox cannot make the host open something through it.
-pub fn take_fd(pid: i32, fd: RawFd) -> io::Result<OwnedFd> {
+pub fn take_fds<const N: usize>(pid: i32, fds: [RawFd; N]) -> io::Result<[OwnedFd; N]> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if pidfd < 0 {
@@ -241,14 +241,18 @@ pub fn take_fd(pid: i32, fd: RawFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: `pidfd` is a fresh fd that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
-    // SAFETY: pidfd_getfd takes a pidfd, a target fd number and flags and
-    // returns a new fd (close-on-exec) or -1.
-    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
+    let mut taken = Vec::with_capacity(N);
+    for fd in fds {
+        // SAFETY: pidfd_getfd takes a pidfd, a target fd number and flags
+        // and returns a new fd (close-on-exec) or -1.
+        let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `got` is a fresh fd that nothing else owns.
+        taken.push(unsafe { OwnedFd::from_raw_fd(got as RawFd) });
     }
-    // SAFETY: `got` is a fresh fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(got as RawFd) })
+    taken.try_into().map_err(|_| io::Error::other("descriptor count"))
 }
 
 /// Whether `pid` has exited (gone, or a zombie).

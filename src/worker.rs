@@ -30,7 +30,7 @@ use crate::limits::{
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
-use crate::spawn::{kill_group, signal_pid, spawn_sandbox, take_fd};
+use crate::spawn::{kill_group, signal_pid, spawn_sandbox, take_fds};
 
 /// Why the session wants the operation in progress to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +236,9 @@ pub struct Worker {
     /// the sandbox, or why there is none.
     point: Option<Result<u32, String>>,
     point_taken: bool,
+    /// The idle interpreter said that the next call's output pipes wait
+    /// at fds 14 and 15 (only then are those numbers ours to take).
+    streams_ready: bool,
     /// The caps on the sandbox's tasks and memory. Its cgroups live as
     /// long as the sandbox, across interpreters, and go when the worker
     /// does: the last field, so that they are removed after the child is
@@ -334,6 +337,7 @@ impl Worker {
             execs: 0,
             point: None,
             point_taken: false,
+            streams_ready: false,
             contained,
         };
         spawned(worker.pid, true);
@@ -405,8 +409,9 @@ impl Worker {
                     return Err(not_ready(NotReady::Deadline, &diag));
                 }
                 msg = replies.recv() => match msg {
-                    Some(Ok(Reply::Ready { protocol, runtime_version, site_notes })) if protocol == PROTOCOL_VERSION => {
+                    Some(Ok(Reply::Ready { protocol, runtime_version, site_notes, streams })) if protocol == PROTOCOL_VERSION => {
                         self.expecting.store(false, Ordering::Release);
+                        self.streams_ready = streams;
                         return Ok(Ready { runtime_version, site_notes, image });
                     }
                     Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::bytecode::decode(&pyc) {
@@ -478,14 +483,19 @@ impl Worker {
         let request = Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(mark), checkpoint };
         let request =
             frame::encode(&request).map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
-        // The streams of earlier calls are drained and dropped by
-        // themselves: what their processes write is never this call's.
-        retire(self.stdout.take());
-        retire(self.stderr.take());
-        let interpreter = self.interpreter();
+        // The interpreter, idle, made this call's pipes: take their read
+        // ends; the streams of earlier calls are drained and dropped by
+        // themselves (what their processes write is never this call's).
+        // Where there are none (no free descriptor in the sandbox), the
+        // call keeps the streams it has.
+        let prepared = std::mem::take(&mut self.streams_ready);
+        if let Some(Ok((out, err))) = self.interpreter().filter(|_| prepared).map(call_streams) {
+            retire(self.stdout.replace(out));
+            retire(self.stderr.replace(err));
+        }
         self.execs += 1;
         self.point = None;
-        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, .. } = self;
+        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, streams_ready, .. } = self;
         expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
@@ -540,15 +550,9 @@ impl Worker {
                         if checkpoint {
                             *point = Some(copy.ok_or_else(|| why.unwrap_or_else(|| "none was taken".into())));
                         }
-                        let taken = interpreter
-                            .ok_or_else(|| std::io::Error::other("the interpreter's pid is not known"))
-                            .and_then(call_streams);
-                        match taken {
-                            Ok((out, err)) => (*stdout, *stderr) = (Some(out), Some(err)),
-                            Err(e) => return Err(Interrupt::Violation(format!("the call's output pipes could not be taken: {e}"))),
-                        }
                     }
-                    Some(Ok(Reply::Drained { id, stdout: o, stderr: e })) if !running && id == seq => {
+                    Some(Ok(Reply::Drained { id, stdout: o, stderr: e, streams })) if !running && id == seq => {
+                        *streams_ready = streams;
                         // Nothing more is due until the next request.
                         expecting.store(false, Ordering::Release);
                         drained = Some((o, e));
@@ -669,11 +673,7 @@ impl Worker {
             .ok()
             .flatten()
             .ok_or(RecoverError::NoInterpreter(ms))?;
-        let mut fds = Vec::with_capacity(4);
-        for fd in CHANNEL_FDS {
-            fds.push(take_fd(pid, fd).map_err(RecoverError::Channels)?);
-        }
-        let [req, rep, out, err]: [OwnedFd; 4] = fds.try_into().map_err(|_| RecoverError::NoInterpreter(ms))?;
+        let [req, rep, out, err] = take_fds(pid, CHANNEL_FDS).map_err(RecoverError::Channels)?;
         let requests = pipe::Sender::from_owned_fd(req).map_err(RecoverError::Channels)?;
         let replies = pipe::Receiver::from_owned_fd(rep).map_err(RecoverError::Channels)?;
         self.stdout = Some(pipe::Receiver::from_owned_fd(out).map_err(RecoverError::Channels)?);
@@ -692,7 +692,10 @@ impl Worker {
         .await
         .map_err(|_| RecoverError::Silent(ms))?;
         let threads = match reply {
-            Some(Ok(Reply::Restored { threads, .. })) => threads,
+            Some(Ok(Reply::Restored { threads, streams, .. })) => {
+                self.streams_ready = streams;
+                threads
+            }
             Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", reply_kind(&other)))),
             Some(Err(e)) => return Err(RecoverError::Unexpected(e.to_string())),
             None => return Err(RecoverError::Silent(ms)),
@@ -756,14 +759,14 @@ impl Worker {
     }
 }
 
-/// Where the interpreter leaves the read ends of one call's stdout and
-/// stderr (see the worker's `call_streams`).
+/// Where the idle interpreter leaves the read ends of the next call's
+/// stdout and stderr (see the worker's `prepare_streams`).
 const STREAM_FDS: [i32; 2] = [14, 15];
 
 /// Take the read ends of the call's fresh output pipes from `pid`.
 fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
-    let out = pipe::Receiver::from_owned_fd(take_fd(pid, STREAM_FDS[0])?)?;
-    let err = pipe::Receiver::from_owned_fd(take_fd(pid, STREAM_FDS[1])?)?;
+    let [out, err] = take_fds(pid, STREAM_FDS)?;
+    let (out, err) = (pipe::Receiver::from_owned_fd(out)?, pipe::Receiver::from_owned_fd(err)?);
     Ok((out, err))
 }
 
@@ -794,7 +797,7 @@ fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Insta
     let last = CHANNEL_FDS[CHANNEL_FDS.len() - 1];
     // Asked through pidfd_getfd: an unprivileged host may not look into
     // /proc/PID/fd of a non-dumpable process, but it may take its fds.
-    let placed = |pid: i32| take_fd(pid, last).is_ok();
+    let placed = |pid: i32| take_fds(pid, [last]).is_ok();
     loop {
         match target {
             Some(pid) if placed(pid) => return Some(pid),

@@ -827,7 +827,8 @@ def keeper(gate):
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             fresh_channels(lambda: os.read(done_r, 1))
             os.close(done_r)
-            send({"type": "restored", "fresh": True, "threads": []})
+            prepare_streams()
+            send({"type": "restored", "fresh": True, "threads": [], "streams": PREPARED})
             serve()
             os._exit(0)
         os.close(done_r)
@@ -918,27 +919,61 @@ def private(state):
         state["dumpable"] = bound(str(e), 200)[0]
 
 
-STREAM_FDS = (14, 15)  # the host takes these read ends with pidfd_getfd
+STREAM_FDS = (14, 15)  # the next call's read ends: the host takes them (pidfd_getfd)
+NEXT_FDS = (16, 17)  # and their write ends, 1 and 2 once the call begins
+PREPARED = False  # 14-17 hold them (else those numbers may be the code's own files)
+
+
+def prepare_streams():
+    """Fresh stdout and stderr pipes for the next call, so that output of
+    processes that earlier calls started (they keep the old pipes) never
+    reaches its result. They are made while this interpreter is idle and
+    alive, before the host sends the call: the host takes the read ends
+    from 14 and 15 first, when the frame that ends the idle state says
+    they are there. Where they cannot be made (no free descriptor, or the
+    code holds those numbers), the next call keeps the pipes it has."""
+    global PREPARED
+    made = []
+    try:
+        for _ in range(2):
+            made.extend(os.pipe())
+        fds = [high_dup(fd) for fd in made]
+    except OSError:
+        for fd in made:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return
+    if not PREPARED:
+        # Ours must never land on the code's own files.
+        for fd in STREAM_FDS + NEXT_FDS:
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue
+            for mine in fds:
+                os.close(mine)
+            return
+    out_r, out_w, err_r, err_w = fds
+    for fd, target in zip((out_r, err_r, out_w, err_w), STREAM_FDS + NEXT_FDS):
+        os.dup2(fd, target, inheritable=False)
+        os.close(fd)
+    PREPARED = True
 
 
 def call_streams():
-    """Fresh stdout and stderr pipes for one call, so that output of
-    processes that earlier calls started (they keep the old pipes) never
-    reaches this call's result. The read ends wait at 14 and 15; the host
-    has taken them once it saw the begin frame, and they are closed when the
-    next call makes its own."""
+    """The call's output goes to the pipes prepare_streams made (the host
+    holds their read ends by now)."""
+    global PREPARED
+    if not PREPARED:
+        return  # none were made: the call keeps the pipes it has
     flush_streams()
-    for fd in STREAM_FDS:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    fds = [high_dup(fd) for fd in (out_w, err_w, out_r, err_r)]
-    for fd, target in zip(fds, (1, 2) + STREAM_FDS):
-        os.dup2(fd, target, inheritable=target in (1, 2))
+    os.dup2(NEXT_FDS[0], 1)
+    os.dup2(NEXT_FDS[1], 2)
+    for fd in STREAM_FDS + NEXT_FDS:
         os.close(fd)
+    PREPARED = False
 
 
 def discard(pid):
@@ -993,7 +1028,8 @@ def serve(gate=None):
             else:
                 copy, why = checkpoint()
             if copy == "restored":
-                send({"type": "restored", "fresh": False, "threads": why})
+                prepare_streams()
+                send({"type": "restored", "fresh": False, "threads": why, "streams": PREPARED})
                 continue
         else:
             why = None
@@ -1038,7 +1074,9 @@ def serve(gate=None):
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
         marked = end_streams(mark, live - before)
-        send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"]})
+        prepare_streams()
+        send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"],
+              "streams": PREPARED})
         if ALL_SIGNALS is not None and state.get("dumpable", True) is True:
             private(state)  # before the next call needs it, off its path
 
@@ -1123,8 +1161,12 @@ def main():
             keeper(gate_w)
         os.close(gate_w)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        prepare_streams()
+        ready["streams"] = PREPARED
         send(ready)
         serve(gate_r)
+    prepare_streams()
+    ready["streams"] = PREPARED
     send(ready)
     serve()
 
