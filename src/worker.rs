@@ -492,6 +492,13 @@ impl Worker {
         if let Some(Ok((out, err))) = self.interpreter().filter(|_| prepared).map(call_streams) {
             retire(self.stdout.replace(out));
             retire(self.stderr.replace(err));
+        } else {
+            // The same pipes as the last call (no process of the sandbox
+            // but the interpreter held them): what was written since is
+            // not this call's.
+            for stream in [&self.stdout, &self.stderr].into_iter().flatten() {
+                while matches!(stream.try_read(&mut self.out_buf), Ok(n) if n > 0) {}
+            }
         }
         self.execs += 1;
         self.point = None;

@@ -1074,7 +1074,10 @@ def serve(gate=None):
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
         marked = end_streams(mark, live - before)
-        prepare_streams()
+        if background:
+            # Processes that may hold this call's pipes live on: the next
+            # call gets pipes of its own (else it keeps these).
+            prepare_streams()
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"],
               "streams": PREPARED})
         if ALL_SIGNALS is not None and state.get("dumpable", True) is True:
