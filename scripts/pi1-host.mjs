@@ -65,7 +65,8 @@ export function runPi1Tests(files = PI1_TEST_FILES) {
     paths.node,
     ["--experimental-strip-types", "--no-warnings=ExperimentalWarning", "--import", "./__test__/helpers/pi1-host.mjs",
      "--test", "--test-concurrency=1", ...files],
-    { env: { ...process.env, PI_HOST: "pi1" } },
+    // These suites assert the spec's kill-and-restart recovery (as under pi 0.73).
+    { env: { ...process.env, PI_HOST: "pi1", PI_PYTHON_TOOL_ROLLBACK: "0" } },
   );
 }
 

@@ -99,7 +99,7 @@ try {
   await step("rollback suite (the default)", () =>
     run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", rollbackSuite]),
   );
-  await step("pi 1.x suites", pi1EndToEnd);
+  await step("pi 1.x suites (PI_PYTHON_TOOL_ROLLBACK=0)", pi1EndToEnd);
   // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).
   await step("packed install", packTest);
   console.log(`\n${steps.map((s) => `# ok: ${s}`).join("\n")}\nsummary: ${steps.length} passed, 0 failed`);

@@ -1,0 +1,277 @@
+//! Rollback and fresh interpreters in the same sandbox (a keeper layout:
+//! the worker runs as PID 1, see the worker's comments): replacing a
+//! failed call's interpreter with its rollback point, or with a fresh one
+//! from PID 1, and taking the new interpreter's channels.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+
+use super::{drain_now, read_replies, reply_kind, Worker};
+use crate::capture::{Capture, Stream};
+use crate::frame::{self, Reply, Request};
+use crate::spawn::{signal_pid, take_fds};
+
+/// How a failed call's interpreter was replaced in the same sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// The copy taken right before the call carries on.
+    Restored { threads: Vec<String> },
+    /// The call was the interpreter's first: a fresh one is where it was.
+    Fresh,
+    /// No rollback point existed (or it was lost): a fresh interpreter,
+    /// with empty temporary file systems, as after the spec's kill.
+    Lost(String),
+    /// An explicit reset.
+    Reset,
+}
+
+/// Why the sandbox could not be kept (the caller then kills it).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error("this sandbox has no keeper (PI_PYTHON_TOOL_ROLLBACK is off)")]
+    NoKeeper,
+    #[error("the sandbox's PID 1 is gone")]
+    KeeperGone,
+    #[error("the new interpreter did not appear within {0} ms")]
+    NoInterpreter(u128),
+    #[error("the new interpreter's channels could not be taken: {0}")]
+    Channels(std::io::Error),
+    #[error("the new interpreter did not report within {0} ms")]
+    Silent(u128),
+    #[error("the new interpreter answered with {0}")]
+    Unexpected(String),
+    #[error("{0} other processes were still running after the kill")]
+    Survivors(usize),
+}
+
+impl Worker {
+    /// Whether the interpreter (not the sandbox) has ended: in a keeper
+    /// layout the sandbox outlives it.
+    pub fn interpreter_gone(&mut self) -> bool {
+        if !self.keeper {
+            return self.exited().is_some();
+        }
+        // Not found: not known to be gone (the call itself will tell).
+        self.interpreter().is_some_and(crate::spawn::exited)
+    }
+
+    /// The interpreter's host pid in a keeper layout: PID 1's only child
+    /// until the first execution has run.
+    pub(super) fn interpreter(&mut self) -> Option<i32> {
+        if self.interp.is_none() {
+            let keeper = self.init_pid?;
+            self.interp = children(keeper).into_iter().next();
+        }
+        self.interp
+    }
+
+    /// Replace a failed call's interpreter in the same sandbox: with its
+    /// rollback point when there is one (`reset` false), else with a fresh
+    /// interpreter from PID 1. Every other process of the sandbox is
+    /// killed first; what was written to the old streams goes to `capture`.
+    pub async fn recover(&mut self, capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
+        let keeper = match (self.keeper, self.init_pid) {
+            (false, _) => return Err(RecoverError::NoKeeper),
+            (true, None) => return Err(RecoverError::KeeperGone),
+            (true, Some(k)) => k,
+        };
+        let began = Instant::now();
+        // The old channels: their reader must not act on what is left in
+        // them, and nothing more is sent there.
+        self.expecting.store(true, Ordering::Release);
+        self.reader.abort();
+        let point = self.point.take();
+        let first = self.execs <= 1 && point.is_none();
+        let copy = match (&point, reset) {
+            (Some(Ok(ns)), false) => find_in_sandbox(keeper, *ns),
+            _ => None,
+        };
+        let before = children(keeper);
+        let (recovery, target) = match copy {
+            Some(pid) => {
+                // It may have been stopped; only the host's signal counts.
+                // A copy forked a moment ago may not hold its signals yet
+                // (SIGUSR1 would end it): wait until it does. It holds all
+                // at once; SIGUSR1 itself shows as open while it waits in
+                // sigwaitinfo, so SIGTERM tells.
+                signal_pid(pid, libc::SIGCONT);
+                let until = began + RESTORE_DEADLINE;
+                let _ = tokio::task::spawn_blocking(move || wait_blocked(pid, libc::SIGTERM, until)).await;
+                signal_pid(pid, libc::SIGUSR1);
+                (Recovery::Restored { threads: Vec::new() }, Some(pid))
+            }
+            None => {
+                let recovery = if reset {
+                    Recovery::Reset
+                } else if first {
+                    Recovery::Fresh
+                } else {
+                    Recovery::Lost(match point {
+                        Some(Err(why)) => format!("there was no rollback point: {why}"),
+                        Some(Ok(_)) => "the rollback point was gone (killed from inside the sandbox)".into(),
+                        None => "no rollback point had been taken".into(),
+                    })
+                };
+                let clean_tmp = !matches!(recovery, Recovery::Fresh);
+                if !signal_pid(keeper, if clean_tmp { libc::SIGUSR2 } else { libc::SIGUSR1 }) {
+                    return Err(RecoverError::KeeperGone);
+                }
+                (recovery, None)
+            }
+        };
+        // bubblewrap holds the old streams open as long as the sandbox
+        // runs: what the killed processes wrote is read once they are gone.
+        let old = (self.stdout.take(), self.stderr.take());
+        let until = began + RESTORE_DEADLINE;
+        let ms = RESTORE_DEADLINE.as_millis();
+        let pid = tokio::task::spawn_blocking(move || await_channels(keeper, target, &before, until))
+            .await
+            .ok()
+            .flatten()
+            .ok_or(RecoverError::NoInterpreter(ms))?;
+        let [req, rep, out, err] = take_fds(pid, CHANNEL_FDS).map_err(RecoverError::Channels)?;
+        let requests = pipe::Sender::from_owned_fd(req).map_err(RecoverError::Channels)?;
+        let replies = pipe::Receiver::from_owned_fd(rep).map_err(RecoverError::Channels)?;
+        self.stdout = Some(pipe::Receiver::from_owned_fd(out).map_err(RecoverError::Channels)?);
+        self.stderr = Some(pipe::Receiver::from_owned_fd(err).map_err(RecoverError::Channels)?);
+        let (tx, rx) = mpsc::channel(2);
+        self.expecting = Arc::new(AtomicBool::new(true));
+        self.reader =
+            tokio::spawn(read_replies(replies, tx, self.expecting.clone(), self.killed_for.clone(), self.pid));
+        self.replies = rx;
+        self.requests = requests;
+        let resume = frame::encode(&Request::Resume).map_err(|e| RecoverError::Unexpected(e.to_string()))?;
+        let reply = timeout(until.saturating_duration_since(Instant::now()), async {
+            self.requests.write_all(&resume).await.ok()?;
+            self.replies.recv().await
+        })
+        .await
+        .map_err(|_| RecoverError::Silent(ms))?;
+        let threads = match reply {
+            Some(Ok(Reply::Restored { threads, streams, .. })) => {
+                self.streams_ready = streams;
+                threads
+            }
+            Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", reply_kind(&other)))),
+            Some(Err(e)) => return Err(RecoverError::Unexpected(e.to_string())),
+            None => return Err(RecoverError::Silent(ms)),
+        };
+        self.expecting.store(false, Ordering::Release);
+        if let Some(capture) = capture {
+            for (stream, which) in [(old.0, Stream::Stdout), (old.1, Stream::Stderr)] {
+                if let Some(stream) = stream {
+                    drain_now(&stream, capture, which, &mut self.out_buf);
+                }
+                capture.finish(which);
+            }
+        }
+        // The copy checked that it is alone with PID 1; so does the host.
+        let others = children(keeper).into_iter().filter(|&c| c != pid && !crate::spawn::exited(c)).count();
+        if others > 0 {
+            return Err(RecoverError::Survivors(others));
+        }
+        self.interp = Some(pid);
+        if !matches!(recovery, Recovery::Restored { .. }) {
+            self.execs = 0;
+        }
+        tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
+        Ok(match recovery {
+            Recovery::Restored { .. } => Recovery::Restored { threads },
+            other => other,
+        })
+    }
+}
+
+/// Where a new interpreter leaves the host's ends of its fresh channels
+/// (requests, replies, stdout, stderr; see the worker's `fresh_channels`).
+const CHANNEL_FDS: [i32; 4] = [10, 11, 12, 13];
+
+/// How long a rollback or a fresh interpreter may take before the sandbox
+/// is given up.
+const RESTORE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Blocking: wait until the new interpreter (`target`, or a child of
+/// `keeper` not in `before`) has placed its channels; its host pid.
+fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Instant) -> Option<i32> {
+    let until = until.into_std();
+    let last = CHANNEL_FDS[CHANNEL_FDS.len() - 1];
+    // Asked through pidfd_getfd: an unprivileged host may not look into
+    // /proc/PID/fd of a non-dumpable process, but it may take its fds.
+    let placed = |pid: i32| take_fds(pid, [last]).is_ok();
+    loop {
+        match target {
+            Some(pid) if placed(pid) => return Some(pid),
+            Some(pid) if crate::spawn::exited(pid) => return None,
+            Some(_) => {}
+            // Processes the kill is ending can still be listed as children
+            // of PID 1 for a moment: only a live one that placed its ends.
+            None => {
+                let fresh = children(keeper).into_iter().filter(|c| !before.contains(c) && !crate::spawn::exited(*c));
+                if let Some(pid) = fresh.into_iter().find(|&p| placed(p)) {
+                    return Some(pid);
+                }
+            }
+        }
+        if std::time::Instant::now() >= until || crate::spawn::exited(keeper) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Blocking: wait (bounded) until process `pid` blocks signal `sig`
+/// (the `SigBlk` mask of its status); whether it does.
+fn wait_blocked(pid: i32, sig: i32, until: Instant) -> bool {
+    let until = until.into_std();
+    let bit = 1u64 << (sig - 1);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask =
+            status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
+        match mask {
+            Some(m) if m & bit != 0 => return true,
+            None => return false,
+            Some(_) if std::time::Instant::now() >= until => return false,
+            Some(_) => std::thread::sleep(Duration::from_micros(100)),
+        }
+    }
+}
+
+/// The children of `pid` (host pids).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The host pid of the process that is `ns_pid` in the sandbox whose
+/// PID 1 is `keeper` (searched below it, bounded).
+fn find_in_sandbox(keeper: i32, ns_pid: u32) -> Option<i32> {
+    let mut queue = vec![keeper];
+    let mut seen = 0;
+    while let Some(p) = queue.pop() {
+        for c in children(p) {
+            seen += 1;
+            if seen > 4096 {
+                return None;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{c}/status")).unwrap_or_default();
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|n| n.parse::<u32>().ok());
+            if inner == Some(ns_pid) {
+                return (!crate::spawn::exited(c)).then_some(c);
+            }
+            queue.push(c);
+        }
+    }
+    None
+}
