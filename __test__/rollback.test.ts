@@ -20,7 +20,12 @@ import {
   type PythonSandbox,
   show,
 } from "./helpers/sandbox-fixture.ts";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { assertNoProcess } from "./helpers/host-procs.ts";
+import { createPiHarness, messageText } from "./helpers/pi-session.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 if (/^(0|false|off|no)$/i.test(process.env.PI_PYTHON_TOOL_ROLLBACK?.trim() ?? "")) {
@@ -375,5 +380,32 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
     const after = await sb.execute(OTHERS);
     assertOk(after);
     assert.equal(after.repr, "[]");
+  });
+});
+
+describe("through pi, rollback is the default", () => {
+  test("a timeout in a pi session rolls back; the model reads so and the next call has the state", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const cwd = await mkdtemp(join(tmpdir(), "pps-rollback-pi-"));
+    t.after(() => rm(cwd, { recursive: true, force: true }));
+    const h = await createPiHarness({ cwd, extensionPaths: [fileURLToPath(new URL("..", import.meta.url))] });
+    t.after(() => h.dispose());
+    let n = 0;
+    const call = async (params: unknown) => {
+      const r = await h.getTool("python").execute(`rb-${++n}`, params as never, undefined, undefined);
+      return { text: messageText(r as never), details: (r.details ?? {}) as Record<string, unknown> };
+    };
+    assert.equal((await call({ code: "kept = 41" })).details.status, "ok");
+    assert.equal((await call({ code: "warm = 1" })).details.status, "ok");
+    const failed = await call({ code: "kept = 0\nwhile True: pass", timeoutSeconds: 1 });
+    assert.equal(failed.details.status, "timeout", failed.text);
+    assert.equal(failed.details.rolledBack, true, failed.text);
+    assert.equal(failed.details.stateLost, false, failed.text);
+    assert.match(failed.text, /rolled back to its state before this call/);
+    assert.doesNotMatch(failed.text, /state was LOST/);
+    const next = await call({ code: "kept + 1" });
+    assert.match(next.text, /42/, next.text);
+    const status = await call({ action: "status" });
+    assert.match(status.text, /rollback: on \(last rollback point/);
   });
 });

@@ -265,6 +265,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           generation: r.generation,
           stateLost: r.stateLost,
           stateLostReason: r.stateLostReason,
+          rolledBack: r.rolledBack,
+          lostBefore: r.lostBefore,
           reprTruncated: r.reprTruncated,
           stdoutBytes: r.stdoutBytes,
           stderrBytes: r.stderrBytes,
