@@ -198,13 +198,18 @@ describe("git and tool configuration cannot be changed from a writable mode", { 
     sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     const r = await sb.execute(`${WRITE}\n${py`
       import resource
+      fds = sorted(os.listdir("/proc/self/fd"))
       print(json.dumps({"first": write("/workspace/m0/.git/config"), "last": write("/workspace/m199/.git/config"),
-                        "fds": sorted(os.listdir("/proc/self/fd")), "limit": resource.getrlimit(resource.RLIMIT_NOFILE)}))
+                        "fds": [fd for fd in fds if not 10 <= int(fd) <= 17],
+                        "placeholders": sorted({os.readlink(f"/proc/self/fd/{fd}") for fd in fds if 10 <= int(fd) <= 17}),
+                        "limit": resource.getrlimit(resource.RLIMIT_NOFILE)}))
     `}`);
     const out = jsonOut(r);
     assert.deepEqual([out.first, out.last], [EROFS, EROFS]);
     assert.deepEqual(out.limit, [128, 128], "the worker did not lower the open-file limit again");
     assert.ok(out.fds.length <= 6, `mount fds reached the sandbox: ${out.fds}`);
+    // 10-17 are the worker's own placeholders (for rollback's channels and a call's output pipes).
+    assert.deepEqual(out.placeholders, ["/dev/null"]);
   });
 
   test("agent, editor and package-manager configs are read-only", async (t) => {

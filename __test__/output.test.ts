@@ -15,6 +15,7 @@ import { join } from "node:path";
 import { describe, test } from "node:test";
 import { assertOk, lit, makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { fdCount } from "./helpers/host-procs.ts";
 
 const CONCURRENCY = 4;
 const MiB = 1024 * 1024;
@@ -83,6 +84,22 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
     const after = await sb.execute('import time\ntime.sleep(1)\nprint("third")', 10);
     assertOk(after);
     assert.equal(after.stdout, "third\n");
+  });
+
+  test("pipes of earlier calls that the code keeps open do not pile up on the host", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    // A background process makes every call get pipes of its own; the interpreter keeps a
+    // writer of each old one open, so none of them ever ends.
+    assertOk(await sb.execute('import fcntl, subprocess\nsubprocess.Popen(["sleep", "60"])\nheld = []'));
+    assertOk(await sb.execute("1"));
+    const before = fdCount();
+    // Copies well above the tool's own descriptor numbers.
+    for (let i = 0; i < 40; i++) assertOk(await sb.execute("held += [fcntl.fcntl(1, fcntl.F_DUPFD, 30), fcntl.fcntl(2, fcntl.F_DUPFD, 30)]"));
+    const grown = fdCount() - before;
+    assert.ok(grown <= 2 * 16 + 4, `host descriptors grew by ${grown} over 40 calls`);
+    const last = await sb.execute("print('still captured')");
+    assert.equal(last.stdout, "still captured\n");
   });
 
   test("a background process left running does not hang later calls", async (t) => {

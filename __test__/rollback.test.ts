@@ -352,6 +352,85 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
     assert.equal(after.repr, "False");
   });
 
+  test("a process of an earlier call that forges the begin frame does not become the interpreter", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // It steals the next request from fd 3, kills the interpreter, names itself as the rollback
+    // point, and waits for the host's signal to take over with a patched print.
+    const first = await sb.execute(
+      py`
+        import os, json, signal, sys, builtins
+        W = sys.modules['__main__']
+        def fr(obj):
+            body = json.dumps(obj).encode()
+            return len(body).to_bytes(4, 'big') + body
+        if os.fork() == 0:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT})
+            req = json.loads(os.read(3, 1 << 20)[4:])
+            os.kill(os.getppid(), 9)
+            os.write(4, fr({"type": "begin", "id": req["id"], "copy": os.getpid(), "why": None}))
+            os.write(4, (7).to_bytes(4, 'big') + b"garbage")
+            while signal.sigwaitinfo({signal.SIGUSR1}).si_pid != 0:
+                pass
+            W.kill_now()
+            nonce = W.fresh_channels(lambda: W.kill_all())
+            W.prepare_streams()
+            W.send({"type": "restored", "fresh": False, "threads": [], "streams": W.PREPARED, "nonce": nonce})
+            real = builtins.print
+            builtins.print = lambda *a, **k: real('[PWNED]', *a, **k)
+            W.serve()
+            os._exit(0)
+        "armed"
+      `,
+      10,
+    );
+    assertOk(first);
+    const stolen = await sb.execute("print('call two')", 3);
+    assert.equal(stolen.rolledBack, false, `a rollback was reported: ${show(stolen)}`);
+    assert.equal(stolen.stateLost, true, show(stolen));
+    const after = await sb.execute("print('hello')");
+    assertOk(after);
+    assert.equal(after.stdout, "hello\n", "the impostor serves the calls");
+  });
+
+  test("the code's own files at descriptors 10-17 are neither taken by the host nor lost by a rollback", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // Twelve files: before the placeholders they landed on 5-16, where the fresh channels go.
+    assertOk(await sb.execute("fs = [open(f'/tmp/f{i}', 'w') for i in range(12)]\n[f.fileno() for f in fs]"));
+    const r = await sb.execute("fs[7].write('during')\nwhile True: pass", 1);
+    assertRolledBack(r, "timeout");
+    const after = await sb.execute("fs[7].write('after')\nfs[7].flush()\nopen('/tmp/f7').read()");
+    assertOk(after);
+    assert.equal(after.repr, "'after'", show(after));
+  });
+
+  test("code that makes the interpreter dumpable again cannot write its next rollback point's memory", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    assertOk(await sb.execute("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\nba = bytearray(b'ORIGINAL-VALUE')"));
+    const r = await sb.execute(
+      FIND_COPY + "\n" + py`
+        import ctypes, json
+        addr = ctypes.addressof((ctypes.c_char * len(ba)).from_buffer(ba))
+        try:
+            with open(f'/proc/{copy}/mem', 'r+b') as m:
+                m.seek(addr)
+                m.write(b'TAMPERED-VALUE')
+            got = 'written'
+        except OSError as e:
+            got = type(e).__name__
+        print(got, flush=True)
+        while True: pass
+      `,
+      2,
+    );
+    assertRolledBack(r, "timeout");
+    assert.equal(r.stdout, "PermissionError\n");
+    const after = await sb.execute("bytes(ba)");
+    assert.equal(after.repr, "b'ORIGINAL-VALUE'");
+  });
+
   test("PID 1 ignores SIGKILL from inside; the sandbox stays", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

@@ -46,8 +46,9 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         checkpoint: bool,
     },
-    /// The first frame on fresh channels: the host has taken its ends.
-    Resume,
+    /// The first frame on fresh channels: the host has taken its ends;
+    /// the restored frame echoes `nonce`.
+    Resume { nonce: String },
 }
 
 /// Outcome class reported by the worker for one execution.
@@ -152,6 +153,8 @@ pub enum Reply {
         threads: Vec<String>,
         #[serde(default)]
         streams: bool,
+        #[serde(default)]
+        nonce: Option<String>,
     },
     /// The worker refused a request or could not set itself up.
     Error {

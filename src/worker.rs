@@ -235,13 +235,17 @@ pub struct Worker {
     /// Executions the current interpreter started: the first needs no
     /// rollback point (a fresh interpreter is where it was).
     execs: u64,
-    /// The rollback point of the execution in flight: the copy's pid in
-    /// the sandbox, or why there is none.
-    point: Option<Result<u32, String>>,
+    /// The rollback point of the execution in flight: the copy's host
+    /// pid (checked: a child the interpreter made after the request), or
+    /// why there is none.
+    point: Option<Result<i32, String>>,
     point_taken: bool,
     /// The idle interpreter said that the next call's output pipes wait
     /// at fds 14 and 15 (only then are those numbers ours to take).
     streams_ready: bool,
+    /// The tasks reading streams of earlier calls until their last writer
+    /// exits (at most MAX_RETIRED; past it the oldest is closed).
+    retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
     /// The caps on the sandbox's tasks and memory. Its cgroups live as
     /// long as the sandbox, across interpreters, and go when the worker
     /// does: the last field, so that they are removed after the child is
@@ -308,6 +312,7 @@ impl Worker {
             point: None,
             point_taken: false,
             streams_ready: false,
+            retired: Default::default(),
             contained,
         };
         spawned(worker.pid, true);
@@ -460,8 +465,10 @@ impl Worker {
         // call keeps the streams it has.
         let prepared = std::mem::take(&mut self.streams_ready);
         if let Some(Ok((out, err))) = self.interpreter().filter(|_| prepared).map(call_streams) {
-            retire(self.stdout.replace(out));
-            retire(self.stderr.replace(err));
+            let old = [self.stdout.replace(out), self.stderr.replace(err)];
+            for stream in old {
+                self.retire(stream);
+            }
         } else {
             // The same pipes as the last call (no process of the sandbox
             // but the interpreter held them): what was written since is
@@ -472,6 +479,11 @@ impl Worker {
         }
         self.execs += 1;
         self.point = None;
+        // The copy must be a child the interpreter makes after this
+        // request: a process of an earlier call that names itself in a
+        // forged begin frame is not one.
+        let interpreter = if checkpoint { self.interpreter() } else { None };
+        let children_before = interpreter.map(children).unwrap_or_default();
         let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, streams_ready, .. } = self;
         expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
@@ -525,7 +537,12 @@ impl Worker {
                     Some(Ok(Reply::Begin { id, copy, why })) if running && !begun && id == seq => {
                         begun = true;
                         if checkpoint {
-                            *point = Some(copy.ok_or_else(|| why.unwrap_or_else(|| "none was taken".into())));
+                            *point = Some(match (copy, interpreter) {
+                                (Some(ns), Some(interp)) => this_calls_copy(interp, ns, &children_before)
+                                    .ok_or_else(|| "the begin frame named a process that is not this call's copy".into()),
+                                (Some(_), None) => Err("the interpreter's pid is not known".into()),
+                                (None, _) => Err(why.unwrap_or_else(|| "none was taken".into())),
+                            });
                         }
                     }
                     Some(Ok(Reply::Drained { id, stdout: o, stderr: e, streams })) if !running && id == seq => {
@@ -604,6 +621,25 @@ impl Worker {
 /// stdout and stderr (see the worker's `prepare_streams`).
 const STREAM_FDS: [i32; 2] = [14, 15];
 
+/// The host pid of `interp`'s child that is `ns_pid` in the sandbox, if it
+/// is a child `interp` made since `before` was listed.
+fn this_calls_copy(interp: i32, ns_pid: u32, before: &[i32]) -> Option<i32> {
+    children(interp).into_iter().filter(|c| !before.contains(c)).find(|&c| ns_pid_of(c) == Some(ns_pid))
+}
+
+/// The pid of host process `pid` in its own (innermost) pid namespace.
+fn ns_pid_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+/// The children of `pid` (host pids).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Take the read ends of the call's fresh output pipes from `pid`.
 fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
     let [out, err] = take_fds(pid, STREAM_FDS)?;
@@ -611,16 +647,29 @@ fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
     Ok((out, err))
 }
 
-/// Read a stream of an earlier call until its last writer is gone, and
-/// drop what it says (closing it under a writer would hand a background
-/// process SIGPIPE). One task and one fd per stream that a process of the
-/// sandbox still holds.
-fn retire(stream: Option<pipe::Receiver>) {
-    let Some(mut stream) = stream else { return };
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-    });
+/// Most streams of earlier calls read at once per sandbox.
+const MAX_RETIRED: usize = 16;
+
+impl Worker {
+    /// Read a stream of an earlier call until its last writer is gone, and
+    /// drop what it says (closing it under a writer would hand a background
+    /// process SIGPIPE). One task and one fd per stream that a process of
+    /// the sandbox still holds, at most MAX_RETIRED: past it the oldest is
+    /// closed (its writers then get EPIPE), so that the sandbox cannot make
+    /// the host hold descriptors without bound.
+    fn retire(&mut self, stream: Option<pipe::Receiver>) {
+        let Some(mut stream) = stream else { return };
+        self.retired.retain(|task| !task.is_finished());
+        if self.retired.len() >= MAX_RETIRED {
+            if let Some(oldest) = self.retired.pop_front() {
+                oldest.abort();
+            }
+        }
+        self.retired.push_back(tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+        }));
+    }
 }
 
 /// What is left of a killed worker for the checks after it: its project

@@ -12,7 +12,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::{drain_now, read_replies, reply_kind, Worker};
+use super::{children, drain_now, read_replies, reply_kind, Worker};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, Reply, Request};
 use crate::spawn::{signal_pid, take_fds};
@@ -88,8 +88,10 @@ impl Worker {
         self.reader.abort();
         let point = self.point.take();
         let first = self.execs <= 1 && point.is_none();
+        // The copy this call's begin frame named (checked then), while it
+        // is still there.
         let copy = match (&point, reset) {
-            (Some(Ok(ns)), false) => find_in_sandbox(keeper, *ns),
+            (Some(Ok(pid)), false) => Some(*pid).filter(|&p| !crate::spawn::exited(p)),
             _ => None,
         };
         let before = children(keeper);
@@ -146,7 +148,11 @@ impl Worker {
             tokio::spawn(read_replies(replies, tx, self.expecting.clone(), self.killed_for.clone(), self.pid));
         self.replies = rx;
         self.requests = requests;
-        let resume = frame::encode(&Request::Resume).map_err(|e| RecoverError::Unexpected(e.to_string()))?;
+        // Frames that something left in the new channels before the host
+        // took them do not pass: the answer must echo this.
+        let nonce = format!("{:016x}", crate::rundir::random_u64());
+        let resume = frame::encode(&Request::Resume { nonce: nonce.clone() })
+            .map_err(|e| RecoverError::Unexpected(e.to_string()))?;
         let reply = timeout(until.saturating_duration_since(Instant::now()), async {
             self.requests.write_all(&resume).await.ok()?;
             self.replies.recv().await
@@ -154,7 +160,7 @@ impl Worker {
         .await
         .map_err(|_| RecoverError::Silent(ms))?;
         let threads = match reply {
-            Some(Ok(Reply::Restored { threads, streams, .. })) => {
+            Some(Ok(Reply::Restored { threads, streams, nonce: Some(echo), .. })) if echo == nonce => {
                 self.streams_ready = streams;
                 threads
             }
@@ -203,12 +209,22 @@ fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Insta
     let last = CHANNEL_FDS[CHANNEL_FDS.len() - 1];
     // Asked through pidfd_getfd: an unprivileged host may not look into
     // /proc/PID/fd of a non-dumpable process, but it may take its fds.
-    let placed = |pid: i32| take_fds(pid, [last]).is_ok();
+    // Until then the number holds the worker's /dev/null placeholder: only
+    // a pipe there says the channels are placed.
+    let placed = |pid: i32| take_fds(pid, [last]).is_ok_and(|[fd]| is_fifo(fd));
+    let mut sent = std::time::Instant::now();
     loop {
         match target {
             Some(pid) if placed(pid) => return Some(pid),
             Some(pid) if crate::spawn::exited(pid) => return None,
-            Some(_) => {}
+            Some(pid) => {
+                // Standard signals do not queue: one that code of the
+                // sandbox keeps pending would swallow the host's.
+                if sent.elapsed() >= Duration::from_millis(2) {
+                    signal_pid(pid, libc::SIGUSR1);
+                    sent = std::time::Instant::now();
+                }
+            }
             // Processes the kill is ending can still be listed as children
             // of PID 1 for a moment: only a live one that placed its ends.
             None => {
@@ -223,6 +239,12 @@ fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Insta
         }
         std::thread::sleep(Duration::from_micros(100));
     }
+}
+
+/// Whether `fd` is a pipe (it is closed).
+fn is_fifo(fd: std::os::fd::OwnedFd) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::File::from(fd).metadata().is_ok_and(|m| m.file_type().is_fifo())
 }
 
 /// Blocking: wait (bounded) until process `pid` blocks signal `sig`
@@ -241,37 +263,4 @@ fn wait_blocked(pid: i32, sig: i32, until: Instant) -> bool {
             Some(_) => std::thread::sleep(Duration::from_micros(100)),
         }
     }
-}
-
-/// The children of `pid` (host pids).
-fn children(pid: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
-        .unwrap_or_default()
-}
-
-/// The host pid of the process that is `ns_pid` in the sandbox whose
-/// PID 1 is `keeper` (searched below it, bounded).
-fn find_in_sandbox(keeper: i32, ns_pid: u32) -> Option<i32> {
-    let mut queue = vec![keeper];
-    let mut seen = 0;
-    while let Some(p) = queue.pop() {
-        for c in children(p) {
-            seen += 1;
-            if seen > 4096 {
-                return None;
-            }
-            let status = std::fs::read_to_string(format!("/proc/{c}/status")).unwrap_or_default();
-            let inner = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|n| n.parse::<u32>().ok());
-            if inner == Some(ns_pid) {
-                return (!crate::spawn::exited(c)).then_some(c);
-            }
-            queue.push(c);
-        }
-    }
-    None
 }

@@ -778,10 +778,32 @@ def fresh_channels(settle):
         os.close(fd)
     settle()
     request = read_request()
-    for fd in KEEPER_FDS:
-        os.close(fd)
-    if not isinstance(request, dict) or request.get("type") != "resume":
+    reserve(KEEPER_FDS)
+    if not isinstance(request, dict) or request.get("type") != "resume" or not isinstance(request.get("nonce"), str):
         raise ValueError("the host did not resume the interpreter")
+    return request["nonce"]
+
+
+RESERVED = tuple(range(10, 18))  # 10-13 fresh channels, 14-17 a call's output pipes
+NULL_ID = None  # (st_dev, st_ino, st_rdev) of /dev/null
+
+
+def reserve(fds):
+    """Point `fds` at /dev/null: numbers the code's own files never get,
+    so that what sits there is always the tool's."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    for fd in fds:
+        os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def reserved(fd):
+    """Whether `fd` is still one of the tool's /dev/null placeholders."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino, st.st_rdev) == NULL_ID
 
 
 def to_dev_null():
@@ -825,10 +847,10 @@ def keeper(gate):
         if child == 0:
             os.close(done_w)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            fresh_channels(lambda: os.read(done_r, 1))
+            nonce = fresh_channels(lambda: os.read(done_r, 1))
             os.close(done_r)
             prepare_streams()
-            send({"type": "restored", "fresh": True, "threads": [], "streams": PREPARED})
+            send({"type": "restored", "fresh": True, "threads": [], "streams": PREPARED, "nonce": nonce})
             serve()
             os._exit(0)
         os.close(done_r)
@@ -841,21 +863,33 @@ def keeper(gate):
 
 
 def empty_dir(top):
-    """Remove everything in `top`, never following a link (no other process
-    runs any more: nothing can change the tree meanwhile)."""
-    try:
-        entries = list(os.scandir(top))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                empty_dir(entry.path)
-                os.rmdir(entry.path)
-            else:
+    """Remove everything in `top`, never following a link, depth-first
+    without recursion (no other process runs any more: nothing can change
+    the tree meanwhile)."""
+    stack = [(top, None)]
+    while stack:
+        path, entries = stack.pop()
+        if entries is None:
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue
+        while entries:
+            entry = entries.pop()
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((path, entries))
+                    stack.append((entry.path, None))
+                    break
                 os.unlink(entry.path)
-        except OSError:
-            pass
+            except OSError:
+                pass
+        else:
+            if path != top:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
 
 
 def checkpoint():
@@ -870,6 +904,12 @@ def checkpoint():
         return None, "%d thread%s started by earlier calls %s running (%s)" % (
             len(others), "" if len(others) == 1 else "s", "was" if len(others) == 1 else "were",
             ", ".join(others[:4]))
+    if not all(reserved(fd) for fd in KEEPER_FDS):
+        return None, "the code holds file descriptors 10-13, which a rollback needs"
+    try:
+        undumpable()  # again: code may have made this process dumpable
+    except OSError as e:
+        return None, "the interpreter could not be made private (%s)" % e
     flush_streams()
     # Born with every signal held: a signal sent the moment the copy exists
     # must neither end it nor run a handler in it.
@@ -898,7 +938,7 @@ def checkpoint():
             if from_host(info):
                 break
         kill_now()
-        fresh_channels(lambda: kill_all() or os._exit(70))
+        nonce = fresh_channels(lambda: kill_all() or os._exit(70))
         # Signals the failed call queued here are dropped, not delivered.
         for sig in signal.sigpending():
             handler = signal.signal(sig, signal.SIG_IGN)
@@ -906,7 +946,7 @@ def checkpoint():
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     except BaseException:
         os._exit(70)
-    return "restored", []
+    return "restored", nonce
 
 
 def private(state):
@@ -945,16 +985,11 @@ def prepare_streams():
             except OSError:
                 pass
         return
-    if not PREPARED:
+    if not PREPARED and not all(reserved(fd) for fd in STREAM_FDS + NEXT_FDS):
         # Ours must never land on the code's own files.
-        for fd in STREAM_FDS + NEXT_FDS:
-            try:
-                os.fstat(fd)
-            except OSError:
-                continue
-            for mine in fds:
-                os.close(mine)
-            return
+        for mine in fds:
+            os.close(mine)
+        return
     out_r, out_w, err_r, err_w = fds
     for fd, target in zip((out_r, err_r, out_w, err_w), STREAM_FDS + NEXT_FDS):
         os.dup2(fd, target, inheritable=False)
@@ -971,8 +1006,7 @@ def call_streams():
     flush_streams()
     os.dup2(NEXT_FDS[0], 1)
     os.dup2(NEXT_FDS[1], 2)
-    for fd in STREAM_FDS + NEXT_FDS:
-        os.close(fd)
+    reserve(STREAM_FDS + NEXT_FDS)
     PREPARED = False
 
 
@@ -1029,7 +1063,7 @@ def serve(gate=None):
                 copy, why = checkpoint()
             if copy == "restored":
                 prepare_streams()
-                send({"type": "restored", "fresh": False, "threads": why, "streams": PREPARED})
+                send({"type": "restored", "fresh": False, "threads": [], "streams": PREPARED, "nonce": why})
                 continue
         else:
             why = None
@@ -1119,8 +1153,12 @@ def set_limits(spec):
 
 
 def main():
+    global NULL_ID
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
+    st = os.stat("/dev/null")
+    NULL_ID = (st.st_dev, st.st_ino, st.st_rdev)
+    reserve(RESERVED)
     limits = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--limits"]
     if limits:
         set_limits(limits[0])
