@@ -418,6 +418,7 @@ pub fn plan(
         walking: AtomicBool::new(false),
         again: AtomicBool::new(false),
         armed: parking_lot::Mutex::new(None),
+        repairing: parking_lot::Mutex::new(()),
         scan: summary,
     };
     Ok(Plan { binds, guard, notes: Vec::new() })
@@ -506,6 +507,11 @@ pub struct Guard {
     /// a name that cannot be made inert, or a project that outgrew the
     /// walk, ends the sandbox.
     armed: parking_lot::Mutex<Option<(i32, KilledFor)>>,
+    /// One repair at a time, its notes handed over before the next: the
+    /// check at the end of an execution then waits for the watch's and
+    /// finds its notes already in the sink, instead of finding the repair
+    /// done and the note still on its way (it would reach a later result).
+    repairing: parking_lot::Mutex<()>,
     pub scan: Summary,
 }
 
@@ -554,6 +560,7 @@ impl Guard {
     /// The cheap check: the protected names of the holder directories,
     /// the expected paths and the links. Returns notes for the user.
     pub fn check_holders(&self) -> Vec<String> {
+        let _one = self.repairing.lock();
         let mut notes = Vec::new();
         let mut breaches = Vec::new();
         for holder in &self.holders {
@@ -575,6 +582,12 @@ impl Guard {
     /// The whole check: the walk again, then the expected paths and the
     /// links.
     pub fn check_all(&self) -> Vec<String> {
+        self.check_all_into(None)
+    }
+
+    /// [`Guard::check_all`]; with `sink`, its notes go there before the
+    /// next repair may start.
+    fn check_all_into(&self, sink: Option<&Notes>) -> Vec<String> {
         let mut notes = Vec::new();
         let mut breaches = Vec::new();
         let mut new = Vec::new();
@@ -593,6 +606,7 @@ impl Guard {
             }
             Visit::Descend
         });
+        let _one = self.repairing.lock();
         for rel in &new {
             self.inert(rel, &mut notes, &mut breaches);
         }
@@ -608,7 +622,13 @@ impl Guard {
         }
         self.check_expected_and_links(&mut notes, &mut breaches);
         self.breached(breaches, &mut notes);
-        notes
+        match sink {
+            Some(sink) => {
+                sink.lock().extend(notes);
+                Vec::new()
+            }
+            None => notes,
+        }
     }
 
     /// [`Guard::check_all`] into the pending notes; a call while a walk
@@ -619,8 +639,7 @@ impl Guard {
             return;
         }
         while self.again.swap(false, Ordering::AcqRel) {
-            let notes = self.check_all();
-            self.pending.lock().extend(notes);
+            self.check_all_into(Some(&self.pending));
         }
         self.walking.store(false, Ordering::Release);
         // A request that came between the last loop and the release.
@@ -631,6 +650,7 @@ impl Guard {
 
     /// Check one new entry of a holder directory (from the watch).
     pub fn check_entry(&self, dir: &Path, name: &OsStr) {
+        let _one = self.repairing.lock();
         let rel = dir.join(name);
         let mut notes = Vec::new();
         let mut breaches = Vec::new();
