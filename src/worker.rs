@@ -484,6 +484,7 @@ impl Worker {
         // forged begin frame is not one.
         let interpreter = if checkpoint { self.interpreter() } else { None };
         let children_before = interpreter.map(children).unwrap_or_default();
+        let (keeper, asked_at) = (self.init_pid, boot_ticks());
         let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, streams_ready, .. } = self;
         expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
@@ -538,8 +539,10 @@ impl Worker {
                         begun = true;
                         if checkpoint {
                             *point = Some(match (copy, interpreter) {
-                                (Some(ns), Some(interp)) => this_calls_copy(interp, ns, &children_before)
-                                    .ok_or_else(|| "the begin frame named a process that is not this call's copy".into()),
+                                (Some(ns), Some(interp)) => {
+                                    this_calls_copy(interp, keeper, ns, &children_before, asked_at)
+                                        .ok_or_else(|| "the begin frame named a process that is not this call's copy".into())
+                                }
                                 (Some(_), None) => Err("the interpreter's pid is not known".into()),
                                 (None, _) => Err(why.unwrap_or_else(|| "none was taken".into())),
                             });
@@ -621,10 +624,46 @@ impl Worker {
 /// stdout and stderr (see the worker's `prepare_streams`).
 const STREAM_FDS: [i32; 2] = [14, 15];
 
-/// The host pid of `interp`'s child that is `ns_pid` in the sandbox, if it
-/// is a child `interp` made since `before` was listed.
-fn this_calls_copy(interp: i32, ns_pid: u32, before: &[i32]) -> Option<i32> {
-    children(interp).into_iter().filter(|c| !before.contains(c)).find(|&c| ns_pid_of(c) == Some(ns_pid))
+/// The host pid of the process that is `ns_pid` in the sandbox, if it is
+/// a child `interp` made since `before` was listed. An interpreter that
+/// ended at once (its code's first act) has left its copy to PID 1
+/// (`keeper`): then a child of PID 1 started since `asked_at` (clock ticks
+/// since boot, the kernel's start-time unit) counts.
+fn this_calls_copy(
+    interp: i32,
+    keeper: Option<i32>,
+    ns_pid: u32,
+    before: &[i32],
+    asked_at: Option<u64>,
+) -> Option<i32> {
+    let named = |c: &i32| !before.contains(c) && ns_pid_of(*c) == Some(ns_pid);
+    if let Some(copy) = children(interp).into_iter().find(named) {
+        return Some(copy);
+    }
+    let (keeper, asked_at) = (keeper?, asked_at?);
+    if !crate::spawn::exited(interp) {
+        return None;
+    }
+    children(keeper).into_iter().find(|c| named(c) && start_ticks(*c).is_some_and(|t| t >= asked_at))
+}
+
+/// Now, in clock ticks since boot (the unit of a process's start time).
+fn boot_ticks() -> Option<u64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into memory we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
+    Some(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
+}
+
+/// When host process `pid` started, in clock ticks since boot.
+fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The pid of host process `pid` in its own (innermost) pid namespace.
