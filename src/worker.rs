@@ -243,6 +243,8 @@ pub struct Worker {
     /// The idle interpreter said that the next call's output pipes wait
     /// at fds 14 and 15 (only then are those numbers ours to take).
     streams_ready: bool,
+    /// What the begin frame of the call in flight is checked against.
+    begin_check: Option<BeginCheck>,
     /// The tasks reading streams of earlier calls until their last writer
     /// exits (at most MAX_RETIRED; past it the oldest is closed).
     retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
@@ -312,6 +314,7 @@ impl Worker {
             point: None,
             point_taken: false,
             streams_ready: false,
+            begin_check: None,
             retired: Default::default(),
             contained,
         };
@@ -482,10 +485,26 @@ impl Worker {
         // The copy must be a child the interpreter makes after this
         // request: a process of an earlier call that names itself in a
         // forged begin frame is not one.
-        let interpreter = if checkpoint { self.interpreter() } else { None };
-        let children_before = interpreter.map(children).unwrap_or_default();
-        let (keeper, asked_at) = (self.init_pid, boot_ticks());
-        let Worker { requests, replies, stdout, stderr, out_buf, err_buf, expecting, point, streams_ready, .. } = self;
+        self.begin_check = if checkpoint {
+            let interp = self.interpreter();
+            let children_before = interp.map(children).unwrap_or_default();
+            Some(BeginCheck { seq, interp, keeper: self.init_pid, children_before, asked_at: boot_ticks() })
+        } else {
+            None
+        };
+        let Worker {
+            requests,
+            replies,
+            stdout,
+            stderr,
+            out_buf,
+            err_buf,
+            expecting,
+            point,
+            streams_ready,
+            begin_check,
+            ..
+        } = self;
         expecting.store(true, Ordering::Release);
         let mut report: Option<ExecReport> = None;
         let mut drained: Option<(bool, bool)> = None;
@@ -537,15 +556,8 @@ impl Worker {
                     }
                     Some(Ok(Reply::Begin { id, copy, why })) if running && !begun && id == seq => {
                         begun = true;
-                        if checkpoint {
-                            *point = Some(match (copy, interpreter) {
-                                (Some(ns), Some(interp)) => {
-                                    this_calls_copy(interp, keeper, ns, &children_before, asked_at)
-                                        .ok_or_else(|| "the begin frame named a process that is not this call's copy".into())
-                                }
-                                (Some(_), None) => Err("the interpreter's pid is not known".into()),
-                                (None, _) => Err(why.unwrap_or_else(|| "none was taken".into())),
-                            });
+                        if let Some(check) = begin_check.as_ref() {
+                            *point = Some(check.copy(copy, why));
                         }
                     }
                     Some(Ok(Reply::Drained { id, stdout: o, stderr: e, streams })) if !running && id == seq => {
@@ -623,6 +635,31 @@ impl Worker {
 /// Where the idle interpreter leaves the read ends of the next call's
 /// stdout and stderr (see the worker's `prepare_streams`).
 const STREAM_FDS: [i32; 2] = [14, 15];
+
+/// What the begin frame of a call that asked for a rollback point is
+/// checked against: the copy must be a child the interpreter made after
+/// the request (a process of an earlier call that names itself in a
+/// forged begin frame is not one).
+struct BeginCheck {
+    seq: u64,
+    interp: Option<i32>,
+    keeper: Option<i32>,
+    children_before: Vec<i32>,
+    asked_at: Option<u64>,
+}
+
+impl BeginCheck {
+    /// The rollback point a begin frame names: the copy's host pid, or why
+    /// there is none.
+    fn copy(&self, copy: Option<u32>, why: Option<String>) -> Result<i32, String> {
+        match (copy, self.interp) {
+            (Some(ns), Some(interp)) => this_calls_copy(interp, self.keeper, ns, &self.children_before, self.asked_at)
+                .ok_or_else(|| "the begin frame named a process that is not this call's copy".into()),
+            (Some(_), None) => Err("the interpreter's pid is not known".into()),
+            (None, _) => Err(why.unwrap_or_else(|| "none was taken".into())),
+        }
+    }
+}
 
 /// The host pid of the process that is `ns_pid` in the sandbox, if it is
 /// a child `interp` made since `before` was listed. An interpreter that

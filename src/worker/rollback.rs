@@ -81,6 +81,25 @@ impl Worker {
             (true, None) => return Err(RecoverError::KeeperGone),
             (true, Some(k)) => k,
         };
+        // The call failed before its begin frame was read (its output
+        // came first): the frame may still be on its way.
+        if self.point.is_none() && !reset {
+            if let Some(check) = self.begin_check.take() {
+                let late = timeout(Duration::from_millis(100), async {
+                    loop {
+                        match self.replies.recv().await {
+                            Some(Ok(Reply::Begin { id, copy, why })) if id == check.seq => return Some((copy, why)),
+                            Some(Ok(_)) => continue,
+                            _ => return None,
+                        }
+                    }
+                })
+                .await;
+                if let Ok(Some((copy, why))) = late {
+                    self.point = Some(check.copy(copy, why));
+                }
+            }
+        }
         let began = Instant::now();
         // The old channels: their reader must not act on what is left in
         // them, and nothing more is sent there.
