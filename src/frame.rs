@@ -146,11 +146,9 @@ pub enum Reply {
         why: Option<String>,
     },
     /// An interpreter on fresh channels: a restored copy, or (`fresh`) a
-    /// new one; `threads` names what the copy could not bring back.
+    /// new one.
     Restored {
         fresh: bool,
-        #[serde(default)]
-        threads: Vec<String>,
         #[serde(default)]
         streams: bool,
         #[serde(default)]

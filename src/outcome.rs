@@ -283,6 +283,37 @@ pub struct StatusReport {
     pub scratch: Option<crate::scratch::Measure>,
 }
 
+impl StatusReport {
+    /// A session's report before it has started anything.
+    pub fn new(project_dir: PathBuf, mounts: MountConfig, prewarm: bool) -> Self {
+        StatusReport {
+            availability: Availability::Unverified,
+            worker_running: false,
+            busy: false,
+            generation: 0,
+            executions: 0,
+            runtime_version: None,
+            last_reset_reason: None,
+            disposed: false,
+            project_dir,
+            mounts,
+            mount_epoch: 0,
+            permissions_seen: false,
+            denied_reads: Vec::new(),
+            dirs: None,
+            bwrap: None,
+            site_dirs: Vec::new(),
+            python_notes: Vec::new(),
+            prewarm,
+            spare: SpareState::None,
+            worker_code: None,
+            last_rollback_point: None,
+            rollback: true,
+            scratch: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpareState {
     None,
@@ -516,14 +547,11 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, 
     let killed = "every process of the sandbox was killed";
     let files = "files in /workspace and /scratch keep what the call wrote";
     match recovery {
-        Recovery::Restored { threads } => {
+        Recovery::Restored => {
             let mut diagnostic = format!(
                 "{what}; {killed} and the interpreter was rolled back to its state before this call (variables, \
                  imports and definitions are as they were; {files})."
             );
-            if !threads.is_empty() {
-                let _ = write!(diagnostic, " Not restored: {}.", threads.join(", "));
-            }
             diagnostic.push_str(&also);
             Recovered { status, diagnostic, rolled_back: true, state_lost: false, state_lost_reason: None }
         }
@@ -1005,31 +1033,7 @@ mod tests {
 
     #[test]
     fn status_and_reset_texts() {
-        let report = StatusReport {
-            availability: Availability::Unverified,
-            worker_running: false,
-            busy: false,
-            generation: 0,
-            executions: 0,
-            runtime_version: None,
-            last_reset_reason: None,
-            disposed: false,
-            project_dir: "/p".into(),
-            mounts: MountConfig::default(),
-            mount_epoch: 0,
-            permissions_seen: false,
-            denied_reads: vec![],
-            dirs: None,
-            bwrap: None,
-            site_dirs: vec![],
-            python_notes: vec![],
-            prewarm: false,
-            spare: SpareState::None,
-            worker_code: None,
-            last_rollback_point: None,
-            rollback: true,
-            scratch: None,
-        };
+        let report = StatusReport::new("/p".into(), MountConfig::default(), false);
         let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&report, &settings);
         assert!(text.starts_with("python tool: not started yet (no execution so far)\n"), "{text}");
@@ -1115,7 +1119,7 @@ mod tests {
 
     #[test]
     fn a_rollback_keeps_state_and_says_files_are_not_rolled_back() {
-        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] }, None);
+        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, None);
         assert_eq!(r.status, Status::Timeout);
         assert!(r.rolled_back && !r.state_lost);
         assert!(r.diagnostic.contains("rolled back to its state before this call"));
@@ -1154,7 +1158,7 @@ mod tests {
         let oom = "out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 64 MiB \
                    (cgroup-v1 memory) was reached";
         let ended = OomKill::Interpreter(oom.into());
-        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored { threads: vec![] }, Some(&ended));
+        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, Some(&ended));
         assert!(died.rolled_back && !died.state_lost);
         let every = format!("The interpreter died ({oom}); every process");
         assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
@@ -1167,7 +1171,7 @@ mod tests {
         assert!(timeout.diagnostic.starts_with("Execution exceeded the 3s deadline;"), "{}", timeout.diagnostic);
         assert!(timeout.diagnostic.ends_with(&format!(" Also, {child}.")), "{}", timeout.diagnostic);
         // Processes it started held the pipe: the death shows at the deadline.
-        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored { threads: vec![] }, Some(&ended));
+        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, Some(&ended));
         let deadline = format!("Execution exceeded the 3s deadline ({oom}); ");
         assert!(late.diagnostic.starts_with(&deadline), "{}", late.diagnostic);
         let (reason, diagnostic) = with_oom("worker_error".into(), "The worker died.".into(), Some(&ended));

@@ -93,31 +93,8 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 impl Session {
     pub fn new(opts: SessionOptions) -> Arc<Self> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let report = StatusReport {
-            availability: Availability::Unverified,
-            worker_running: false,
-            busy: false,
-            generation: 0,
-            executions: 0,
-            runtime_version: None,
-            last_reset_reason: None,
-            disposed: false,
-            project_dir: opts.project_dir.clone(),
-            mounts: opts.mounts.clone(),
-            mount_epoch: 0,
-            permissions_seen: false,
-            denied_reads: Vec::new(),
-            dirs: None,
-            bwrap: None,
-            site_dirs: Vec::new(),
-            python_notes: Vec::new(),
-            prewarm: opts.prewarm.unwrap_or_else(|| Settings::from_env().prewarm),
-            spare: SpareState::None,
-            worker_code: None,
-            last_rollback_point: None,
-            rollback: true,
-            scratch: None,
-        };
+        let prewarm = opts.prewarm.unwrap_or_else(|| Settings::from_env().prewarm);
+        let report = StatusReport::new(opts.project_dir.clone(), opts.mounts.clone(), prewarm);
         Arc::new_cyclic(|weak| Session {
             id,
             weak: weak.clone(),

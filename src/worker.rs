@@ -321,7 +321,7 @@ impl Worker {
         spawned(worker.pid, true);
         match worker.await_ready(stop, emit_code).await {
             Ok(ready) => {
-                worker.init_pid = child_of(worker.pid);
+                worker.init_pid = children(worker.pid).first().copied();
                 if let Some(guard) = worker.guard.clone() {
                     let (stop, stopped) = tokio::sync::oneshot::channel();
                     tokio::spawn(protected::watch(guard, stopped));
@@ -828,12 +828,6 @@ async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) 
         Some(s) => s.read(buf).await.ok(),
         None => std::future::pending().await,
     }
-}
-
-/// The first child of `pid` (bubblewrap's: the pid namespace's init).
-fn child_of(pid: i32) -> Option<i32> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    text.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]

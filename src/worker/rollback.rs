@@ -21,7 +21,7 @@ use crate::spawn::{signal_pid, take_fds};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovery {
     /// The copy taken right before the call carries on.
-    Restored { threads: Vec<String> },
+    Restored,
     /// The call was the interpreter's first: a fresh one is where it was.
     Fresh,
     /// No rollback point existed (or it was lost): a fresh interpreter,
@@ -116,16 +116,11 @@ impl Worker {
         let before = children(keeper);
         let (recovery, target) = match copy {
             Some(pid) => {
-                // It may have been stopped; only the host's signal counts.
-                // A copy forked a moment ago may not hold its signals yet
-                // (SIGUSR1 would end it): wait until it does. It holds all
-                // at once; SIGUSR1 itself shows as open while it waits in
-                // sigwaitinfo, so SIGTERM tells.
+                // It may have been stopped; only the host's signal counts
+                // (it is born with every signal held, so none ends it).
                 signal_pid(pid, libc::SIGCONT);
-                let until = began + RESTORE_DEADLINE;
-                let _ = tokio::task::spawn_blocking(move || wait_blocked(pid, libc::SIGTERM, until)).await;
                 signal_pid(pid, libc::SIGUSR1);
-                (Recovery::Restored { threads: Vec::new() }, Some(pid))
+                (Recovery::Restored, Some(pid))
             }
             None => {
                 let recovery = if reset {
@@ -178,15 +173,14 @@ impl Worker {
         })
         .await
         .map_err(|_| RecoverError::Silent(ms))?;
-        let threads = match reply {
-            Some(Ok(Reply::Restored { threads, streams, nonce: Some(echo), .. })) if echo == nonce => {
-                self.streams_ready = streams;
-                threads
+        match reply {
+            Some(Ok(Reply::Restored { streams, nonce: Some(echo), .. })) if echo == nonce => {
+                self.streams_ready = streams
             }
             Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", reply_kind(&other)))),
             Some(Err(e)) => return Err(RecoverError::Unexpected(e.to_string())),
             None => return Err(RecoverError::Silent(ms)),
-        };
+        }
         self.expecting.store(false, Ordering::Release);
         if let Some(capture) = capture {
             for (stream, which) in [(old.0, Stream::Stdout), (old.1, Stream::Stderr)] {
@@ -202,14 +196,11 @@ impl Worker {
             return Err(RecoverError::Survivors(others));
         }
         self.interp = Some(pid);
-        if !matches!(recovery, Recovery::Restored { .. }) {
+        if !matches!(recovery, Recovery::Restored) {
             self.execs = 0;
         }
         tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
-        Ok(match recovery {
-            Recovery::Restored { .. } => Recovery::Restored { threads },
-            other => other,
-        })
+        Ok(recovery)
     }
 }
 
@@ -264,22 +255,4 @@ fn await_channels(keeper: i32, target: Option<i32>, before: &[i32], until: Insta
 fn is_fifo(fd: std::os::fd::OwnedFd) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::File::from(fd).metadata().is_ok_and(|m| m.file_type().is_fifo())
-}
-
-/// Blocking: wait (bounded) until process `pid` blocks signal `sig`
-/// (the `SigBlk` mask of its status); whether it does.
-fn wait_blocked(pid: i32, sig: i32, until: Instant) -> bool {
-    let until = until.into_std();
-    let bit = 1u64 << (sig - 1);
-    loop {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let mask =
-            status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
-        match mask {
-            Some(m) if m & bit != 0 => return true,
-            None => return false,
-            Some(_) if std::time::Instant::now() >= until => return false,
-            Some(_) => std::thread::sleep(Duration::from_micros(100)),
-        }
-    }
 }

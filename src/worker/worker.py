@@ -706,21 +706,6 @@ def from_host(info):
     return info.si_code == 0 and info.si_pid == 0  # SI_USER, from outside
 
 
-def others_alive(keep=()):
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (1, me) or int(entry) in keep:
-            continue
-        try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X"):
-            return True
-    return False
-
-
 def reap():
     while True:
         try:
@@ -750,7 +735,7 @@ def kill_all(keep=()):
             kill_now()
         if os.getpid() == 1:
             reap()
-        if not others_alive(keep):
+        if not live_processes() - set(keep):
             return True
         time.sleep(0.0002)
     return False
@@ -850,7 +835,7 @@ def keeper(gate):
             nonce = fresh_channels(lambda: os.read(done_r, 1))
             os.close(done_r)
             prepare_streams()
-            send({"type": "restored", "fresh": True, "threads": [], "streams": PREPARED, "nonce": nonce})
+            send({"type": "restored", "fresh": True, "streams": PREPARED, "nonce": nonce})
             serve()
             os._exit(0)
         os.close(done_r)
@@ -895,7 +880,7 @@ def empty_dir(top):
 def checkpoint():
     """Fork this interpreter's copy for rollback. Returns (pid, None) in
     the interpreter, (None, reason) when there is no rollback point, and
-    ("restored", threads) in the copy once the host has made it the
+    ("restored", nonce) in the copy once the host has made it the
     interpreter."""
     import _signal as signal  # signal.py imports enum: 4 ms
     threading = sys.modules.get("threading")
@@ -1063,7 +1048,7 @@ def serve(gate=None):
                 copy, why = checkpoint()
             if copy == "restored":
                 prepare_streams()
-                send({"type": "restored", "fresh": False, "threads": [], "streams": PREPARED, "nonce": why})
+                send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": why})
                 continue
         else:
             why = None
