@@ -836,6 +836,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.PythonSandbox = nativeBinding.PythonSandbox
+module.exports.ToolPermissions = nativeBinding.ToolPermissions
 module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayText = nativeBinding.displayText
 module.exports.sandboxLimits = nativeBinding.sandboxLimits

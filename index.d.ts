@@ -14,7 +14,12 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
  * Nothing starts until the first `execute`.
  */
 export declare class PythonSandbox {
-  constructor(options: SandboxOptions)
+  /**
+   * `permissions`: the pi session's [`ToolPermissions`]; its last mode
+   * event, if any, sets the mounts (over `workspaceWritable` and
+   * `readRoots`).
+   */
+  constructor(options: SandboxOptions, permissions?: ToolPermissions | undefined | null)
   /**
    * Run `code` in the session's interpreter. `timeoutSeconds` is an
    * integer 1-120 (default 30). `callId` names the call for `cancel()`.
@@ -37,10 +42,25 @@ export declare class PythonSandbox {
    */
   applyModeEvent(payload: any): ModeChange
   /**
+   * What the mode event in force did to this sandbox, for the user at
+   * the start of a pi session (the event may have come before it).
+   * `None` when it leaves the defaults.
+   */
+  modeReport(): string | null
+  /**
    * Decide about a read of `path` that the sandbox refused: prompt the
    * user, or refuse at once (earlier denial, no permission extension, no UI).
    */
   readDecision(path: string, hasUi: boolean): ReadVerdict
+  /**
+   * Hand over the answer to the prompt `readDecision` opened for `path`
+   * (`isDir`: the code listed a directory): `allow`, `deny`, `timeout`,
+   * `aborted` or `shutdown`. An allow that came with a mode event
+   * mounting the path replays the call; an allow without one mounts
+   * exactly `path` for the next sandbox only ("allow once"); anything
+   * else is remembered as a denial of its directory.
+   */
+  answerRead(path: string, isDir: boolean, outcome: string): ReadAnswer
   /**
    * Remember a denied read for the session; returns the diagnostic for
    * the result. `why` is e.g. "denied by the user" or "no answer in 30 s".
@@ -60,6 +80,25 @@ export declare class PythonSandbox {
    * writable project made inert, and how to restore them.
    */
   dispose(reason?: string | undefined | null): Promise<Array<string>>
+}
+
+/**
+ * What one pi session remembers across its sandboxes: the last
+ * `tool-permissions:mode` event, the denied reads, the prompts nobody
+ * waits for any more. Give the same one to every `PythonSandbox` of a pi
+ * session; each sandbox without one has its own.
+ */
+export declare class ToolPermissions {
+  constructor()
+  /**
+   * Store a mode payload that arrived while no sandbox exists (it is
+   * applied when one is made). Returns whether it was an object.
+   */
+  setMode(payload: any): boolean
+  /** A mode event has been seen. */
+  get hasMode(): boolean
+  /** Forget everything (the pi session ended). */
+  clear(): void
 }
 
 export interface BwrapInfo {
@@ -255,6 +294,14 @@ export interface ModeChange {
   skipped: Array<SkippedRoot>
 }
 
+/** What an answer to a read prompt does. */
+export interface ReadAnswer {
+  /** Run the code again (the sandbox now has the path). */
+  replay: boolean
+  /** Why not, or what the replay will say (when `replay` is false). */
+  diagnostic?: string
+}
+
 /** What to do about a read outside the mounts. */
 export interface ReadVerdict {
   /** Ask the user (through pi-tool-permissions). */
@@ -365,6 +412,12 @@ export interface StatusResult {
   siteDirs: Array<string>
   /** Python package settings that were skipped, and why. */
   pythonNotes: Array<string>
+  /** Read roots of the last mode event that were not mounted, and why. */
+  skippedRoots: Array<SkippedRoot>
+  /** Host secrets masked inside the mounted read roots. */
+  maskedHostSecrets: Array<string>
+  /** Paths allowed once, readable until the sandbox restarts. */
+  allowedOnce: Array<string>
   /** Whether a spare sandbox is kept ready. */
   prewarm: boolean
   /**

@@ -441,7 +441,8 @@ test("pi: a mode-change notification shows read roots escaped", async (t) => {
   assert.match(note, /read roots mounted read-only/);
   assertInert("notification", note);
   assert.ok(note.includes(`data\u241b]0;pwned\u2407${SHOWN_BIDI}`), q(note));
-  assert.ok(note.includes(`relative${SHOWN_OSC52}\u240aline (not an absolute path)`), q(note));
+  // A relative root is taken from the project (here under /tmp, a reserved mount): the reason varies, the escaping not.
+  assert.ok(note.includes(`relative${SHOWN_OSC52}\u240aline (`), q(note));
   // Baseline: the root is mounted under its real, raw name.
   const code = `print(open(${lit(join(root, "f.txt"))}).read())`;
   const r = (await h.getTool("python").execute("esc-3", { code }, undefined, undefined)) as ToolResult;

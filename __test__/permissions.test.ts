@@ -142,7 +142,8 @@ test("read roots: mounted read-only at their host path, each skip named", async 
   const note = s.h.notifications.at(-1)?.message ?? "";
   assert.match(note, new RegExp(`read roots mounted read-only: ${s.outside} \\(requested as ${link}\\)`));
   assert.match(note, new RegExp(`${nested} \\(covered by ${s.outside}\\)`));
-  assert.match(note, /relative\/dir \(not an absolute path\)/);
+  // A relative root is taken from the project (pi-tool-permissions sends the text its editor held).
+  assert.match(note, /relative\/dir \(inside the project, already readable under \/workspace\)/);
   assert.match(note, /\/tmp\/pi-scratch-root \(reserved sandbox mount \/tmp\)/);
   assert.match(note, /\/usr\/share \(reserved sandbox mount \/usr\)/);
   assert.match(note, /sub \(inside the project, already readable under \/workspace\)/);

@@ -7,11 +7,18 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, sep } from "node:path";
 import { fileURLToPath } from "node:url";
-import type { Limits, PythonSandbox as PythonSandboxClass, SandboxOptions } from "../index.d.ts";
+import type {
+  Limits,
+  PythonSandbox as PythonSandboxClass,
+  SandboxOptions,
+  ToolPermissions as ToolPermissionsClass,
+} from "../index.d.ts";
 
 export type PythonSandbox = PythonSandboxClass;
+export type ToolPermissions = ToolPermissionsClass;
 type Binding = {
-  PythonSandbox: new (options: SandboxOptions) => PythonSandboxClass;
+  PythonSandbox: new (options: SandboxOptions, permissions?: ToolPermissionsClass) => PythonSandboxClass;
+  ToolPermissions: new () => ToolPermissionsClass;
   cleanupAll(): void;
   sandboxLimits?(): Limits;
   displayText(text: string): string;

@@ -15,7 +15,7 @@ import { realpathSync } from "node:fs";
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
-import { loadAddon, type PythonSandbox } from "./addon.ts";
+import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { displayText } from "./display.ts";
 import { ACTIONS, parseParams } from "./params.ts";
 import { hostImagePath, renderCall, renderResult } from "./render.ts";
@@ -33,6 +33,8 @@ const DESCRIPTION = `Run Python code in a persistent, sandboxed interpreter (Lin
 const MODE_CHANNEL = "tool-permissions:mode";
 const PROMPT_CHANNEL = "tool-permissions:prompt";
 const PROMPT_RESULT_CHANNEL = "tool-permissions:promptResult";
+/** Optional extension of the contract: the tool stopped waiting for prompt `id`. */
+const PROMPT_CANCEL_CHANNEL = "tool-permissions:promptCancel";
 const PROMPT_TIMEOUT_MS = 30_000;
 
 type PromptOutcome = "allow" | "deny" | "timeout" | "aborted" | "shutdown";
@@ -43,13 +45,11 @@ interface State {
   sandbox?: PythonSandbox;
   projectDir?: string;
   nextCallId: number;
-  /** The last tool-permissions:mode payload, applied to every new sandbox. */
-  modePayload?: unknown;
+  /** The pi session's mode event, denials and abandoned prompts (kept by the addon). */
+  permissions?: ToolPermissions;
   cwd?: string;
   ui?: UI;
   nextPromptId: number;
-  /** Reads the user refused in this pi session; outlive a sandbox replaced by /tree. */
-  denied: { path: string; isDir: boolean }[];
   pending: Map<number, (outcome: PromptOutcome) => void>;
 }
 
@@ -80,16 +80,19 @@ function unavailable(action: string, diagnostic: string) {
 }
 
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
-  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map(), denied: [] };
+  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
 
-  /** Apply a mode payload to the sandbox and tell the user what changed. */
-  function applyMode(sandbox: PythonSandbox, payload: unknown, notify: boolean): void {
-    const change = sandbox.applyModeEvent(payload);
-    if (notify && change.notification) state.ui?.notify(displayText(change.notification), "info");
+  /** The pi session's permission state, made with the addon (undefined while it cannot load). */
+  function permissions(): ToolPermissions | undefined {
+    if (!state.permissions) {
+      const binding = loadAddon().binding;
+      if (binding) state.permissions = new binding.ToolPermissions();
+    }
+    return state.permissions;
   }
 
   /** Ask pi-tool-permissions about a read; resolves with the verdict. */
-  function askToRead(path: string, signal: AbortSignal | undefined): Promise<PromptOutcome> {
+  function askToRead(path: string, isDirectory: boolean, signal: AbortSignal | undefined): Promise<PromptOutcome> {
     if (signal?.aborted) return Promise.resolve("aborted");
     const id = state.nextPromptId++;
     return new Promise((resolve) => {
@@ -97,6 +100,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         if (!state.pending.delete(id)) return;
         clearTimeout(timer);
         signal?.removeEventListener("abort", onAbort);
+        // The client may still show its dialog: say that nobody waits for it.
+        if (outcome !== "allow" && outcome !== "deny") pi.events.emit(PROMPT_CANCEL_CHANNEL, { id });
         resolve(outcome);
       };
       const onAbort = () => finish("aborted");
@@ -104,7 +109,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       signal?.addEventListener("abort", onAbort, { once: true });
       // Registered before the emit: a synchronous bus may answer inside it.
       state.pending.set(id, finish);
-      pi.events.emit(PROMPT_CHANNEL, { id, path: displayText(path) });
+      pi.events.emit(PROMPT_CHANNEL, { id, path: displayText(path), isDirectory });
     });
   }
 
@@ -131,11 +136,10 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     }
     if (state.sandbox && state.projectDir === projectDir) return state.sandbox;
     if (state.sandbox) void disposeSandbox("project_dir_changed");
-    const sandbox = new addon.binding.PythonSandbox({ projectDir });
+    // The pi session's mode event, if any, sets its mounts.
+    const sandbox = new addon.binding.PythonSandbox({ projectDir }, permissions());
     state.sandbox = sandbox;
     state.projectDir = projectDir;
-    if (state.modePayload !== undefined) applyMode(sandbox, state.modePayload, false);
-    for (const d of state.denied) sandbox.recordDenied(d.path, d.isDir, "denied earlier in this session");
     return sandbox;
   }
 
@@ -197,7 +201,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const started = Date.now();
       let waitedMs = 0;
       /** Ask about `path`, telling the UI what the call waits for (once a second, for the count). */
-      const waitForAnswer = async (path: string): Promise<PromptOutcome> => {
+      const waitForAnswer = async (path: string, isDirectory: boolean): Promise<PromptOutcome> => {
         const since = Date.now();
         const tell = () =>
           onUpdate?.({
@@ -207,7 +211,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         tell();
         const ticker = setInterval(tell, 1000);
         try {
-          return await askToRead(path, signal);
+          return await askToRead(path, isDirectory, signal);
         } finally {
           clearInterval(ticker);
           waitedMs += Date.now() - since;
@@ -217,8 +221,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         let r = await run();
         let text = r.text;
         let diagnostic = r.diagnostic;
-        // A read outside the mounts: ask, and after a grant that remounted
-        // the sandbox run the code once more on the fresh interpreter.
+        // A read outside the mounts: ask, hand the answer to the addon, and
+        // run the code once more when it says so (it decides).
         while (r.status === "permission_needed" && r.permissionPath) {
           const path = r.permissionPath;
           const verdict = target.readDecision(path, ctx.hasUI);
@@ -226,23 +230,9 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
             diagnostic = verdict.diagnostic ?? undefined;
             break;
           }
-          const epoch = target.status().mountEpoch;
-          const outcome = await waitForAnswer(path);
-          if (outcome !== "allow") {
-            const why = {
-              deny: "denied by the user",
-              timeout: `no answer within ${PROMPT_TIMEOUT_MS / 1000} s`,
-              aborted: "the call was aborted",
-              shutdown: "the session ended",
-            }[outcome];
-            diagnostic = target.recordDenied(path, r.permissionIsDir, why);
-            state.denied.push({ path, isDir: r.permissionIsDir });
-            break;
-          }
-          if (target.status().mountEpoch === epoch) {
-            diagnostic =
-              `Read access to ${path} was granted, but the sandbox's mounts did not change ` +
-              "(the granted directory may be reserved or inside the project), so the code was not run again.";
+          const answer = target.answerRead(path, r.permissionIsDir, await waitForAnswer(path, r.permissionIsDir));
+          if (!answer.replay) {
+            diagnostic = answer.diagnostic ?? undefined;
             break;
           }
           r = await run();
@@ -317,10 +307,15 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   const unsubscribe = [
     pi.events.on(MODE_CHANNEL, (payload: unknown) => {
       // The sandbox object starts nothing; make it first so that it sees
-      // this payload as a change and the user is told what it did.
+      // this payload as a change and the user is told what it did. Before
+      // session_start there is no project yet: the payload is kept.
       const sandbox = state.sandbox ?? (state.cwd ? sandboxFor(state.cwd) : undefined);
-      state.modePayload = payload;
-      if (sandbox && !("error" in sandbox)) applyMode(sandbox, payload, true);
+      if (!sandbox || "error" in sandbox) {
+        permissions()?.setMode(payload);
+        return;
+      }
+      const change = sandbox.applyModeEvent(payload);
+      if (change.notification) state.ui?.notify(displayText(change.notification), "info");
     }),
     pi.events.on(PROMPT_RESULT_CHANNEL, (payload: unknown) => {
       const p = payload as { id?: unknown; outcome?: unknown } | null;
@@ -332,12 +327,18 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   pi.on("session_start", (_event, ctx) => {
     state.cwd = ctx.cwd;
     state.ui = ctx.hasUI ? ctx.ui : undefined;
+    // pi-tool-permissions announces its mode in its own session_start, which
+    // may run before this one: what that did is said now.
+    if (state.permissions?.hasMode) {
+      const sandbox = sandboxFor(ctx.cwd);
+      const report = "error" in sandbox ? null : sandbox.modeReport();
+      if (report) state.ui?.notify(displayText(report), "info");
+    }
   });
   pi.on("session_shutdown", async () => {
     settlePrompts();
     for (const off of unsubscribe.splice(0)) off();
-    state.modePayload = undefined;
-    state.denied = [];
+    state.permissions?.clear();
     await disposeSandbox("session_shutdown");
     state.ui = undefined;
   });

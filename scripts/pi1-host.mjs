@@ -18,6 +18,7 @@ export const PI1_TEST_FILES = [
   "__test__/extension.test.ts",
   "__test__/listeners.test.ts",
   "__test__/permissions.test.ts",
+  "__test__/permissions-client.test.ts",
   "__test__/rich.test.ts",
   "__test__/rpc.test.ts",
 ];

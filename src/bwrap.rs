@@ -76,6 +76,13 @@ pub struct SandboxSpec {
     pub worker: WorkerCode,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
+    /// Paths allowed once: `(source, mount point)`, read-only.
+    pub once: Vec<(PathBuf, PathBuf)>,
+    /// Host secrets inside the read roots and allow-once directories,
+    /// hidden under an empty read-only directory or file.
+    pub host_masks: Vec<crate::hostsecrets::Mask>,
+    /// The empty file bound over masked files.
+    pub empty_file: PathBuf,
     /// Bound over a writable workspace, in order (see `protected`).
     pub protected: Vec<FdBind>,
     /// The user's Python packages: directories mounted read-only at their
@@ -174,6 +181,19 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     for root in spec.read_roots.iter().chain(&spec.python_mounts) {
         push_bind(&mut a, "--ro-bind-try", root, root);
     }
+    for (source, path) in &spec.once {
+        push_bind(&mut a, "--ro-bind", source, path);
+    }
+    for mask in &spec.host_masks {
+        if mask.is_dir {
+            a.push("--tmpfs".into());
+            a.push(mask.path.clone().into());
+            a.push("--remount-ro".into());
+            a.push(mask.path.clone().into());
+        } else {
+            push_bind(&mut a, "--ro-bind", &spec.empty_file, &mask.path);
+        }
+    }
     for bind in &spec.python_fd_mounts {
         push_fd_bind(&mut a, bind);
     }
@@ -228,6 +248,9 @@ mod tests {
             scratch_dir: "/tmp/s/scratch".into(),
             worker: WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: false },
             read_roots: vec![],
+            once: vec![],
+            host_masks: vec![],
+            empty_file: "/tmp/s/empty".into(),
             protected: vec![
                 FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
                 FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
@@ -320,6 +343,25 @@ mod tests {
             ["--bind-fd", "6", "/workspace/sub", "--ro-bind-fd", "7", "/workspace/sub/.git"],
             "protected sources are fds, never paths bubblewrap would resolve"
         );
+    }
+
+    #[test]
+    fn allow_once_paths_and_host_secret_masks_come_after_the_read_roots() {
+        use crate::hostsecrets::Mask;
+        let argv = bwrap_argv(&SandboxSpec {
+            read_roots: vec!["/etc".into()],
+            once: vec![("/srv/real.csv".into(), "/srv/link.csv".into())],
+            host_masks: vec![
+                Mask { path: "/etc/shadow".into(), is_dir: false },
+                Mask { path: "/etc/sudoers.d".into(), is_dir: true },
+            ],
+            ..spec()
+        });
+        let joined = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        let at = |s: &str| joined.find(s).unwrap_or_else(|| panic!("{s} missing in {joined}"));
+        assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /srv/real.csv /srv/link.csv"));
+        assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/empty /etc/shadow"));
+        assert!(at("--ro-bind-try /etc /etc") < at("--tmpfs /etc/sudoers.d --remount-ro /etc/sudoers.d"));
     }
 
     #[test]

@@ -102,6 +102,28 @@ pub async fn start(
     start_once(start, stop, spawned, code).await
 }
 
+/// The host secrets inside the read roots and allow-once directories, as
+/// they are now (each root is checked against the list when it is granted;
+/// what appeared since is masked all the same).
+fn host_masks(secrets: &crate::hostsecrets::HostSecrets, mounts: &MountConfig) -> Vec<crate::hostsecrets::Mask> {
+    // A root is mounted at its own path; an allow-once directory where the
+    // code read it, which may be a link to its source.
+    let roots = mounts.read_roots.iter().map(|r| (r, r));
+    let once_dirs = mounts.once.iter().filter(|m| m.is_dir).map(|m| (&m.source, &m.path));
+    let mut masks: Vec<crate::hostsecrets::Mask> = Vec::new();
+    for (source, at) in roots.chain(once_dirs) {
+        for mut m in secrets.masks_under(source) {
+            if let Ok(rel) = m.path.strip_prefix(source) {
+                m.path = at.join(rel);
+            }
+            if !masks.contains(&m) {
+                masks.push(m);
+            }
+        }
+    }
+    masks
+}
+
 /// Start one sandbox running `code` and wait for it to report ready.
 async fn start_once(
     start: &Start<'_>,
@@ -117,6 +139,7 @@ async fn start_once(
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
+    let host_masks = host_masks(&settings.host_secrets, mounts);
     let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
     // A project that cannot be protected is mounted read-only for this
@@ -204,6 +227,9 @@ async fn start_once(
         scratch_dir: dirs.scratch.clone(),
         worker: code.clone(),
         read_roots: start.mounts.read_roots.clone(),
+        once: start.mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
+        host_masks,
+        empty_file: dirs.empty_file.clone(),
         python_mounts,
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),

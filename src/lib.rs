@@ -15,6 +15,8 @@ pub mod contain;
 pub mod display;
 pub mod frame;
 pub mod gitconfig;
+pub mod grants;
+pub mod hostsecrets;
 pub mod images;
 pub mod launch;
 pub mod limits;

@@ -15,6 +15,7 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
 use crate::display::{displayed, displayed_line};
+use crate::grants::{Answer, Grants, Next};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{render, Outcome};
@@ -233,6 +234,12 @@ pub struct StatusResult {
     pub site_dirs: Vec<String>,
     /// Python package settings that were skipped, and why.
     pub python_notes: Vec<String>,
+    /// Read roots of the last mode event that were not mounted, and why.
+    pub skipped_roots: Vec<SkippedRoot>,
+    /// Host secrets masked inside the mounted read roots.
+    pub masked_host_secrets: Vec<String>,
+    /// Paths allowed once, readable until the sandbox restarts.
+    pub allowed_once: Vec<String>,
     /// Whether a spare sandbox is kept ready.
     pub prewarm: bool,
     /// Whether failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`, read at
@@ -425,6 +432,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         },
         site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
         python_notes: r.python_notes.iter().cloned().map(displayed).collect(),
+        skipped_roots: r
+            .skipped_roots
+            .iter()
+            .map(|s| SkippedRoot { root: displayed_line(s.root.clone()), reason: displayed_line(s.reason.clone()) })
+            .collect(),
+        masked_host_secrets: r.masked.iter().map(|m| path_str(&m.path)).collect(),
+        allowed_once: r.mounts.once.iter().map(|m| path_str(&m.path)).collect(),
         prewarm: r.prewarm,
         rollback: r.rollback,
         last_rollback_point: r
@@ -467,6 +481,63 @@ pub struct ModeChange {
     pub workspace_mode: String,
     pub read_roots: Vec<String>,
     pub skipped: Vec<SkippedRoot>,
+}
+
+/// What an answer to a read prompt does.
+#[napi(object)]
+pub struct ReadAnswer {
+    /// Run the code again (the sandbox now has the path).
+    pub replay: bool,
+    /// Why not, or what the replay will say (when `replay` is false).
+    pub diagnostic: Option<String>,
+}
+
+/// What one pi session remembers across its sandboxes: the last
+/// `tool-permissions:mode` event, the denied reads, the prompts nobody
+/// waits for any more. Give the same one to every `PythonSandbox` of a pi
+/// session; each sandbox without one has its own.
+#[napi]
+pub struct ToolPermissions {
+    grants: Arc<Grants>,
+}
+
+#[napi]
+impl ToolPermissions {
+    #[napi(constructor)]
+    pub fn new() -> Self {
+        ToolPermissions { grants: Arc::default() }
+    }
+
+    /// Store a mode payload that arrived while no sandbox exists (it is
+    /// applied when one is made). Returns whether it was an object.
+    #[napi]
+    pub fn set_mode(&self, payload: serde_json::Value) -> bool {
+        match permissions::parse_mode_event(&payload) {
+            Some(event) => {
+                self.grants.set_mode(event);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A mode event has been seen.
+    #[napi(getter)]
+    pub fn has_mode(&self) -> bool {
+        self.grants.mode().is_some()
+    }
+
+    /// Forget everything (the pi session ended).
+    #[napi]
+    pub fn clear(&self) {
+        self.grants.clear();
+    }
+}
+
+impl Default for ToolPermissions {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// What to do about a read outside the mounts.
@@ -516,12 +587,52 @@ static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 #[napi]
 pub struct PythonSandbox {
     session: Arc<Session>,
+    grants: Arc<Grants>,
+}
+
+impl PythonSandbox {
+    /// Mount what `event` asks for. `current`: the mounts before (for the
+    /// late-answer check). Returns the plan, the mounts wanted, what
+    /// `set_mounts` did, and the abandoned prompt a late grant answered.
+    fn apply(
+        &self,
+        event: permissions::ModeEvent,
+        current: Option<&MountConfig>,
+    ) -> (permissions::MountPlan, MountConfig, Option<bool>, Option<PathBuf>) {
+        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
+        let ctx = permissions::Context {
+            project: project.as_deref(),
+            home: settings.home.as_deref(),
+            secrets: &settings.host_secrets,
+        };
+        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
+        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), once: Vec::new() };
+        let added: Vec<PathBuf> = match current {
+            Some(c) => wanted.read_roots.iter().filter(|r| !c.read_roots.contains(r)).cloned().collect(),
+            None => Vec::new(),
+        };
+        let late = if added.is_empty() { None } else { self.grants.take_late(&added) };
+        let reason = late.as_ref().map(|p| {
+            format!(
+                "the sandbox was restarted for a late answer to the read prompt about {}: a grant that came after the \
+                 call had stopped waiting",
+                p.display()
+            )
+        });
+        let masked = plan.mounted.iter().flat_map(|m| m.masked.clone()).collect();
+        self.session.record_plan(plan.skipped.clone(), masked);
+        let result = self.session.set_mounts_because(wanted.clone(), reason);
+        (plan, wanted, result, late)
+    }
 }
 
 #[napi]
 impl PythonSandbox {
+    /// `permissions`: the pi session's [`ToolPermissions`]; its last mode
+    /// event, if any, sets the mounts (over `workspaceWritable` and
+    /// `readRoots`).
     #[napi(constructor)]
-    pub fn new(env: Env, options: SandboxOptions) -> Result<Self> {
+    pub fn new(env: Env, options: SandboxOptions, permissions: Option<&ToolPermissions>) -> Result<Self> {
         if !options.project_dir.starts_with('/') {
             return Err(invalid("projectDir must be an absolute path"));
         }
@@ -540,13 +651,19 @@ impl PythonSandbox {
             mounts: MountConfig {
                 workspace_writable: options.workspace_writable.unwrap_or(false),
                 read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+                once: Vec::new(),
             },
             prewarm: options.prewarm,
             rollback: options.rollback,
             python_packages: options.python_packages,
             system_site_packages: options.system_site_packages,
         });
-        Ok(PythonSandbox { session })
+        let grants = permissions.map(|p| p.grants.clone()).unwrap_or_default();
+        let sandbox = PythonSandbox { session, grants };
+        if let Some(event) = sandbox.grants.mode() {
+            sandbox.apply(event, None);
+        }
+        Ok(sandbox)
     }
 
     /// Run `code` in the session's interpreter. `timeoutSeconds` is an
@@ -622,12 +739,16 @@ impl PythonSandbox {
                 skipped: vec![],
             };
         };
-        let project = std::fs::canonicalize(self.session.project_dir()).ok();
-        let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
-        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots() };
-        let result = self.session.set_mounts(wanted.clone());
-        let notification =
+        self.grants.set_mode(event.clone());
+        let (plan, wanted, result, late) = self.apply(event, Some(&current));
+        let mut notification =
             result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
+        if let (Some(note), Some(late)) = (notification.as_mut(), late) {
+            note.push_str(&displayed_line(format!(
+                " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
+                late.display()
+            )));
+        }
         ModeChange {
             applied: true,
             changed: result.is_some(),
@@ -635,19 +756,86 @@ impl PythonSandbox {
             notification,
             workspace_mode: if wanted.workspace_writable { "read-write" } else { "read-only" }.into(),
             read_roots: wanted.read_roots.iter().map(|p| path_str(p)).collect(),
-            skipped: plan.skipped.into_iter().map(|s| SkippedRoot { root: s.root, reason: s.reason }).collect(),
+            skipped: plan
+                .skipped
+                .into_iter()
+                .map(|s| SkippedRoot { root: displayed_line(s.root), reason: displayed_line(s.reason) })
+                .collect(),
         }
+    }
+
+    /// What the mode event in force did to this sandbox, for the user at
+    /// the start of a pi session (the event may have come before it).
+    /// `None` when it leaves the defaults.
+    #[napi]
+    pub fn mode_report(&self) -> Option<String> {
+        let report = self.session.status();
+        let event = self.grants.mode()?;
+        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
+        let ctx = permissions::Context {
+            project: project.as_deref(),
+            home: settings.home.as_deref(),
+            secrets: &settings.host_secrets,
+        };
+        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
+        let note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
+        Some(note.replacen("python sandbox: ", "python sandbox (from pi-tool-permissions at start): ", 1))
     }
 
     /// Decide about a read of `path` that the sandbox refused: prompt the
     /// user, or refuse at once (earlier denial, no permission extension, no UI).
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
-        let report = self.session.status();
-        match permissions::read_decision(&path, &report.denied_reads, report.permissions_seen, has_ui) {
-            ReadDecision::Prompt => ReadVerdict { prompt: true, diagnostic: None },
+        let seen = self.grants.mode().is_some() || self.session.status().permissions_seen;
+        match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui) {
+            ReadDecision::Prompt => {
+                self.session.prompt_opened();
+                ReadVerdict { prompt: true, diagnostic: None }
+            }
             ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
         }
+    }
+
+    /// Hand over the answer to the prompt `readDecision` opened for `path`
+    /// (`isDir`: the code listed a directory): `allow`, `deny`, `timeout`,
+    /// `aborted` or `shutdown`. An allow that came with a mode event
+    /// mounting the path replays the call; an allow without one mounts
+    /// exactly `path` for the next sandbox only ("allow once"); anything
+    /// else is remembered as a denial of its directory.
+    #[napi]
+    pub fn answer_read(&self, path: String, is_dir: bool, outcome: String) -> Result<ReadAnswer> {
+        let answer = Answer::parse(&outcome)
+            .ok_or_else(|| invalid("outcome must be allow, deny, timeout, aborted or shutdown"))?;
+        let remounted = self.session.prompt_remounted();
+        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
+        let ctx = permissions::Context {
+            project: project.as_deref(),
+            home: settings.home.as_deref(),
+            secrets: &settings.host_secrets,
+        };
+        let shown = displayed_line(path.clone());
+        Ok(match self.grants.answer(&path, is_dir, answer, remounted, &ctx, |p| std::fs::canonicalize(p)) {
+            Next::Replay => {
+                self.session.mark_replay(format!(
+                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again on \
+                     the fresh interpreter; its state from this run is kept (the state from before the grant was \
+                     discarded)."
+                ));
+                ReadAnswer { replay: true, diagnostic: None }
+            }
+            Next::Once(m) => {
+                let what = if m.is_dir { "directory" } else { "file" };
+                self.session.mark_replay(format!(
+                    "Read access to {shown} was allowed once: the sandbox restarted with just that {what} mounted \
+                     read-only, and this call ran again on the fresh interpreter, whose state is kept. The {what} \
+                     stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
+                     rolled back) and is not mounted again after that."
+                ));
+                self.session.allow_once(m);
+                ReadAnswer { replay: true, diagnostic: None }
+            }
+            Next::Stop(d) => ReadAnswer { replay: false, diagnostic: Some(displayed(d)) },
+        })
     }
 
     /// Remember a denied read for the session; returns the diagnostic for
@@ -655,7 +843,7 @@ impl PythonSandbox {
     #[napi]
     pub fn record_denied(&self, path: String, is_dir: bool, why: String) -> String {
         if let Some(p) = permissions::normalize(&path) {
-            self.session.record_denied(permissions::covering_dir(&p, is_dir));
+            self.grants.deny(permissions::covering_dir(&p, is_dir));
         }
         permissions::denied_diagnostic(&path, &why)
     }
@@ -672,7 +860,9 @@ impl PythonSandbox {
     /// Readiness, generation, limits and paths. Starts nothing, never waits.
     #[napi]
     pub fn status(&self) -> StatusResult {
-        status_to_js(self.session.status())
+        let mut report = self.session.status();
+        report.denied_reads = self.grants.denied();
+        status_to_js(report)
     }
 
     /// Kill the sandbox and delete the session's scratch and log

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use crate::contain::{caps, Caps, MAX_MEMORY_ENV, MAX_TASKS_ENV};
 use crate::gitconfig::HostGit;
+use crate::hostsecrets::{HostSecrets, HOST_SECRETS_ENV};
 use crate::limits::{tmpfs_sizes, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
 use crate::permissions::MountConfig;
 use crate::protected::{patterns, Pattern, PROTECTED_ENV};
@@ -79,6 +80,10 @@ pub struct Settings {
     /// The size of /scratch past which results and `status` say so.
     pub scratch_note: u64,
     pub git: HostGit,
+    /// Host paths no read grant mounts (see `hostsecrets`).
+    pub host_secrets: HostSecrets,
+    /// `$HOME`: what `~` in a read root and in the host secrets means.
+    pub home: Option<PathBuf>,
 }
 
 impl Settings {
@@ -89,6 +94,7 @@ impl Settings {
 
     /// The settings from `get` (a variable's value by name).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>, git: HostGit) -> Settings {
+        let home = get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
         Settings {
             interpreter: get(INTERPRETER_ENV),
             venv: get(VENV_ENV),
@@ -100,6 +106,8 @@ impl Settings {
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
             caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
             scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
+            host_secrets: HostSecrets::new(get(HOST_SECRETS_ENV).as_deref(), home.as_deref()),
+            home,
             git,
         }
     }
@@ -123,6 +131,8 @@ mod tests {
             (ROLLBACK_ENV, " no"),
             (MAX_TASKS_ENV, "64"),
             (SCRATCH_NOTE_ENV, "10M"),
+            (HOST_SECRETS_ENV, "/srv/vault"),
+            ("HOME", "/nonexistent-home"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let s = Settings::from_lookup(get, HostGit::default());
@@ -134,6 +144,8 @@ mod tests {
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
         assert_eq!(s.caps, Ok(Caps { tasks: 64, memory: crate::contain::DEFAULT_MAX_MEMORY }));
         assert_eq!(s.scratch_note, 10 << 20);
+        let secrets: Vec<String> = s.host_secrets.entries.iter().map(|e| e.shown()).collect();
+        assert!(secrets.contains(&"/srv/vault".into()) && secrets.contains(&"/nonexistent-home/.ssh".into()));
         let none = Settings::from_lookup(|_| None, HostGit::default());
         assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());
         assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());

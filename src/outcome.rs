@@ -114,6 +114,8 @@ pub struct Outcome {
     /// The earlier state was discarded before this call ran (a mode
     /// change, a death while idle): this call's own state is kept.
     pub lost_before: Option<String>,
+    /// This call ran again after a read was allowed; what to tell.
+    pub replay: Option<String>,
     pub repr: Option<String>,
     pub repr_truncated: bool,
     pub stdout: StreamText,
@@ -146,6 +148,7 @@ impl Outcome {
             state_lost: false,
             state_lost_reason: None,
             lost_before: None,
+            replay: None,
             repr: None,
             repr_truncated: false,
             stdout: StreamText::default(),
@@ -263,6 +266,10 @@ pub struct StatusReport {
     pub permissions_seen: bool,
     /// Directories whose reads the user denied in this session.
     pub denied_reads: Vec<PathBuf>,
+    /// Read roots of the last mode event that were not mounted, and why.
+    pub skipped_roots: Vec<crate::permissions::Skipped>,
+    /// Host secrets masked inside the mounted read roots.
+    pub masked: Vec<crate::hostsecrets::Mask>,
     pub dirs: Option<Dirs>,
     pub bwrap: Option<Bwrap>,
     /// Site directories added for the user's Python packages.
@@ -300,6 +307,8 @@ impl StatusReport {
             mount_epoch: 0,
             permissions_seen: false,
             denied_reads: Vec::new(),
+            skipped_roots: Vec::new(),
+            masked: Vec::new(),
             dirs: None,
             bwrap: None,
             site_dirs: Vec::new(),
@@ -692,6 +701,22 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     } else {
         text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
     }
+    if !r.masked.is_empty() {
+        let list: Vec<String> = r.masked.iter().map(|m| path_str(&m.path)).collect();
+        text.push_str(&format!("host secrets masked in read roots: {}\n", list.join(", ")));
+    }
+    if !r.skipped_roots.is_empty() {
+        let list: Vec<String> =
+            r.skipped_roots.iter().map(|s| format!("{} ({})", display_line(&s.root), s.reason)).collect();
+        text.push_str(&format!("read roots skipped: {}\n", list.join(", ")));
+    }
+    if !r.mounts.once.is_empty() {
+        let list: Vec<String> = r.mounts.once.iter().map(|m| path_str(&m.path)).collect();
+        text.push_str(&format!(
+            "allowed once (readable until the sandbox restarts, not mounted again): {}\n",
+            list.join(", ")
+        ));
+    }
     text.push_str(&format!(
         "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
      address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
@@ -798,7 +823,9 @@ pub fn render(o: &Outcome) -> String {
             let _ = write!(tail, "\n\n{}", display_text(e.traceback.trim_end()));
         }
     }
-    if let Some(before) = &o.lost_before {
+    if let Some(replay) = &o.replay {
+        let _ = write!(tail, "\n\n{}", display_text(replay));
+    } else if let Some(before) = &o.lost_before {
         let _ = write!(
             tail,
             "\n\nEarlier interpreter state was discarded before this call ({}); this call ran on a fresh interpreter.",

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::bwrap::RESERVED_MOUNTS;
 use crate::display::{display_line, displayed_line, holds_stand_in};
+use crate::hostsecrets::{HostSecrets, Mask};
 
 /// The mounts a sandbox is started with (besides the fixed ones).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,6 +24,27 @@ pub struct MountConfig {
     pub workspace_writable: bool,
     /// Canonical host directories, mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
+    /// Paths allowed once (see [`OnceMount`]): mounted in the next sandbox
+    /// only, and dropped when it ends.
+    pub once: Vec<OnceMount>,
+}
+
+impl MountConfig {
+    /// The same mounts without the allow-once paths.
+    pub fn lasting(&self) -> MountConfig {
+        MountConfig { once: Vec::new(), ..self.clone() }
+    }
+}
+
+/// A path the user allowed to read once: exactly the file that was read,
+/// or the directory that was listed, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnceMount {
+    /// Where the code read it (lexically normalised), the mount point.
+    pub path: PathBuf,
+    /// Where it resolves on the host, the mount source.
+    pub source: PathBuf,
+    pub is_dir: bool,
 }
 
 /// A validated `tool-permissions:mode` payload.
@@ -50,6 +72,45 @@ pub fn parse_mode_event(payload: &Value) -> Option<ModeEvent> {
     Some(ModeEvent { writable, read_roots })
 }
 
+/// What planning read roots needs besides the roots: the canonical project
+/// (roots inside it are skipped), the home directory (for `~`) and the
+/// host secrets (never mounted, masked inside a root).
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub project: Option<&'a Path>,
+    pub home: Option<&'a Path>,
+    pub secrets: &'a HostSecrets,
+}
+
+/// A root as a person or a client wrote it, as an absolute path: `~` is
+/// the home directory, a relative path is taken from the project, and a
+/// trailing `/**`, `/*` or `/` (a glob for "everything under") is dropped.
+pub fn root_path(raw: &str, ctx: &Context) -> Result<PathBuf, String> {
+    let mut text = raw.trim();
+    loop {
+        let stripped = text.strip_suffix("/**").or_else(|| text.strip_suffix("/*"));
+        match stripped {
+            Some(rest) if !rest.is_empty() => text = rest,
+            _ => break,
+        }
+    }
+    if text.contains(['*', '?', '[']) {
+        return Err("a pattern, not a directory".into());
+    }
+    let absolute = if text == "~" || text.starts_with("~/") {
+        let Some(home) = ctx.home else { return Err("~ without a home directory".into()) };
+        home.join(text.trim_start_matches('~').trim_start_matches('/'))
+    } else if text.starts_with('/') {
+        PathBuf::from(text)
+    } else if text.starts_with('~') {
+        return Err("another user's home directory".into());
+    } else {
+        let Some(project) = ctx.project else { return Err("not an absolute path".into()) };
+        project.join(text)
+    };
+    normalize_path(&absolute).ok_or_else(|| "not an absolute path".into())
+}
+
 /// A root that was not mounted, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
@@ -57,11 +118,13 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// A mounted root: the path asked for and where it resolved.
+/// A mounted root: the path asked for, where it resolved, and the host
+/// secrets masked inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mounted {
     pub requested: String,
     pub resolved: PathBuf,
+    pub masked: Vec<Mask>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -79,11 +142,16 @@ impl MountPlan {
 /// Lexically normalised absolute path (`.`, `..`, repeated and trailing
 /// slashes removed); `None` for a relative path.
 pub fn normalize(path: &str) -> Option<PathBuf> {
-    if !path.starts_with('/') {
+    normalize_path(Path::new(path))
+}
+
+/// [`normalize`] for a path.
+pub fn normalize_path(path: &Path) -> Option<PathBuf> {
+    if !path.is_absolute() {
         return None;
     }
     let mut out = PathBuf::from("/");
-    for c in Path::new(path).components() {
+    for c in path.components() {
         match c {
             Component::ParentDir => {
                 out.pop();
@@ -103,41 +171,37 @@ fn reserved(p: &Path) -> Option<&'static str> {
     RESERVED_MOUNTS.iter().copied().find(|m| p.starts_with(m))
 }
 
+/// Why `p` (a root as given, or where it resolves) cannot be mounted.
+fn refusal(p: &Path, ctx: &Context) -> Option<String> {
+    if let Some(m) = reserved(p) {
+        return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
+    }
+    if ctx.project.is_some_and(|project| p.starts_with(project)) {
+        return Some("inside the project, already readable under /workspace".into());
+    }
+    ctx.secrets
+        .covering(p)
+        .map(|e| format!("a host secret ({}), never mounted; see {}", e.shown(), crate::hostsecrets::HOST_SECRETS_ENV))
+}
+
 /// Decide which read roots to mount. `resolve` is realpath.
-pub fn plan_mounts(
-    roots: &[String],
-    project: Option<&Path>,
-    resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
-) -> MountPlan {
+pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> std::io::Result<PathBuf>) -> MountPlan {
     let mut plan = MountPlan::default();
-    let mut candidates: Vec<(String, PathBuf)> = Vec::new();
+    let mut candidates: Vec<(String, PathBuf, PathBuf)> = Vec::new();
     for raw in roots {
-        let trimmed = raw.trim();
-        if trimmed.is_empty() {
+        if raw.trim().is_empty() {
             continue;
         }
         let skip = |reason: String| Skipped { root: raw.clone(), reason };
-        let Some(normal) = normalize(trimmed) else {
-            plan.skipped.push(skip("not an absolute path".into()));
-            continue;
+        let normal = match root_path(raw, ctx) {
+            Ok(p) => p,
+            Err(reason) => {
+                plan.skipped.push(skip(reason));
+                continue;
+            }
         };
         // Checked on the path as given, then again where it resolves.
-        let why_not = |p: &Path| -> Option<String> {
-            if let Some(m) = reserved(p) {
-                return Some(if m == "/" {
-                    "the whole filesystem".into()
-                } else {
-                    format!("reserved sandbox mount {m}")
-                });
-            }
-            match project {
-                Some(project) if p.starts_with(project) => {
-                    Some("inside the project, already readable under /workspace".into())
-                }
-                _ => None,
-            }
-        };
-        if let Some(reason) = why_not(&normal) {
+        if let Some(reason) = refusal(&normal, ctx) {
             plan.skipped.push(skip(reason));
             continue;
         }
@@ -148,24 +212,47 @@ pub fn plan_mounts(
                 continue;
             }
         };
-        if let Some(reason) = why_not(&resolved) {
+        if let Some(reason) = refusal(&resolved, ctx) {
             plan.skipped.push(skip(reason));
             continue;
         }
-        candidates.push((raw.clone(), resolved));
+        candidates.push((raw.clone(), normal, resolved));
     }
     // Shallowest first, so that a root covered by another is seen after it.
-    candidates.sort_by(|a, b| a.1.cmp(&b.1));
-    for (raw, resolved) in candidates {
+    candidates.sort_by(|a, b| a.2.cmp(&b.2));
+    let mut asked: Vec<PathBuf> = Vec::new();
+    for (raw, normal, resolved) in candidates {
         if let Some(cover) = plan.mounted.iter().find(|m| resolved.starts_with(&m.resolved)) {
             if cover.resolved != resolved {
                 plan.skipped.push(Skipped { root: raw, reason: format!("covered by {}", cover.resolved.display()) });
+            } else if !asked.contains(&normal) {
+                // Another name (a link) for a root already mounted.
+                plan.skipped.push(Skipped {
+                    root: raw,
+                    reason: format!(
+                        "the same directory as {} (both resolve to {})",
+                        cover.requested.trim(),
+                        resolved.display()
+                    ),
+                });
             }
-            continue; // an exact duplicate is dropped silently
+            asked.push(normal);
+            continue; // the same root written twice is dropped silently
         }
-        plan.mounted.push(Mounted { requested: raw, resolved });
+        asked.push(normal);
+        let masked = ctx.secrets.masks_under(&resolved);
+        plan.mounted.push(Mounted { requested: raw, resolved, masked });
     }
     plan
+}
+
+/// `/etc (host secrets masked: /etc/shadow, /etc/gshadow)`.
+pub fn shown_with_masks(path: &Path, masked: &[Mask]) -> String {
+    if masked.is_empty() {
+        return path.display().to_string();
+    }
+    let list: Vec<String> = masked.iter().map(|m| m.path.display().to_string()).collect();
+    format!("{} (host secrets masked: {})", path.display(), list.join(", "))
 }
 
 /// The user-facing note for a change of mounts. `discarded`: a running
@@ -185,10 +272,11 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
                 .mounted
                 .iter()
                 .map(|m| {
-                    let shown = m.resolved.display().to_string();
-                    match normalize(m.requested.trim()) {
-                        Some(n) if n != m.resolved => format!("{shown} (requested as {})", m.requested.trim()),
-                        _ => shown,
+                    let shown = shown_with_masks(&m.resolved, &m.masked);
+                    if Path::new(m.requested.trim()) != m.resolved {
+                        format!("{shown} (requested as {})", m.requested.trim())
+                    } else {
+                        shown
                     }
                 })
                 .collect();
@@ -304,9 +392,15 @@ mod tests {
         Ok(p.to_path_buf())
     }
 
+    static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new() };
+
+    fn ctx(project: Option<&str>) -> Context<'_> {
+        Context { project: project.map(Path::new), home: Some(Path::new("/home/u")), secrets: &NO_SECRETS }
+    }
+
     fn plan(roots: &[&str], project: &str) -> MountPlan {
         let roots: Vec<String> = roots.iter().map(|s| s.to_string()).collect();
-        plan_mounts(&roots, Some(Path::new(project)), ident)
+        plan_mounts(&roots, &ctx(Some(project)), ident)
     }
 
     fn reasons(p: &MountPlan) -> Vec<(String, String)> {
@@ -351,7 +445,7 @@ mod tests {
         assert_eq!(
             reasons(&p),
             [
-                ("relative/x".into(), "not an absolute path".into()),
+                ("relative/x".into(), "inside the project, already readable under /workspace".into()),
                 ("/".into(), "the whole filesystem".into()),
                 ("/tmp/pi-scratch".into(), "reserved sandbox mount /tmp".into()),
                 ("/usr/share".into(), "reserved sandbox mount /usr".into()),
@@ -381,13 +475,13 @@ mod tests {
             }
         };
         let roots = ["/link", "/sneaky", "/gone"].map(String::from);
-        let p = plan_mounts(&roots, None, resolve);
-        assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into() }]);
+        let p = plan_mounts(&roots, &ctx(None), resolve);
+        assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into(), masked: vec![] }]);
         assert_eq!(p.skipped[0].reason, "reserved sandbox mount /usr");
         assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
         let note = change_notification(
             &MountConfig::default(),
-            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
             &p,
             true,
         )
@@ -399,7 +493,7 @@ mod tests {
 
     #[test]
     fn no_change_no_notification() {
-        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()] };
+        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()], once: vec![] };
         assert_eq!(change_notification(&c, &c.clone(), &MountPlan::default(), false), None);
         let ro = MountConfig { workspace_writable: false, ..c.clone() };
         let note = change_notification(&c, &ro, &MountPlan::default(), false).expect("changed");
@@ -451,10 +545,10 @@ mod tests {
     #[test]
     fn a_mode_notification_shows_roots_escaped() {
         let roots = ["/srv/\x1b]0;title\x07".to_string(), "rel\n\u{202E}x".to_string()];
-        let p = plan_mounts(&roots, None, ident);
+        let p = plan_mounts(&roots, &ctx(None), ident);
         let note = change_notification(
             &MountConfig::default(),
-            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
             &p,
             false,
         )
@@ -462,6 +556,80 @@ mod tests {
         assert!(note.contains("/srv/\u{241B}]0;title\u{2407}"), "{note}");
         assert!(note.contains("skipped: rel\u{240A}<U+202E>x (not an absolute path)"), "{note}");
         assert!(note.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{note:?}");
+    }
+
+    #[test]
+    fn roots_as_a_client_writes_them_are_normalised() {
+        let c = ctx(Some("/home/u/proj"));
+        for (raw, want) in [
+            ("~/data/**", "/home/u/data"),
+            ("~", "/home/u"),
+            (" /srv/data/* ", "/srv/data"),
+            ("/srv/data/", "/srv/data"),
+            ("../shared", "/home/u/shared"),
+            ("/srv/a/../b", "/srv/b"),
+        ] {
+            assert_eq!(root_path(raw, &c), Ok(PathBuf::from(want)), "{raw}");
+        }
+        assert_eq!(root_path("/srv/*/x", &c), Err("a pattern, not a directory".into()));
+        assert_eq!(root_path("~bob/x", &c), Err("another user's home directory".into()));
+        assert_eq!(root_path("x", &ctx(None)), Err("not an absolute path".into()));
+        let p = plan_mounts(&["~/data/**".to_string()], &c, ident);
+        let note = change_notification(
+            &MountConfig::default(),
+            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
+            &p,
+            false,
+        )
+        .expect("changed");
+        assert!(note.contains("/home/u/data (requested as ~/data/**)"), "{note}");
+    }
+
+    #[test]
+    fn a_link_to_a_mounted_root_is_named() {
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            Ok(if p == Path::new("/srv/link") { "/srv/data".into() } else { p.to_path_buf() })
+        };
+        let roots = ["/srv/data", "/srv/link", "/srv/data/"].map(String::from);
+        let p = plan_mounts(&roots, &ctx(None), resolve);
+        assert_eq!(p.roots(), [PathBuf::from("/srv/data")]);
+        assert_eq!(
+            reasons(&p),
+            [("/srv/link".into(), "the same directory as /srv/data (both resolve to /srv/data)".into())]
+        );
+    }
+
+    #[test]
+    fn host_secrets_are_refused_as_roots_and_masked_inside_them() {
+        // Not under /tmp, a reserved sandbox mount.
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(home.join(".ssh")).unwrap();
+        std::fs::write(home.join(".netrc"), "machine x").unwrap();
+        let secrets = HostSecrets::new(None, Some(&home));
+        let c = Context { project: None, home: Some(&home), secrets: &secrets };
+        let roots = [home.display().to_string(), "~/.ssh".into(), "/etc/shadow".into()];
+        let p = plan_mounts(&roots, &c, |p| std::fs::canonicalize(p));
+        assert_eq!(p.roots(), std::slice::from_ref(&home));
+        let masked: Vec<PathBuf> = p.mounted[0].masked.iter().map(|m| m.path.clone()).collect();
+        assert_eq!(masked, [home.join(".netrc"), home.join(".ssh")]);
+        assert!(
+            p.skipped[0].reason.starts_with(&format!("a host secret ({}/.ssh), never mounted", home.display())),
+            "{:?}",
+            p.skipped
+        );
+        assert!(p.skipped[1].reason.starts_with("a host secret (/etc/shadow)"), "{:?}", p.skipped);
+        let note = change_notification(
+            &MountConfig::default(),
+            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
+            &p,
+            false,
+        )
+        .expect("changed");
+        assert!(
+            note.contains(&format!("(host secrets masked: {}/.netrc, {}/.ssh)", home.display(), home.display())),
+            "{note}"
+        );
     }
 
     #[test]

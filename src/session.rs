@@ -48,6 +48,13 @@ struct Shared {
     /// The active sandbox's guard and init pid, for checks after a kill
     /// that does not hold the operation lock.
     active_guard: Option<(Arc<Guard>, Option<i32>)>,
+    /// Why the next mount change restarts the sandbox, when it is not the
+    /// plain "the mode changed" (see [`Session::set_mounts_because`]).
+    remount_reason: Option<String>,
+    /// Told by the next result: it replays a call after a read grant.
+    replay_note: Option<String>,
+    /// The mount epoch when the open read prompt was opened.
+    prompt_epoch: Option<u64>,
 }
 
 struct Inner {
@@ -116,6 +123,9 @@ impl Session {
                 running_call: None,
                 cancelled: HashSet::new(),
                 active_guard: None,
+                remount_reason: None,
+                replay_note: None,
+                prompt_epoch: None,
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
@@ -202,8 +212,12 @@ impl Session {
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
+        let replay = self.shared.lock().replay_note.take();
         let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, &mut wake, progress).await;
         self.refill_spare(&inner);
+        if outcome.started {
+            outcome.replay = replay;
+        }
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
@@ -253,7 +267,7 @@ impl Session {
         // A sandbox started with other mounts than the session's is replaced.
         let wanted = self.shared.lock().report.mounts.clone();
         if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
-            inner.pending_loss = Some(REMOUNT_REASON.into());
+            inner.pending_loss = Some(self.remount_reason());
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         // A worker that died while idle is reported, not silently replaced.
@@ -288,7 +302,7 @@ impl Session {
                 let remounted = self.shared.lock().report.mount_epoch != epoch;
                 if remounted && restarts < 3 && !self.is_cancelled(call) && !self.is_disposed() {
                     restarts += 1;
-                    inner.pending_loss = Some(REMOUNT_REASON.into());
+                    inner.pending_loss = Some(self.remount_reason());
                     continue;
                 }
                 return *outcome;
@@ -633,6 +647,10 @@ impl Session {
 
     /// Take the ready spare if it was made for `mounts` and is still alive.
     fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
+        // A spare never has allow-once mounts: keep it for the sandbox after.
+        if !mounts.once.is_empty() {
+            return None;
+        }
         let mut w = self.spare.take()?;
         self.shared.lock().spare_pid = None;
         if w.mounts != *mounts || w.exited().is_some() {
@@ -680,7 +698,7 @@ impl Session {
                 me.spare.abandon(ticket);
                 return;
             };
-            let mounts = me.shared.lock().report.mounts.clone();
+            let mounts = me.shared.lock().report.mounts.lasting();
             let made = if me.spare.is_current(ticket) {
                 let mut wake = me.wake.subscribe();
                 let start = me.start_of(&facts, &dirs, project, mounts.clone());
@@ -693,7 +711,7 @@ impl Session {
             };
             let current = {
                 let sh = me.shared.lock();
-                !sh.report.disposed && sh.report.mounts == mounts
+                !sh.report.disposed && sh.report.mounts.lasting() == mounts
             };
             let unused = match made {
                 Some((w, ready)) if current => {
@@ -744,6 +762,7 @@ impl Session {
         reason: ResetReason,
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
+        self.forget_once(&w.mounts);
         let (exit, dead) = w.kill(capture).await;
         if let Some(guard) = dead.guard {
             let notes = self.notes.clone();
@@ -780,12 +799,19 @@ impl Session {
     /// Returns `Some(killed)` when something changed, `killed` telling
     /// whether an interpreter was discarded.
     pub fn set_mounts(&self, mounts: MountConfig) -> Option<bool> {
+        self.set_mounts_because(mounts, None)
+    }
+
+    /// [`Session::set_mounts`], with the reason the next result gives for
+    /// the restart (default: the mode or the read roots changed).
+    pub fn set_mounts_because(&self, mounts: MountConfig, reason: Option<String>) -> Option<bool> {
         let mut sh = self.shared.lock();
         sh.report.permissions_seen = true;
         if sh.report.mounts == mounts {
             return None;
         }
         sh.report.mounts = mounts;
+        sh.remount_reason = reason;
         sh.report.mount_epoch += 1;
         let pid = sh.worker_pid;
         let guard = sh.active_guard.clone();
@@ -806,12 +832,53 @@ impl Session {
         Some(pid.is_some())
     }
 
-    /// Remember that the user denied reads under `dir`.
-    pub fn record_denied(&self, dir: PathBuf) {
-        let mut sh = self.shared.lock();
-        if !sh.report.denied_reads.contains(&dir) {
-            sh.report.denied_reads.push(dir);
+    /// Mount `once` in the next sandbox only (see `grants`): the running
+    /// one is replaced, and the path goes when that sandbox ends.
+    pub fn allow_once(&self, once: crate::permissions::OnceMount) -> bool {
+        let mut mounts = self.shared.lock().report.mounts.clone();
+        if !mounts.once.contains(&once) {
+            mounts.once.push(once);
         }
+        let reason = "the sandbox was restarted to mount a path allowed once".to_string();
+        self.set_mounts_because(mounts, Some(reason)).is_some()
+    }
+
+    /// A read prompt opens: a mount change from now on answers it.
+    pub fn prompt_opened(&self) {
+        let mut sh = self.shared.lock();
+        sh.prompt_epoch = Some(sh.report.mount_epoch);
+    }
+
+    /// Whether the mounts changed since the prompt opened (the client's
+    /// mode event came before its answer). Closes the prompt.
+    pub fn prompt_remounted(&self) -> bool {
+        let mut sh = self.shared.lock();
+        sh.prompt_epoch.take().is_some_and(|e| e != sh.report.mount_epoch)
+    }
+
+    /// The next result replays a call after a grant and says so.
+    pub fn mark_replay(&self, note: String) {
+        self.shared.lock().replay_note = Some(note);
+    }
+
+    /// A sandbox with allow-once paths ends: they are not mounted again.
+    fn forget_once(&self, had: &MountConfig) {
+        if had.once.is_empty() {
+            return;
+        }
+        let mut sh = self.shared.lock();
+        sh.report.mounts.once.retain(|m| !had.once.contains(m));
+    }
+
+    fn remount_reason(&self) -> String {
+        self.shared.lock().remount_reason.take().unwrap_or_else(|| REMOUNT_REASON.into())
+    }
+
+    /// What the last mode event's roots came to, for `status`.
+    pub fn record_plan(&self, skipped: Vec<crate::permissions::Skipped>, masked: Vec<crate::hostsecrets::Mask>) {
+        let mut sh = self.shared.lock();
+        sh.report.skipped_roots = skipped;
+        sh.report.masked = masked;
     }
 
     pub fn project_dir(&self) -> &Path {
@@ -823,8 +890,11 @@ impl Session {
     pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
         let mut inner = self.ops.lock().await;
         // In a keeper layout: a fresh interpreter in the same sandbox.
+        // A sandbox with an allow-once path is replaced: the path goes with it.
         let fast = match inner.worker.as_mut() {
-            Some(w) if w.keeper() => !w.interpreter_gone() && w.recover(None, true).await.is_ok(),
+            Some(w) if w.keeper() && w.mounts.once.is_empty() => {
+                !w.interpreter_gone() && w.recover(None, true).await.is_ok()
+            }
             _ => false,
         };
         if fast {

@@ -86,6 +86,8 @@ export interface UIHooks {
   select?: (title: string, options: string[], opts?: ExtensionUIDialogOptions) => Promise<string | undefined>;
   confirm?: (title: string, message: string, opts?: ExtensionUIDialogOptions) => Promise<boolean>;
   input?: (title: string, placeholder?: string, opts?: ExtensionUIDialogOptions) => Promise<string | undefined>;
+  /** The multi-line editor, prefilled with `prefill`; unset resolves undefined (cancelled). */
+  editor?: (title: string, prefill?: string) => Promise<string | undefined>;
 }
 
 export interface PiHarnessOptions {
@@ -192,7 +194,7 @@ function createUIContext(hooks: UIHooks, notifications: Notification[], selects:
     pasteToEditor: noop,
     setEditorText: noop,
     getEditorText: () => "",
-    editor: async () => undefined,
+    editor: async (title, prefill) => (hooks.editor ? hooks.editor(title, prefill) : undefined),
     addAutocompleteProvider: noop,
     setEditorComponent: noop,
     getEditorComponent: () => undefined,

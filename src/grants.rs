@@ -1,0 +1,317 @@
+//! The read-grant conversation of one pi session with pi-tool-permissions.
+//!
+//! When code reads a path outside the mounts, the result is
+//! `permission_needed`; the wrapper asks the user on pi's event bus and
+//! hands the answer back here. This module keeps what outlives a sandbox
+//! (the last mode event, the denied directories, the prompts that nobody
+//! waits for any more) and decides what an answer does:
+//!
+//! - an `allow` that came with a mode event mounting the path: run the
+//!   code again on the new sandbox;
+//! - an `allow` without one ("Allow once", or a cancelled editor in the
+//!   real client): mount exactly the path that was read, read-only, for
+//!   the next sandbox only, and run the code again;
+//! - anything else: remember the directory as denied, say why.
+//!
+//! The wrapper only carries events: it never decides.
+
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+use crate::permissions::{self, Context, ModeEvent, OnceMount};
+
+/// How a prompt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Allow,
+    Deny,
+    /// No answer within the wait.
+    Timeout,
+    /// The call was aborted while it waited.
+    Aborted,
+    /// The pi session ended while it waited.
+    Shutdown,
+}
+
+impl Answer {
+    pub fn parse(s: &str) -> Option<Answer> {
+        Some(match s {
+            "allow" => Answer::Allow,
+            "deny" => Answer::Deny,
+            "timeout" => Answer::Timeout,
+            "aborted" => Answer::Aborted,
+            "shutdown" => Answer::Shutdown,
+            _ => return None,
+        })
+    }
+
+    fn why(self, wait_seconds: u64) -> String {
+        match self {
+            Answer::Allow => "allowed".into(),
+            Answer::Deny => "denied by the user".into(),
+            Answer::Timeout => format!("no answer within {wait_seconds} s"),
+            Answer::Aborted => "the call was aborted".into(),
+            Answer::Shutdown => "the session ended".into(),
+        }
+    }
+}
+
+/// What to do after an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// The mounts changed for the grant: run the code again.
+    Replay,
+    /// Mount this path for the next sandbox only, then run the code again.
+    Once(OnceMount),
+    /// Do not run again; the diagnostic says why.
+    Stop(String),
+}
+
+/// A prompt the call stopped waiting for (timeout or abort): the client
+/// may still answer it, and a grant then restarts the sandbox for nobody.
+#[derive(Debug, Clone)]
+struct Abandoned {
+    path: PathBuf,
+    is_dir: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    mode: Option<ModeEvent>,
+    denied: Vec<PathBuf>,
+    abandoned: Vec<Abandoned>,
+}
+
+/// What one pi session remembers across its sandboxes.
+#[derive(Debug, Default)]
+pub struct Grants {
+    state: Mutex<State>,
+}
+
+/// At most this many abandoned prompts are remembered (oldest dropped).
+const MAX_ABANDONED: usize = 16;
+
+impl Grants {
+    pub fn set_mode(&self, event: ModeEvent) {
+        self.state.lock().mode = Some(event);
+    }
+
+    pub fn mode(&self) -> Option<ModeEvent> {
+        self.state.lock().mode.clone()
+    }
+
+    pub fn denied(&self) -> Vec<PathBuf> {
+        self.state.lock().denied.clone()
+    }
+
+    /// Remember that reads under `dir` were denied.
+    pub fn deny(&self, dir: PathBuf) {
+        let mut st = self.state.lock();
+        if !st.denied.contains(&dir) {
+            st.denied.push(dir);
+        }
+    }
+
+    /// Forget everything (the pi session ended).
+    pub fn clear(&self) {
+        *self.state.lock() = State::default();
+    }
+
+    /// The abandoned prompt whose path `roots` now cover, taken from the
+    /// list: a late answer to it caused this mount change.
+    pub fn take_late(&self, roots: &[PathBuf]) -> Option<PathBuf> {
+        let mut st = self.state.lock();
+        let i = st.abandoned.iter().position(|a| {
+            let dir = permissions::covering_dir(&a.path, a.is_dir);
+            roots.iter().any(|r| a.path.starts_with(r) || dir.starts_with(r))
+        })?;
+        Some(st.abandoned.remove(i).path)
+    }
+
+    /// Decide what `answer` to the prompt about `path` does. `remounted`:
+    /// the mounts changed while the prompt was open (the client's mode
+    /// event came first). `resolve` is realpath.
+    pub fn answer(
+        &self,
+        path: &str,
+        is_dir: bool,
+        answer: Answer,
+        remounted: bool,
+        ctx: &Context,
+        resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
+    ) -> Next {
+        let Some(normal) = permissions::normalize(path) else {
+            return Next::Stop(format!(
+                "{} is not an absolute path; nothing was granted.",
+                crate::display::display_line(path)
+            ));
+        };
+        if answer != Answer::Allow {
+            if matches!(answer, Answer::Timeout | Answer::Aborted) {
+                let mut st = self.state.lock();
+                st.abandoned.push(Abandoned { path: normal.clone(), is_dir });
+                let excess = st.abandoned.len().saturating_sub(MAX_ABANDONED);
+                st.abandoned.drain(..excess);
+            }
+            self.deny(permissions::covering_dir(&normal, is_dir));
+            return Next::Stop(permissions::denied_diagnostic(path, &answer.why(PROMPT_WAIT_SECONDS)));
+        }
+        if remounted {
+            return Next::Replay;
+        }
+        match once_mount(&normal, is_dir, ctx, resolve) {
+            Ok(m) => Next::Once(m),
+            Err(why) => Next::Stop(format!(
+                "Read access to {} was allowed once, but it cannot be mounted: {why}. The code was not run again.",
+                crate::display::display_line(path)
+            )),
+        }
+    }
+}
+
+/// How long the wrapper waits for an answer (it says so in its progress).
+pub const PROMPT_WAIT_SECONDS: u64 = 30;
+
+/// The allow-once mount for a read of `path`: exactly it, where it
+/// resolves, checked like a read root (no reserved mount, nothing inside
+/// the project, no host secret) on both the path and its target.
+fn once_mount(
+    path: &Path,
+    is_dir: bool,
+    ctx: &Context,
+    resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
+) -> Result<OnceMount, String> {
+    let check = |p: &Path| -> Result<(), String> {
+        if p == Path::new("/") || crate::bwrap::RESERVED_MOUNTS.iter().any(|m| p.starts_with(m)) {
+            return Err(format!("{} is on or under a mount the sandbox reserves", p.display()));
+        }
+        if ctx.project.is_some_and(|project| p.starts_with(project)) {
+            return Err(format!("{} is inside the project, which the sandbox sees under /workspace", p.display()));
+        }
+        if let Some(e) = ctx.secrets.covering(p) {
+            return Err(format!(
+                "{} is a host secret ({}) that no grant mounts (see {})",
+                p.display(),
+                e.shown(),
+                crate::hostsecrets::HOST_SECRETS_ENV
+            ));
+        }
+        Ok(())
+    };
+    check(path)?;
+    let source = resolve(path).map_err(|e| format!("{} cannot be resolved: {e}", path.display()))?;
+    check(&source)?;
+    let meta = std::fs::metadata(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    if meta.is_dir() != is_dir {
+        return Err(format!(
+            "{} is {} now",
+            path.display(),
+            if meta.is_dir() { "a directory" } else { "not a directory" }
+        ));
+    }
+    if !meta.is_dir() && !meta.is_file() {
+        return Err(format!("{} is not a regular file or a directory", path.display()));
+    }
+    Ok(OnceMount { path: path.to_path_buf(), source, is_dir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostsecrets::HostSecrets;
+
+    static NONE: HostSecrets = HostSecrets { entries: Vec::new() };
+
+    fn ctx(project: &Path) -> Context<'_> {
+        Context { project: Some(project), home: None, secrets: &NONE }
+    }
+
+    fn ident(p: &Path) -> std::io::Result<PathBuf> {
+        std::fs::canonicalize(p)
+    }
+
+    #[test]
+    fn a_denial_is_remembered_by_its_directory_and_says_why() {
+        let g = Grants::default();
+        let project = Path::new("/nonexistent-project");
+        let next = g.answer("/srv/data/a.csv", false, Answer::Deny, false, &ctx(project), ident);
+        assert!(matches!(&next, Next::Stop(d) if d.contains("denied by the user")), "{next:?}");
+        let next = g.answer("/srv/list", true, Answer::Timeout, false, &ctx(project), ident);
+        assert!(matches!(&next, Next::Stop(d) if d.contains("no answer within 30 s")), "{next:?}");
+        assert_eq!(g.denied(), [PathBuf::from("/srv/data"), "/srv/list".into()]);
+    }
+
+    #[test]
+    fn allow_after_a_mount_change_replays_and_allow_alone_is_once_for_exactly_the_path() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::write(dir.join("f.txt"), "x").unwrap();
+        std::os::unix::fs::symlink(dir.join("f.txt"), dir.join("link")).unwrap();
+        let g = Grants::default();
+        let project = Path::new("/nonexistent-project");
+        let file = dir.join("f.txt").display().to_string();
+        assert_eq!(g.answer(&file, false, Answer::Allow, true, &ctx(project), ident), Next::Replay);
+        assert_eq!(
+            g.answer(&file, false, Answer::Allow, false, &ctx(project), ident),
+            Next::Once(OnceMount { path: dir.join("f.txt"), source: dir.join("f.txt"), is_dir: false })
+        );
+        // Through a link: mounted where the code read it, from where it points.
+        let link = dir.join("link").display().to_string();
+        assert_eq!(
+            g.answer(&link, false, Answer::Allow, false, &ctx(project), ident),
+            Next::Once(OnceMount { path: dir.join("link"), source: dir.join("f.txt"), is_dir: false })
+        );
+        // A listing is the directory itself, never its parent.
+        assert_eq!(
+            g.answer(&dir.display().to_string(), true, Answer::Allow, false, &ctx(project), ident),
+            Next::Once(OnceMount { path: dir.clone(), source: dir.clone(), is_dir: true })
+        );
+        assert!(g.denied().is_empty());
+    }
+
+    #[test]
+    fn allow_once_refuses_what_a_root_could_not_be() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(dir.join("proj")).unwrap();
+        std::fs::write(dir.join("proj/x"), "x").unwrap();
+        std::os::unix::fs::symlink(dir.join("proj/x"), dir.join("into-project")).unwrap();
+        std::os::unix::fs::symlink("/usr/lib/os-release", dir.join("into-usr")).unwrap();
+        let home = dir.join("home");
+        std::fs::create_dir_all(home.join(".ssh")).unwrap();
+        std::fs::write(home.join(".ssh/id_rsa"), "k").unwrap();
+        let secrets = HostSecrets::new(None, Some(&home));
+        let c = Context { project: Some(&dir.join("proj")), home: Some(&home), secrets: &secrets };
+        let g = Grants::default();
+        let stop = |p: &Path, is_dir: bool| match g.answer(
+            &p.display().to_string(),
+            is_dir,
+            Answer::Allow,
+            false,
+            &c,
+            ident,
+        ) {
+            Next::Stop(d) => d,
+            other => panic!("{other:?}"),
+        };
+        assert!(stop(&dir.join("into-project"), false).contains("inside the project"));
+        assert!(stop(&dir.join("into-usr"), false).contains("reserves"));
+        assert!(stop(&home.join(".ssh/id_rsa"), false).contains("host secret"));
+        assert!(stop(&home.join(".ssh"), true).contains("host secret"));
+        assert!(stop(&dir.join("missing"), false).contains("cannot be resolved"));
+        assert!(stop(&dir.join("proj"), false).contains("inside the project"));
+        assert!(stop(&home, false).contains("is a directory now"));
+    }
+
+    #[test]
+    fn a_late_grant_is_matched_to_the_prompt_nobody_waited_for() {
+        let g = Grants::default();
+        let project = Path::new("/nonexistent-project");
+        let _ = g.answer("/srv/data/a.csv", false, Answer::Aborted, false, &ctx(project), ident);
+        let _ = g.answer("/srv/other/b.csv", false, Answer::Deny, false, &ctx(project), ident);
+        assert_eq!(g.take_late(&["/srv/other".into()]), None, "a deny is an answer, not an abandoned prompt");
+        assert_eq!(g.take_late(&["/srv".into()]), Some(PathBuf::from("/srv/data/a.csv")));
+        assert_eq!(g.take_late(&["/srv".into()]), None, "taken once");
+    }
+}
