@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { execFile, execFileSync } from "node:child_process";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
@@ -512,3 +512,38 @@ describe("host memory is bounded whatever the sandbox sends", () => {
 });
 
 
+
+describe("read grants never follow what the sandbox planted", () => {
+  test("allow once and a read root refuse a path through the session's scratch (a planted link)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Not under /tmp (a reserved mount, refused for that reason alone).
+    const runtimeRoot = mkdtempSync("/var/tmp/pps-grant-rt-");
+    const elsewhere = mkdtempSync("/var/tmp/pps-grant-target-");
+    t.after(() => {
+      rmSync(runtimeRoot, { recursive: true, force: true });
+      rmSync(elsewhere, { recursive: true, force: true });
+    });
+    const target = join(elsewhere, "private.txt");
+    writeFileSync(target, "host-private\n");
+    const { sb } = await makeFixture(t, { runtimeRoot });
+    sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    const planted = await sb.execute(`import os\nos.symlink(${lit(target)}, "/scratch/planted")`);
+    assert.equal(planted.status, "ok", planted.text);
+    const hostPath = join(sb.status().paths.scratchDir!, "planted");
+    // Baseline: resolved on the host, the path is the private file; granting it would mount that.
+    assert.equal(realpathSync(hostPath), target);
+    const r = await sb.execute(`print(open(${lit(hostPath)}).read())`);
+    assert.equal(r.status, "permission_needed", r.text);
+    assert.equal(sb.readDecision(hostPath, true).prompt, true);
+    const answer = sb.answerRead(hostPath, false, "allow");
+    assert.equal(answer.replay, false);
+    assert.match(answer.diagnostic ?? "", /inside the session's own directories/);
+    assert.deepEqual(sb.status().allowedOnce, []);
+    const again = await sb.execute(`print(open(${lit(hostPath)}).read())`);
+    assert.doesNotMatch(again.text, /host-private/);
+    // The same path as a read root is skipped for the same reason.
+    const change = sb.applyModeEvent({ mode: "manual", readRoots: [sb.status().paths.scratchDir!] });
+    assert.deepEqual(change.readRoots, []);
+    assert.match(change.skipped[0]?.reason ?? "", /inside the session's own directories/);
+  });
+});

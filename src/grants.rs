@@ -182,22 +182,9 @@ fn once_mount(
     ctx: &Context,
     resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
 ) -> Result<OnceMount, String> {
-    let check = |p: &Path| -> Result<(), String> {
-        if p == Path::new("/") || crate::bwrap::RESERVED_MOUNTS.iter().any(|m| p.starts_with(m)) {
-            return Err(format!("{} is on or under a mount the sandbox reserves", p.display()));
-        }
-        if ctx.project.is_some_and(|project| p.starts_with(project)) {
-            return Err(format!("{} is inside the project, which the sandbox sees under /workspace", p.display()));
-        }
-        if let Some(e) = ctx.secrets.covering(p) {
-            return Err(format!(
-                "{} is a host secret ({}) that no grant mounts (see {})",
-                p.display(),
-                e.shown(),
-                crate::hostsecrets::HOST_SECRETS_ENV
-            ));
-        }
-        Ok(())
+    let check = |p: &Path| match ctx.refusal(p) {
+        Some(why) => Err(format!("{} is {why}", p.display())),
+        None => Ok(()),
     };
     check(path)?;
     let source = resolve(path).map_err(|e| format!("{} cannot be resolved: {e}", path.display()))?;
@@ -224,7 +211,7 @@ mod tests {
     static NONE: HostSecrets = HostSecrets { entries: Vec::new() };
 
     fn ctx(project: &Path) -> Context<'_> {
-        Context { project: Some(project), home: None, secrets: &NONE }
+        Context { project: Some(project), home: None, secrets: &NONE, writable: &[] }
     }
 
     fn ident(p: &Path) -> std::io::Result<PathBuf> {
@@ -282,7 +269,10 @@ mod tests {
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".ssh/id_rsa"), "k").unwrap();
         let secrets = HostSecrets::new(None, Some(&home));
-        let c = Context { project: Some(&dir.join("proj")), home: Some(&home), secrets: &secrets };
+        let writable = [dir.join("session")];
+        std::fs::create_dir(&writable[0]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", writable[0].join("planted")).unwrap();
+        let c = Context { project: Some(&dir.join("proj")), home: Some(&home), secrets: &secrets, writable: &writable };
         let g = Grants::default();
         let stop = |p: &Path, is_dir: bool| match g.answer(
             &p.display().to_string(),
@@ -296,7 +286,9 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(stop(&dir.join("into-project"), false).contains("inside the project"));
-        assert!(stop(&dir.join("into-usr"), false).contains("reserves"));
+        assert!(stop(&dir.join("into-usr"), false).contains("reserved sandbox mount /usr"));
+        // A link the sandbox planted in its own directories is never followed into a grant.
+        assert!(stop(&writable[0].join("planted"), false).contains("the session's own directories"));
         assert!(stop(&home.join(".ssh/id_rsa"), false).contains("host secret"));
         assert!(stop(&home.join(".ssh"), true).contains("host secret"));
         assert!(stop(&dir.join("missing"), false).contains("cannot be resolved"));

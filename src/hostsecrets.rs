@@ -141,12 +141,18 @@ impl HostSecrets {
     /// The secrets that exist inside `root` (canonical), as canonical paths,
     /// each once, in order. A secret that is a link is masked where it
     /// points when that is inside `root` (the link itself then leads to the
-    /// mask).
-    pub fn masks_under(&self, root: &Path) -> Vec<Mask> {
+    /// mask). Nothing at or under `skip` is looked at: trees the sandbox
+    /// can write (the project, the session directories), where a path could
+    /// be a link it planted; what is secret there is the project scan's.
+    pub fn masks_under(&self, root: &Path, skip: &[&Path]) -> Vec<Mask> {
         let mut out: Vec<Mask> = Vec::new();
+        let skipped = |p: &Path| skip.iter().any(|s| p.starts_with(s));
         let mut add = |p: PathBuf| {
+            if skipped(&p) {
+                return;
+            }
             let Ok(real) = std::fs::canonicalize(&p) else { return };
-            if !real.starts_with(root) || real == root {
+            if !real.starts_with(root) || real == root || skipped(&real) {
                 return;
             }
             let Ok(meta) = std::fs::metadata(&real) else { return };
@@ -160,6 +166,9 @@ impl HostSecrets {
                 continue;
             }
             if e.leaf.contains('*') {
+                if skipped(&e.dir) {
+                    continue;
+                }
                 let Ok(list) = std::fs::read_dir(&e.dir) else { continue };
                 let mut names: Vec<PathBuf> = list
                     .flatten()
@@ -245,7 +254,7 @@ mod tests {
         std::os::unix::fs::symlink(home.join("real-credentials"), home.join(".git-credentials")).unwrap();
         let extra = format!("{}/keys/*.key", home.display());
         let s = HostSecrets::new(Some(&extra), Some(&home));
-        let masks = s.masks_under(&home);
+        let masks = s.masks_under(&home, &[]);
         assert_eq!(
             masks,
             [
@@ -256,7 +265,10 @@ mod tests {
             ]
         );
         // A root inside a secret's directory sees only what is under it.
-        assert_eq!(s.masks_under(&home.join("keys")), [Mask { path: home.join("keys/a.key"), is_dir: false }]);
-        assert!(s.masks_under(&home.join(".ssh")).is_empty(), "the root itself is refused, not masked");
+        assert_eq!(s.masks_under(&home.join("keys"), &[]), [Mask { path: home.join("keys/a.key"), is_dir: false }]);
+        assert!(s.masks_under(&home.join(".ssh"), &[]).is_empty(), "the root itself is refused, not masked");
+        // Inside a tree the sandbox writes (here: the whole home is a project), nothing is looked at.
+        assert!(s.masks_under(&home, &[&home]).is_empty());
+        assert_eq!(s.masks_under(&home, &[&home.join(".ssh"), &home.join("keys")]).len(), 2);
     }
 }

@@ -105,14 +105,18 @@ pub async fn start(
 /// The host secrets inside the read roots and allow-once directories, as
 /// they are now (each root is checked against the list when it is granted;
 /// what appeared since is masked all the same).
-fn host_masks(secrets: &crate::hostsecrets::HostSecrets, mounts: &MountConfig) -> Vec<crate::hostsecrets::Mask> {
+fn host_masks(
+    secrets: &crate::hostsecrets::HostSecrets,
+    mounts: &MountConfig,
+    sandbox_trees: &[&Path],
+) -> Vec<crate::hostsecrets::Mask> {
     // A root is mounted at its own path; an allow-once directory where the
     // code read it, which may be a link to its source.
     let roots = mounts.read_roots.iter().map(|r| (r, r));
     let once_dirs = mounts.once.iter().filter(|m| m.is_dir).map(|m| (&m.source, &m.path));
     let mut masks: Vec<crate::hostsecrets::Mask> = Vec::new();
     for (source, at) in roots.chain(once_dirs) {
-        for mut m in secrets.masks_under(source) {
+        for mut m in secrets.masks_under(source, sandbox_trees) {
             if let Ok(rel) = m.path.strip_prefix(source) {
                 m.path = at.join(rel);
             }
@@ -139,7 +143,7 @@ async fn start_once(
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
-    let host_masks = host_masks(&settings.host_secrets, mounts);
+    let host_masks = host_masks(&settings.host_secrets, mounts, &[project.as_path(), runtime_root.as_path()]);
     let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
     // A project that cannot be protected is mounted read-only for this

@@ -590,6 +590,33 @@ pub struct PythonSandbox {
     grants: Arc<Grants>,
 }
 
+/// What deciding about grants needs, read once per decision.
+struct GrantInputs {
+    settings: Settings,
+    project: Option<PathBuf>,
+    writable: Vec<PathBuf>,
+}
+
+impl GrantInputs {
+    fn of(session: &Session) -> Self {
+        let root = session.runtime_root();
+        GrantInputs {
+            settings: Settings::from_env(),
+            project: std::fs::canonicalize(session.project_dir()).ok(),
+            writable: vec![std::fs::canonicalize(&root).unwrap_or(root)],
+        }
+    }
+
+    fn ctx(&self) -> permissions::Context<'_> {
+        permissions::Context {
+            project: self.project.as_deref(),
+            home: self.settings.home.as_deref(),
+            secrets: &self.settings.host_secrets,
+            writable: &self.writable,
+        }
+    }
+}
+
 impl PythonSandbox {
     /// Mount what `event` asks for. `current`: the mounts before (for the
     /// late-answer check). Returns the plan, the mounts wanted, what
@@ -599,12 +626,8 @@ impl PythonSandbox {
         event: permissions::ModeEvent,
         current: Option<&MountConfig>,
     ) -> (permissions::MountPlan, MountConfig, Option<bool>, Option<PathBuf>) {
-        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
-        let ctx = permissions::Context {
-            project: project.as_deref(),
-            home: settings.home.as_deref(),
-            secrets: &settings.host_secrets,
-        };
+        let inputs = GrantInputs::of(&self.session);
+        let ctx = inputs.ctx();
         let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
         let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), once: Vec::new() };
         let added: Vec<PathBuf> = match current {
@@ -771,12 +794,8 @@ impl PythonSandbox {
     pub fn mode_report(&self) -> Option<String> {
         let report = self.session.status();
         let event = self.grants.mode()?;
-        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
-        let ctx = permissions::Context {
-            project: project.as_deref(),
-            home: settings.home.as_deref(),
-            secrets: &settings.host_secrets,
-        };
+        let inputs = GrantInputs::of(&self.session);
+        let ctx = inputs.ctx();
         let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
         let note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
         Some(note.replacen("python sandbox: ", "python sandbox (from pi-tool-permissions at start): ", 1))
@@ -807,12 +826,8 @@ impl PythonSandbox {
         let answer = Answer::parse(&outcome)
             .ok_or_else(|| invalid("outcome must be allow, deny, timeout, aborted or shutdown"))?;
         let remounted = self.session.prompt_remounted();
-        let (settings, project) = (Settings::from_env(), std::fs::canonicalize(self.session.project_dir()).ok());
-        let ctx = permissions::Context {
-            project: project.as_deref(),
-            home: settings.home.as_deref(),
-            secrets: &settings.host_secrets,
-        };
+        let inputs = GrantInputs::of(&self.session);
+        let ctx = inputs.ctx();
         let shown = displayed_line(path.clone());
         Ok(match self.grants.answer(&path, is_dir, answer, remounted, &ctx, |p| std::fs::canonicalize(p)) {
             Next::Replay => {

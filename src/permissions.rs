@@ -80,6 +80,33 @@ pub struct Context<'a> {
     pub project: Option<&'a Path>,
     pub home: Option<&'a Path>,
     pub secrets: &'a HostSecrets,
+    /// Host trees the sandbox can write besides the project (the session
+    /// directories, scratch among them): a path through them may be a link
+    /// it planted, so nothing there is granted.
+    pub writable: &'a [PathBuf],
+}
+
+impl Context<'_> {
+    /// The trees a host secret is never looked for in.
+    fn sandbox_trees(&self) -> Vec<&Path> {
+        self.project.into_iter().chain(self.writable.iter().map(PathBuf::as_path)).collect()
+    }
+
+    /// Why `p` (a path as given, or where it resolves) is never granted.
+    pub fn refusal(&self, p: &Path) -> Option<String> {
+        if let Some(m) = reserved(p) {
+            return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
+        }
+        if self.project.is_some_and(|project| p.starts_with(project)) {
+            return Some("inside the project, already readable under /workspace".into());
+        }
+        if self.writable.iter().any(|w| p.starts_with(w)) {
+            return Some("inside the session's own directories, which the sandbox writes".into());
+        }
+        self.secrets.covering(p).map(|e| {
+            format!("a host secret ({}), never mounted; see {}", e.shown(), crate::hostsecrets::HOST_SECRETS_ENV)
+        })
+    }
 }
 
 /// A root as a person or a client wrote it, as an absolute path: `~` is
@@ -171,19 +198,6 @@ fn reserved(p: &Path) -> Option<&'static str> {
     RESERVED_MOUNTS.iter().copied().find(|m| p.starts_with(m))
 }
 
-/// Why `p` (a root as given, or where it resolves) cannot be mounted.
-fn refusal(p: &Path, ctx: &Context) -> Option<String> {
-    if let Some(m) = reserved(p) {
-        return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
-    }
-    if ctx.project.is_some_and(|project| p.starts_with(project)) {
-        return Some("inside the project, already readable under /workspace".into());
-    }
-    ctx.secrets
-        .covering(p)
-        .map(|e| format!("a host secret ({}), never mounted; see {}", e.shown(), crate::hostsecrets::HOST_SECRETS_ENV))
-}
-
 /// Decide which read roots to mount. `resolve` is realpath.
 pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> std::io::Result<PathBuf>) -> MountPlan {
     let mut plan = MountPlan::default();
@@ -201,7 +215,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
             }
         };
         // Checked on the path as given, then again where it resolves.
-        if let Some(reason) = refusal(&normal, ctx) {
+        if let Some(reason) = ctx.refusal(&normal) {
             plan.skipped.push(skip(reason));
             continue;
         }
@@ -212,7 +226,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
                 continue;
             }
         };
-        if let Some(reason) = refusal(&resolved, ctx) {
+        if let Some(reason) = ctx.refusal(&resolved) {
             plan.skipped.push(skip(reason));
             continue;
         }
@@ -240,7 +254,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
             continue; // the same root written twice is dropped silently
         }
         asked.push(normal);
-        let masked = ctx.secrets.masks_under(&resolved);
+        let masked = ctx.secrets.masks_under(&resolved, &ctx.sandbox_trees());
         plan.mounted.push(Mounted { requested: raw, resolved, masked });
     }
     plan
@@ -395,7 +409,12 @@ mod tests {
     static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new() };
 
     fn ctx(project: Option<&str>) -> Context<'_> {
-        Context { project: project.map(Path::new), home: Some(Path::new("/home/u")), secrets: &NO_SECRETS }
+        Context {
+            project: project.map(Path::new),
+            home: Some(Path::new("/home/u")),
+            secrets: &NO_SECRETS,
+            writable: &[],
+        }
     }
 
     fn plan(roots: &[&str], project: &str) -> MountPlan {
@@ -607,7 +626,7 @@ mod tests {
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".netrc"), "machine x").unwrap();
         let secrets = HostSecrets::new(None, Some(&home));
-        let c = Context { project: None, home: Some(&home), secrets: &secrets };
+        let c = Context { project: None, home: Some(&home), secrets: &secrets, writable: &[] };
         let roots = [home.display().to_string(), "~/.ssh".into(), "/etc/shadow".into()];
         let p = plan_mounts(&roots, &c, |p| std::fs::canonicalize(p));
         assert_eq!(p.roots(), std::slice::from_ref(&home));

@@ -885,6 +885,11 @@ impl Session {
         &self.opts.project_dir
     }
 
+    /// Where this session's directories are (scratch among them).
+    pub fn runtime_root(&self) -> PathBuf {
+        self.opts.runtime_root.clone().unwrap_or_else(default_runtime_root)
+    }
+
     /// Kill the sandbox and discard interpreter state; scratch is kept.
     /// Returns the session directories and notes for the user.
     pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
