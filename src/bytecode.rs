@@ -52,37 +52,50 @@ pub fn cached(runtime_root: &Path, key: u64) -> Option<PathBuf> {
     (meta.is_file() && meta.uid() == nix::unistd::getuid().as_raw()).then_some(path)
 }
 
+/// Why an image sent by a worker was not used, or not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeError {
+    #[error("the worker's code is not base64: {0}")]
+    NotBase64(#[from] base64::DecodeError),
+    #[error("the worker's code has {0} bytes")]
+    TooShort(usize),
+    #[error("the worker's code does not start with a .pyc magic number")]
+    NoMagic,
+    #[error(transparent)]
+    Dir(#[from] crate::rundir::DirError),
+    #[error("cannot store the worker's code in {}: {source}", dir.display())]
+    Store { dir: PathBuf, source: std::io::Error },
+}
+
 /// Decode and check an image sent by a worker: base64, more than the
 /// 16-byte header (the frame limit bounds the size), and a magic number that
 /// ends in `\r\n` as every CPython one does. The interpreter checks the rest.
-pub fn decode(pyc_base64: &str) -> Result<Vec<u8>, String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(pyc_base64)
-        .map_err(|e| format!("the worker's code is not base64: {e}"))?;
+pub fn decode(pyc_base64: &str) -> Result<Vec<u8>, CodeError> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(pyc_base64)?;
     if bytes.len() <= 16 {
-        return Err(format!("the worker's code has {} bytes", bytes.len()));
+        return Err(CodeError::TooShort(bytes.len()));
     }
     if &bytes[2..4] != b"\r\n" {
-        return Err("the worker's code does not start with a .pyc magic number".into());
+        return Err(CodeError::NoMagic);
     }
     Ok(bytes)
 }
 
 /// Store `image` for `key`. The directory must be private (as the runtime
 /// root is); the file appears complete or not at all.
-pub fn store(runtime_root: &Path, key: u64, image: &[u8]) -> Result<PathBuf, String> {
+pub fn store(runtime_root: &Path, key: u64, image: &[u8]) -> Result<PathBuf, CodeError> {
     let final_path = path(runtime_root, key);
     let dir = final_path.parent().unwrap_or(runtime_root);
-    crate::rundir::private_dir(dir).map_err(|e| e.to_string())?;
+    crate::rundir::private_dir(dir)?;
     let tmp = dir.join(format!(".tmp-{:016x}", crate::rundir::random_u64()));
     let written = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
         f.write_all(image)?;
         std::fs::rename(&tmp, &final_path)
     })();
-    written.map_err(|e| {
+    written.map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        format!("cannot store the worker's code in {}: {e}", dir.display())
+        CodeError::Store { dir: dir.to_path_buf(), source }
     })?;
     Ok(final_path)
 }
@@ -99,11 +112,11 @@ mod tests {
 
     #[test]
     fn decode_accepts_a_pyc_image_and_refuses_anything_else() {
-        assert_eq!(decode(&pyc(40_000)).map(|b| b.len()), Ok(40_000));
-        assert!(decode("not base64!").unwrap_err().contains("not base64"));
-        assert!(decode(&pyc(16)).unwrap_err().contains("16 bytes"));
+        assert_eq!(decode(&pyc(40_000)).map(|b| b.len()).ok(), Some(40_000));
+        assert!(decode("not base64!").unwrap_err().to_string().contains("not base64"));
+        assert!(decode(&pyc(16)).unwrap_err().to_string().contains("16 bytes"));
         let no_magic = base64::engine::general_purpose::STANDARD.encode([b'#'; 64]);
-        assert!(decode(&no_magic).unwrap_err().contains("magic"));
+        assert!(decode(&no_magic).unwrap_err().to_string().contains("magic"));
     }
 
     #[test]

@@ -147,6 +147,15 @@ pub enum Stream {
 
 /// A log file created on its first byte, so that a quiet execution costs
 /// no file system work.
+/// A log file that could not be written (the result says so; output
+/// capture goes on).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct LogError {
+    pub path: PathBuf,
+    pub source: std::sync::Arc<std::io::Error>,
+}
+
 #[derive(Debug)]
 pub struct LazyLog {
     path: PathBuf,
@@ -159,7 +168,7 @@ impl LazyLog {
         Self { path, file: None, failed: false }
     }
 
-    fn write(&mut self, data: &[u8]) -> Result<(), String> {
+    fn write(&mut self, data: &[u8]) -> Result<(), LogError> {
         if self.failed {
             return Ok(());
         }
@@ -167,15 +176,15 @@ impl LazyLog {
             Some(file) => file,
             None => {
                 let opened = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&self.path);
-                self.file.insert(opened.map_err(|e| {
+                self.file.insert(opened.map_err(|source| {
                     self.failed = true;
-                    format!("{}: {e}", self.path.display())
+                    LogError { path: self.path.clone(), source: std::sync::Arc::new(source) }
                 })?)
             }
         };
-        file.write_all(data).map_err(|e| {
+        file.write_all(data).map_err(|source| {
             self.failed = true;
-            format!("{}: {e}", self.path.display())
+            LogError { path: self.path.clone(), source: std::sync::Arc::new(source) }
         })
     }
 }
@@ -190,7 +199,7 @@ pub struct Capture {
     err_log: LazyLog,
     /// Set once the shared budget is exceeded; nothing more is accepted.
     pub overflowed: bool,
-    pub log_error: Option<String>,
+    pub log_error: Option<LogError>,
 }
 
 impl Capture {

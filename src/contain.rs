@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::limits::{describe_size, parse_size};
+use crate::limits::{describe_size, parse_size, SettingError};
 
 /// Most tasks (processes and threads) of one sandbox, bubblewrap's own
 /// included.
@@ -59,7 +59,7 @@ pub struct Caps {
 
 /// The caps set by the two environment values (`None` or blank: the
 /// default), or what to set instead.
-pub fn caps(tasks: Option<&str>, memory: Option<&str>) -> Result<Caps, String> {
+pub fn caps(tasks: Option<&str>, memory: Option<&str>) -> Result<Caps, SettingError> {
     fn blank(v: Option<&str>) -> Option<&str> {
         v.map(str::trim).filter(|v| !v.is_empty())
     }
@@ -67,19 +67,14 @@ pub fn caps(tasks: Option<&str>, memory: Option<&str>) -> Result<Caps, String> {
         None => DEFAULT_MAX_TASKS,
         Some(v) => match v.parse::<u64>() {
             Ok(n) if n >= MIN_TASKS => n,
-            _ => return Err(format!("{MAX_TASKS_ENV}={v:?} is not a whole number of at least {MIN_TASKS}")),
+            _ => return Err(SettingError::TooFew { name: MAX_TASKS_ENV, value: v.to_string(), min: MIN_TASKS }),
         },
     };
     let memory = match blank(memory) {
         None => DEFAULT_MAX_MEMORY,
         Some(v) => match parse_size(v) {
             Some(n) if n >= MIN_MEMORY => n,
-            _ => {
-                return Err(format!(
-                    "{MAX_MEMORY_ENV}={v:?} is not a size of at least {} (bytes, or a number with K, M or G)",
-                    describe_size(MIN_MEMORY)
-                ))
-            }
+            _ => return Err(SettingError::TooSmall { name: MAX_MEMORY_ENV, value: v.to_string(), min: MIN_MEMORY }),
         },
     };
     Ok(Caps { tasks, memory })
@@ -353,7 +348,7 @@ pub fn host_plan() -> &'static Plan {
 
 /// The `status` line: what caps the sandbox's tasks and memory, and why
 /// nothing better does.
-pub fn describe(plan: &Plan, caps: &Result<Caps, String>) -> String {
+pub fn describe(plan: &Plan, caps: &Result<Caps, SettingError>) -> String {
     let caps = match caps {
         Ok(c) => c,
         Err(e) => return format!("containment: {e}. No sandbox starts until then."),
@@ -559,9 +554,9 @@ fn split(how: &Split) -> Result<(), ContainError> {
 }
 
 /// The v2 split is made once per process.
-fn split_once(how: &Split) -> Result<(), String> {
-    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| split(how).map_err(|e| e.to_string())).clone()
+fn split_once(how: &Split) -> Result<(), std::sync::Arc<ContainError>> {
+    static DONE: std::sync::OnceLock<Result<(), std::sync::Arc<ContainError>>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| split(how).map_err(std::sync::Arc::new)).clone()
 }
 
 impl Contained {
@@ -686,7 +681,7 @@ impl Contained {
 /// The containment of one new sandbox under the caps in force. A cgroup
 /// that cannot be made is said in `notes`, and that sandbox starts with
 /// what remains (RLIMIT_NPROC where it binds).
-pub fn for_sandbox(caps: &Result<Caps, String>, notes: &mut Vec<String>) -> Result<Contained, String> {
+pub fn for_sandbox(caps: &Result<Caps, SettingError>, notes: &mut Vec<String>) -> Result<Contained, SettingError> {
     let caps = caps.clone()?;
     let plan = host_plan();
     Contained::create(plan, caps).or_else(|e| {
@@ -812,9 +807,9 @@ mod tests {
     fn caps_default_and_parse() {
         assert_eq!(caps(None, Some(" ")), Ok(Caps { tasks: 256, memory: 2 << 30 }));
         assert_eq!(caps(Some("64"), Some("512M")), Ok(Caps { tasks: 64, memory: 512 << 20 }));
-        assert!(caps(Some("3"), None).unwrap_err().contains(MAX_TASKS_ENV));
+        assert!(caps(Some("3"), None).unwrap_err().to_string().contains(MAX_TASKS_ENV));
         assert!(caps(Some("lots"), None).is_err());
-        assert!(caps(None, Some("1M")).unwrap_err().contains(MAX_MEMORY_ENV));
+        assert!(caps(None, Some("1M")).unwrap_err().to_string().contains(MAX_MEMORY_ENV));
     }
 
     #[test]

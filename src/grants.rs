@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use crate::permissions::{self, Context, ModeEvent, OnceMount};
+use crate::permissions::{self, Context, ModeEvent, OnceMount, Refusal};
 
 /// How a prompt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,32 +173,44 @@ impl Grants {
 /// How long the wrapper waits for an answer (it says so in its progress).
 pub const PROMPT_WAIT_SECONDS: u64 = 30;
 
+/// Why an allowed-once path cannot be mounted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OnceError {
+    #[error("{}: {reason}", path.display())]
+    Refused { path: PathBuf, reason: Refusal },
+    #[error("{} is {} now", path.display(), if *dir { "a directory" } else { "not a directory" })]
+    KindChanged { path: PathBuf, dir: bool },
+    #[error("{} is not a regular file or a directory", path.display())]
+    NotFileOrDir { path: PathBuf },
+}
+
 /// The allow-once mount for a read of `path`: exactly it, where it
 /// resolves, checked like a read root (no reserved mount, nothing inside
-/// the project, no host secret) on both the path and its target.
+/// the project or the session's directories, no host secret) on both the
+/// path and its target.
 fn once_mount(
     path: &Path,
     is_dir: bool,
     ctx: &Context,
     resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
-) -> Result<OnceMount, String> {
+) -> Result<OnceMount, OnceError> {
     let check = |p: &Path| match ctx.refusal(p) {
-        Some(why) => Err(format!("{} is {why}", p.display())),
+        Some(reason) => Err(OnceError::Refused { path: p.to_path_buf(), reason }),
         None => Ok(()),
     };
+    let unresolvable = |e: std::io::Error| OnceError::Refused {
+        path: path.to_path_buf(),
+        reason: Refusal::Unresolvable(e.to_string()),
+    };
     check(path)?;
-    let source = resolve(path).map_err(|e| format!("{} cannot be resolved: {e}", path.display()))?;
+    let source = resolve(path).map_err(unresolvable)?;
     check(&source)?;
-    let meta = std::fs::metadata(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    let meta = std::fs::metadata(&source).map_err(unresolvable)?;
     if meta.is_dir() != is_dir {
-        return Err(format!(
-            "{} is {} now",
-            path.display(),
-            if meta.is_dir() { "a directory" } else { "not a directory" }
-        ));
+        return Err(OnceError::KindChanged { path: path.to_path_buf(), dir: meta.is_dir() });
     }
     if !meta.is_dir() && !meta.is_file() {
-        return Err(format!("{} is not a regular file or a directory", path.display()));
+        return Err(OnceError::NotFileOrDir { path: path.to_path_buf() });
     }
     Ok(OnceMount { path: path.to_path_buf(), source, is_dir })
 }

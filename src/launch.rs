@@ -35,19 +35,19 @@ pub struct Facts {
 /// Why the host cannot run the tool at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("{0}")]
-    Bwrap(String),
-    #[error("{0}")]
-    Interpreter(String),
+    #[error(transparent)]
+    Bwrap(#[from] probe::BwrapError),
+    #[error(transparent)]
+    Interpreter(#[from] probe::InterpreterError),
 }
 
 impl Facts {
     /// Find bubblewrap, the interpreter and the Python packages.
     pub async fn probe(opts: &SessionOptions) -> Result<Facts, ProbeError> {
-        let bwrap = probe::probe_bwrap().await.map_err(ProbeError::Bwrap)?;
+        let bwrap = probe::probe_bwrap().await?;
         let settings = Settings::from_env();
         let configured = opts.interpreter.clone().or(settings.interpreter);
-        let interpreter = probe::resolve_interpreter(configured.as_deref()).map_err(ProbeError::Interpreter)?;
+        let interpreter = probe::resolve_interpreter(configured.as_deref())?;
         let venv = opts.python_packages.clone().or(settings.venv);
         let system_site = opts.system_site_packages.unwrap_or(settings.system_site);
         // The project and the runtime root: trees the sandbox can write.
@@ -215,10 +215,10 @@ async fn start_once(
             Err(e) => tracing::warn!("{} not mounted: {e}", dir.display()),
         }
     }
-    let sizes = sizes.map_err(StartError::Settings)?;
+    let sizes = sizes?;
     // The sandbox's own cgroups (or RLIMIT_NPROC), made before it starts
     // so that its first process joins them before it forks.
-    let contained = crate::contain::for_sandbox(&caps, &mut plan_notes).map_err(StartError::Settings)?;
+    let contained = crate::contain::for_sandbox(&caps, &mut plan_notes)?;
     let spec = SandboxSpec {
         tmp_bytes: sizes.tmp,
         shm_bytes: sizes.shm,

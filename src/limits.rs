@@ -117,18 +117,28 @@ pub fn parse_size(text: &str) -> Option<u64> {
     (bytes > 0).then_some(bytes)
 }
 
+/// A setting whose value cannot be used; no sandbox starts until it is
+/// fixed (the text says which setting and what to set).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error(
+        "{name}={value:?} is not a size: set it to a number of bytes, or a whole number with K, M or G (such as \
+         256M), or unset it for the default of {}",
+        describe_size(*default)
+    )]
+    Size { name: &'static str, value: String, default: u64 },
+    #[error("{name}={value:?} is not a whole number of at least {min}")]
+    TooFew { name: &'static str, value: String, min: u64 },
+    #[error("{name}={value:?} is not a size of at least {} (bytes, or a number with K, M or G)", describe_size(*min))]
+    TooSmall { name: &'static str, value: String, min: u64 },
+}
+
 /// The sizes set by the two environment values (`None` or blank: the
 /// default), or what is wrong with one of them.
-pub fn tmpfs_sizes(tmp: Option<&str>, shm: Option<&str>) -> Result<TmpfsSizes, String> {
-    let size = |name: &str, value: Option<&str>, default: u64| match value.map(str::trim) {
+pub fn tmpfs_sizes(tmp: Option<&str>, shm: Option<&str>) -> Result<TmpfsSizes, SettingError> {
+    let size = |name: &'static str, value: Option<&str>, default: u64| match value.map(str::trim) {
         None | Some("") => Ok(default),
-        Some(v) => parse_size(v).ok_or_else(|| {
-            format!(
-                "{name}={v:?} is not a size: set it to a number of bytes, or a whole number with K, M or G \
-                 (such as 256M), or unset it for the default of {}",
-                describe_size(default)
-            )
-        }),
+        Some(v) => parse_size(v).ok_or_else(|| SettingError::Size { name, value: v.to_string(), default }),
     };
     Ok(TmpfsSizes {
         tmp: size(TMP_SIZE_ENV, tmp, DEFAULT_TMP_BYTES)?,
@@ -187,13 +197,16 @@ mod tests {
         assert_eq!(tmpfs_sizes(None, None), Ok(defaults));
         assert_eq!(tmpfs_sizes(Some(" "), Some("")), Ok(defaults));
         assert_eq!(tmpfs_sizes(Some("8M"), Some("2m")), Ok(TmpfsSizes { tmp: 8 << 20, shm: 2 << 20 }));
-        let err = tmpfs_sizes(Some("lots"), None).unwrap_err();
+        let err = tmpfs_sizes(Some("lots"), None).unwrap_err().to_string();
         assert_eq!(
             err,
             "PI_PYTHON_TOOL_TMP_SIZE=\"lots\" is not a size: set it to a number of bytes, or a whole number with \
              K, M or G (such as 256M), or unset it for the default of 256 MiB"
         );
-        assert!(tmpfs_sizes(None, Some("0")).unwrap_err().starts_with("PI_PYTHON_TOOL_SHM_SIZE=\"0\" is not a size"));
+        assert!(tmpfs_sizes(None, Some("0"))
+            .unwrap_err()
+            .to_string()
+            .starts_with("PI_PYTHON_TOOL_SHM_SIZE=\"0\" is not a size"));
     }
 
     #[test]

@@ -435,7 +435,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
         skipped_roots: r
             .skipped_roots
             .iter()
-            .map(|s| SkippedRoot { root: displayed_line(s.root.clone()), reason: displayed_line(s.reason.clone()) })
+            .map(|s| SkippedRoot { root: displayed_line(s.root.clone()), reason: displayed_line(s.reason.to_string()) })
             .collect(),
         masked_host_secrets: r.masked.iter().map(|m| path_str(&m.path)).collect(),
         allowed_once: r.mounts.once.iter().map(|m| path_str(&m.path)).collect(),
@@ -782,7 +782,7 @@ impl PythonSandbox {
             skipped: plan
                 .skipped
                 .into_iter()
-                .map(|s| SkippedRoot { root: displayed_line(s.root), reason: displayed_line(s.reason) })
+                .map(|s| SkippedRoot { root: displayed_line(s.root), reason: displayed_line(s.reason.to_string()) })
                 .collect(),
         }
     }

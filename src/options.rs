@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use crate::contain::{caps, Caps, MAX_MEMORY_ENV, MAX_TASKS_ENV};
 use crate::gitconfig::HostGit;
 use crate::hostsecrets::{HostSecrets, HOST_SECRETS_ENV};
-use crate::limits::{tmpfs_sizes, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
+use crate::limits::{tmpfs_sizes, SettingError, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
 use crate::permissions::MountConfig;
 use crate::protected::{patterns, Pattern, PROTECTED_ENV};
 use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
@@ -73,10 +73,10 @@ pub struct Settings {
     pub protected: Vec<Pattern>,
     pub scan: Limits,
     /// The sizes of /tmp and /dev/shm, or why the setting is not one.
-    pub tmpfs: Result<TmpfsSizes, String>,
+    pub tmpfs: Result<TmpfsSizes, SettingError>,
     /// The caps on one sandbox's tasks and memory, or why the setting is
     /// not one (see `contain`).
-    pub caps: Result<Caps, String>,
+    pub caps: Result<Caps, SettingError>,
     /// The size of /scratch past which results and `status` say so.
     pub scratch_note: u64,
     pub git: HostGit,

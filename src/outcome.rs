@@ -422,7 +422,7 @@ pub fn start_failure(e: &StartError) -> (Status, String) {
         StartError::Halted(_) => {
             (Status::Cancelled, "Cancelled while the sandbox was starting; it was killed before any code ran.".into())
         }
-        StartError::Settings(why) => (Status::Unavailable, why.clone()),
+        StartError::Settings(why) => (Status::Unavailable, why.to_string()),
         StartError::Prepare(why) => (Status::WorkerError, why.clone()),
         StartError::Spawn(e) => (Status::WorkerError, format!("bubblewrap could not be started: {e}")),
         StartError::NotReady { why, stderr } => {

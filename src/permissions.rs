@@ -93,26 +93,53 @@ impl Context<'_> {
     }
 
     /// Why `p` (a path as given, or where it resolves) is never granted.
-    pub fn refusal(&self, p: &Path) -> Option<String> {
+    pub fn refusal(&self, p: &Path) -> Option<Refusal> {
         if let Some(m) = reserved(p) {
-            return Some(if m == "/" { "the whole filesystem".into() } else { format!("reserved sandbox mount {m}") });
+            return Some(if m == "/" { Refusal::WholeFilesystem } else { Refusal::Reserved(m) });
         }
         if self.project.is_some_and(|project| p.starts_with(project)) {
-            return Some("inside the project, already readable under /workspace".into());
+            return Some(Refusal::InsideProject);
         }
         if self.writable.iter().any(|w| p.starts_with(w)) {
-            return Some("inside the session's own directories, which the sandbox writes".into());
+            return Some(Refusal::SessionDirs);
         }
-        self.secrets.covering(p).map(|e| {
-            format!("a host secret ({}), never mounted; see {}", e.shown(), crate::hostsecrets::HOST_SECRETS_ENV)
-        })
+        self.secrets.covering(p).map(|e| Refusal::HostSecret(e.shown()))
     }
+}
+
+/// Why a root (or an allow-once path) is not mounted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("a pattern, not a directory")]
+    Pattern,
+    #[error("~ without a home directory")]
+    NoHome,
+    #[error("another user's home directory")]
+    OtherHome,
+    #[error("not an absolute path")]
+    NotAbsolute,
+    #[error("the whole filesystem")]
+    WholeFilesystem,
+    #[error("reserved sandbox mount {0}")]
+    Reserved(&'static str),
+    #[error("inside the project, already readable under /workspace")]
+    InsideProject,
+    #[error("inside the session's own directories, which the sandbox writes")]
+    SessionDirs,
+    #[error("a host secret ({0}), never mounted; see {env}", env = crate::hostsecrets::HOST_SECRETS_ENV)]
+    HostSecret(String),
+    #[error("cannot be resolved: {0}")]
+    Unresolvable(String),
+    #[error("covered by {}", .0.display())]
+    Covered(PathBuf),
+    #[error("the same directory as {requested} (both resolve to {})", resolved.display())]
+    SameAs { requested: String, resolved: PathBuf },
 }
 
 /// A root as a person or a client wrote it, as an absolute path: `~` is
 /// the home directory, a relative path is taken from the project, and a
 /// trailing `/**`, `/*` or `/` (a glob for "everything under") is dropped.
-pub fn root_path(raw: &str, ctx: &Context) -> Result<PathBuf, String> {
+pub fn root_path(raw: &str, ctx: &Context) -> Result<PathBuf, Refusal> {
     let mut text = raw.trim();
     loop {
         let stripped = text.strip_suffix("/**").or_else(|| text.strip_suffix("/*"));
@@ -122,27 +149,27 @@ pub fn root_path(raw: &str, ctx: &Context) -> Result<PathBuf, String> {
         }
     }
     if text.contains(['*', '?', '[']) {
-        return Err("a pattern, not a directory".into());
+        return Err(Refusal::Pattern);
     }
     let absolute = if text == "~" || text.starts_with("~/") {
-        let Some(home) = ctx.home else { return Err("~ without a home directory".into()) };
+        let Some(home) = ctx.home else { return Err(Refusal::NoHome) };
         home.join(text.trim_start_matches('~').trim_start_matches('/'))
     } else if text.starts_with('/') {
         PathBuf::from(text)
     } else if text.starts_with('~') {
-        return Err("another user's home directory".into());
+        return Err(Refusal::OtherHome);
     } else {
-        let Some(project) = ctx.project else { return Err("not an absolute path".into()) };
+        let Some(project) = ctx.project else { return Err(Refusal::NotAbsolute) };
         project.join(text)
     };
-    normalize_path(&absolute).ok_or_else(|| "not an absolute path".into())
+    normalize_path(&absolute).ok_or(Refusal::NotAbsolute)
 }
 
 /// A root that was not mounted, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
     pub root: String,
-    pub reason: String,
+    pub reason: Refusal,
 }
 
 /// A mounted root: the path asked for, where it resolved, and the host
@@ -206,7 +233,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
         if raw.trim().is_empty() {
             continue;
         }
-        let skip = |reason: String| Skipped { root: raw.clone(), reason };
+        let skip = |reason: Refusal| Skipped { root: raw.clone(), reason };
         let normal = match root_path(raw, ctx) {
             Ok(p) => p,
             Err(reason) => {
@@ -222,7 +249,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
         let resolved = match resolve(&normal) {
             Ok(r) => r,
             Err(e) => {
-                plan.skipped.push(skip(format!("cannot be resolved: {e}")));
+                plan.skipped.push(skip(Refusal::Unresolvable(e.to_string())));
                 continue;
             }
         };
@@ -238,17 +265,11 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
     for (raw, normal, resolved) in candidates {
         if let Some(cover) = plan.mounted.iter().find(|m| resolved.starts_with(&m.resolved)) {
             if cover.resolved != resolved {
-                plan.skipped.push(Skipped { root: raw, reason: format!("covered by {}", cover.resolved.display()) });
+                plan.skipped.push(Skipped { root: raw, reason: Refusal::Covered(cover.resolved.clone()) });
             } else if !asked.contains(&normal) {
                 // Another name (a link) for a root already mounted.
-                plan.skipped.push(Skipped {
-                    root: raw,
-                    reason: format!(
-                        "the same directory as {} (both resolve to {})",
-                        cover.requested.trim(),
-                        resolved.display()
-                    ),
-                });
+                let reason = Refusal::SameAs { requested: cover.requested.trim().to_string(), resolved };
+                plan.skipped.push(Skipped { root: raw, reason });
             }
             asked.push(normal);
             continue; // the same root written twice is dropped silently
@@ -423,7 +444,7 @@ mod tests {
     }
 
     fn reasons(p: &MountPlan) -> Vec<(String, String)> {
-        p.skipped.iter().map(|s| (s.root.clone(), s.reason.clone())).collect()
+        p.skipped.iter().map(|s| (s.root.clone(), s.reason.to_string())).collect()
     }
 
     #[test]
@@ -496,8 +517,8 @@ mod tests {
         let roots = ["/link", "/sneaky", "/gone"].map(String::from);
         let p = plan_mounts(&roots, &ctx(None), resolve);
         assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into(), masked: vec![] }]);
-        assert_eq!(p.skipped[0].reason, "reserved sandbox mount /usr");
-        assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
+        assert_eq!(p.skipped[0].reason, Refusal::Reserved("/usr"));
+        assert!(matches!(p.skipped[1].reason, Refusal::Unresolvable(_)));
         let note = change_notification(
             &MountConfig::default(),
             &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
@@ -590,9 +611,9 @@ mod tests {
         ] {
             assert_eq!(root_path(raw, &c), Ok(PathBuf::from(want)), "{raw}");
         }
-        assert_eq!(root_path("/srv/*/x", &c), Err("a pattern, not a directory".into()));
-        assert_eq!(root_path("~bob/x", &c), Err("another user's home directory".into()));
-        assert_eq!(root_path("x", &ctx(None)), Err("not an absolute path".into()));
+        assert_eq!(root_path("/srv/*/x", &c), Err(Refusal::Pattern));
+        assert_eq!(root_path("~bob/x", &c), Err(Refusal::OtherHome));
+        assert_eq!(root_path("x", &ctx(None)), Err(Refusal::NotAbsolute));
         let p = plan_mounts(&["~/data/**".to_string()], &c, ident);
         let note = change_notification(
             &MountConfig::default(),
@@ -633,11 +654,14 @@ mod tests {
         let masked: Vec<PathBuf> = p.mounted[0].masked.iter().map(|m| m.path.clone()).collect();
         assert_eq!(masked, [home.join(".netrc"), home.join(".ssh")]);
         assert!(
-            p.skipped[0].reason.starts_with(&format!("a host secret ({}/.ssh), never mounted", home.display())),
+            p.skipped[0]
+                .reason
+                .to_string()
+                .starts_with(&format!("a host secret ({}/.ssh), never mounted", home.display())),
             "{:?}",
             p.skipped
         );
-        assert!(p.skipped[1].reason.starts_with("a host secret (/etc/shadow)"), "{:?}", p.skipped);
+        assert!(p.skipped[1].reason.to_string().starts_with("a host secret (/etc/shadow)"), "{:?}", p.skipped);
         let note = change_notification(
             &MountConfig::default(),
             &MountConfig { read_roots: p.roots(), ..MountConfig::default() },

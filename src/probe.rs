@@ -18,6 +18,47 @@ pub const INSTALL_BWRAP: &str = "Install it with `sudo apt-get install bubblewra
     or your distribution's bubblewrap package.";
 const REFUSE: &str = "The python tool never runs Python outside the sandbox.";
 
+/// Why bubblewrap cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BwrapError {
+    #[error("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}")]
+    NotFound,
+    #[error("{} could not be run: {why}. {INSTALL_BWRAP} {REFUSE}", path.display())]
+    CannotRun { path: PathBuf, why: String },
+    #[error("{} --version printed {printed:?}, which is not a bubblewrap version. {REFUSE}", path.display())]
+    NoVersion { path: PathBuf, printed: String },
+    #[error(
+        "bubblewrap {}.{}.{} at {} is too old: the sandbox needs 0.8.0 or newer (for --disable-userns). \
+         {INSTALL_BWRAP} {REFUSE}",
+        version.0, version.1, version.2, path.display()
+    )]
+    TooOld { path: PathBuf, version: (u32, u32, u32) },
+}
+
+/// Why the configured interpreter cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InterpreterError {
+    #[error(
+        "The interpreter ({INTERPRETER_ENV} or the interpreter option) must be an absolute path to a Python 3.10+ \
+         binary; got {given:?}. A bare name would be looked up on PATH, which this tool deliberately never does."
+    )]
+    NotAbsolute { given: String },
+    #[error(
+        "Python interpreter not found at {}. Install Python 3.10+ (e.g. `sudo apt-get install python3`) or set \
+         {INTERPRETER_ENV} to a Python 3.10+ binary. {REFUSE}",
+        path.display()
+    )]
+    NotFound { path: PathBuf },
+    #[error("{} is not an executable file. {}", real.display(), InterpreterError::NotFound { path: given.clone() })]
+    NotExecutable { real: PathBuf, given: PathBuf },
+    #[error(
+        "Interpreter {} has no installation prefix that can be mounted on its own (it would expose the whole host \
+         filesystem). Install it under its own directory or use /usr/bin/python3.",
+        real.display()
+    )]
+    NoPrefix { real: PathBuf },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bwrap {
     pub path: PathBuf,
@@ -50,14 +91,9 @@ pub fn find_bwrap(path_env: Option<&str>, exists: impl Fn(&Path) -> bool) -> Opt
 }
 
 /// Check a bwrap version against what the argv needs.
-pub fn check_bwrap_version(path: &Path, version: (u32, u32, u32)) -> Result<(), String> {
+pub fn check_bwrap_version(path: &Path, version: (u32, u32, u32)) -> Result<(), BwrapError> {
     if version < MIN_BWRAP {
-        let (a, b, c) = version;
-        return Err(format!(
-            "bubblewrap {a}.{b}.{c} at {} is too old: the sandbox needs 0.8.0 or newer \
-             (for --disable-userns). {INSTALL_BWRAP} {REFUSE}",
-            path.display()
-        ));
+        return Err(BwrapError::TooOld { path: path.to_path_buf(), version });
     }
     Ok(())
 }
@@ -65,49 +101,33 @@ pub fn check_bwrap_version(path: &Path, version: (u32, u32, u32)) -> Result<(), 
 /// What an interpreter at the resolved path `real` needs mounted: nothing
 /// under `/usr`; otherwise its installation prefix (the directory above its
 /// `bin/`), which holds the standard library.
-pub fn interpreter_mounts(real: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn interpreter_mounts(real: &Path) -> Result<Vec<PathBuf>, InterpreterError> {
     if real.starts_with("/usr") {
         return Ok(vec![]);
     }
     let bin = real.parent().unwrap_or(Path::new("/"));
     let prefix = if bin.file_name().is_some_and(|n| n == "bin") { bin.parent().unwrap_or(Path::new("/")) } else { bin };
     if prefix == Path::new("/") {
-        return Err(format!(
-            "Interpreter {} has no installation prefix that can be mounted on its own \
-             (it would expose the whole host filesystem). Install it under its own directory \
-             or use /usr/bin/python3.",
-            real.display()
-        ));
+        return Err(InterpreterError::NoPrefix { real: real.to_path_buf() });
     }
     Ok(vec![prefix.to_path_buf()])
 }
 
 /// Resolve the configured interpreter (never a bare name looked up on PATH).
-pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, String> {
+pub fn resolve_interpreter(configured: Option<&str>) -> Result<Interpreter, InterpreterError> {
     let configured = PathBuf::from(match configured {
         Some(s) if !s.trim().is_empty() => s.trim(),
         _ => DEFAULT_INTERPRETER,
     });
     if !configured.is_absolute() {
-        return Err(format!(
-            "The interpreter ({INTERPRETER_ENV} or the interpreter option) must be an absolute path to a \
-             Python 3.10+ binary; got {:?}. \
-             A bare name would be looked up on PATH, which this tool deliberately never does.",
-            configured.display().to_string()
-        ));
+        return Err(InterpreterError::NotAbsolute { given: configured.display().to_string() });
     }
-    let missing = || {
-        format!(
-            "Python interpreter not found at {}. Install Python 3.10+ (e.g. `sudo apt-get install \
-             python3`) or set {INTERPRETER_ENV} to a Python 3.10+ binary. {REFUSE}",
-            configured.display()
-        )
-    };
+    let missing = || InterpreterError::NotFound { path: configured.clone() };
     let real = std::fs::canonicalize(&configured).map_err(|_| missing())?;
     let meta = std::fs::metadata(&real).map_err(|_| missing())?;
     use std::os::unix::fs::PermissionsExt;
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return Err(format!("{} is not an executable file. {}", real.display(), missing()));
+        return Err(InterpreterError::NotExecutable { real, given: configured });
     }
     let mounts = interpreter_mounts(&real)?;
     Ok(Interpreter { path: real, mounts })
@@ -250,27 +270,25 @@ pub fn merged_usr() -> bool {
 }
 
 /// [`probe_bwrap_now`], once per process when it succeeds.
-pub async fn probe_bwrap() -> Result<Bwrap, String> {
+pub async fn probe_bwrap() -> Result<Bwrap, BwrapError> {
     static FOUND: tokio::sync::OnceCell<Bwrap> = tokio::sync::OnceCell::const_new();
     FOUND.get_or_try_init(probe_bwrap_now).await.cloned()
 }
 
 /// Find bwrap, ask its version, and check it.
-pub async fn probe_bwrap_now() -> Result<Bwrap, String> {
+pub async fn probe_bwrap_now() -> Result<Bwrap, BwrapError> {
     let path_env = std::env::var("PATH").ok();
-    let path = find_bwrap(path_env.as_deref(), |p| p.is_file())
-        .ok_or_else(|| format!("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}"))?;
+    let path = find_bwrap(path_env.as_deref(), |p| p.is_file()).ok_or(BwrapError::NotFound)?;
     let out = tokio::process::Command::new(&path)
         .arg("--version")
         .env_clear()
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .map_err(|e| format!("{} could not be run: {e}. {INSTALL_BWRAP} {REFUSE}", path.display()))?;
+        .map_err(|e| BwrapError::CannotRun { path: path.clone(), why: e.to_string() })?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let version = parse_bwrap_version(&text).ok_or_else(|| {
-        format!("{} --version printed {:?}, which is not a bubblewrap version. {REFUSE}", path.display(), text.trim())
-    })?;
+    let version = parse_bwrap_version(&text)
+        .ok_or_else(|| BwrapError::NoVersion { path: path.clone(), printed: text.trim().to_string() })?;
     check_bwrap_version(&path, version)?;
     use std::os::unix::fs::PermissionsExt;
     let setuid = std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o4000 != 0);
@@ -290,7 +308,7 @@ mod tests {
 
     #[test]
     fn old_bwrap_is_refused_with_the_install_line() {
-        let err = check_bwrap_version(Path::new("/usr/bin/bwrap"), (0, 6, 1)).unwrap_err();
+        let err = check_bwrap_version(Path::new("/usr/bin/bwrap"), (0, 6, 1)).unwrap_err().to_string();
         assert!(err.contains("0.6.1") && err.contains("apt-get install bubblewrap"), "{err}");
         assert!(check_bwrap_version(Path::new("/usr/bin/bwrap"), (0, 8, 0)).is_ok());
     }
@@ -348,9 +366,13 @@ mod tests {
 
     #[test]
     fn interpreter_must_be_an_absolute_existing_executable() {
-        assert!(resolve_interpreter(Some("python3")).unwrap_err().contains("absolute path"));
-        let missing = resolve_interpreter(Some("/nonexistent/python3")).unwrap_err();
+        assert!(resolve_interpreter(Some("python3")).unwrap_err().to_string().contains("absolute path"));
+        let missing = resolve_interpreter(Some("/nonexistent/python3")).unwrap_err().to_string();
         assert!(missing.contains("not found at /nonexistent/python3"), "{missing}");
-        assert!(resolve_interpreter(Some("/etc/passwd")).is_err());
+        let not_exec = resolve_interpreter(Some("/etc/passwd")).unwrap_err().to_string();
+        assert!(
+            not_exec.starts_with("/etc/passwd is not an executable file. Python interpreter not found at /etc/passwd"),
+            "{not_exec}"
+        );
     }
 }

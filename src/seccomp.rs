@@ -432,21 +432,29 @@ pub fn export_bpf(allowed: &[Allowed], rules: &[Rule]) -> Result<OwnedFd, Seccom
     Ok(OwnedFd::from(file))
 }
 
+/// Why a sandbox start got no filter.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    /// Building the program failed (once per process; every start says so).
+    #[error(transparent)]
+    Build(std::sync::Arc<SeccompError>),
+    #[error("could not hold the filter in memory: {0}")]
+    Memfd(#[from] std::io::Error),
+}
+
 /// The compiled program of [`rules`], built once per process.
-fn program() -> Result<&'static [u8], String> {
-    static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, String>> = std::sync::OnceLock::new();
+fn program() -> Result<&'static [u8], FilterError> {
+    static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, std::sync::Arc<SeccompError>>> = std::sync::OnceLock::new();
     PROGRAM
         .get_or_init(|| {
             use std::io::Read;
             let mut bytes = Vec::new();
-            File::from(export_bpf(&allowlist(), &rules()).map_err(|e| e.to_string())?)
-                .read_to_end(&mut bytes)
-                .map_err(|e| e.to_string())?;
+            File::from(export_bpf(&allowlist(), &rules())?).read_to_end(&mut bytes).map_err(SeccompError::Memfd)?;
             Ok(bytes)
         })
         .as_ref()
         .map(|v| v.as_slice())
-        .map_err(|e| e.clone())
+        .map_err(|e| FilterError::Build(e.clone()))
 }
 
 /// An empty close-on-exec memfd for a BPF program.
@@ -456,12 +464,12 @@ fn memfd() -> std::io::Result<File> {
 }
 
 /// A fresh memfd holding the policy, at offset 0, for one sandbox start.
-pub fn bpf_memfd() -> Result<OwnedFd, String> {
+pub fn bpf_memfd() -> Result<OwnedFd, FilterError> {
     use std::io::Write;
     let bytes = program()?;
-    let mut file = memfd().map_err(|e| e.to_string())?;
-    file.write_all(bytes).map_err(|e| e.to_string())?;
-    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let mut file = memfd()?;
+    file.write_all(bytes)?;
+    file.seek(SeekFrom::Start(0))?;
     Ok(OwnedFd::from(file))
 }
 

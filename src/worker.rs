@@ -71,8 +71,8 @@ pub enum StartError {
     #[error("the start was stopped ({0:?})")]
     Halted(Halt),
     /// A setting cannot be applied (the text says which and why).
-    #[error("{0}")]
-    Settings(String),
+    #[error(transparent)]
+    Settings(#[from] crate::limits::SettingError),
     /// The start could not be prepared (the seccomp program, the plan).
     #[error("{0}")]
     Prepare(String),
@@ -102,8 +102,8 @@ pub enum NotReady {
     Unexpected(&'static str),
     #[error("bad frame: {0}")]
     BadFrame(String),
-    #[error("{0}")]
-    BadImage(String),
+    #[error(transparent)]
+    BadImage(crate::bytecode::CodeError),
 }
 
 impl StartError {
@@ -238,7 +238,7 @@ pub struct Worker {
     /// The rollback point of the execution in flight: the copy's host
     /// pid (checked: a child the interpreter made after the request), or
     /// why there is none.
-    point: Option<Result<i32, String>>,
+    point: Option<Result<i32, NoPoint>>,
     point_taken: bool,
     /// The idle interpreter said that the next call's output pipes wait
     /// at fds 14 and 15 (only then are those numbers ours to take).
@@ -648,15 +648,29 @@ struct BeginCheck {
     asked_at: Option<u64>,
 }
 
+/// Why a call has no rollback point.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoPoint {
+    #[error("the begin frame named a process that is not this call's copy")]
+    NotTheCopy,
+    #[error("the interpreter's pid is not known")]
+    NoInterpreter,
+    /// The worker's own reason (threads running, a failed fork), as sent.
+    #[error("{0}")]
+    Worker(String),
+    #[error("none was taken")]
+    NoneTaken,
+}
+
 impl BeginCheck {
     /// The rollback point a begin frame names: the copy's host pid, or why
     /// there is none.
-    fn copy(&self, copy: Option<u32>, why: Option<String>) -> Result<i32, String> {
+    fn copy(&self, copy: Option<u32>, why: Option<String>) -> Result<i32, NoPoint> {
         match (copy, self.interp) {
             (Some(ns), Some(interp)) => this_calls_copy(interp, self.keeper, ns, &self.children_before, self.asked_at)
-                .ok_or_else(|| "the begin frame named a process that is not this call's copy".into()),
-            (Some(_), None) => Err("the interpreter's pid is not known".into()),
-            (None, _) => Err(why.unwrap_or_else(|| "none was taken".into())),
+                .ok_or(NoPoint::NotTheCopy),
+            (Some(_), None) => Err(NoPoint::NoInterpreter),
+            (None, _) => Err(why.map_or(NoPoint::NoneTaken, NoPoint::Worker)),
         }
     }
 }
