@@ -12,6 +12,7 @@ pub mod bwrap;
 pub mod bytecode;
 pub mod capture;
 pub mod contain;
+pub mod debuglog;
 pub mod display;
 pub mod frame;
 pub mod gitconfig;

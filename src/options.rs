@@ -84,6 +84,8 @@ pub struct Settings {
     pub host_secrets: HostSecrets,
     /// `$HOME`: what `~` in a read root and in the host secrets means.
     pub home: Option<PathBuf>,
+    /// The level of the debug log (see `debuglog`), when it is on.
+    pub log: Option<tracing::Level>,
 }
 
 impl Settings {
@@ -108,6 +110,7 @@ impl Settings {
             scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
             host_secrets: HostSecrets::new(get(HOST_SECRETS_ENV).as_deref(), home.as_deref()),
             home,
+            log: crate::debuglog::level(get(crate::debuglog::LOG_ENV).as_deref()),
             git,
         }
     }

@@ -117,6 +117,11 @@ pub fn live_update(id: u64, pids: Vec<i32>, dir: Option<PathBuf>, after: Vec<Aft
     }
 }
 
+/// The directory of live session `id`, if it has one.
+pub fn live_dir(id: u64) -> Option<PathBuf> {
+    LIVE.lock().iter().find(|(i, _, _, _)| *i == id).and_then(|(_, _, dir, _)| dir.clone())
+}
+
 /// Kill every sandbox and delete every session directory of this process.
 /// Synchronous: for exit hooks.
 pub fn cleanup_all() {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::bwrap::{SCRATCH, WORKSPACE};
 use crate::capture::Capture;
@@ -100,7 +101,10 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 impl Session {
     pub fn new(opts: SessionOptions) -> Arc<Self> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let prewarm = opts.prewarm.unwrap_or_else(|| Settings::from_env().prewarm);
+        let settings = Settings::from_env();
+        let runtime_root = opts.runtime_root.clone().unwrap_or_else(default_runtime_root);
+        crate::debuglog::install(settings.log, runtime_root.join("debug.log"));
+        let prewarm = opts.prewarm.unwrap_or(settings.prewarm);
         let report = StatusReport::new(opts.project_dir.clone(), opts.mounts.clone(), prewarm);
         Arc::new_cyclic(|weak| Session {
             id,
@@ -172,8 +176,32 @@ impl Session {
         self.execute_with_progress(code, timeout_seconds, call_id, None).await
     }
 
+    /// The span this session's work runs in (see `debuglog`).
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!("session", session = self.id)
+    }
+
     /// [`Session::execute`], reporting progress while the code runs.
     pub async fn execute_with_progress(
+        &self,
+        code: String,
+        timeout_seconds: u32,
+        call_id: Option<u32>,
+        progress: Option<ProgressFn>,
+    ) -> Outcome {
+        let outcome = self.run_call(code, timeout_seconds, call_id, progress).instrument(self.span()).await;
+        let _span = self.span().entered();
+        tracing::debug!(
+            status = ?outcome.status,
+            state_lost = outcome.state_lost,
+            rolled_back = outcome.rolled_back,
+            ms = outcome.duration_ms,
+            "execution ended"
+        );
+        outcome
+    }
+
+    async fn run_call(
         &self,
         code: String,
         timeout_seconds: u32,
@@ -359,6 +387,7 @@ impl Session {
                 }
             }
             Err(interrupt) => {
+                tracing::debug!(?interrupt, "execution interrupted");
                 // In a keeper layout the sandbox stays: the interpreter is
                 // rolled back (or replaced) and every other process killed.
                 let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
@@ -690,53 +719,57 @@ impl Session {
             self.spare.abandon(ticket);
             return;
         };
-        tokio::spawn(async move {
-            // Forking the host process costs a few milliseconds of both
-            // cores: let the result that triggered this reach JS first.
-            tokio::time::sleep(SPARE_DELAY).await;
-            let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
-                me.spare.abandon(ticket);
-                return;
-            };
-            let mounts = me.shared.lock().report.mounts.lasting();
-            let made = if me.spare.is_current(ticket) {
-                let mut wake = me.wake.subscribe();
-                let start = me.start_of(&facts, &dirs, project, mounts.clone());
-                let check = me.halt_check(None, mounts.clone());
-                let mut stop = Stop { wake: &mut wake, check: &check };
-                let spawned = |pid: i32, alive: bool| me.spare_spawned(ticket, pid, alive);
-                crate::launch::start(&start, &mut stop, &spawned).await.ok()
-            } else {
-                None
-            };
-            let current = {
-                let sh = me.shared.lock();
-                !sh.report.disposed && sh.report.mounts.lasting() == mounts
-            };
-            let unused = match made {
-                Some((w, ready)) if current => {
-                    me.ready(ready);
-                    me.spare.fill(ticket, w).err()
-                }
-                Some((w, _)) => {
+        let span = self.span();
+        tokio::spawn(
+            async move {
+                // Forking the host process costs a few milliseconds of both
+                // cores: let the result that triggered this reach JS first.
+                tokio::time::sleep(SPARE_DELAY).await;
+                let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
                     me.spare.abandon(ticket);
-                    Some(w)
-                }
-                None => {
-                    me.spare.abandon(ticket);
+                    return;
+                };
+                let mounts = me.shared.lock().report.mounts.lasting();
+                let made = if me.spare.is_current(ticket) {
+                    let mut wake = me.wake.subscribe();
+                    let start = me.start_of(&facts, &dirs, project, mounts.clone());
+                    let check = me.halt_check(None, mounts.clone());
+                    let mut stop = Stop { wake: &mut wake, check: &check };
+                    let spawned = |pid: i32, alive: bool| me.spare_spawned(ticket, pid, alive);
+                    crate::launch::start(&start, &mut stop, &spawned).await.ok()
+                } else {
                     None
+                };
+                let current = {
+                    let sh = me.shared.lock();
+                    !sh.report.disposed && sh.report.mounts.lasting() == mounts
+                };
+                let unused = match made {
+                    Some((w, ready)) if current => {
+                        me.ready(ready);
+                        me.spare.fill(ticket, w).err()
+                    }
+                    Some((w, _)) => {
+                        me.spare.abandon(ticket);
+                        Some(w)
+                    }
+                    None => {
+                        me.spare.abandon(ticket);
+                        None
+                    }
+                };
+                if let Some(w) = unused {
+                    let mut sh = me.shared.lock();
+                    if sh.spare_pid == Some(w.pid()) {
+                        sh.spare_pid = None;
+                    }
+                    drop(sh);
+                    w.reap();
                 }
-            };
-            if let Some(w) = unused {
-                let mut sh = me.shared.lock();
-                if sh.spare_pid == Some(w.pid()) {
-                    sh.spare_pid = None;
-                }
-                drop(sh);
-                w.reap();
+                me.sync_live();
             }
-            me.sync_live();
-        });
+            .instrument(span),
+        );
     }
 
     /// Record the pid of the spare being started under `ticket` (so that a
@@ -762,6 +795,7 @@ impl Session {
         reason: ResetReason,
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
+        tracing::debug!(pid = w.pid(), %reason, "killing the sandbox");
         self.forget_once(&w.mounts);
         let (exit, dead) = w.kill(capture).await;
         if let Some(guard) = dead.guard {
@@ -805,11 +839,19 @@ impl Session {
     /// [`Session::set_mounts`], with the reason the next result gives for
     /// the restart (default: the mode or the read roots changed).
     pub fn set_mounts_because(&self, mounts: MountConfig, reason: Option<String>) -> Option<bool> {
+        let _span = self.span().entered();
         let mut sh = self.shared.lock();
         sh.report.permissions_seen = true;
         if sh.report.mounts == mounts {
             return None;
         }
+        tracing::debug!(
+            writable = mounts.workspace_writable,
+            roots = ?mounts.read_roots,
+            once = ?mounts.once,
+            ?reason,
+            "mounts changed"
+        );
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
         sh.report.mount_epoch += 1;
@@ -893,6 +935,10 @@ impl Session {
     /// Kill the sandbox and discard interpreter state; scratch is kept.
     /// Returns the session directories and notes for the user.
     pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
+        self.reset_now().instrument(self.span()).await
+    }
+
+    async fn reset_now(&self) -> (Option<Dirs>, Vec<String>) {
         let mut inner = self.ops.lock().await;
         // In a keeper layout: a fresh interpreter in the same sandbox.
         // A sandbox with an allow-once path is replaced: the path goes with it.
@@ -918,6 +964,11 @@ impl Session {
     /// later calls answer `unavailable`. Returns notes for the user (what
     /// the last checks of the project found).
     pub async fn dispose(&self, reason: &str) -> Vec<String> {
+        self.dispose_now(reason).instrument(self.span()).await
+    }
+
+    async fn dispose_now(&self, reason: &str) -> Vec<String> {
+        tracing::debug!(reason, "dispose");
         let pid = {
             let mut sh = self.shared.lock();
             sh.report.disposed = true;
