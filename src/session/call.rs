@@ -1,0 +1,260 @@
+//! One execution on the session's sandbox: making sure a sandbox with the
+//! wanted mounts is there, running the call, and turning how it ended
+//! (a result, or an interrupt that is rolled back or kills the sandbox)
+//! into the call's [`Outcome`].
+
+use super::*;
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn execute_locked(
+        &self,
+        inner: &mut Inner,
+        code: String,
+        timeout_seconds: u32,
+        call: u32,
+        wake: &mut watch::Receiver<u64>,
+        progress: Option<ProgressFn>,
+    ) -> Outcome {
+        let generation = || self.shared.lock().report.generation;
+        if code.len() > MAX_CODE_BYTES {
+            return Outcome::static_result(
+                Status::Unavailable,
+                generation(),
+                format!("Code exceeds the {MAX_CODE_BYTES} byte limit."),
+            );
+        }
+        let timeout_seconds = timeout_seconds.clamp(MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS);
+
+        // A sandbox started with other mounts than the session's is replaced.
+        let wanted = self.shared.lock().report.mounts.clone();
+        if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+            inner.pending_loss = Some(self.remount_reason());
+            self.drop_worker(inner, ResetReason::MountsChanged).await;
+        }
+        // A worker that died while idle is reported, not silently replaced.
+        if let Some(w) = inner.worker.as_mut() {
+            if let Some(why) = w.take_killed_for() {
+                inner.pending_loss = Some(format!("the sandbox was killed between executions: {why}"));
+                self.drop_worker(inner, ResetReason::WorkerError).await;
+            } else if w.keeper() && w.interpreter_gone() {
+                // The sandbox is still there: a fresh interpreter in it.
+                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
+                inner.pending_loss = Some(format!("the interpreter died while idle{oom}"));
+                if w.recover(None, true).await.is_ok() {
+                    let mut sh = self.shared.lock();
+                    sh.report.generation += 1;
+                    sh.report.last_reset_reason = Some(ResetReason::DiedIdle);
+                } else {
+                    self.drop_worker(inner, ResetReason::DiedIdle).await;
+                }
+            } else if let Some(status) = w.exited() {
+                let what = exit_text(Some(status));
+                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
+                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}{oom}"));
+                self.drop_worker(inner, ResetReason::DiedIdle).await;
+            }
+        }
+        let mut restarts = 0;
+        while inner.worker.is_none() {
+            let epoch = self.shared.lock().report.mount_epoch;
+            if let Err(outcome) = self.start_worker(inner, call, wake).await {
+                // A mode change killed the sandbox while it started: start
+                // again with the new mounts (no code ran), a few times at most.
+                let remounted = self.shared.lock().report.mount_epoch != epoch;
+                if remounted && restarts < 3 && !self.is_cancelled(call) && !self.is_disposed() {
+                    restarts += 1;
+                    inner.pending_loss = Some(self.remount_reason());
+                    continue;
+                }
+                return *outcome;
+            }
+            // A change that came while it started found no process to kill
+            // (only the wake, which the start consumed): start again.
+            let wanted = self.shared.lock().report.mounts.clone();
+            if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+                self.drop_worker(inner, ResetReason::MountsChanged).await;
+            }
+        }
+        let Some(dirs) = inner.dirs.clone() else {
+            return Outcome::static_result(
+                Status::WorkerError,
+                generation(),
+                "internal error: no session directory".into(),
+            );
+        };
+        inner.exec_seq += 1;
+        let seq = inner.exec_seq;
+        self.shared.lock().report.executions = seq;
+        let (out_path, err_path) = log_paths(&dirs, seq);
+        let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
+        let mut capture = Capture::new(frame::end_mark(&nonce), out_path.clone(), err_path.clone());
+        let mut o = Outcome::static_result(Status::Ok, generation(), String::new());
+        o.diagnostic = None;
+        o.started = true;
+
+        let Some(worker) = inner.worker.as_mut() else {
+            return Outcome::static_result(Status::WorkerError, generation(), "internal error: no sandbox".into());
+        };
+        let guard = worker.guard.clone();
+        let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
+        let mounts = worker.mounts.clone();
+        let check = self.halt_check(Some(call), mounts);
+        let mut stop = Stop { wake, check: &check };
+        let mark = frame::end_mark(&nonce);
+        let call = Call { seq, code: &code, mark: &mark, deadline, progress };
+        let result = worker.exec(call, &mut capture, &mut stop).await;
+        if worker.took_point() {
+            self.shared.lock().report.last_rollback_point = Some(std::time::SystemTime::now());
+        }
+        match result {
+            Ok(done) => {
+                apply_report(&mut o, done.report, &dirs.scratch);
+                // Processes the code started that the memory cap ended.
+                o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));
+                if let Err(why) = done.after {
+                    // The worker misbehaved after its result: keep the result,
+                    // but its interpreter is gone.
+                    self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
+                    o.state_lost = true;
+                    o.state_lost_reason = Some(format!("the worker failed right after the execution: {why}"));
+                }
+            }
+            Err(interrupt) => {
+                tracing::debug!(?interrupt, "execution interrupted");
+                // In a keeper layout the sandbox stays: the interpreter is
+                // rolled back (or replaced) and every other process killed.
+                let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
+                let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
+                // A memory cap the kernel enforced says so (and whom it
+                // killed), read before the recovery kills the rest. The
+                // interpreter it ended may be noticed only at the deadline,
+                // when processes it started hold its pipe.
+                let oom = inner.worker.as_mut().and_then(|w| {
+                    let died = interrupt == Interrupt::Died || w.interpreter_gone();
+                    let note = w.oom_note(died)?;
+                    Some(if died { OomKill::Interpreter(note) } else { OomKill::Others(note) })
+                });
+                let recovered = match inner.worker.as_mut() {
+                    Some(w) if kept && killed_for.is_none() && w.keeper() => {
+                        Some(w.recover(Some(&mut capture), false).await)
+                    }
+                    _ => None,
+                };
+                match recovered {
+                    Some(Ok(recovery)) => {
+                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref());
+                        if r.state_lost {
+                            self.shared.lock().report.generation += 1;
+                            o.generation = generation();
+                        }
+                        self.shared.lock().report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                        o.status = r.status;
+                        o.state_lost = r.state_lost;
+                        o.state_lost_reason = r.state_lost_reason;
+                        o.rolled_back = r.rolled_back;
+                        o.diagnostic = Some(r.diagnostic);
+                        o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
+                        o.log_complete = !o.output_limit_exceeded;
+                        if let Some(guard) = &guard {
+                            // The killed processes are gone: check the project now.
+                            let (guard, notes) = (guard.clone(), self.notes.clone());
+                            let _ =
+                                tokio::task::spawn_blocking(move || protected::settle_and_check(&guard, None, &notes))
+                                    .await;
+                        }
+                        return self.finish_exec(o, guard, &capture, &dirs, seq, inner.worker.is_some());
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("rollback failed: {e}");
+                        o.notes.push(format!(
+                            "The interpreter could not be rolled back ({e}); the sandbox was killed instead."
+                        ));
+                    }
+                    None => {}
+                }
+                let mut exit = None;
+                if interrupt == Interrupt::Died && !inner.worker.as_ref().is_some_and(|w| w.keeper()) {
+                    // Let the sandbox exit by itself first, so that its exit
+                    // status is the worker's and not our SIGKILL.
+                    if let Some(w) = inner.worker.as_mut() {
+                        exit = w.wait_exit(DEATH_GRACE).await;
+                    }
+                }
+                let reason = ResetReason::from(&interrupt);
+                let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
+                let (status, reason, diagnostic) =
+                    interruption(&interrupt, timeout_seconds, killed_for, exit.or(killed));
+                let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
+                o.status = status;
+                o.state_lost = true;
+                o.state_lost_reason = Some(reason);
+                o.diagnostic = Some(diagnostic);
+                o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
+                o.log_complete = !o.output_limit_exceeded;
+            }
+        }
+        let alive = inner.worker.is_some();
+        self.finish_exec(o, guard, &capture, &dirs, seq, alive)
+    }
+
+    /// The parts of an execution's result that every ending shares: the
+    /// protected-path checks, the notes, the streams and their logs.
+    pub(super) fn finish_exec(
+        &self,
+        mut o: Outcome,
+        guard: Option<Arc<Guard>>,
+        capture: &Capture,
+        dirs: &Dirs,
+        seq: u64,
+        alive: bool,
+    ) -> Outcome {
+        if let Some(guard) = guard {
+            // The names where protected entries live, now; the whole
+            // project off the result's path (its notes reach the next result).
+            o.notes.extend(guard.check_holders());
+            if alive {
+                tokio::task::spawn_blocking(move || guard.check_all_pending());
+            }
+        }
+        o.notes.extend(self.notes.lock().take());
+        // How much /scratch holds, measured off the result's path (a note
+        // reaches a later result).
+        self.scratch.poke(&dirs.scratch, &self.notes);
+        if let Some(e) = &capture.log_error {
+            let note = format!("Writing the log files failed: {e}");
+            o.diagnostic = Some(match o.diagnostic.take() {
+                Some(d) => format!("{d}\n{note}"),
+                None => note,
+            });
+        }
+        let (out_path, err_path) = log_paths(dirs, seq);
+        o.stdout = StreamText::from(&capture.stdout);
+        o.stderr = StreamText::from(&capture.stderr);
+        o.log_paths = LogFiles {
+            stdout: (capture.stdout.total > 0).then_some(out_path),
+            stderr: (capture.stderr.total > 0).then_some(err_path),
+        };
+        o
+    }
+
+    /// What stops an operation of a sandbox made for `mounts`: a dispose,
+    /// a cancel of `call` (none for a spare), a change of the mounts.
+    pub(super) fn halt_check(
+        &self,
+        call: Option<u32>,
+        mounts: MountConfig,
+    ) -> impl Fn() -> Option<Halt> + Send + Sync + '_ {
+        move || {
+            if self.is_disposed() {
+                Some(Halt::Disposed)
+            } else if call.is_some_and(|c| self.is_cancelled(c)) {
+                Some(Halt::Cancelled)
+            } else if self.shared.lock().report.mounts != mounts {
+                Some(Halt::Remounted)
+            } else {
+                None
+            }
+        }
+    }
+}

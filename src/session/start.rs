@@ -1,0 +1,279 @@
+//! Making sandboxes for a session: the host probe and the session
+//! directories (once each), cold starts, and the spare sandbox kept ready
+//! in the background.
+
+use super::*;
+
+impl Session {
+    /// Probe the host and make the session directory (once each).
+    pub(super) async fn prepare(&self, inner: &mut Inner) -> Result<(Arc<Facts>, Dirs, PathBuf), String> {
+        let facts = match &inner.facts {
+            Some(f) => f.clone(),
+            None => {
+                let facts = Arc::new(Facts::probe(&self.opts).await.map_err(|e| e.to_string())?);
+                inner.facts = Some(facts.clone());
+                let mut sh = self.shared.lock();
+                sh.report.bwrap = Some(facts.bwrap.clone());
+                sh.report.site_dirs = facts.python.site_dirs.clone();
+                sh.report.python_notes = facts.python.notes.clone();
+                drop(sh);
+                facts
+            }
+        };
+        let project = std::fs::canonicalize(&self.opts.project_dir)
+            .map_err(|e| format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display()))?;
+        let dirs = match &inner.dirs {
+            Some(d) => d.clone(),
+            None => {
+                let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE)
+                    .map_err(|e| e.to_string())?;
+                inner.dirs = Some(d.clone());
+                self.shared.lock().report.dirs = Some(d.clone());
+                self.sync_live();
+                d
+            }
+        };
+        Ok((facts, dirs, project))
+    }
+
+    /// Make the session's interpreter: the spare when one is ready for the
+    /// current mounts, else a cold start that waits for the ready frame.
+    pub(super) async fn start_worker(
+        &self,
+        inner: &mut Inner,
+        call: u32,
+        wake: &mut watch::Receiver<u64>,
+    ) -> Result<(), Box<Outcome>> {
+        let generation = self.shared.lock().report.generation;
+        let (facts, dirs, project) = self.prepare(inner).await.map_err(|msg| {
+            self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
+            Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
+        })?;
+        let mounts = self.shared.lock().report.mounts.clone();
+        let bump = || {
+            let mut sh = self.shared.lock();
+            sh.report.generation += 1;
+            sh.report.generation
+        };
+        let mut spare = self.take_spare(&mounts);
+        // A writable spare was planned while the last sandbox could still
+        // write the project: it is used only if the project still holds
+        // exactly what it protected.
+        if let Some(guard) = spare.as_ref().and_then(|s| s.guard.clone()) {
+            let fits = tokio::task::spawn_blocking(move || guard.still_matches()).await.unwrap_or(false);
+            if !fits {
+                if let Some(stale) = spare.take() {
+                    stale.reap();
+                }
+            }
+        }
+        if let Some(spare) = spare {
+            bump();
+            self.adopt(inner, *spare);
+            return Ok(());
+        }
+        let generation = bump();
+        let start = self.start_of(&facts, &dirs, project, mounts.clone());
+        let check = self.halt_check(Some(call), mounts);
+        let mut stop = Stop { wake, check: &check };
+        let spawned = |pid: i32, alive: bool| self.set_active(alive.then_some(pid));
+        match crate::launch::start(&start, &mut stop, &spawned).await {
+            Ok((worker, ready)) => {
+                self.ready(ready);
+                self.adopt(inner, worker);
+                inner.start_failed = false;
+                Ok(())
+            }
+            Err(e) => {
+                inner.start_failed = true;
+                self.shared.lock().report.last_reset_reason = Some(ResetReason::StartupFailure);
+                let (status, msg) = start_failure(&e);
+                Err(Box::new(Outcome::static_result(status, generation, msg)))
+            }
+        }
+    }
+
+    pub(super) fn start_of<'a>(
+        &self,
+        facts: &'a Facts,
+        dirs: &'a Dirs,
+        project: PathBuf,
+        mounts: MountConfig,
+    ) -> Start<'a> {
+        Start {
+            facts,
+            dirs,
+            project,
+            mounts,
+            notes: self.notes.clone(),
+            tainted: self.tainted.clone(),
+            rollback: self.opts.rollback,
+        }
+    }
+
+    /// What a ready frame tells the session.
+    pub(super) fn ready(&self, ready: crate::worker::Ready) {
+        let mut sh = self.shared.lock();
+        sh.report.availability = Availability::Available;
+        sh.report.runtime_version = Some(ready.runtime_version);
+        for note in ready.site_notes {
+            if !sh.report.python_notes.contains(&note) {
+                sh.report.python_notes.push(note);
+            }
+        }
+    }
+
+    /// Make `worker` the session's interpreter.
+    pub(super) fn adopt(&self, inner: &mut Inner, mut worker: Worker) {
+        self.notes.lock().extend(std::mem::take(&mut worker.plan_notes));
+        {
+            let mut sh = self.shared.lock();
+            sh.active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
+            sh.report.worker_code = Some(worker.code.as_str());
+        }
+        self.set_active(Some(worker.pid()));
+        inner.worker = Some(worker);
+    }
+
+    pub(super) fn set_active(&self, pid: Option<i32>) {
+        {
+            let mut sh = self.shared.lock();
+            sh.worker_pid = pid;
+            sh.report.worker_running = pid.is_some();
+        }
+        self.sync_live();
+    }
+
+    /// Tell the exit-cleanup registry what this session has running.
+    pub(super) fn sync_live(&self) {
+        let sh = self.shared.lock();
+        let pids = sh.worker_pid.into_iter().chain(sh.spare_pid).collect();
+        let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
+        // At process exit the active sandbox's project is checked once its
+        // processes are gone, as after any kill.
+        let after: Vec<crate::rundir::AfterKill> = sh
+            .active_guard
+            .clone()
+            .map(|(guard, init)| {
+                let notes = self.notes.clone();
+                std::sync::Arc::new(move || protected::settle_and_check(&guard, init, &notes))
+                    as crate::rundir::AfterKill
+            })
+            .into_iter()
+            .collect();
+        drop(sh);
+        live_update(self.id, pids, dir, after);
+    }
+
+    /// Take the ready spare if it was made for `mounts` and is still alive.
+    pub(super) fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
+        // A spare never has allow-once mounts: keep it for the sandbox after.
+        if !mounts.once.is_empty() {
+            return None;
+        }
+        let mut w = self.spare.take()?;
+        self.shared.lock().spare_pid = None;
+        if w.mounts != *mounts || w.exited().is_some() {
+            w.reap();
+            self.sync_live();
+            return None;
+        }
+        Some(w)
+    }
+
+    /// Kill the spare (mounts changed, or the session ends).
+    pub(super) fn discard_spare(&self) {
+        if let Some(w) = self.spare.clear() {
+            w.reap();
+        }
+        let pid = self.shared.lock().spare_pid.take();
+        if let Some(pid) = pid {
+            kill_group(pid); // a spare still starting
+        }
+        self.sync_live();
+    }
+
+    /// Start a spare in the background if prewarming is on and none exists.
+    pub(super) fn refill_spare(&self, inner: &Inner) {
+        let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
+        if inner.start_failed {
+            return;
+        }
+        {
+            let sh = self.shared.lock();
+            if !sh.report.prewarm || sh.report.disposed {
+                return;
+            }
+        }
+        let Some(ticket) = self.spare.begin() else { return };
+        let Some(me) = self.weak.upgrade() else {
+            self.spare.abandon(ticket);
+            return;
+        };
+        let span = self.span();
+        tokio::spawn(
+            async move {
+                // Forking the host process costs a few milliseconds of both
+                // cores: let the result that triggered this reach JS first.
+                tokio::time::sleep(SPARE_DELAY).await;
+                let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
+                    me.spare.abandon(ticket);
+                    return;
+                };
+                let mounts = me.shared.lock().report.mounts.lasting();
+                let made = if me.spare.is_current(ticket) {
+                    let mut wake = me.wake.subscribe();
+                    let start = me.start_of(&facts, &dirs, project, mounts.clone());
+                    let check = me.halt_check(None, mounts.clone());
+                    let mut stop = Stop { wake: &mut wake, check: &check };
+                    let spawned = |pid: i32, alive: bool| me.spare_spawned(ticket, pid, alive);
+                    crate::launch::start(&start, &mut stop, &spawned).await.ok()
+                } else {
+                    None
+                };
+                let current = {
+                    let sh = me.shared.lock();
+                    !sh.report.disposed && sh.report.mounts.lasting() == mounts
+                };
+                let unused = match made {
+                    Some((w, ready)) if current => {
+                        me.ready(ready);
+                        me.spare.fill(ticket, w).err()
+                    }
+                    Some((w, _)) => {
+                        me.spare.abandon(ticket);
+                        Some(w)
+                    }
+                    None => {
+                        me.spare.abandon(ticket);
+                        None
+                    }
+                };
+                if let Some(w) = unused {
+                    let mut sh = me.shared.lock();
+                    if sh.spare_pid == Some(w.pid()) {
+                        sh.spare_pid = None;
+                    }
+                    drop(sh);
+                    w.reap();
+                }
+                me.sync_live();
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Record the pid of the spare being started under `ticket` (so that a
+    /// dispose can kill it), or forget it once its start failed.
+    pub(super) fn spare_spawned(&self, ticket: u64, pid: i32, alive: bool) {
+        let ours = self.spare.is_current(ticket);
+        let mut sh = self.shared.lock();
+        if alive && ours {
+            sh.spare_pid = Some(pid);
+        } else if !alive && sh.spare_pid == Some(pid) {
+            sh.spare_pid = None;
+        }
+        drop(sh);
+        self.sync_live();
+    }
+}
