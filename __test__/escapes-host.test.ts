@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { execFile, execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
@@ -545,5 +545,135 @@ describe("read grants never follow what the sandbox planted", () => {
     const change = sb.applyModeEvent({ mode: "manual", readRoots: [sb.status().paths.scratchDir!] });
     assert.deepEqual(change.readRoots, []);
     assert.match(change.skipped[0]?.reason ?? "", /inside the session's own directories/);
+  });
+});
+
+describe("host secrets stay out of the sandbox, also when they appear later", () => {
+  /** A read root holding `notes.txt`, and a sandbox that mounts it. */
+  async function rootFixture(t: import("node:test").TestContext) {
+    const root = mkdtempSync("/var/tmp/pps-secret-root-");
+    t.after(() => rmSync(root, { recursive: true, force: true }));
+    writeFileSync(join(root, "notes.txt"), "notes\n");
+    const fx = await makeFixture(t, { prewarm: false });
+    fx.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+    return { root, sb: fx.sb };
+  }
+  /** Start a background process that copies `secret` into scratch once it has content. */
+  const thief = (secret: string) => py`
+    import subprocess
+    subprocess.Popen(["sh", "-c", "while :; do if [ -s ${secret} ]; then cat ${secret} > /scratch/stolen; exit; fi; sleep 0.05; done"])
+    print(open(${lit(secret.replace(/\/[^/]+$/, "/notes.txt"))}).read())
+  `;
+
+  for (const defended of [false, true]) {
+    test(`a secret created in a read root while a background process waits for it is ${defended ? "never read" : "read (baseline: not on the list)"}`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const { root, sb } = await rootFixture(t);
+      const secret = join(root, ".vault-token");
+      const old = process.env.PI_PYTHON_TOOL_HOST_SECRETS;
+      if (defended) process.env.PI_PYTHON_TOOL_HOST_SECRETS = secret;
+      t.after(() => {
+        if (old === undefined) delete process.env.PI_PYTHON_TOOL_HOST_SECRETS;
+        else process.env.PI_PYTHON_TOOL_HOST_SECRETS = old;
+      });
+      const first = await sb.execute(thief(secret));
+      assert.equal(first.status, "ok", first.text);
+      // Created empty first, filled later: the sandbox must be gone by the time it has content.
+      writeFileSync(secret, "");
+      await new Promise((r) => setTimeout(r, 500));
+      writeFileSync(secret, "vault-secret-value\n");
+      await new Promise((r) => setTimeout(r, 500));
+      const r = await sb.execute(`import os\nprint(open('/scratch/stolen').read() if os.path.exists('/scratch/stolen') else 'nothing stolen')\nprint(repr(open(${lit(secret)}).read()))`);
+      if (!defended) {
+        assert.match(r.text, /vault-secret-value/, "baseline: the background process copied it");
+        return;
+      }
+      assert.doesNotMatch(r.text, /vault-secret-value/);
+      assert.match(r.text, /nothing stolen/);
+      assert.match(r.text, /^''$/m, "masked in the new sandbox");
+      assert.match(r.text, /host secret appeared in a read root/);
+      assert.equal(r.stateLost, true);
+    });
+  }
+
+  test("a secret that arrives with its directory in one rename is never read", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { root, sb } = await rootFixture(t);
+    // A secret in a directory that does not exist yet and appears in one step (a rename).
+    const secret = join(root, "deep", ".netrc");
+    process.env.PI_PYTHON_TOOL_HOST_SECRETS = secret;
+    t.after(() => delete process.env.PI_PYTHON_TOOL_HOST_SECRETS);
+    assert.equal((await sb.execute("x = 1")).status, "ok");
+    const staging = mkdtempSync("/var/tmp/pps-secret-stage-");
+    t.after(() => rmSync(staging, { recursive: true, force: true }));
+    writeFileSync(join(staging, ".netrc"), "machine m password p4ss\n");
+    renameSync(staging, join(root, "deep"));
+    const r = await sb.execute(`print(repr(open(${lit(secret)}).read()))`);
+    assert.doesNotMatch(r.text, /p4ss/);
+    assert.match(r.text, /host secret appeared in a read root/);
+  });
+
+  test("allow once through the user's own link into the project never follows a link the sandbox planted there", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const base = mkdtempSync("/var/tmp/pps-alias-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    const project = join(base, "proj");
+    await mkdir(project);
+    writeFileSync(join(base, "private.txt"), "host-private\n");
+    await symlink(project, join(base, "work"));
+    const runtimeRoot = mkdtempSync("/var/tmp/pps-alias-rt-");
+    t.after(() => rmSync(runtimeRoot, { recursive: true, force: true }));
+    const { PythonSandbox } = await import("../index.cjs");
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot, prewarm: false });
+    t.after(() => sb.dispose());
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const plant = await sb.execute(`import os\nos.symlink(${lit(join(base, "private.txt"))}, "/workspace/report.csv")`);
+    assert.equal(plant.status, "ok", plant.text);
+    const via = join(base, "work", "report.csv");
+    // Baseline: on the host the path leads to the private file.
+    assert.equal(realpathSync(via), join(base, "private.txt"));
+    const r = await sb.execute(`open(${lit(via)}).read()`);
+    assert.equal(r.status, "permission_needed", r.text);
+    assert.equal(sb.readDecision(via, true).prompt, true);
+    const answer = sb.answerRead(via, false, "allow");
+    assert.equal(answer.replay, false);
+    assert.match(answer.diagnostic ?? "", /which the sandbox can write/);
+    assert.deepEqual(sb.status().allowedOnce, []);
+    const change = sb.applyModeEvent({ mode: "yolo", readRoots: [join(base, "work")] });
+    assert.deepEqual(change.readRoots, []);
+  });
+
+  test("an allow once is used once: twice is no replay, and one whose start failed is gone", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const dir = mkdtempSync("/var/tmp/pps-once-");
+    t.after(() => rmSync(dir, { recursive: true, force: true }));
+    const file = join(dir, "data.csv");
+    writeFileSync(file, "1,2\n");
+    const { sb } = await makeFixture(t, { prewarm: false });
+    sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    const code = `print(open(${lit(file)}).read())`;
+    assert.equal((await sb.execute(code)).status, "permission_needed");
+    sb.readDecision(file, true);
+    assert.equal(sb.answerRead(file, false, "allow").replay, true);
+    const replay = await sb.execute(`n = 1\n${code}`);
+    assert.match(replay.text, /1,2/);
+    // The same path allowed once again (a forged second prompt): nothing to replay on a fresh interpreter.
+    sb.readDecision(file, true);
+    const again = sb.answerRead(file, false, "allow");
+    assert.equal(again.replay, false);
+    assert.match(again.diagnostic ?? "", /already mounted/);
+    assert.match((await sb.execute("print(n)")).text, /^1$/m, "the interpreter was not replaced");
+    // A start that fails takes its allow-once path with it.
+    await sb.reset();
+    assert.equal((await sb.execute(code)).status, "permission_needed");
+    sb.readDecision(file, true);
+    assert.equal(sb.answerRead(file, false, "allow").replay, true);
+    rmSync(file);
+    const failed = await sb.execute(code);
+    assert.notEqual(failed.status, "ok");
+    assert.deepEqual(sb.status().allowedOnce, []);
+    writeFileSync(file, "3,4\n");
+    const later = await sb.execute(`import os\nprint(os.path.exists(${lit(file)}))`);
+    assert.match(later.text, /^False$/m, "not mounted again");
   });
 });

@@ -6,15 +6,16 @@
  */
 import { loadAddon } from "./addon.ts";
 
-// C0 but tab and newline, DEL, C1, and the bidi and format controls; CRLF first.
-const CONTROLS = /\r\n|[\0-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+// C0 but tab and newline, DEL, C1, and the bidi and invisible format characters; CRLF first.
+const CONTROLS =
+  /\r\n|[\0-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
 
 /** The fallback: C0 as control pictures, DEL as U+2421, the others as `<U+202E>`, CRLF as LF. */
 export function displayTextFallback(text: string): string {
   // A lone surrogate becomes U+FFFD, as on its way into the addon.
   const whole = (text as string & { toWellFormed(): string }).toWellFormed();
   return whole.replace(CONTROLS, (c) => {
-    const code = c.charCodeAt(0);
+    const code = c.codePointAt(0) ?? 0;
     if (c === "\r\n") return "\n";
     if (code < 0x20) return String.fromCharCode(0x2400 + code);
     if (code === 0x7f) return "\u2421";

@@ -13,8 +13,10 @@
 //!   already does for exception text; a CR right before a newline (CRLF) is
 //!   dropped instead, so Windows line ends read as line ends;
 //! - DEL as U+2421 (`␡`);
-//! - C1 controls (U+0080-U+009F) and the bidi and format controls U+061C,
-//!   U+200E, U+200F, U+202A-U+202E and U+2066-U+2069 as `<U+202E>`.
+//! - C1 controls (U+0080-U+009F), the bidi controls U+061C, U+200E,
+//!   U+200F, U+202A-U+202E and U+2066-U+2069, and the invisible format
+//!   characters U+180E, U+200B, U+2060-U+2064, U+206A-U+206F, U+FEFF,
+//!   U+FFF9-U+FFFB and the tags U+E0000-U+E007F, as `<U+202E>`.
 //!
 //! An escape sequence so stays readable (`␛]52;c;aGk=␇`) and does nothing.
 //! [`display_line`] is the same rule for a one-line field (a path, a type
@@ -28,9 +30,39 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// The bidi and format controls that reorder or hide text.
+/// The bidi and format controls that reorder or hide text: the bidi
+/// marks, embeddings, overrides and isolates, and the invisible format
+/// characters that carry nothing a reader sees (zero-width space, word
+/// joiner and invisible operators, the byte-order mark, interlinear
+/// annotation, the deprecated format controls, and the tag characters,
+/// which can spell a hidden message for a model). The zero-width joiner
+/// and non-joiner stay: emoji sequences and several scripts need them.
 pub fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    matches!(
+        c,
+        '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{E0000}'..='\u{E007F}'
+    )
+}
+
+/// Every format character (Unicode category Cf) in the ranges a path
+/// could hide one in, the joiners and the soft hyphen included: a prompt
+/// must show exactly what will be granted.
+pub fn is_format_char(c: char) -> bool {
+    is_bidi_control(c)
+        || matches!(
+            c,
+            '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{06DD}' | '\u{070F}' | '\u{08E2}' | '\u{200C}' | '\u{200D}'
+        )
 }
 
 /// Whether `c` is shown as a stand-in. `line`: tab and newline too.
@@ -138,10 +170,26 @@ mod tests {
             assert!(is_bidi_control(c));
             assert_eq!(shown(&format!("a{c}b")), format!("a<U+{code:04X}>b"));
         }
-        // Their neighbours are ordinary characters.
-        for c in
-            ['\u{A0}', '\u{061B}', '\u{061D}', '\u{200D}', '\u{2010}', '\u{2029}', '\u{202F}', '\u{2065}', '\u{206A}']
+        // The invisible format characters: zero-width space, word joiner and
+        // invisible operators, BOM, annotations, tags (a hidden message).
+        for code in [0x180E, 0x200B, 0x2060, 0x2064, 0x206A, 0x206F, 0xFEFF, 0xFFF9, 0xFFFB, 0xE0001, 0xE0041, 0xE007F]
         {
+            let c = char::from_u32(code).expect("format");
+            assert_eq!(shown(&format!("a{c}b")), format!("a<U+{code:04X}>b"));
+        }
+        // Their neighbours are ordinary characters, and so are the joiners emoji need.
+        for c in [
+            '\u{A0}',
+            '\u{061B}',
+            '\u{061D}',
+            '\u{200C}',
+            '\u{200D}',
+            '\u{2010}',
+            '\u{2029}',
+            '\u{202F}',
+            '\u{2065}',
+            '\u{E0080}',
+        ] {
             assert_eq!(shown(&format!("a{c}b")), format!("a{c}b"), "U+{:04X}", c as u32);
         }
     }

@@ -55,6 +55,12 @@ pub const DEFAULT_HOST_SECRETS: &[&str] = &[
     "~/.vault-token",
     "~/.terraform.d/credentials.tfrc.json",
     "~/.pi/agent/auth.json",
+    "~/.pi/agent/sessions",
+    "~/.s3cfg",
+    "~/.config/rclone",
+    "~/.config/containers/auth.json",
+    "/run/secrets",
+    "/var/run/secrets",
 ];
 
 /// One entry: a directory and a last component (literal or with `*`).
@@ -112,18 +118,44 @@ impl HostSecrets {
     /// The defaults plus `extra` (the variable's value). `home` expands `~`;
     /// without one, `~` entries are dropped. Entries are canonicalised
     /// where their directory exists, so that a grant that reaches them
-    /// through a link still sees them.
+    /// through a link still sees them; a secret that is itself a link
+    /// (`~/.ssh -> ~/dotfiles/ssh`) is a secret where it points as well.
     pub fn new(extra: Option<&str>, home: Option<&Path>) -> HostSecrets {
         let extra = extra.unwrap_or("").split(':').map(str::trim).filter(|s| !s.is_empty());
         let mut entries: Vec<Entry> = Vec::new();
+        let mut add = |entry: Entry| {
+            if !entries.contains(&entry) {
+                entries.push(entry);
+            }
+        };
         for raw in DEFAULT_HOST_SECRETS.iter().copied().chain(extra) {
             let Some(path) = expand(raw, home) else { continue };
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
             let Some(dir) = path.parent().and_then(crate::permissions::normalize_path) else { continue };
             let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
             let entry = Entry { dir, leaf };
-            if !entries.contains(&entry) {
-                entries.push(entry);
+            // Where each existing match really is, when that is elsewhere.
+            let matches: Vec<PathBuf> = if entry.leaf.contains('*') {
+                std::fs::read_dir(&entry.dir)
+                    .map(|list| {
+                        list.flatten()
+                            .filter(|d| entry.matches_leaf(&d.file_name().to_string_lossy()))
+                            .map(|d| d.path())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                vec![entry.dir.join(&entry.leaf)]
+            };
+            add(entry);
+            for m in matches {
+                let Ok(real) = std::fs::canonicalize(&m) else { continue };
+                if real == m {
+                    continue;
+                }
+                if let (Some(dir), Some(leaf)) = (real.parent(), real.file_name()) {
+                    add(Entry { dir: dir.to_path_buf(), leaf: leaf.to_string_lossy().into_owned() });
+                }
             }
         }
         HostSecrets { entries }
@@ -186,6 +218,102 @@ impl HostSecrets {
     }
 }
 
+/// A directory to watch while a sandbox runs, and the name pattern whose
+/// appearance in it makes a host secret appear inside a mounted root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchPoint {
+    pub dir: PathBuf,
+    pub leaf: String,
+}
+
+impl HostSecrets {
+    /// Where a secret that does not exist yet could appear inside `roots`
+    /// (canonical): the secret's directory when it exists, else its nearest
+    /// existing ancestor inside the root, watched for the next component.
+    /// Nothing at or under `skip` (trees the sandbox writes).
+    pub fn watch_points(&self, roots: &[&Path], skip: &[&Path]) -> Vec<WatchPoint> {
+        let mut out: Vec<WatchPoint> = Vec::new();
+        for e in &self.entries {
+            let Some(root) = roots.iter().find(|r| e.dir.starts_with(r)) else { continue };
+            let mut dir = e.dir.clone();
+            let mut leaf = e.leaf.clone();
+            while !dir.is_dir() {
+                let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else { break };
+                leaf = name.to_string_lossy().into_owned();
+                dir = parent.to_path_buf();
+            }
+            if !dir.starts_with(root) || skip.iter().any(|t| dir.starts_with(t)) {
+                continue;
+            }
+            let point = WatchPoint { dir, leaf };
+            if !out.contains(&point) {
+                out.push(point);
+            }
+        }
+        out
+    }
+}
+
+/// The inotify instance, as tokio wants it.
+struct InotifyFd(nix::sys::inotify::Inotify);
+
+impl std::os::fd::AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// Watch `points` until `stop` fires; when a matching name appears, call
+/// `appeared` with its path (once: the sandbox it guards is then killed).
+/// Returns at once when inotify is unavailable (each execution's check of
+/// the masks remains).
+pub async fn watch(
+    points: Vec<WatchPoint>,
+    appeared: impl FnOnce(PathBuf) + Send + 'static,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else { return };
+    let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
+    let mut wds = Vec::new();
+    for p in points {
+        if let Ok(wd) = inotify.add_watch(&p.dir, flags) {
+            wds.push((wd, p));
+        }
+    }
+    if wds.is_empty() {
+        return;
+    }
+    // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
+    // stays open until the AsyncFd (and its registration) is dropped.
+    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }) else { return };
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            ready = fd.readable() => {
+                let Ok(mut ready) = ready else { return };
+                let events = match fd.get_ref().0.read_events() {
+                    Ok(events) => events,
+                    Err(nix::errno::Errno::EAGAIN) => { ready.clear_ready(); continue; }
+                    Err(_) => return,
+                };
+                for ev in events {
+                    // One directory holds several points, all under one watch.
+                    let mut here = wds.iter().filter(|(wd, _)| *wd == ev.wd).map(|(_, p)| p);
+                    let name = ev.name.as_ref().map(|n| n.to_string_lossy().into_owned());
+                    let overflow = ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW);
+                    let hit = here.find(|p| overflow || name.as_deref().is_some_and(|n| glob_match(&p.leaf, n)));
+                    if let Some(point) = hit.or(if overflow { wds.first().map(|(_, p)| p) } else { None }) {
+                        appeared(point.dir.join(name.unwrap_or_default()));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `~` and `~/x` with `home`; other paths must be absolute.
 fn expand(raw: &str, home: Option<&Path>) -> Option<PathBuf> {
     if raw == "~" {
@@ -224,6 +352,63 @@ mod tests {
         let no_home = HostSecrets::new(None, None);
         assert!(!no_home.entries.iter().any(|e| e.shown().contains(".aws")));
         assert!(no_home.entries.iter().any(|e| e.shown() == "/etc/shadow"));
+    }
+
+    #[test]
+    fn a_secret_that_is_a_link_is_a_secret_where_it_points() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir_all(home.join("dotfiles/ssh")).unwrap();
+        fs::write(home.join("dotfiles/ssh/id_ed25519"), "k").unwrap();
+        std::os::unix::fs::symlink(home.join("dotfiles/ssh"), home.join(".ssh")).unwrap();
+        let data = home.join("data");
+        fs::create_dir_all(data.join("aws-creds")).unwrap();
+        std::os::unix::fs::symlink(data.join("aws-creds"), home.join(".aws")).unwrap();
+        let s = HostSecrets::new(None, Some(&home));
+        // The target itself is refused as a grant, and anything under it.
+        assert!(s.covering(&home.join("dotfiles/ssh")).is_some());
+        assert!(s.covering(&home.join("dotfiles/ssh/id_ed25519")).is_some());
+        assert!(s.covering(&home.join("dotfiles")).is_none());
+        // A root that holds the target masks it, also when the link is outside the root.
+        assert_eq!(
+            s.masks_under(&home.join("dotfiles"), &[]),
+            [Mask { path: home.join("dotfiles/ssh"), is_dir: true }]
+        );
+        assert_eq!(s.masks_under(&data, &[]), [Mask { path: data.join("aws-creds"), is_dir: true }]);
+    }
+
+    #[test]
+    fn a_secret_that_may_appear_is_watched_where_it_would() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir_all(home.join(".config")).unwrap();
+        fs::create_dir_all(home.join("proj")).unwrap();
+        let s = HostSecrets::new(Some(&format!("{}/proj/.vault", home.display())), Some(&home));
+        let points = s.watch_points(&[&home], &[&home.join("proj")]);
+        let has = |dir: &Path, leaf: &str| points.contains(&WatchPoint { dir: dir.to_path_buf(), leaf: leaf.into() });
+        assert!(has(&home, ".aws"), "{points:?}");
+        assert!(has(&home.join(".config"), "gh"));
+        // ~/.cargo does not exist: its creation is watched for.
+        assert!(has(&home, ".cargo"));
+        assert!(!points.iter().any(|p| p.dir.starts_with(home.join("proj"))), "not in a tree the sandbox writes");
+        assert!(s.watch_points(&[&home.join("proj")], &[]).iter().all(|p| p.dir.starts_with(home.join("proj"))));
+    }
+
+    #[tokio::test]
+    async fn the_watch_reports_a_secret_that_appears() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = fs::canonicalize(t.path()).unwrap();
+        let s = HostSecrets::new(None, Some(&home));
+        let points = s.watch_points(&[&home], &[]);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (_stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fs::write(home.join("notes.txt"), "not a secret").unwrap();
+        fs::write(home.join(".netrc"), "machine x").unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.unwrap().unwrap();
+        assert_eq!(seen, home.join(".netrc"));
+        task.await.unwrap();
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub async fn start(
 /// The host secrets inside the read roots and allow-once directories, as
 /// they are now (each root is checked against the list when it is granted;
 /// what appeared since is masked all the same).
-fn host_masks(
+pub fn host_masks(
     secrets: &crate::hostsecrets::HostSecrets,
     mounts: &MountConfig,
     sandbox_trees: &[&Path],
@@ -143,7 +143,17 @@ async fn start_once(
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
-    let host_masks = host_masks(&settings.host_secrets, mounts, &[project.as_path(), runtime_root.as_path()]);
+    let secrets = settings.host_secrets();
+    let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
+    let trees = [project.as_path(), canonical_root.as_path()];
+    let host_masks = host_masks(&secrets, mounts, &trees);
+    let granted: Vec<&Path> = mounts
+        .read_roots
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| m.source.as_path()))
+        .collect();
+    let secret_watch = secrets.watch_points(&granted, &trees);
     let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
     // A project that cannot be protected is mounted read-only for this
@@ -251,6 +261,8 @@ async fn start_once(
         seccomp,
         mount_fds,
         mounts: mounts.clone(),
+        host_masks: spec.host_masks.clone(),
+        secret_watch,
         guard,
         plan_notes,
         code: form,

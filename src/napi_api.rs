@@ -593,6 +593,7 @@ pub struct PythonSandbox {
 /// What deciding about grants needs, read once per decision.
 struct GrantInputs {
     settings: Settings,
+    secrets: crate::hostsecrets::HostSecrets,
     project: Option<PathBuf>,
     writable: Vec<PathBuf>,
 }
@@ -600,8 +601,10 @@ struct GrantInputs {
 impl GrantInputs {
     fn of(session: &Session) -> Self {
         let root = session.runtime_root();
+        let settings = Settings::from_env();
         GrantInputs {
-            settings: Settings::from_env(),
+            secrets: settings.host_secrets(),
+            settings,
             project: std::fs::canonicalize(session.project_dir()).ok(),
             writable: vec![std::fs::canonicalize(&root).unwrap_or(root)],
         }
@@ -611,7 +614,7 @@ impl GrantInputs {
         permissions::Context {
             project: self.project.as_deref(),
             home: self.settings.home.as_deref(),
-            secrets: &self.settings.host_secrets,
+            secrets: &self.secrets,
             writable: &self.writable,
         }
     }
@@ -628,7 +631,7 @@ impl PythonSandbox {
     ) -> (permissions::MountPlan, MountConfig, Option<bool>, Option<PathBuf>) {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
-        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
+        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| ctx.resolve(p));
         let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), once: Vec::new() };
         let added: Vec<PathBuf> = match current {
             Some(c) => wanted.read_roots.iter().filter(|r| !c.read_roots.contains(r)).cloned().collect(),
@@ -796,7 +799,7 @@ impl PythonSandbox {
         let event = self.grants.mode()?;
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
-        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| std::fs::canonicalize(p));
+        let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| ctx.resolve(p));
         let note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
         Some(note.replacen("python sandbox: ", "python sandbox (from pi-tool-permissions at start): ", 1))
     }
@@ -829,7 +832,7 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let shown = displayed_line(path.clone());
-        Ok(match self.grants.answer(&path, is_dir, answer, remounted, &ctx, |p| std::fs::canonicalize(p)) {
+        Ok(match self.grants.answer(&path, is_dir, answer, remounted, &ctx, |p| ctx.resolve(p)) {
             Next::Replay => {
                 self.session.mark_replay(format!(
                     "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again on \
@@ -840,13 +843,22 @@ impl PythonSandbox {
             }
             Next::Once(m) => {
                 let what = if m.is_dir { "directory" } else { "file" };
+                if !self.session.allow_once(m) {
+                    // Nothing changed: a replay would run on the same interpreter.
+                    return Ok(ReadAnswer {
+                        replay: false,
+                        diagnostic: Some(displayed(format!(
+                            "Read access to {shown} was allowed once, but that {what} is already mounted for this \
+                             sandbox; the code was not run again."
+                        ))),
+                    });
+                }
                 self.session.mark_replay(format!(
                     "Read access to {shown} was allowed once: the sandbox restarted with just that {what} mounted \
                      read-only, and this call ran again on the fresh interpreter, whose state is kept. The {what} \
                      stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
                      rolled back) and is not mounted again after that."
                 ));
-                self.session.allow_once(m);
                 ReadAnswer { replay: true, diagnostic: None }
             }
             Next::Stop(d) => ReadAnswer { replay: false, diagnostic: Some(displayed(d)) },

@@ -80,8 +80,8 @@ pub struct Settings {
     /// The size of /scratch past which results and `status` say so.
     pub scratch_note: u64,
     pub git: HostGit,
-    /// Host paths no read grant mounts (see `hostsecrets`).
-    pub host_secrets: HostSecrets,
+    /// Entries added to the host secrets (see [`Settings::host_secrets`]).
+    pub host_secrets_extra: Option<String>,
     /// `$HOME`: what `~` in a read root and in the host secrets means.
     pub home: Option<PathBuf>,
     /// The level of the debug log (see `debuglog`), when it is on.
@@ -89,6 +89,12 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Host paths no read grant mounts (see `hostsecrets`); made when
+    /// needed, since it looks at the file system.
+    pub fn host_secrets(&self) -> HostSecrets {
+        HostSecrets::new(self.host_secrets_extra.as_deref(), self.home.as_deref())
+    }
+
     /// The settings from this process's environment.
     pub fn from_env() -> Settings {
         Settings::from_lookup(|name| std::env::var(name).ok(), HostGit::from_env())
@@ -108,7 +114,7 @@ impl Settings {
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
             caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
             scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
-            host_secrets: HostSecrets::new(get(HOST_SECRETS_ENV).as_deref(), home.as_deref()),
+            host_secrets_extra: get(HOST_SECRETS_ENV),
             home,
             log: crate::debuglog::level(get(crate::debuglog::LOG_ENV).as_deref()),
             git,
@@ -147,7 +153,7 @@ mod tests {
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
         assert_eq!(s.caps, Ok(Caps { tasks: 64, memory: crate::contain::DEFAULT_MAX_MEMORY }));
         assert_eq!(s.scratch_note, 10 << 20);
-        let secrets: Vec<String> = s.host_secrets.entries.iter().map(|e| e.shown()).collect();
+        let secrets: Vec<String> = s.host_secrets().entries.iter().map(|e| e.shown()).collect();
         assert!(secrets.contains(&"/srv/vault".into()) && secrets.contains(&"/nonexistent-home/.ssh".into()));
         let none = Settings::from_lookup(|_| None, HostGit::default());
         assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());

@@ -87,6 +87,68 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
+    /// Where `path` (absolute, normalised) resolves, following links one
+    /// component at a time: an error when it cannot be resolved, or when
+    /// the resolution passes through a tree the sandbox can write (the
+    /// project, the session directories), found by path or, for a bind
+    /// mount or another name of a tree's root, by device and inode. There a
+    /// name could be a link the sandbox planted (or make one later), so the
+    /// host never follows it into a grant.
+    pub fn resolve(&self, path: &Path) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let trees = self.sandbox_trees();
+        let roots: Vec<(u64, u64)> =
+            trees.iter().filter_map(|t| std::fs::metadata(t).ok()).map(|m| (m.dev(), m.ino())).collect();
+        let through = |p: &Path| -> std::io::Result<()> {
+            let inside = trees.iter().any(|t| p.starts_with(t))
+                || std::fs::metadata(p).is_ok_and(|m| roots.contains(&(m.dev(), m.ino())));
+            if inside {
+                return Err(std::io::Error::other(format!(
+                    "it leads through {}, which the sandbox can write",
+                    p.display()
+                )));
+            }
+            Ok(())
+        };
+        let mut done = PathBuf::from("/");
+        let mut todo: std::collections::VecDeque<std::ffi::OsString> =
+            path.components().filter(|c| matches!(c, Component::Normal(_))).map(|c| c.as_os_str().to_owned()).collect();
+        let mut links = 0;
+        while let Some(name) = todo.pop_front() {
+            if name == ".." {
+                done.pop();
+                continue;
+            }
+            if name == "." || name.is_empty() {
+                continue;
+            }
+            let next = done.join(&name);
+            through(&next)?;
+            let meta = std::fs::symlink_metadata(&next)?;
+            if meta.file_type().is_symlink() {
+                links += 1;
+                if links > 40 {
+                    return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = std::fs::read_link(&next)?;
+                if target.is_absolute() {
+                    done = PathBuf::from("/");
+                }
+                for c in target.components().rev() {
+                    match c {
+                        Component::Normal(n) => todo.push_front(n.to_owned()),
+                        Component::ParentDir => todo.push_front("..".into()),
+                        _ => {}
+                    }
+                }
+            } else {
+                done = next;
+            }
+        }
+        through(&done)?;
+        Ok(done)
+    }
+
     /// The trees a host secret is never looked for in.
     fn sandbox_trees(&self) -> Vec<&Path> {
         self.project.into_iter().chain(self.writable.iter().map(PathBuf::as_path)).collect()
@@ -355,13 +417,21 @@ pub enum ReadDecision {
     Deny(String),
 }
 
-/// A path that cannot be put in a prompt: it holds a control or bidi
-/// character (tab and newline included), or a stand-in for one, which
-/// means it was escaped on its way here (the worker shows C0 controls as
-/// control pictures, the addon's results show them escaped) and is not the
-/// path that was read. Granting it would grant something else.
+/// A path that cannot be put in a prompt: it holds a control, bidi or
+/// other invisible format character (tab and newline included), or a
+/// stand-in for one, which means it was escaped on its way here (the
+/// worker shows C0 controls as control pictures, the addon's results show
+/// them escaped) and is not the path that was read. Granting it would
+/// grant something else.
 pub fn unpromptable(path: &str) -> bool {
-    display_line(path) != path || holds_stand_in(path)
+    display_line(path) != path || holds_stand_in(path) || path.chars().any(crate::display::is_format_char)
+}
+
+/// A path that is not written as the plain absolute path it names (`.`,
+/// `..`, `//`, a trailing `/`, or relative). The worker sends only plain
+/// ones; another could make a prompt, a denial and a mount disagree.
+pub fn not_plain(path: &str) -> bool {
+    normalize(path).is_none_or(|n| n.as_os_str() != path)
 }
 
 /// The longest path put in a prompt: the kernel's PATH_MAX, which the
@@ -377,6 +447,13 @@ pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has
             "The code tried to read a path of {} bytes, longer than any path the system opens ({MAX_PROMPT_PATH_BYTES}); \
              it was refused without asking.",
             path.len()
+        ));
+    }
+    if not_plain(path) {
+        return ReadDecision::Deny(format!(
+            "The code tried to read {}, which is not written as the plain absolute path it names; it was refused \
+             without asking: a prompt must show exactly the path it grants.",
+            display_line(path)
         ));
     }
     if unpromptable(path) {
@@ -576,6 +653,18 @@ mod tests {
             assert!(d.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{d:?}");
         }
         assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true), ReadDecision::Prompt);
+        // Not the plain path it names: a denial of /home/u would not see it.
+        let denied = [PathBuf::from("/home/u")];
+        for p in ["/srv/x/../../home/u/a.pdf", "/srv//a", "/srv/a/", "/srv/./a", "srv/a"] {
+            assert!(
+                matches!(read_decision(p, &denied, true, true), ReadDecision::Deny(d) if d.contains("plain absolute path")),
+                "{p}"
+            );
+        }
+        // Invisible characters a prompt could not show: zero-width, joiners, tags.
+        for p in ["/srv/a\u{200B}b", "/srv/a\u{200D}b", "/srv/a\u{00AD}b", "/srv/tag\u{E0041}\u{E0042}"] {
+            assert!(matches!(read_decision(p, &[], true, true), ReadDecision::Deny(_)), "{p:?}");
+        }
         let long = format!("/srv/{}", "a".repeat(MAX_PROMPT_PATH_BYTES));
         assert!(matches!(read_decision(&long, &[], true, true), ReadDecision::Deny(d) if d.contains("4101 bytes")));
         let d = denied_diagnostic("/srv/a\x1b[2J", "no\nanswer");
@@ -623,6 +712,31 @@ mod tests {
         )
         .expect("changed");
         assert!(note.contains("/home/u/data (requested as ~/data/**)"), "{note}");
+    }
+
+    #[test]
+    fn resolution_never_passes_through_a_tree_the_sandbox_writes() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let b = std::fs::canonicalize(t.path()).unwrap();
+        let project = b.join("proj");
+        std::fs::create_dir(&project).unwrap();
+        std::fs::write(b.join("private.txt"), "host-private").unwrap();
+        // The user's own link to the project, and a link the sandbox planted in it.
+        std::os::unix::fs::symlink(&project, b.join("work")).unwrap();
+        std::os::unix::fs::symlink(b.join("private.txt"), project.join("report.csv")).unwrap();
+        std::fs::create_dir(b.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink("../private.txt", b.join("elsewhere/rel")).unwrap();
+        let c = Context { project: Some(&project), home: None, secrets: &NO_SECRETS, writable: &[] };
+        // Baseline: realpath follows the planted link out of the project.
+        assert_eq!(std::fs::canonicalize(b.join("work/report.csv")).unwrap(), b.join("private.txt"));
+        let err = c.resolve(&b.join("work/report.csv")).unwrap_err().to_string();
+        assert!(err.contains("which the sandbox can write"), "{err}");
+        let p = plan_mounts(&[b.join("work").display().to_string()], &c, |p| c.resolve(p));
+        assert!(p.mounted.is_empty() && p.skipped[0].reason.to_string().contains("which the sandbox can write"));
+        // Links elsewhere resolve as realpath does.
+        assert_eq!(c.resolve(&b.join("elsewhere/rel")).unwrap(), b.join("private.txt"));
+        assert_eq!(c.resolve(&b.join("private.txt")).unwrap(), b.join("private.txt"));
+        assert!(c.resolve(&b.join("missing")).is_err());
     }
 
     #[test]

@@ -392,6 +392,19 @@ impl Session {
         self.shared.lock().replay_note = Some(note);
     }
 
+    /// A host secret inside `w`'s read roots that its masks miss (it
+    /// appeared after the start). Only looked for where there are roots.
+    fn unmasked_secret(&self, w: &Worker) -> Option<PathBuf> {
+        if w.mounts.read_roots.is_empty() && !w.mounts.once.iter().any(|m| m.is_dir) {
+            return None;
+        }
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
+        let root = self.runtime_root();
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        let now = crate::launch::host_masks(&Settings::from_env().host_secrets(), &w.mounts, &[&project, &root]);
+        now.into_iter().find(|m| !w.host_masks.contains(m)).map(|m| m.path)
+    }
+
     /// A sandbox with allow-once paths ends: they are not mounted again.
     fn forget_once(&self, had: &MountConfig) {
         if had.once.is_empty() {
@@ -445,6 +458,9 @@ impl Session {
             self.drop_worker(&mut inner, ResetReason::Explicit).await;
         }
         inner.pending_loss = None;
+        // An allow-once path whose sandbox never started goes too.
+        let mounts = self.shared.lock().report.mounts.clone();
+        self.forget_once(&mounts);
         self.refill_spare(&inner);
         (inner.dirs.clone(), self.notes.lock().take())
     }

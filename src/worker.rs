@@ -172,6 +172,10 @@ pub struct Launch {
     pub seccomp: OwnedFd,
     pub mount_fds: Vec<OwnedFd>,
     pub mounts: MountConfig,
+    /// The host secrets masked in its read roots (see `hostsecrets`).
+    pub host_masks: Vec<crate::hostsecrets::Mask>,
+    /// Where a host secret could appear in its read roots while it runs.
+    pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
     pub guard: Option<Arc<Guard>>,
     pub plan_notes: Vec<String>,
     pub code: CodeForm,
@@ -218,10 +222,14 @@ pub struct Worker {
     err_buf: Vec<u8>,
     /// The mounts this sandbox was started with.
     pub mounts: MountConfig,
+    /// The host secrets masked in its read roots when it started.
+    pub host_masks: Vec<crate::hostsecrets::Mask>,
     /// The protected paths of a writable workspace (see `protected`).
     pub guard: Option<Arc<Guard>>,
     /// Ends the guard's watch when the worker is dropped.
     _watch: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Ends the watch for host secrets when the worker is dropped.
+    _secret_watch: Option<tokio::sync::oneshot::Sender<()>>,
     /// The pid namespace's init (host pid), once known: when it is gone,
     /// every process of the sandbox is.
     pub init_pid: Option<i32>,
@@ -270,6 +278,8 @@ impl Worker {
             seccomp,
             mount_fds,
             mounts,
+            host_masks,
+            secret_watch,
             guard,
             plan_notes,
             code,
@@ -303,8 +313,10 @@ impl Worker {
             out_buf: vec![0; 64 * 1024],
             err_buf: vec![0; 64 * 1024],
             mounts,
+            host_masks,
             guard,
             _watch: None,
+            _secret_watch: None,
             init_pid: None,
             plan_notes,
             code,
@@ -326,6 +338,23 @@ impl Worker {
                     let (stop, stopped) = tokio::sync::oneshot::channel();
                     tokio::spawn(protected::watch(guard, stopped));
                     worker._watch = Some(stop);
+                }
+                if !secret_watch.is_empty() {
+                    // A secret that appears in a read root stops the sandbox
+                    // at once: nothing in it may read (or keep) it.
+                    let (stop, stopped) = tokio::sync::oneshot::channel();
+                    let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
+                    let appeared = move |path: std::path::PathBuf| {
+                        *killed_for.lock() = Some(format!(
+                            "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
+                             it could read it, and the next one masks it",
+                            path.display()
+                        ));
+                        tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
+                        kill_group(pid);
+                    };
+                    tokio::spawn(crate::hostsecrets::watch(secret_watch, appeared, stopped));
+                    worker._secret_watch = Some(stop);
                 }
                 tracing::debug!(pid = worker.pid, code = code.as_str(), "sandbox ready");
                 Ok((worker, ready))

@@ -32,6 +32,16 @@ impl Session {
             inner.pending_loss = Some(self.remount_reason());
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
+        // A host secret that appeared in a read root since the sandbox
+        // started is not masked in it (the watch stops it at once where
+        // inotify works; this is the check that always runs).
+        if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
+            inner.pending_loss = Some(format!(
+                "the sandbox was restarted because a host secret appeared in a read root ({})",
+                path.display()
+            ));
+            self.drop_worker(inner, ResetReason::MountsChanged).await;
+        }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Some(why) = w.take_killed_for() {

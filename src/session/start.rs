@@ -74,7 +74,7 @@ impl Session {
         }
         let generation = bump();
         let start = self.start_of(&facts, &dirs, project, mounts.clone());
-        let check = self.halt_check(Some(call), mounts);
+        let check = self.halt_check(Some(call), mounts.clone());
         let mut stop = Stop { wake, check: &check };
         let spawned = |pid: i32, alive: bool| self.set_active(alive.then_some(pid));
         match crate::launch::start(&start, &mut stop, &spawned).await {
@@ -85,6 +85,8 @@ impl Session {
                 Ok(())
             }
             Err(e) => {
+                // An allow-once path goes with the start it was for.
+                self.forget_once(&mounts);
                 inner.start_failed = true;
                 self.shared.lock().report.last_reset_reason = Some(ResetReason::StartupFailure);
                 let (status, msg) = start_failure(&e);
