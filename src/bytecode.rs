@@ -121,8 +121,8 @@ mod tests {
 
     #[test]
     fn the_key_follows_the_worker_source_and_the_interpreter_file() {
-        let dir = std::env::temp_dir().join(format!("pps-key-{:016x}", crate::rundir::random_u64()));
-        std::fs::create_dir(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let interp = dir.join("python3");
         std::fs::write(&interp, b"one").unwrap();
         let link = dir.join("python");
@@ -136,27 +136,25 @@ mod tests {
         std::fs::rename(&new, &interp).unwrap();
         assert_ne!(key(&interp, "src"), Some(k));
         assert_eq!(key(&dir.join("missing"), "src"), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn store_writes_a_private_read_only_file_that_cached_finds() {
-        let root = std::env::temp_dir().join(format!("pps-code-{:016x}", crate::rundir::random_u64()));
-        std::fs::create_dir(&root).unwrap();
-        assert_eq!(cached(&root, 7), None);
-        let stored = store(&root, 7, b"image").unwrap();
-        assert_eq!(cached(&root, 7), Some(stored.clone()));
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        assert_eq!(cached(root, 7), None);
+        let stored = store(root, 7, b"image").unwrap();
+        assert_eq!(cached(root, 7), Some(stored.clone()));
         assert_eq!(std::fs::read(&stored).unwrap(), b"image");
         assert_eq!(std::fs::metadata(&stored).unwrap().mode() & 0o777, 0o400);
         assert_eq!(std::fs::metadata(root.join(DIR)).unwrap().mode() & 0o777, 0o700);
         // Storing again replaces it (the old file is read-only, the rename is not blocked).
-        store(&root, 7, b"image 2").unwrap();
+        store(root, 7, b"image 2").unwrap();
         assert_eq!(std::fs::read(&stored).unwrap(), b"image 2");
         assert_eq!(std::fs::read_dir(root.join(DIR)).unwrap().count(), 1, "no temporary file is left");
         // A link in its place is not used.
         std::fs::remove_file(&stored).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", &stored).unwrap();
-        assert_eq!(cached(&root, 7), None);
-        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(cached(root, 7), None);
     }
 }

@@ -329,7 +329,8 @@ mod tests {
 
     #[test]
     fn budget_is_shared_and_exact() {
-        let dir = std::env::temp_dir().join(format!("capture-budget-{}", std::process::id()));
+        let tmp = tempfile::tempdir().expect("dir");
+        let dir = tmp.path();
         let mut c = Capture::new(b"\0M\0".to_vec(), dir.join("no/out"), dir.join("no/err"));
         c.feed(Stream::Stdout, &vec![b'a'; OUTPUT_BUDGET_BYTES - 10]);
         c.feed(Stream::Stderr, &[b'b'; 10]);
@@ -341,8 +342,8 @@ mod tests {
 
     #[test]
     fn accepted_bytes_reach_the_log_and_marks_do_not() {
-        let dir = std::env::temp_dir().join(format!("capture-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = tempfile::tempdir().expect("dir");
+        let dir = tmp.path();
         let path = dir.join("out.log");
         let err_path = dir.join("err.log");
         let mut c = Capture::new(b"\0M\0".to_vec(), path.clone(), err_path.clone());
@@ -350,6 +351,5 @@ mod tests {
         drop(c);
         assert_eq!(std::fs::read(&path).expect("read"), b"one\ntwo");
         assert!(!err_path.exists(), "a quiet stream makes no file");
-        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

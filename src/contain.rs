@@ -902,7 +902,8 @@ mod tests {
 
     #[test]
     fn the_sweep_removes_only_what_dead_processes_recorded() {
-        let base = std::env::temp_dir().join(format!("pps-sweep-{:016x}", crate::rundir::random_u64()));
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
         let (ledgers, cgroups) = (base.join("ledgers"), base.join("cg"));
         let dead = cgroups.join("pi-python-sandbox.deadbeef.1");
         let foreign = cgroups.join("someone-else");
@@ -926,7 +927,6 @@ mod tests {
         sweep(&ledgers);
         assert!(!dead_ledger.exists(), "a reused pid is not the ledger's owner");
         assert!(alive.exists(), "the prefix must match the ledger's own name");
-        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

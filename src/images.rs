@@ -77,14 +77,15 @@ mod tests {
 
     #[test]
     fn images_are_read_beneath_scratch_and_within_budget() {
-        let scratch = std::env::temp_dir().join(format!("pps-images-{:016x}", crate::rundir::random_u64()));
+        let tmp = tempfile::tempdir().expect("dir");
+        let scratch = tmp.path();
         std::fs::create_dir_all(scratch.join(".pi-images")).expect("mkdir");
         std::fs::write(scratch.join(".pi-images/a.png"), b"png").expect("write");
         std::os::unix::fs::symlink("/etc/hostname", scratch.join(".pi-images/link.png")).expect("link");
         std::os::unix::fs::symlink("/etc", scratch.join("etc")).expect("link");
         std::fs::write(scratch.join("big.png"), vec![0u8; MAX_IMAGE_BYTES + 1]).expect("write");
         let (got, notes) = collect(
-            &scratch,
+            scratch,
             vec![
                 image("/scratch/.pi-images/a.png"),
                 image("/scratch/.pi-images/link.png"),
@@ -97,12 +98,11 @@ mod tests {
         assert_eq!(got[0].data, b"png");
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("symbolic link") && notes[1].contains("symbolic link"), "{notes:?}");
-        assert!(read(&scratch, "/etc/hostname", 100).is_err());
+        assert!(read(scratch, "/etc/hostname", 100).is_err());
         let (none, odd) =
-            collect(&scratch, vec![ImageRef { mime: "x".repeat(100), ..image("/scratch/.pi-images/a.png") }]);
+            collect(scratch, vec![ImageRef { mime: "x".repeat(100), ..image("/scratch/.pi-images/a.png") }]);
         assert!(none.is_empty() && odd[0].contains("is not an image type") && odd[0].len() < 200, "{odd:?}");
-        let (none, long) = collect(&scratch, vec![image(&format!("/scratch/{}", "a".repeat(5000)))]);
+        let (none, long) = collect(scratch, vec![image(&format!("/scratch/{}", "a".repeat(5000)))]);
         assert!(none.is_empty() && long[0].contains("name is too long"));
-        std::fs::remove_dir_all(&scratch).expect("cleanup");
     }
 }

@@ -156,7 +156,8 @@ mod tests {
 
     #[test]
     fn measures_allocated_blocks_without_following_links() {
-        let root = std::env::temp_dir().join(format!("pps-scratch-{:016x}", crate::rundir::random_u64()));
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
         std::fs::create_dir_all(root.join("a/b")).unwrap();
         std::fs::write(root.join("a/b/one"), vec![1u8; 256 * 1024]).unwrap();
         // A sparse file: its length is not what it uses.
@@ -164,12 +165,11 @@ mod tests {
         sparse.set_len(1 << 30).unwrap();
         // A link to a big tree is a link, not the tree.
         std::os::unix::fs::symlink("/usr", root.join("usr-link")).unwrap();
-        let m = measure(&root, WALK_LIMITS).unwrap();
+        let m = measure(root, WALK_LIMITS).unwrap();
         assert!(m.complete);
         assert!((256 * 1024..1 << 20).contains(&m.bytes), "{m:?}");
-        let bounded = measure(&root, Limits { max_entries: 2, max_depth: 32 }).unwrap();
+        let bounded = measure(root, Limits { max_entries: 2, max_depth: 32 }).unwrap();
         assert!(!bounded.complete);
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -20,6 +20,9 @@
 //! thread): bwrap's parent-death signal fires when the *thread* that forked
 //! it exits.
 
+use nix::sys::resource::Resource;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -43,11 +46,11 @@ pub struct Spawned {
 }
 
 /// The rlimits every sandboxed process starts with (soft = hard).
-pub const RLIMITS: [(libc::__rlimit_resource_t, u64); 4] = [
-    (libc::RLIMIT_AS, RLIMIT_AS_BYTES),
-    (libc::RLIMIT_FSIZE, RLIMIT_FSIZE_BYTES),
-    (libc::RLIMIT_NOFILE, RLIMIT_NOFILE),
-    (libc::RLIMIT_CORE, 0),
+pub const RLIMITS: [(Resource, u64); 4] = [
+    (Resource::RLIMIT_AS, RLIMIT_AS_BYTES),
+    (Resource::RLIMIT_FSIZE, RLIMIT_FSIZE_BYTES),
+    (Resource::RLIMIT_NOFILE, RLIMIT_NOFILE),
+    (Resource::RLIMIT_CORE, 0),
 ];
 
 /// A close-on-exec pipe: (read end, write end).
@@ -71,11 +74,8 @@ fn dup_high(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
 // async-signal-safe system calls only, no allocation, no locks.
 
 fn child_new_session() -> io::Result<()> {
-    // SAFETY: setsid(2) in a freshly forked child, which is never a group
-    // leader, so it cannot fail with EPERM.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // A freshly forked child is never a group leader: no EPERM.
+    nix::unistd::setsid()?;
     Ok(())
 }
 
@@ -117,21 +117,14 @@ fn child_cloexec_from(first: RawFd) -> io::Result<()> {
 
 fn child_rlimits(nofile: u64) -> io::Result<()> {
     for (resource, value) in RLIMITS {
-        let value = if resource == libc::RLIMIT_NOFILE { nofile } else { value };
-        let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
-        // SAFETY: setrlimit with a valid struct.
-        if unsafe { libc::setrlimit(resource, &lim) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let value = if resource == Resource::RLIMIT_NOFILE { nofile } else { value };
+        nix::sys::resource::setrlimit(resource, value, value)?;
     }
     Ok(())
 }
 
 fn child_parent_death_signal() -> io::Result<()> {
-    // SAFETY: prctl(PR_SET_PDEATHSIG) with a signal number.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     Ok(())
 }
 
@@ -219,9 +212,8 @@ pub fn spawn_sandbox(
 /// every process inside, including those that called setsid().
 pub fn kill_group(pid: i32) {
     if pid > 0 {
-        // SAFETY: kill(2) on a process group we created; errors (already
-        // gone) are irrelevant.
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        // Errors (already gone) are irrelevant.
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
 /// Send `sig` to the process `pid`; whether it was delivered.

@@ -889,8 +889,8 @@ mod tests {
 
     #[test]
     fn take_read_finishes_a_closed_stream() {
-        let dir = std::env::temp_dir().join(format!("pps-worker-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let mut capture = Capture::new(b"END".to_vec(), dir.join("o"), dir.join("e"));
         let mut slot = Some(());
         take_read(&mut capture, Stream::Stdout, &mut slot, b"hello", Some(5));
@@ -898,6 +898,5 @@ mod tests {
         assert_eq!(capture.stdout.total, 5);
         take_read(&mut capture, Stream::Stdout, &mut slot, b"", Some(0));
         assert!(slot.is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
