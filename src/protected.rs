@@ -57,6 +57,7 @@ const HOOKS: &str = "commit hooks that git runs on the host";
 const EDITOR: &str = "editor tasks and settings that run commands when the folder is opened";
 const AGENT: &str = "coding-agent settings, commands and extensions that run on the host";
 const SHELL: &str = "shell start-up files that a host shell may source";
+const INSTRUCTIONS: &str = "instructions that steer every later coding-agent session in the project";
 const PACKAGES: &str = "package-manager configuration and plugins that run on install or build";
 
 /// The default protected names, matched at any depth of the project (the
@@ -75,6 +76,13 @@ pub const DEFAULT_PROTECTED: &[Rule] = &[
     rule(".cursor", AGENT),
     rule(".gemini", AGENT),
     rule(".mcp.json", "MCP servers that agents start on the host"),
+    rule(".agents", AGENT),
+    rule("AGENTS.md", INSTRUCTIONS),
+    rule("CLAUDE.md", INSTRUCTIONS),
+    rule(
+        SKILLS,
+        "pi skills: instructions and scripts a later agent session loads (only a directory holding */SKILL.md)",
+    ),
     rule(".vscode", EDITOR),
     rule(".idea", EDITOR),
     rule(".devcontainer", EDITOR),
@@ -96,6 +104,10 @@ pub const DEFAULT_PROTECTED: &[Rule] = &[
     rule(".pnpmfile.cjs", PACKAGES),
     rule(".cargo", "cargo reads runners, linkers and aliases from .cargo/config.toml"),
 ];
+
+/// The one conditional name: a `skills` directory is protected only where
+/// it holds pi skills (a subdirectory with a `SKILL.md`).
+pub const SKILLS: &str = "skills";
 
 /// Replaces [`DEFAULT_PROTECTED`]: a colon-separated list; an entry with a
 /// `/` is a path relative to the project, any other a name matched at any
@@ -275,6 +287,12 @@ impl Rules {
         Rules { names, paths, limits, git: git.clone() }
     }
 
+    /// Whether the entry `rel` (named `name`) is protected: its name is
+    /// one, and a `skills` directory holds pi skills.
+    fn protects(&self, tree: &Tree, rel: &Path, name: &OsStr) -> bool {
+        self.names.contains(name) && (name != SKILLS || holds_skills(tree, rel))
+    }
+
     /// Walk the project and find every protected entry. Dependency trees
     /// are not walked (their contents are code the user runs anyway); any
     /// other part that cannot be walked makes the project unprotectable.
@@ -283,7 +301,7 @@ impl Rules {
         let mut seen: HashSet<PathBuf> = HashSet::new();
         let summary = scan::walk(tree, self.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            if self.names.contains(name) {
+            if self.protects(tree, rel, name) {
                 if let Ok(Some(st)) = tree.lstat(rel) {
                     seen.insert(rel.to_path_buf());
                     entries.push((rel.to_path_buf(), Kind::of(&st), ident(&st)));
@@ -373,6 +391,18 @@ impl Rules {
         links.sort();
         Ok((Found { entries, expected, links }, summary))
     }
+}
+
+/// Most entries of a `skills` directory looked at for `*/SKILL.md`.
+const SKILLS_LOOKED_AT: usize = 256;
+
+/// Whether directory `rel` holds a pi skill: a subdirectory with a
+/// `SKILL.md` (among its first entries; links are not followed).
+fn holds_skills(tree: &Tree, rel: &Path) -> bool {
+    let Ok((list, _)) = tree.list(rel, SKILLS_LOOKED_AT) else { return false };
+    list.iter()
+        .filter(|(_, k)| *k == Kind::Dir)
+        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join("SKILL.md")), Ok(Some(st)) if Kind::of(&st) == Kind::File))
 }
 
 /// Plan the protection of `project` (its canonical path). `tainted` are
@@ -567,6 +597,9 @@ impl Guard {
             let Ok(dir) = self.tree.dir(holder) else { continue };
             for name in &self.rules.names {
                 let rel = holder.join(name);
+                if name == SKILLS && !holds_skills(&self.tree, &rel) {
+                    continue;
+                }
                 if let Ok(Some(st)) = beneath::stat_in(dir.as_fd(), name) {
                     if self.is_new(&rel, &st) {
                         self.inert(&rel, &mut notes, &mut breaches);
@@ -593,7 +626,7 @@ impl Guard {
         let mut new = Vec::new();
         let walked = scan::walk(&self.tree, self.rules.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            if self.rules.names.contains(name) {
+            if self.rules.protects(&self.tree, rel, name) {
                 if let Ok(Some(st)) = self.tree.lstat(rel) {
                     if self.is_new(rel, &st) {
                         new.push(rel.to_path_buf());
@@ -654,7 +687,7 @@ impl Guard {
         let rel = dir.join(name);
         let mut notes = Vec::new();
         let mut breaches = Vec::new();
-        if self.rules.names.contains(name) {
+        if self.rules.protects(&self.tree, &rel, name) {
             if let Ok(Some(st)) = self.tree.lstat(&rel) {
                 if self.is_new(&rel, &st) {
                     self.inert(&rel, &mut notes, &mut breaches);
@@ -961,6 +994,41 @@ mod tests {
             "dependency trees are not walked: {binds:?}"
         );
         assert_eq!(plan.guard.found.links, [(PathBuf::from(".pi"), PathBuf::from("config/pi"))]);
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    #[test]
+    fn agent_instructions_and_pi_skills_are_protected_and_other_skills_dirs_are_not() {
+        let p = tmp();
+        for d in ["sub", ".agents/rules", "skills/deploy", "docs/skills/misc", "lib"] {
+            std::fs::create_dir_all(p.join(d)).expect("mkdir");
+        }
+        for f in
+            ["AGENTS.md", "sub/CLAUDE.md", ".agents/rules/a.md", "skills/deploy/SKILL.md", "docs/skills/misc/notes.md"]
+        {
+            std::fs::write(p.join(f), "x").expect("write");
+        }
+        let plan = plan_of(&p, None, scan::DEFAULT_LIMITS).expect("plan");
+        let binds = rels(&plan);
+        for rel in ["AGENTS.md", "sub/CLAUDE.md", ".agents", "skills"] {
+            assert!(binds.contains(&(rel.to_string(), true)), "{rel} not in {binds:?}");
+        }
+        assert!(
+            !binds.iter().any(|(r, _)| r.starts_with("docs")),
+            "a skills/ without SKILL.md is not protected: {binds:?}"
+        );
+        // Created later: made inert (renamed, never deleted); a skills/ only once it holds a skill.
+        std::fs::create_dir_all(p.join("lib/skills/evil")).expect("mkdir");
+        std::fs::write(p.join("lib/AGENTS.md"), "planted").expect("write");
+        let notes = plan.guard.check_all().join("\n");
+        assert!(notes.contains("lib/AGENTS.md appeared"), "{notes}");
+        assert!(p.join("lib/skills").is_dir(), "not yet a skill");
+        std::fs::write(p.join("lib/skills/evil/SKILL.md"), "planted").expect("write");
+        let notes = plan.guard.check_all().join("\n");
+        assert!(notes.contains("lib/skills appeared"), "{notes}");
+        assert_eq!(std::fs::read_to_string(p.join("lib/skills.pi-inert/evil/SKILL.md")).expect("kept"), "planted");
+        assert_eq!(std::fs::read_to_string(p.join("lib/AGENTS.md.pi-inert")).expect("kept"), "planted");
+        assert!(p.join("docs/skills/misc/notes.md").is_file());
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 
