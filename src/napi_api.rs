@@ -129,6 +129,9 @@ pub struct ExecResult {
     /// The refused read was a directory listing (its covering directory is
     /// the path itself).
     pub permission_is_dir: bool,
+    /// The refused read was of a project file hidden as a secret (see the
+    /// README's secret masks); `permissionPath` is its sandbox path.
+    pub permission_secret: bool,
     pub output_limit_exceeded: bool,
     /// Host paths of this execution's stdout/stderr logs; a stream without
     /// output has no log file.
@@ -251,6 +254,13 @@ pub struct StatusResult {
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
     pub protected_paths: Vec<String>,
+    /// Sandbox paths the running (or last) sandbox hides as secrets.
+    pub masked_paths: Vec<String>,
+    /// The secret patterns the next start uses (empty: masking is off).
+    pub secret_patterns: Vec<String>,
+    /// The last start's project scan read every entry within its bounds
+    /// (absent before a start).
+    pub secret_scan_complete: Option<bool>,
     /// The report as text for the model.
     pub text: String,
 }
@@ -313,6 +323,7 @@ fn to_js(o: Outcome) -> ExecResult {
         }),
         permission_path: o.permission_path.map(displayed_line),
         permission_is_dir: o.permission_is_dir,
+        permission_secret: o.permission_secret,
         output_limit_exceeded: o.output_limit_exceeded,
         log_paths: LogPaths {
             stdout: o.log_paths.stdout.as_deref().map(path_str),
@@ -400,6 +411,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
+        masked_paths: r
+            .masks
+            .as_ref()
+            .map(|m| m.sandbox_paths().into_iter().map(displayed_line).collect())
+            .unwrap_or_default(),
+        secret_patterns: if settings.secrets.is_empty() { Vec::new() } else { settings.secrets.describe() },
+        secret_scan_complete: r.masks.as_ref().filter(|m| !m.off).map(|m| m.complete),
         available: available.into(),
         diagnostic,
         worker_running: r.worker_running,
@@ -540,6 +558,7 @@ impl PythonSandbox {
             mounts: MountConfig {
                 workspace_writable: options.workspace_writable.unwrap_or(false),
                 read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
+                unmasked: Vec::new(),
             },
             prewarm: options.prewarm,
             rollback: options.rollback,
@@ -624,7 +643,7 @@ impl PythonSandbox {
         };
         let project = std::fs::canonicalize(self.session.project_dir()).ok();
         let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
-        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots() };
+        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), unmasked: Vec::new() };
         let result = self.session.set_mounts(wanted.clone());
         let notification =
             result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
@@ -644,7 +663,20 @@ impl PythonSandbox {
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
         let report = self.session.status();
-        match permissions::read_decision(&path, &report.denied_reads, report.permissions_seen, has_ui) {
+        // A masked secret by the session's own list (not the sandbox's word).
+        let secret = report
+            .masks
+            .as_ref()
+            .filter(|m| m.hides(std::path::Path::new(&path)))
+            .and_then(|_| std::path::Path::new(&path).strip_prefix(crate::bwrap::WORKSPACE).ok())
+            .and_then(|rel| std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel)));
+        match permissions::read_decision(
+            &path,
+            &report.denied_reads,
+            report.permissions_seen,
+            has_ui,
+            secret.as_deref(),
+        ) {
             ReadDecision::Prompt => ReadVerdict { prompt: true, diagnostic: None },
             ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
         }

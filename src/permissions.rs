@@ -23,6 +23,9 @@ pub struct MountConfig {
     pub workspace_writable: bool,
     /// Canonical host directories, mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
+    /// Canonical host paths inside the project whose secrets are not
+    /// masked (a secret at or under one is readable; see `secrets`).
+    pub unmasked: Vec<PathBuf>,
 }
 
 /// A validated `tool-permissions:mode` payload.
@@ -245,10 +248,37 @@ pub fn unpromptable(path: &str) -> bool {
 /// worker bounds its paths to as well (a forged frame could send 128 KiB).
 pub const MAX_PROMPT_PATH_BYTES: usize = 4096;
 
-/// Decide about a refused read of `path`.
-pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has_ui: bool) -> ReadDecision {
-    let how = "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
-               or a read root), or copy the data into the project or /scratch.";
+/// Decide about a refused read of `path`. `secret`: the path is a masked
+/// secret of the project, and this is its host path.
+pub fn read_decision(
+    path: &str,
+    denied: &[PathBuf],
+    permissions_seen: bool,
+    has_ui: bool,
+    secret: Option<&Path>,
+) -> ReadDecision {
+    let secret_how;
+    let how = match secret {
+        Some(host) => {
+            let dir = host.parent().unwrap_or(host);
+            secret_how = format!(
+                "To allow it, grant read access to its directory {} (pi-tool-permissions' readAllowPaths, or a read \
+                 root), or set {} to patterns that leave it out.",
+                display_line(&dir.display().to_string()),
+                crate::secrets::SECRETS_ENV
+            );
+            secret_how.as_str()
+        }
+        None => {
+            "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
+             or a read root), or copy the data into the project or /scratch."
+        }
+    };
+    let what = if secret.is_some() {
+        "looks like a secret (it matches the secret patterns), so the sandbox hides it,"
+    } else {
+        "is outside the sandbox mounts"
+    };
     if path.len() > MAX_PROMPT_PATH_BYTES {
         return ReadDecision::Deny(format!(
             "The code tried to read a path of {} bytes, longer than any path the system opens ({MAX_PROMPT_PATH_BYTES}); \
@@ -273,13 +303,12 @@ pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has
     }
     if !permissions_seen {
         return ReadDecision::Deny(format!(
-            "{path} is outside the sandbox mounts and there is no permission extension (pi-tool-permissions) \
-             to ask the user. {how}"
+            "{path} {what} and there is no permission extension (pi-tool-permissions) to ask the user. {how}"
         ));
     }
     if !has_ui {
         return ReadDecision::Deny(format!(
-            "{path} is outside the sandbox mounts and this pi session has no UI to ask the user (print mode). {how}"
+            "{path} {what} and this pi session has no UI to ask the user (print mode). {how}"
         ));
     }
     ReadDecision::Prompt
@@ -387,7 +416,7 @@ mod tests {
         assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
         let note = change_notification(
             &MountConfig::default(),
-            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &MountConfig { workspace_writable: false, read_roots: p.roots(), ..Default::default() },
             &p,
             true,
         )
@@ -399,7 +428,7 @@ mod tests {
 
     #[test]
     fn no_change_no_notification() {
-        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()] };
+        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()], ..Default::default() };
         assert_eq!(change_notification(&c, &c.clone(), &MountPlan::default(), false), None);
         let ro = MountConfig { workspace_writable: false, ..c.clone() };
         let note = change_notification(&c, &ro, &MountPlan::default(), false).expect("changed");
@@ -410,13 +439,34 @@ mod tests {
     fn read_decisions() {
         let denied = vec![PathBuf::from("/etc")];
         assert!(
-            matches!(read_decision("/etc/hostname", &denied, true, true), ReadDecision::Deny(d) if d.contains("denied earlier"))
+            matches!(read_decision("/etc/hostname", &denied, true, true, None), ReadDecision::Deny(d) if d.contains("denied earlier"))
         );
         assert!(
-            matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension"))
+            matches!(read_decision("/srv/x", &[], false, true, None), ReadDecision::Deny(d) if d.contains("no permission extension"))
         );
-        assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
-        assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
+        assert!(
+            matches!(read_decision("/srv/x", &[], true, false, None), ReadDecision::Deny(d) if d.contains("no UI"))
+        );
+        assert_eq!(read_decision("/etcetera/x", &denied, true, true, None), ReadDecision::Prompt);
+    }
+
+    #[test]
+    fn a_secret_read_has_its_own_wording_and_with_nobody_to_ask_says_how_to_allow_it() {
+        let host = Some(Path::new("/home/u/proj/sub/.env.production"));
+        for (seen, ui, why) in [(false, true, "no permission extension"), (true, false, "no UI")] {
+            let ReadDecision::Deny(d) = read_decision("/workspace/sub/.env.production", &[], seen, ui, host) else {
+                panic!("a secret with nobody to ask was prompted")
+            };
+            assert!(d.starts_with("/workspace/sub/.env.production looks like a secret"), "{d}");
+            assert!(d.contains(why) && d.contains("/home/u/proj/sub (") && d.contains("PI_PYTHON_TOOL_SECRETS"), "{d}");
+            assert!(!d.contains("outside the sandbox mounts"), "{d}");
+        }
+        assert_eq!(read_decision("/workspace/.env", &[], true, true, Some(Path::new("/p/.env"))), ReadDecision::Prompt);
+        let denied = [PathBuf::from("/workspace")];
+        assert!(matches!(
+            read_decision("/workspace/.env", &denied, true, true, Some(Path::new("/p/.env"))),
+            ReadDecision::Deny(d) if d.contains("denied earlier") && d.contains("PI_PYTHON_TOOL_SECRETS")
+        ));
     }
 
     #[test]
@@ -435,15 +485,17 @@ mod tests {
         let escaped = ["/etc/\u{241B}]52;c;aGk=\u{2407}x", "/srv/report<U+202E>fdp.exe"];
         for path in raw.iter().chain(&escaped) {
             // Refused in every situation that would otherwise prompt, before any other rule.
-            let decision = read_decision(path, &[PathBuf::from("/srv")], true, true);
+            let decision = read_decision(path, &[PathBuf::from("/srv")], true, true, None);
             let ReadDecision::Deny(d) = decision else { panic!("{path:?} was prompted") };
             assert!(d.contains("control or bidi characters"), "{d}");
             assert!(d.contains(&*display_line(path)), "the path is named escaped: {d}");
             assert!(d.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{d:?}");
         }
-        assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true), ReadDecision::Prompt);
+        assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true, None), ReadDecision::Prompt);
         let long = format!("/srv/{}", "a".repeat(MAX_PROMPT_PATH_BYTES));
-        assert!(matches!(read_decision(&long, &[], true, true), ReadDecision::Deny(d) if d.contains("4101 bytes")));
+        assert!(
+            matches!(read_decision(&long, &[], true, true, None), ReadDecision::Deny(d) if d.contains("4101 bytes"))
+        );
         let d = denied_diagnostic("/srv/a\x1b[2J", "no\nanswer");
         assert!(d.contains("/srv/a\u{241B}[2J") && d.contains("no\u{240A}answer"), "{d}");
     }
@@ -454,7 +506,7 @@ mod tests {
         let p = plan_mounts(&roots, None, ident);
         let note = change_notification(
             &MountConfig::default(),
-            &MountConfig { workspace_writable: false, read_roots: p.roots() },
+            &MountConfig { workspace_writable: false, read_roots: p.roots(), ..Default::default() },
             &p,
             false,
         )

@@ -596,6 +596,7 @@ impl Session {
             let mut sh = self.shared.lock();
             sh.active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
             sh.report.worker_code = Some(worker.code.as_str());
+            sh.report.masks = Some(worker.masks.clone());
         }
         self.set_active(Some(worker.pid()));
         inner.worker = Some(worker);

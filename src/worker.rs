@@ -30,6 +30,7 @@ use crate::limits::{
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
+use crate::secrets::MaskReport;
 use crate::spawn::{kill_group, spawn_sandbox, take_fds};
 
 mod rollback;
@@ -174,6 +175,8 @@ pub struct Launch {
     pub mounts: MountConfig,
     pub guard: Option<Arc<Guard>>,
     pub plan_notes: Vec<String>,
+    /// What the start masked (see `secrets`).
+    pub masks: MaskReport,
     pub code: CodeForm,
     /// Ask the worker for its compiled form before it reports ready.
     pub emit_code: bool,
@@ -227,6 +230,8 @@ pub struct Worker {
     pub init_pid: Option<i32>,
     /// What the protection plan said, for the first result it serves.
     pub plan_notes: Vec<String>,
+    /// What this sandbox masks.
+    pub masks: MaskReport,
     pub code: CodeForm,
     /// A keeper layout (see [`Launch::keeper`]).
     keeper: bool,
@@ -272,6 +277,7 @@ impl Worker {
             mounts,
             guard,
             plan_notes,
+            masks,
             code,
             emit_code,
             keeper,
@@ -307,6 +313,7 @@ impl Worker {
             _watch: None,
             init_pid: None,
             plan_notes,
+            masks,
             code,
             keeper,
             interp: None,

@@ -211,7 +211,7 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     let first = s.execute("v = 1\nopen('/workspace/w.txt', 'w')".into(), 30, None).await;
     assert_eq!(first.exception.as_ref().map(|e| e.type_name.as_str()), Some("OSError"), "{}", render(&first));
     let changed =
-        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, ..Default::default() });
     assert_eq!(changed, Some(true), "a running interpreter was discarded");
     let second = s.execute("open('/workspace/w.txt', 'w').write('hi')\n'v' in globals()".into(), 30, None).await;
     assert_eq!(second.repr.as_deref(), Some("False"), "{}", render(&second));
@@ -219,7 +219,7 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     assert!(second.state_lost_reason.as_deref().unwrap_or("").contains("permission mode"));
     assert_eq!(std::fs::read_to_string(f.dir.join("project/w.txt")).expect("written"), "hi");
     assert_eq!(
-        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] }),
+        s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, ..Default::default() }),
         None
     );
     s.dispose("test").await;
@@ -232,7 +232,8 @@ async fn protected_paths_stay_read_only_in_a_writable_workspace() {
     std::fs::create_dir_all(project.join(".git/hooks")).expect("hooks");
     std::fs::create_dir_all(project.join(".vscode")).expect("vscode");
     std::fs::write(project.join(".git/config"), "[core]\n").expect("config");
-    f.session.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    f.session
+        .set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, ..Default::default() });
     let out = stdout_of(
         &f,
         r#"
@@ -289,7 +290,8 @@ async fn a_git_file_cannot_be_redirected_in_a_writable_workspace() {
     let Some(f) = fixture("gitfile") else { return };
     let project = f.dir.join("project");
     std::fs::write(project.join(".git"), "gitdir: /elsewhere/.git/worktrees/x\n").expect("git file");
-    f.session.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, read_roots: vec![] });
+    f.session
+        .set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, ..Default::default() });
     let out = stdout_of(&f, "try:\n    open('/workspace/.git', 'w').write('gitdir: evil')\n    print('wrote')\nexcept OSError as e:\n    print('errno%d' % e.errno)").await;
     assert!(out.contains("errno30"), "{out}");
     assert_eq!(
@@ -306,7 +308,7 @@ async fn a_writable_workspace_keeps_git_read_only_and_makes_new_protected_names_
     let project = f.dir.join("project");
     std::fs::create_dir_all(project.join(".git")).expect("git dir");
     std::fs::write(project.join(".git/config"), "[core]\n").expect("config");
-    f.session.set_mounts(MountConfig { workspace_writable: true, read_roots: vec![] });
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
     let code = r#"
 import os
 def w(p):
