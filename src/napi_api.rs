@@ -392,6 +392,12 @@ fn containment(settings: &Settings, scratch: Option<crate::scratch::Measure>) ->
     }
 }
 
+/// The project's secrets as the last start found them (host paths), or
+/// `None` before any start.
+fn current_secrets(session: &Session, project: &std::path::Path) -> Option<Vec<PathBuf>> {
+    session.status().masks.map(|m| m.host_paths(project))
+}
+
 fn status_to_js(r: StatusReport) -> StatusResult {
     // What the next sandbox start would get.
     let settings = Settings::from_env();
@@ -642,8 +648,15 @@ impl PythonSandbox {
             };
         };
         let project = std::fs::canonicalize(self.session.project_dir()).ok();
-        let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), |p| std::fs::canonicalize(p));
-        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), unmasked: Vec::new() };
+        let secrets = project.as_deref().and_then(|p| current_secrets(&self.session, p));
+        let plan = permissions::plan_mounts(&event.read_roots, project.as_deref(), secrets.as_deref(), |p| {
+            std::fs::canonicalize(p)
+        });
+        let wanted = MountConfig {
+            workspace_writable: event.writable,
+            read_roots: plan.roots(),
+            unmasked: plan.unmasked.clone(),
+        };
         let result = self.session.set_mounts(wanted.clone());
         let notification =
             result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));

@@ -71,6 +71,9 @@ pub struct Mounted {
 pub struct MountPlan {
     pub mounted: Vec<Mounted>,
     pub skipped: Vec<Skipped>,
+    /// Granted roots inside the project that cover a masked secret: not
+    /// mounted (the project is), but their secrets are no longer masked.
+    pub unmasked: Vec<PathBuf>,
 }
 
 impl MountPlan {
@@ -106,12 +109,22 @@ fn reserved(p: &Path) -> Option<&'static str> {
     RESERVED_MOUNTS.iter().copied().find(|m| p.starts_with(m))
 }
 
-/// Decide which read roots to mount. `resolve` is realpath.
+/// Decide which read roots to mount. `resolve` is realpath. `secrets`:
+/// the canonical host paths of the project's secrets (masked or already
+/// unmasked), `None` when no start has looked yet; a root inside the
+/// project that covers one (any, when unknown) goes to `unmasked`.
 pub fn plan_mounts(
     roots: &[String],
     project: Option<&Path>,
+    secrets: Option<&[PathBuf]>,
     resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
 ) -> MountPlan {
+    let unmasks = |p: &Path| match (project, secrets) {
+        (Some(project), _) if !p.starts_with(project) => false,
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(_), Some(list)) => list.iter().any(|s| s.starts_with(p)),
+    };
     let mut plan = MountPlan::default();
     let mut candidates: Vec<(String, PathBuf)> = Vec::new();
     for raw in roots {
@@ -124,34 +137,53 @@ pub fn plan_mounts(
             plan.skipped.push(skip("not an absolute path".into()));
             continue;
         };
-        // Checked on the path as given, then again where it resolves.
+        // Checked on the path as given, then again where it resolves. A
+        // path inside the project is the project's (mounted at
+        // /workspace, whatever its host path), never a reserved mount.
+        let in_project = |p: &Path| project.is_some_and(|project| p.starts_with(project));
         let why_not = |p: &Path| -> Option<String> {
-            if let Some(m) = reserved(p) {
-                return Some(if m == "/" {
+            if in_project(p) {
+                return Some("inside the project, already readable under /workspace".into());
+            }
+            reserved(p).map(|m| {
+                if m == "/" {
                     "the whole filesystem".into()
                 } else {
                     format!("reserved sandbox mount {m}")
-                });
-            }
-            match project {
-                Some(project) if p.starts_with(project) => {
-                    Some("inside the project, already readable under /workspace".into())
                 }
-                _ => None,
-            }
+            })
         };
-        if let Some(reason) = why_not(&normal) {
-            plan.skipped.push(skip(reason));
-            continue;
+        // Inside the project: skipped, unless where it resolves (inside
+        // the project too) covers a secret.
+        let given = why_not(&normal);
+        if let Some(reason) = &given {
+            if !in_project(&normal) {
+                plan.skipped.push(skip(reason.clone()));
+                continue;
+            }
         }
-        let resolved = match resolve(&normal) {
-            Ok(r) => r,
-            Err(e) => {
+        let resolved = match (resolve(&normal), &given) {
+            (Ok(r), _) => r,
+            (Err(_), Some(reason)) => {
+                plan.skipped.push(skip(reason.clone()));
+                continue;
+            }
+            (Err(e), None) => {
                 plan.skipped.push(skip(format!("cannot be resolved: {e}")));
                 continue;
             }
         };
         if let Some(reason) = why_not(&resolved) {
+            if in_project(&resolved) && unmasks(&resolved) {
+                if !plan.unmasked.contains(&resolved) {
+                    plan.unmasked.push(resolved);
+                }
+            } else {
+                plan.skipped.push(skip(reason));
+            }
+            continue;
+        }
+        if let Some(reason) = given {
             plan.skipped.push(skip(reason));
             continue;
         }
@@ -168,6 +200,7 @@ pub fn plan_mounts(
         }
         plan.mounted.push(Mounted { requested: raw, resolved });
     }
+    plan.unmasked.sort();
     plan
 }
 
@@ -196,6 +229,14 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
                 })
                 .collect();
             changes.push(format!("read roots mounted read-only: {}", list.join(", ")));
+        }
+    }
+    if old.unmasked != new.unmasked {
+        if new.unmasked.is_empty() {
+            changes.push("secrets in the project are masked again".into());
+        } else {
+            let list: Vec<String> = new.unmasked.iter().map(|p| p.display().to_string()).collect();
+            changes.push(format!("secrets no longer masked at or under: {}", list.join(", ")));
         }
     }
     if changes.is_empty() {
@@ -335,7 +376,7 @@ mod tests {
 
     fn plan(roots: &[&str], project: &str) -> MountPlan {
         let roots: Vec<String> = roots.iter().map(|s| s.to_string()).collect();
-        plan_mounts(&roots, Some(Path::new(project)), ident)
+        plan_mounts(&roots, Some(Path::new(project)), Some(&[]), ident)
     }
 
     fn reasons(p: &MountPlan) -> Vec<(String, String)> {
@@ -393,6 +434,37 @@ mod tests {
     }
 
     #[test]
+    fn a_root_inside_the_project_unmasks_the_secrets_it_covers_and_is_skipped_otherwise() {
+        let roots: Vec<String> = ["/home/u/proj/sub", "/home/u/proj/docs", "/home/u/proj/.env", "/home/u/proj/link"]
+            .map(String::from)
+            .into();
+        let secrets = [PathBuf::from("/home/u/proj/.env"), PathBuf::from("/home/u/proj/sub/deploy/key.pem")];
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            Ok(if p == Path::new("/home/u/proj/link") { "/home/u/proj/sub/deploy".into() } else { p.to_path_buf() })
+        };
+        let p = plan_mounts(&roots, Some(Path::new("/home/u/proj")), Some(&secrets), resolve);
+        assert!(p.mounted.is_empty(), "{:?}", p.mounted);
+        assert_eq!(
+            p.unmasked,
+            [PathBuf::from("/home/u/proj/.env"), "/home/u/proj/sub".into(), "/home/u/proj/sub/deploy".into()]
+        );
+        assert_eq!(
+            reasons(&p),
+            [("/home/u/proj/docs".into(), "inside the project, already readable under /workspace".into())]
+        );
+        // Before any start the secrets are unknown: a root inside the project may cover one.
+        let unknown = plan_mounts(&roots[1..2], Some(Path::new("/home/u/proj")), None, ident);
+        assert_eq!((unknown.unmasked.len(), unknown.skipped.len()), (1, 0));
+        let old = MountConfig::default();
+        let new = MountConfig { unmasked: p.unmasked.clone(), ..Default::default() };
+        let note = change_notification(&old, &new, &p, true).expect("changed");
+        assert!(note.contains("secrets no longer masked at or under: /home/u/proj/.env, "), "{note}");
+        assert!(change_notification(&new, &old, &MountPlan::default(), false)
+            .expect("changed")
+            .contains("masked again"));
+    }
+
+    #[test]
     fn a_root_containing_the_project_is_kept_and_nested_roots_are_covered() {
         let p = plan(&["/data/a/b", "/home/u", "/data/a", "/data/a/", "/etc"], "/home/u/proj");
         assert_eq!(p.roots(), [PathBuf::from("/data/a"), "/etc".into(), "/home/u".into()]);
@@ -410,7 +482,7 @@ mod tests {
             }
         };
         let roots = ["/link", "/sneaky", "/gone"].map(String::from);
-        let p = plan_mounts(&roots, None, resolve);
+        let p = plan_mounts(&roots, None, None, resolve);
         assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into() }]);
         assert_eq!(p.skipped[0].reason, "reserved sandbox mount /usr");
         assert!(p.skipped[1].reason.starts_with("cannot be resolved"));
@@ -503,7 +575,7 @@ mod tests {
     #[test]
     fn a_mode_notification_shows_roots_escaped() {
         let roots = ["/srv/\x1b]0;title\x07".to_string(), "rel\n\u{202E}x".to_string()];
-        let p = plan_mounts(&roots, None, ident);
+        let p = plan_mounts(&roots, None, None, ident);
         let note = change_notification(
             &MountConfig::default(),
             &MountConfig { workspace_writable: false, read_roots: p.roots(), ..Default::default() },
