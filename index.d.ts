@@ -222,6 +222,11 @@ export interface ExecResult {
    * the path itself).
    */
   permissionIsDir: boolean
+  /**
+   * The refused read was of a project file hidden as a secret (see the
+   * README's secret masks); `permissionPath` is its sandbox path.
+   */
+  permissionSecret: boolean
   outputLimitExceeded: boolean
   /**
    * Host paths of this execution's stdout/stderr logs; a stream without
@@ -442,6 +447,15 @@ export interface StatusResult {
   seccompRules: number
   /** Project paths kept read-only when /workspace is writable. */
   protectedPaths: Array<string>
+  /** Sandbox paths the running (or last) sandbox hides as secrets. */
+  maskedPaths: Array<string>
+  /** The secret patterns the next start uses (empty: masking is off). */
+  secretPatterns: Array<string>
+  /**
+   * The last start's project scan read every entry within its bounds
+   * (absent before a start).
+   */
+  secretScanComplete?: boolean
   /** The report as text for the model. */
   text: string
 }

@@ -276,3 +276,26 @@ test("the tool stops waiting: promptCancel goes out, and a late grant's restart 
   assert.match(next.text, /restarted for a late answer to the read prompt about .*data\.csv/);
   assert.equal(next.details.stateLost, true);
 });
+
+test("a secret of the project: allow once unmasks just it for the replay; a deny covers just it", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  writeFileSync(join(s.project, ".env"), "API_KEY=env-secret-value\n");
+  writeFileSync(join(s.project, ".env.production"), "API_KEY=prod-secret-value\n");
+  const r = await s.run({ code: "print(open('/workspace/.env').read())" });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /env-secret-value/);
+  assert.deepEqual(s.log.prompts.map((p) => [p.path, p.isDirectory]), [["/workspace/.env", false]]);
+  assert.match(r.text, /looks like a secret, was allowed once/);
+  // Just that file: the other secret stays masked.
+  s.h.ui.select = choose("Deny once");
+  const other = await s.run({ code: "print(repr(open('/workspace/.env.production').read()))" });
+  assert.equal(other.details.status, "permission_needed");
+  assert.doesNotMatch(other.text, /prod-secret-value/);
+  // After a restart the allowed one is masked again, and its earlier deny of the other did not cover it.
+  await s.run({ action: "reset" });
+  const again = await s.run({ code: "print(open('/workspace/.env').read())" });
+  assert.equal(again.details.status, "permission_needed");
+  assert.doesNotMatch(again.text, /env-secret-value/);
+  assert.equal(s.log.prompts.length, 3, "asked again: the deny was about .env.production alone");
+});

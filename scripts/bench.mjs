@@ -150,16 +150,31 @@ function bigProject(files) {
   return dir;
 }
 
-async function writableStart() {
-  const big = bigProject(20_000);
-  const start = async (dir, mode) => {
+/** One cold start of a session over `dir` in `mode`, with `env` set for the start. */
+async function startIn(dir, mode, env = {}) {
+  const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
+  Object.assign(process.env, env);
+  try {
     const sb = new PythonSandbox({ projectDir: dir, prewarm: false });
     sb.applyModeEvent({ mode, readRoots: [] });
     const [ms, r] = await timed(() => sb.execute("1+1"));
     mustOk(r, `cold execute (${mode})`);
     await sb.dispose();
     return ms;
-  };
+  } finally {
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
+}
+
+const NO_MASKS = { PI_PYTHON_TOOL_SECRETS: "" };
+
+async function writableStart() {
+  const big = bigProject(20_000);
+  // The baseline walks nothing: read-only, masking off.
+  const start = (dir, mode) => startIn(dir, mode, mode === "manual" ? NO_MASKS : {});
   const ro = [];
   const rw = [];
   const rwBig = [];
@@ -168,8 +183,8 @@ async function writableStart() {
     rw.push(await start(project, "yolo"));
     rwBig.push(await start(big, "yolo"));
   }
-  record("cold first execute, yolo (small project)", median(rw), "ms", "the same, read-only", median(ro), "");
-  record("cold first execute, yolo, 20,000 files", median(rwBig), "ms", "the same, read-only", median(ro), "(scan cost)");
+  record("cold first execute, yolo (small project)", median(rw), "ms", "read-only, no masks (no walk)", median(ro), "");
+  record("cold first execute, yolo, 20,000 files", median(rwBig), "ms", "read-only, no masks (no walk)", median(ro), "(scan cost)");
   const sb = new PythonSandbox({ projectDir: project });
   sb.applyModeEvent({ mode: "yolo", readRoots: [] });
   mustOk(await sb.execute("1"), "warm-up");
@@ -182,6 +197,27 @@ async function writableStart() {
   for (let i = 0; i < runs(1000); i++) base.push((await timed(() => roSb.execute("x = 1")))[0]);
   await roSb.dispose();
   record("warm execute x = 1, yolo, median", median(ours), "ms", "the same, read-only", median(base), "");
+}
+
+// -- 1c. secret masks: the same walk in every mode --------------------------------------
+
+async function secretScan() {
+  const big = bigProject(20_000);
+  for (const p of ["pkg1/mod1/.env", "pkg2/mod2/deploy.pem", ".env", "pkg4/mod4/credentials.json"]) {
+    writeFileSync(join(big, p), "secret\n");
+  }
+  const masked = [];
+  const off = [];
+  const smallMasked = [];
+  const smallOff = [];
+  for (let i = 0; i < runs(20); i++) {
+    off.push(await startIn(big, "manual", NO_MASKS));
+    masked.push(await startIn(big, "manual"));
+    smallOff.push(await startIn(project, "manual", NO_MASKS));
+    smallMasked.push(await startIn(project, "manual"));
+  }
+  record("cold first execute, secret masks, 20,000 files", median(masked), "ms", "PI_PYTHON_TOOL_SECRETS='' (no walk)", median(off), "(scan cost)");
+  record("  the same, small project", median(smallMasked), "ms", "PI_PYTHON_TOOL_SECRETS='' (no walk)", median(smallOff), "");
 }
 
 // -- 2. warm round trip ----------------------------------------------------------
@@ -459,15 +495,24 @@ async function jupyter() {
 }
 
 console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} ${"baseline".padEnd(34)} ${"value".padStart(9)} ${"ratio".padStart(7)}  target`);
+// `--only=NAME` runs one section (coldStart, writableStart, secretScan, ...).
+const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
-  await coldStart();
-  await writableStart();
-  await warm();
-  await recovery();
-  await rollback();
-  await timeoutPrecision();
-  await manySessions();
-  if (!process.argv.includes("--no-jupyter")) await jupyter();
+  if (only) {
+    const sections = { coldStart, writableStart, secretScan, warm, recovery, rollback, timeoutPrecision, manySessions };
+    if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
+    await sections[only]();
+  } else {
+    await coldStart();
+    await writableStart();
+    await secretScan();
+    await warm();
+    await recovery();
+    await rollback();
+    await timeoutPrecision();
+    await manySessions();
+    if (!process.argv.includes("--no-jupyter")) await jupyter();
+  }
 } finally {
   rmSync(work, { recursive: true, force: true });
 }

@@ -85,6 +85,13 @@ pub struct SandboxSpec {
     pub empty_file: PathBuf,
     /// Bound over a writable workspace, in order (see `protected`).
     pub protected: Vec<FdBind>,
+    /// Bound over the workspace in every mode, after `protected`: in a
+    /// read-only one the directories above the masks (onto themselves),
+    /// then the secret masks (see `secrets`).
+    pub masks: Vec<FdBind>,
+    /// The masks' sandbox paths, told to the worker (its read hook names
+    /// a read of one as a secret).
+    pub mask_paths: Vec<String>,
     /// The user's Python packages: directories mounted read-only at their
     /// own paths, and the site directories the worker adds.
     pub python_mounts: Vec<PathBuf>,
@@ -172,6 +179,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
             push_fd_bind(&mut a, bind);
         }
     }
+    for bind in &spec.masks {
+        push_fd_bind(&mut a, bind);
+    }
     push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
     let (worker_host, worker) = match &spec.worker {
         WorkerCode::Source { path, .. } => (path, WORKER),
@@ -218,6 +228,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
         a.push("--site".into());
         a.push(dir.into());
     }
+    if !spec.mask_paths.is_empty() {
+        a.push("--masks".into());
+        a.push(serde_json::to_string(&spec.mask_paths).unwrap_or_else(|_| "[]".into()).into());
+    }
     a.push("--limits".into());
     a.push(spec.worker_limits.clone().into());
     if spec.keeper {
@@ -255,6 +269,8 @@ mod tests {
                 FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
                 FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
             ],
+            masks: vec![],
+            mask_paths: vec![],
             python_mounts: vec![],
             python_fd_mounts: vec![],
             nofile: None,
@@ -362,6 +378,34 @@ mod tests {
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /srv/real.csv /srv/link.csv"));
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/empty /etc/shadow"));
         assert!(at("--ro-bind-try /etc /etc") < at("--tmpfs /etc/sudoers.d --remount-ro /etc/sudoers.d"));
+    }
+
+    #[test]
+    fn secret_masks_cover_the_workspace_in_every_mode_and_are_named_to_the_worker() {
+        let masks = vec![
+            FdBind { fd: 8, dest: "/workspace/deploy".into(), read_only: true },
+            FdBind { fd: 9, dest: "/workspace/deploy/key.pem".into(), read_only: true },
+        ];
+        let paths = vec!["/workspace/deploy/key.pem".to_string()];
+        for writable in [false, true] {
+            let argv = strings(&bwrap_argv(&SandboxSpec {
+                workspace_writable: writable,
+                masks: masks.clone(),
+                mask_paths: paths.clone(),
+                ..spec()
+            }));
+            let at = argv.iter().position(|a| a == "/workspace/deploy/key.pem").expect("mask");
+            let scratch = argv.iter().position(|a| a == "/scratch").expect("scratch");
+            assert!(at < scratch);
+            assert_eq!(
+                argv[at - 5..=at],
+                ["--ro-bind-fd", "8", "/workspace/deploy", "--ro-bind-fd", "9", "/workspace/deploy/key.pem"]
+            );
+            let protected = argv.iter().position(|a| a == "/workspace/sub/.git");
+            assert_eq!(protected.is_some(), writable);
+            assert!(protected.is_none_or(|p| p < at), "masks come after protected binds");
+            assert_eq!(argv[argv.len() - 4..], ["--masks", r#"["/workspace/deploy/key.pem"]"#, "--limits", "frame=1"]);
+        }
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct ExecReport {
     /// The refused read was a directory listing.
     #[serde(default)]
     pub path_is_dir: bool,
+    /// The refused read was of a masked secret (see `secrets`).
+    #[serde(default)]
+    pub path_secret: bool,
     /// Processes other than the worker still alive when the code finished.
     #[serde(default)]
     pub background: u32,

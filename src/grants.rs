@@ -64,6 +64,9 @@ pub enum Next {
     Replay,
     /// Mount this path for the next sandbox only, then run the code again.
     Once(OnceMount),
+    /// Unmask this secret of the project (its host path) for the next
+    /// sandbox only, then run the code again.
+    Unmask(PathBuf),
     /// Do not run again; the diagnostic says why.
     Stop(String),
 }
@@ -131,11 +134,15 @@ impl Grants {
 
     /// Decide what `answer` to the prompt about `path` does. `remounted`:
     /// the mounts changed while the prompt was open (the client's mode
-    /// event came first). `resolve` is realpath.
+    /// event came first). `secret`: the path is a masked secret of the
+    /// project, at this host path (a denial then covers just it, an allow
+    /// once unmasks just it). `resolve` is realpath.
+    #[allow(clippy::too_many_arguments)]
     pub fn answer(
         &self,
         path: &str,
         is_dir: bool,
+        secret: Option<&Path>,
         answer: Answer,
         remounted: bool,
         ctx: &Context,
@@ -154,11 +161,15 @@ impl Grants {
                 let excess = st.abandoned.len().saturating_sub(MAX_ABANDONED);
                 st.abandoned.drain(..excess);
             }
-            self.deny(permissions::covering_dir(&normal, is_dir));
+            // A secret's denial is about it alone, not its directory.
+            self.deny(if secret.is_some() { normal.clone() } else { permissions::covering_dir(&normal, is_dir) });
             return Next::Stop(permissions::denied_diagnostic(path, &answer.why(PROMPT_WAIT_SECONDS)));
         }
         if remounted {
             return Next::Replay;
+        }
+        if let Some(host) = secret {
+            return Next::Unmask(host.to_path_buf());
         }
         match once_mount(&normal, is_dir, ctx, resolve) {
             Ok(m) => Next::Once(m),
@@ -223,7 +234,7 @@ mod tests {
     static NONE: HostSecrets = HostSecrets { entries: Vec::new() };
 
     fn ctx(project: &Path) -> Context<'_> {
-        Context { project: Some(project), home: None, secrets: &NONE, writable: &[] }
+        Context { project: Some(project), home: None, secrets: &NONE, writable: &[], project_secrets: Some(&[]) }
     }
 
     fn ident(p: &Path) -> std::io::Result<PathBuf> {
@@ -234,9 +245,9 @@ mod tests {
     fn a_denial_is_remembered_by_its_directory_and_says_why() {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
-        let next = g.answer("/srv/data/a.csv", false, Answer::Deny, false, &ctx(project), ident);
+        let next = g.answer("/srv/data/a.csv", false, None, Answer::Deny, false, &ctx(project), ident);
         assert!(matches!(&next, Next::Stop(d) if d.contains("denied by the user")), "{next:?}");
-        let next = g.answer("/srv/list", true, Answer::Timeout, false, &ctx(project), ident);
+        let next = g.answer("/srv/list", true, None, Answer::Timeout, false, &ctx(project), ident);
         assert!(matches!(&next, Next::Stop(d) if d.contains("no answer within 30 s")), "{next:?}");
         assert_eq!(g.denied(), [PathBuf::from("/srv/data"), "/srv/list".into()]);
     }
@@ -250,20 +261,20 @@ mod tests {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
         let file = dir.join("f.txt").display().to_string();
-        assert_eq!(g.answer(&file, false, Answer::Allow, true, &ctx(project), ident), Next::Replay);
+        assert_eq!(g.answer(&file, false, None, Answer::Allow, true, &ctx(project), ident), Next::Replay);
         assert_eq!(
-            g.answer(&file, false, Answer::Allow, false, &ctx(project), ident),
+            g.answer(&file, false, None, Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.join("f.txt"), source: dir.join("f.txt"), is_dir: false })
         );
         // Through a link: mounted where the code read it, from where it points.
         let link = dir.join("link").display().to_string();
         assert_eq!(
-            g.answer(&link, false, Answer::Allow, false, &ctx(project), ident),
+            g.answer(&link, false, None, Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.join("link"), source: dir.join("f.txt"), is_dir: false })
         );
         // A listing is the directory itself, never its parent.
         assert_eq!(
-            g.answer(&dir.display().to_string(), true, Answer::Allow, false, &ctx(project), ident),
+            g.answer(&dir.display().to_string(), true, None, Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.clone(), source: dir.clone(), is_dir: true })
         );
         assert!(g.denied().is_empty());
@@ -284,11 +295,18 @@ mod tests {
         let writable = [dir.join("session")];
         std::fs::create_dir(&writable[0]).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", writable[0].join("planted")).unwrap();
-        let c = Context { project: Some(&dir.join("proj")), home: Some(&home), secrets: &secrets, writable: &writable };
+        let c = Context {
+            project: Some(&dir.join("proj")),
+            home: Some(&home),
+            secrets: &secrets,
+            writable: &writable,
+            project_secrets: Some(&[]),
+        };
         let g = Grants::default();
         let stop = |p: &Path, is_dir: bool| match g.answer(
             &p.display().to_string(),
             is_dir,
+            None,
             Answer::Allow,
             false,
             &c,
@@ -309,11 +327,25 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_of_the_project_is_unmasked_once_and_denied_alone() {
+        let g = Grants::default();
+        let project = Path::new("/home/u/proj");
+        let host = Path::new("/home/u/proj/sub/.env");
+        let next = g.answer("/workspace/sub/.env", false, Some(host), Answer::Allow, false, &ctx(project), ident);
+        assert_eq!(next, Next::Unmask(host.to_path_buf()));
+        // A granted root that covers it came first: the mounts changed, so a replay.
+        let next = g.answer("/workspace/sub/.env", false, Some(host), Answer::Allow, true, &ctx(project), ident);
+        assert_eq!(next, Next::Replay);
+        let _ = g.answer("/workspace/sub/.env", false, Some(host), Answer::Deny, false, &ctx(project), ident);
+        assert_eq!(g.denied(), [PathBuf::from("/workspace/sub/.env")], "not all of /workspace/sub");
+    }
+
+    #[test]
     fn a_late_grant_is_matched_to_the_prompt_nobody_waited_for() {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
-        let _ = g.answer("/srv/data/a.csv", false, Answer::Aborted, false, &ctx(project), ident);
-        let _ = g.answer("/srv/other/b.csv", false, Answer::Deny, false, &ctx(project), ident);
+        let _ = g.answer("/srv/data/a.csv", false, None, Answer::Aborted, false, &ctx(project), ident);
+        let _ = g.answer("/srv/other/b.csv", false, None, Answer::Deny, false, &ctx(project), ident);
         assert_eq!(g.take_late(&["/srv/other".into()]), None, "a deny is an answer, not an abandoned prompt");
         assert_eq!(g.take_late(&["/srv".into()]), Some(PathBuf::from("/srv/data/a.csv")));
         assert_eq!(g.take_late(&["/srv".into()]), None, "taken once");

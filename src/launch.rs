@@ -156,50 +156,71 @@ async fn start_once(
     let secret_watch = secrets.watch_points(&granted, &trees);
     let keeper = start.rollback.unwrap_or(settings.rollback);
     let mut plan_notes = Vec::new();
-    // A project that cannot be protected is mounted read-only for this
-    // sandbox, and the first result says why.
-    let plan = if mounts.workspace_writable {
-        let (root, sink, tainted) = (project.clone(), start.notes.clone(), start.tainted.clone());
-        let planned = tokio::task::spawn_blocking(move || {
-            let s = settings;
-            protected::plan(&root, &s.protected, s.scan, &s.git, sink, tainted)
+    // One walk of the project: the secret masks (every mode) and, when
+    // the mode allows writes, the protected paths. A project that cannot
+    // be protected is mounted read-only for this sandbox, and the first
+    // result says why; a secret that cannot be masked stops the start.
+    let sources =
+        if settings.secrets.is_empty() {
+            None
+        } else {
+            Some(crate::secrets::MaskSources::in_dir(&dirs.root).map_err(|e| {
+                StartError::Prepare(format!("The empty files that hide secrets could not be made: {e}"))
+            })?)
+        };
+    let (root, sink, tainted) = (project.clone(), start.notes.clone(), start.tainted.clone());
+    // What a grant unmasked, and the secrets allowed once for this start.
+    let unmasked: Vec<PathBuf> = mounts.unmasked.iter().chain(&mounts.unmasked_once).cloned().collect();
+    let writable_mode = mounts.workspace_writable;
+    let planned = tokio::task::spawn_blocking(move || {
+        let s = settings;
+        protected::plan_start(protected::StartRequest {
+            project: &root,
+            protected: &s.protected,
+            secrets: &s.secrets,
+            limits: s.scan,
+            git: &s.git,
+            sink,
+            tainted,
+            writable: writable_mode,
+            unmasked: &unmasked,
+            sources: sources.as_ref(),
         })
-        .await;
-        match planned {
-            Ok(Ok(plan)) => Some(plan),
-            Ok(Err(e)) => {
-                plan_notes.push(format!(
-                    "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
-                ));
-                None
-            }
-            Err(e) => return Err(StartError::Prepare(format!("The protected paths could not be planned: {e}"))),
-        }
-    } else {
-        None
+    })
+    .await;
+    let plan = match planned {
+        Ok(Ok(plan)) => plan,
+        Ok(Err(e)) => return Err(StartError::Prepare(format!("No sandbox was started: {e}."))),
+        Err(e) => return Err(StartError::Prepare(format!("The protected paths could not be planned: {e}"))),
     };
+    if let Some(e) = &plan.refused {
+        plan_notes.push(format!(
+            "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
+        ));
+    }
+    plan_notes.extend(plan.report.incomplete_note());
     let project = project.as_path();
-    let writable = plan.is_some();
+    let writable = mounts.workspace_writable && plan.refused.is_none();
     if let Some(halt) = (stop.check)() {
         return Err(StartError::Halted(halt));
     }
-    let (binds, guard) = match plan {
-        Some(p) => {
-            plan_notes.extend(p.notes);
-            (p.binds, Some(Arc::new(p.guard)))
-        }
-        None => (Vec::new(), None),
-    };
+    let masks = plan.report;
+    let guard = plan.guard.map(Arc::new);
     let mut mount_fds = Vec::new();
-    let mut protected_binds = Vec::new();
-    for b in binds {
-        protected_binds.push(FdBind {
-            fd: MOUNT_FD_BASE + mount_fds.len() as i32,
-            dest: Path::new(WORKSPACE).join(&b.rel),
-            read_only: b.read_only,
-        });
-        mount_fds.push(b.fd);
-    }
+    let fd_binds = |binds: Vec<protected::Bind>, mount_fds: &mut Vec<std::os::fd::OwnedFd>| -> Vec<FdBind> {
+        let mut out = Vec::new();
+        for b in binds {
+            out.push(FdBind {
+                fd: MOUNT_FD_BASE + mount_fds.len() as i32,
+                dest: Path::new(WORKSPACE).join(&b.rel),
+                read_only: b.read_only,
+            });
+            mount_fds.push(b.fd);
+        }
+        out
+    };
+    let protected_binds = fd_binds(plan.binds, &mut mount_fds);
+    let mask_binds = fd_binds(plan.masks, &mut mount_fds);
     // Package directories inside the project (a venv there) or the
     // scratch directory are trees the sandbox may have written: mounted
     // from fds opened beneath them, never by path.
@@ -233,6 +254,8 @@ async fn start_once(
         tmp_bytes: sizes.tmp,
         shm_bytes: sizes.shm,
         protected: protected_binds,
+        masks: mask_binds,
+        mask_paths: masks.worker_paths(),
         project_dir: project.to_path_buf(),
         interpreter: facts.interpreter.path.clone(),
         interpreter_mounts: facts.interpreter.mounts.clone(),
@@ -265,6 +288,7 @@ async fn start_once(
         secret_watch,
         guard,
         plan_notes,
+        masks,
         code: form,
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
         keeper,

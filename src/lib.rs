@@ -30,6 +30,7 @@ pub mod rundir;
 pub mod scan;
 pub mod scratch;
 pub mod seccomp;
+pub mod secrets;
 pub mod session;
 pub mod spare;
 pub mod spawn;

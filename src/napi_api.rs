@@ -130,6 +130,9 @@ pub struct ExecResult {
     /// The refused read was a directory listing (its covering directory is
     /// the path itself).
     pub permission_is_dir: bool,
+    /// The refused read was of a project file hidden as a secret (see the
+    /// README's secret masks); `permissionPath` is its sandbox path.
+    pub permission_secret: bool,
     pub output_limit_exceeded: bool,
     /// Host paths of this execution's stdout/stderr logs; a stream without
     /// output has no log file.
@@ -258,6 +261,13 @@ pub struct StatusResult {
     pub seccomp_rules: u32,
     /// Project paths kept read-only when /workspace is writable.
     pub protected_paths: Vec<String>,
+    /// Sandbox paths the running (or last) sandbox hides as secrets.
+    pub masked_paths: Vec<String>,
+    /// The secret patterns the next start uses (empty: masking is off).
+    pub secret_patterns: Vec<String>,
+    /// The last start's project scan read every entry within its bounds
+    /// (absent before a start).
+    pub secret_scan_complete: Option<bool>,
     /// The report as text for the model.
     pub text: String,
 }
@@ -320,6 +330,7 @@ fn to_js(o: Outcome) -> ExecResult {
         }),
         permission_path: o.permission_path.map(displayed_line),
         permission_is_dir: o.permission_is_dir,
+        permission_secret: o.permission_secret,
         output_limit_exceeded: o.output_limit_exceeded,
         log_paths: LogPaths {
             stdout: o.log_paths.stdout.as_deref().map(path_str),
@@ -388,6 +399,12 @@ fn containment(settings: &Settings, scratch: Option<crate::scratch::Measure>) ->
     }
 }
 
+/// The project's secrets as the last start found them (host paths), or
+/// `None` before any start.
+fn current_secrets(session: &Session, project: &std::path::Path) -> Option<Vec<PathBuf>> {
+    session.status().masks.map(|m| m.host_paths(project))
+}
+
 fn status_to_js(r: StatusReport) -> StatusResult {
     // What the next sandbox start would get.
     let settings = Settings::from_env();
@@ -407,6 +424,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
+        masked_paths: r
+            .masks
+            .as_ref()
+            .map(|m| m.sandbox_paths().into_iter().map(displayed_line).collect())
+            .unwrap_or_default(),
+        secret_patterns: if settings.secrets.is_empty() { Vec::new() } else { settings.secrets.describe() },
+        secret_scan_complete: r.masks.as_ref().filter(|m| !m.off).map(|m| m.complete),
         available: available.into(),
         diagnostic,
         worker_running: r.worker_running,
@@ -438,7 +462,13 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             .map(|s| SkippedRoot { root: displayed_line(s.root.clone()), reason: displayed_line(s.reason.to_string()) })
             .collect(),
         masked_host_secrets: r.masked.iter().map(|m| path_str(&m.path)).collect(),
-        allowed_once: r.mounts.once.iter().map(|m| path_str(&m.path)).collect(),
+        allowed_once: r
+            .mounts
+            .once
+            .iter()
+            .map(|m| path_str(&m.path))
+            .chain(r.mounts.unmasked_once.iter().map(|p| path_str(p)))
+            .collect(),
         prewarm: r.prewarm,
         rollback: r.rollback,
         last_rollback_point: r
@@ -596,16 +626,20 @@ struct GrantInputs {
     secrets: crate::hostsecrets::HostSecrets,
     project: Option<PathBuf>,
     writable: Vec<PathBuf>,
+    /// The project's secrets as the last start found them.
+    project_secrets: Option<Vec<PathBuf>>,
 }
 
 impl GrantInputs {
     fn of(session: &Session) -> Self {
         let root = session.runtime_root();
         let settings = Settings::from_env();
+        let project = std::fs::canonicalize(session.project_dir()).ok();
         GrantInputs {
             secrets: settings.host_secrets(),
             settings,
-            project: std::fs::canonicalize(session.project_dir()).ok(),
+            project_secrets: project.as_deref().and_then(|p| current_secrets(session, p)),
+            project,
             writable: vec![std::fs::canonicalize(&root).unwrap_or(root)],
         }
     }
@@ -616,11 +650,26 @@ impl GrantInputs {
             home: self.settings.home.as_deref(),
             secrets: &self.secrets,
             writable: &self.writable,
+            project_secrets: self.project_secrets.as_deref(),
         }
     }
 }
 
 impl PythonSandbox {
+    /// The host path of the project's masked secret that `path` (a sandbox
+    /// path) names, by the session's own list of masks (never the
+    /// sandbox's word).
+    fn secret_host_path(&self, path: &str) -> Option<PathBuf> {
+        let report = self.session.status();
+        let path = std::path::Path::new(path);
+        let rel = report
+            .masks
+            .as_ref()
+            .filter(|m| m.hides(path))
+            .and_then(|_| path.strip_prefix(crate::bwrap::WORKSPACE).ok())?;
+        std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel))
+    }
+
     /// Mount what `event` asks for. `current`: the mounts before (for the
     /// late-answer check). Returns the plan, the mounts wanted, what
     /// `set_mounts` did, and the abandoned prompt a late grant answered.
@@ -632,7 +681,12 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| ctx.resolve(p));
-        let wanted = MountConfig { workspace_writable: event.writable, read_roots: plan.roots(), once: Vec::new() };
+        let wanted = MountConfig {
+            workspace_writable: event.writable,
+            read_roots: plan.roots(),
+            unmasked: plan.unmasked.clone(),
+            ..MountConfig::default()
+        };
         let added: Vec<PathBuf> = match current {
             Some(c) => wanted.read_roots.iter().filter(|r| !c.read_roots.contains(r)).cloned().collect(),
             None => Vec::new(),
@@ -677,7 +731,7 @@ impl PythonSandbox {
             mounts: MountConfig {
                 workspace_writable: options.workspace_writable.unwrap_or(false),
                 read_roots: options.read_roots.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
-                once: Vec::new(),
+                ..MountConfig::default()
             },
             prewarm: options.prewarm,
             rollback: options.rollback,
@@ -809,7 +863,8 @@ impl PythonSandbox {
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
         let seen = self.grants.mode().is_some() || self.session.status().permissions_seen;
-        match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui) {
+        let secret = self.secret_host_path(&path);
+        match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
             ReadDecision::Prompt => {
                 self.session.prompt_opened();
                 ReadVerdict { prompt: true, diagnostic: None }
@@ -832,7 +887,26 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let shown = displayed_line(path.clone());
-        Ok(match self.grants.answer(&path, is_dir, answer, remounted, &ctx, |p| ctx.resolve(p)) {
+        let secret = self.secret_host_path(&path);
+        Ok(match self.grants.answer(&path, is_dir, secret.as_deref(), answer, remounted, &ctx, |p| ctx.resolve(p)) {
+            Next::Unmask(host) => {
+                if !self.session.allow_once_unmasked(host) {
+                    return Ok(ReadAnswer {
+                        replay: false,
+                        diagnostic: Some(displayed(format!(
+                            "Read access to {shown} was allowed once, but it is already unmasked for this sandbox; \
+                             the code was not run again."
+                        ))),
+                    });
+                }
+                self.session.mark_replay(format!(
+                    "Read access to {shown}, which looks like a secret, was allowed once: the sandbox restarted with \
+                     just that path unmasked, and this call ran again on the fresh interpreter, whose state is kept. \
+                     It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
+                     rolled back) and is masked again after that."
+                ));
+                ReadAnswer { replay: true, diagnostic: None }
+            }
             Next::Replay => {
                 self.session.mark_replay(format!(
                     "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again on \

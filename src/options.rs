@@ -18,6 +18,7 @@ use crate::permissions::MountConfig;
 use crate::protected::{patterns, Pattern, PROTECTED_ENV};
 use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
 use crate::scratch::{note_threshold, SCRATCH_NOTE_ENV};
+use crate::secrets::{SecretRules, SECRETS_ENV};
 
 /// The interpreter (an absolute path; default /usr/bin/python3).
 pub const INTERPRETER_ENV: &str = "PI_PYTHON_TOOL_INTERPRETER";
@@ -71,6 +72,8 @@ pub struct Settings {
     /// same sandbox (see `worker`).
     pub rollback: bool,
     pub protected: Vec<Pattern>,
+    /// The secret patterns (see `secrets`), masked in every mode.
+    pub secrets: SecretRules,
     pub scan: Limits,
     /// The sizes of /tmp and /dev/shm, or why the setting is not one.
     pub tmpfs: Result<TmpfsSizes, SettingError>,
@@ -110,6 +113,7 @@ impl Settings {
             prewarm: !is_off(get(PREWARM_ENV)),
             rollback: !is_off(get(ROLLBACK_ENV)),
             protected: patterns(get(PROTECTED_ENV).as_deref()),
+            secrets: SecretRules::new(get(SECRETS_ENV).as_deref()),
             scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
             caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
@@ -142,6 +146,7 @@ mod tests {
             (SCRATCH_NOTE_ENV, "10M"),
             (HOST_SECRETS_ENV, "/srv/vault"),
             ("HOME", "/nonexistent-home"),
+            (SECRETS_ENV, "*.db"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let s = Settings::from_lookup(get, HostGit::default());
@@ -155,8 +160,12 @@ mod tests {
         assert_eq!(s.scratch_note, 10 << 20);
         let secrets: Vec<String> = s.host_secrets().entries.iter().map(|e| e.shown()).collect();
         assert!(secrets.contains(&"/srv/vault".into()) && secrets.contains(&"/nonexistent-home/.ssh".into()));
+        assert_eq!(s.secrets.describe(), ["*.db"]);
         let none = Settings::from_lookup(|_| None, HostGit::default());
         assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());
         assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());
+        assert_eq!(none.secrets, SecretRules::new(None));
+        let off = Settings::from_lookup(|k| (k == SECRETS_ENV).then(String::new), HostGit::default());
+        assert!(off.secrets.is_empty());
     }
 }

@@ -123,6 +123,8 @@ pub struct Outcome {
     pub exception: Option<ExceptionText>,
     pub permission_path: Option<String>,
     pub permission_is_dir: bool,
+    /// The refused read was of a masked secret.
+    pub permission_secret: bool,
     pub output_limit_exceeded: bool,
     /// Log files of the streams that had output (a quiet stream has none).
     pub log_paths: LogFiles,
@@ -156,6 +158,7 @@ impl Outcome {
             exception: None,
             permission_path: None,
             permission_is_dir: false,
+            permission_secret: false,
             output_limit_exceeded: false,
             log_paths: LogFiles::default(),
             images: Vec::new(),
@@ -288,6 +291,8 @@ pub struct StatusReport {
     pub rollback: bool,
     /// How much /scratch held at the last check (see `scratch`).
     pub scratch: Option<crate::scratch::Measure>,
+    /// What the running (or last) sandbox masks; none before a start.
+    pub masks: Option<crate::secrets::MaskReport>,
 }
 
 impl StatusReport {
@@ -319,6 +324,7 @@ impl StatusReport {
             last_rollback_point: None,
             rollback: true,
             scratch: None,
+            masks: None,
         }
     }
 }
@@ -619,6 +625,7 @@ pub fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &std::path::Path) {
     });
     o.permission_path = r.path.filter(|_| o.status == Status::PermissionNeeded);
     o.permission_is_dir = r.path_is_dir;
+    o.permission_secret = r.path_secret && o.permission_path.is_some();
 }
 
 /// `s` cut to at most `max` bytes (on a character boundary) plus a marker;
@@ -710,8 +717,9 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
             r.skipped_roots.iter().map(|s| format!("{} ({})", display_line(&s.root), s.reason)).collect();
         text.push_str(&format!("read roots skipped: {}\n", list.join(", ")));
     }
-    if !r.mounts.once.is_empty() {
-        let list: Vec<String> = r.mounts.once.iter().map(|m| path_str(&m.path)).collect();
+    if r.mounts.has_once() {
+        let once = r.mounts.once.iter().map(|m| path_str(&m.path));
+        let list: Vec<String> = once.chain(r.mounts.unmasked_once.iter().map(|p| path_str(p))).collect();
         text.push_str(&format!(
             "allowed once (readable until the sandbox restarts, not mounted again): {}\n",
             list.join(", ")
@@ -749,6 +757,21 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
             "\nbubblewrap: {} {x}.{y}.{z}{}",
             b.path.display(),
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
+        ));
+    }
+    text.push('\n');
+    text.push_str(&match &r.masks {
+        Some(m) => m.describe(),
+        None if settings.secrets.is_empty() => {
+            crate::secrets::MaskReport { off: true, ..Default::default() }.describe()
+        }
+        None => "secret masks: the project is scanned when the first sandbox starts".to_string(),
+    });
+    if !settings.secrets.is_empty() {
+        text.push_str(&format!(
+            " (patterns: {}; {})",
+            settings.secrets.describe().join(" "),
+            crate::secrets::SECRETS_ENV
         ));
     }
     let protected = crate::protected::describe(&settings.protected);
@@ -794,7 +817,17 @@ pub fn render(o: &Outcome) -> String {
         o.generation
     );
     if let Some(path) = &o.permission_path {
-        let _ = write!(t, "\n\nThe code tried to read {}, which is outside the sandbox mounts.", display_line(path));
+        if o.permission_secret {
+            let _ = write!(
+                t,
+                "\n\nThe code tried to read {}, which looks like a secret ({}): the sandbox shows it empty.",
+                display_line(path),
+                crate::secrets::SECRETS_ENV
+            );
+        } else {
+            let _ =
+                write!(t, "\n\nThe code tried to read {}, which is outside the sandbox mounts.", display_line(path));
+        }
     }
     if let Some(repr) = &o.repr {
         let label = if o.repr_truncated { "result (truncated)" } else { "result" };

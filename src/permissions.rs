@@ -27,12 +27,23 @@ pub struct MountConfig {
     /// Paths allowed once (see [`OnceMount`]): mounted in the next sandbox
     /// only, and dropped when it ends.
     pub once: Vec<OnceMount>,
+    /// Canonical host paths inside the project whose secrets are not
+    /// masked (a secret at or under one is readable; see `secrets`).
+    pub unmasked: Vec<PathBuf>,
+    /// A secret of the project allowed once: unmasked in the next sandbox
+    /// only, like [`MountConfig::once`].
+    pub unmasked_once: Vec<PathBuf>,
 }
 
 impl MountConfig {
     /// The same mounts without the allow-once paths.
     pub fn lasting(&self) -> MountConfig {
-        MountConfig { once: Vec::new(), ..self.clone() }
+        MountConfig { once: Vec::new(), unmasked_once: Vec::new(), ..self.clone() }
+    }
+
+    /// Whether it holds anything allowed once.
+    pub fn has_once(&self) -> bool {
+        !self.once.is_empty() || !self.unmasked_once.is_empty()
     }
 }
 
@@ -84,6 +95,9 @@ pub struct Context<'a> {
     /// directories, scratch among them): a path through them may be a link
     /// it planted, so nothing there is granted.
     pub writable: &'a [PathBuf],
+    /// The canonical host paths of the project's secrets (masked or
+    /// already unmasked), `None` when no start has looked yet.
+    pub project_secrets: Option<&'a [PathBuf]>,
 }
 
 impl Context<'_> {
@@ -156,11 +170,13 @@ impl Context<'_> {
 
     /// Why `p` (a path as given, or where it resolves) is never granted.
     pub fn refusal(&self, p: &Path) -> Option<Refusal> {
-        if let Some(m) = reserved(p) {
-            return Some(if m == "/" { Refusal::WholeFilesystem } else { Refusal::Reserved(m) });
-        }
+        // A path inside the project is the project's (mounted at
+        // /workspace, whatever its host path), never a reserved mount.
         if self.project.is_some_and(|project| p.starts_with(project)) {
             return Some(Refusal::InsideProject);
+        }
+        if let Some(m) = reserved(p) {
+            return Some(if m == "/" { Refusal::WholeFilesystem } else { Refusal::Reserved(m) });
         }
         if self.writable.iter().any(|w| p.starts_with(w)) {
             return Some(Refusal::SessionDirs);
@@ -247,6 +263,9 @@ pub struct Mounted {
 pub struct MountPlan {
     pub mounted: Vec<Mounted>,
     pub skipped: Vec<Skipped>,
+    /// Granted roots inside the project that cover a masked secret: not
+    /// mounted (the project is), but their secrets are no longer masked.
+    pub unmasked: Vec<PathBuf>,
 }
 
 impl MountPlan {
@@ -303,6 +322,24 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
                 continue;
             }
         };
+        // Inside the project: skipped, unless it covers one of its secrets,
+        // which it unmasks. Taken as written, never resolved: a link there
+        // could be the sandbox's, and the masks are planned on real paths.
+        if ctx.project.is_some_and(|project| normal.starts_with(project)) {
+            // Secrets not known yet (no start so far): any real entry may hold one.
+            let covers = match ctx.project_secrets {
+                Some(list) => list.iter().any(|s| s.starts_with(&normal)),
+                None => std::fs::symlink_metadata(&normal).is_ok_and(|m| !m.file_type().is_symlink()),
+            };
+            if covers {
+                if !plan.unmasked.contains(&normal) {
+                    plan.unmasked.push(normal);
+                }
+            } else {
+                plan.skipped.push(skip(Refusal::InsideProject));
+            }
+            continue;
+        }
         // Checked on the path as given, then again where it resolves.
         if let Some(reason) = ctx.refusal(&normal) {
             plan.skipped.push(skip(reason));
@@ -340,6 +377,7 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
         let masked = ctx.secrets.masks_under(&resolved, &ctx.sandbox_trees());
         plan.mounted.push(Mounted { requested: raw, resolved, masked });
     }
+    plan.unmasked.sort();
     plan
 }
 
@@ -378,6 +416,14 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
                 })
                 .collect();
             changes.push(format!("read roots mounted read-only: {}", list.join(", ")));
+        }
+    }
+    if old.unmasked != new.unmasked {
+        if new.unmasked.is_empty() {
+            changes.push("secrets in the project are masked again".into());
+        } else {
+            let list: Vec<String> = new.unmasked.iter().map(|p| p.display().to_string()).collect();
+            changes.push(format!("secrets no longer masked at or under: {}", list.join(", ")));
         }
     }
     if changes.is_empty() {
@@ -438,10 +484,37 @@ pub fn not_plain(path: &str) -> bool {
 /// worker bounds its paths to as well (a forged frame could send 128 KiB).
 pub const MAX_PROMPT_PATH_BYTES: usize = 4096;
 
-/// Decide about a refused read of `path`.
-pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has_ui: bool) -> ReadDecision {
-    let how = "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
-               or a read root), or copy the data into the project or /scratch.";
+/// Decide about a refused read of `path`. `secret`: the path is a masked
+/// secret of the project, and this is its host path.
+pub fn read_decision(
+    path: &str,
+    denied: &[PathBuf],
+    permissions_seen: bool,
+    has_ui: bool,
+    secret: Option<&Path>,
+) -> ReadDecision {
+    let secret_how;
+    let how = match secret {
+        Some(host) => {
+            let dir = host.parent().unwrap_or(host);
+            secret_how = format!(
+                "To allow it, grant read access to its directory {} (pi-tool-permissions' readAllowPaths, or a read \
+                 root), or set {} to patterns that leave it out.",
+                display_line(&dir.display().to_string()),
+                crate::secrets::SECRETS_ENV
+            );
+            secret_how.as_str()
+        }
+        None => {
+            "To allow it, grant read access to that directory (pi-tool-permissions' readAllowPaths, \
+             or a read root), or copy the data into the project or /scratch."
+        }
+    };
+    let what = if secret.is_some() {
+        "looks like a secret (it matches the secret patterns), so the sandbox hides it,"
+    } else {
+        "is outside the sandbox mounts"
+    };
     if path.len() > MAX_PROMPT_PATH_BYTES {
         return ReadDecision::Deny(format!(
             "The code tried to read a path of {} bytes, longer than any path the system opens ({MAX_PROMPT_PATH_BYTES}); \
@@ -473,13 +546,12 @@ pub fn read_decision(path: &str, denied: &[PathBuf], permissions_seen: bool, has
     }
     if !permissions_seen {
         return ReadDecision::Deny(format!(
-            "{path} is outside the sandbox mounts and there is no permission extension (pi-tool-permissions) \
-             to ask the user. {how}"
+            "{path} {what} and there is no permission extension (pi-tool-permissions) to ask the user. {how}"
         ));
     }
     if !has_ui {
         return ReadDecision::Deny(format!(
-            "{path} is outside the sandbox mounts and this pi session has no UI to ask the user (print mode). {how}"
+            "{path} {what} and this pi session has no UI to ask the user (print mode). {how}"
         ));
     }
     ReadDecision::Prompt
@@ -512,6 +584,7 @@ mod tests {
             home: Some(Path::new("/home/u")),
             secrets: &NO_SECRETS,
             writable: &[],
+            project_secrets: Some(&[]),
         }
     }
 
@@ -575,6 +648,47 @@ mod tests {
     }
 
     #[test]
+    fn a_root_inside_the_project_unmasks_the_secrets_it_covers_and_is_skipped_otherwise() {
+        let roots: Vec<String> = ["/home/u/proj/sub", "/home/u/proj/docs", "/home/u/proj/.env", "/home/u/proj/link"]
+            .map(String::from)
+            .into();
+        let secrets = [PathBuf::from("/home/u/proj/.env"), PathBuf::from("/home/u/proj/sub/deploy/key.pem")];
+        // A link inside the project is never followed (it could be the sandbox's): taken as written.
+        let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+            Ok(if p == Path::new("/home/u/proj/link") { "/home/u/proj/sub/deploy".into() } else { p.to_path_buf() })
+        };
+        let c = Context { project_secrets: Some(&secrets), ..ctx(Some("/home/u/proj")) };
+        let p = plan_mounts(&roots, &c, resolve);
+        assert!(p.mounted.is_empty(), "{:?}", p.mounted);
+        assert_eq!(p.unmasked, [PathBuf::from("/home/u/proj/.env"), "/home/u/proj/sub".into()]);
+        assert_eq!(
+            reasons(&p),
+            [
+                ("/home/u/proj/docs".into(), "inside the project, already readable under /workspace".into()),
+                ("/home/u/proj/link".into(), "inside the project, already readable under /workspace".into()),
+            ]
+        );
+        // Before any start the secrets are unknown: a root inside the project may cover one.
+        // (A real entry only: a name that does not exist, or a link, covers nothing.)
+        let t = tempfile::tempdir().unwrap();
+        let proj = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(proj.join("docs")).unwrap();
+        std::os::unix::fs::symlink(proj.join("docs"), proj.join("link")).unwrap();
+        let roots: Vec<String> = ["docs", "missing", "link"].map(|r| proj.join(r).display().to_string()).into();
+        let proj_str = proj.display().to_string();
+        let unknown = plan_mounts(&roots, &Context { project_secrets: None, ..ctx(Some(&proj_str)) }, ident);
+        assert_eq!(unknown.unmasked, [proj.join("docs")]);
+        assert_eq!(unknown.skipped.len(), 2);
+        let old = MountConfig::default();
+        let new = MountConfig { unmasked: p.unmasked.clone(), ..Default::default() };
+        let note = change_notification(&old, &new, &p, true).expect("changed");
+        assert!(note.contains("secrets no longer masked at or under: /home/u/proj/.env, "), "{note}");
+        assert!(change_notification(&new, &old, &MountPlan::default(), false)
+            .expect("changed")
+            .contains("masked again"));
+    }
+
+    #[test]
     fn a_root_containing_the_project_is_kept_and_nested_roots_are_covered() {
         let p = plan(&["/data/a/b", "/home/u", "/data/a", "/data/a/", "/etc"], "/home/u/proj");
         assert_eq!(p.roots(), [PathBuf::from("/data/a"), "/etc".into(), "/home/u".into()]);
@@ -610,7 +724,7 @@ mod tests {
 
     #[test]
     fn no_change_no_notification() {
-        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()], once: vec![] };
+        let c = MountConfig { workspace_writable: true, read_roots: vec!["/a".into()], ..Default::default() };
         assert_eq!(change_notification(&c, &c.clone(), &MountPlan::default(), false), None);
         let ro = MountConfig { workspace_writable: false, ..c.clone() };
         let note = change_notification(&c, &ro, &MountPlan::default(), false).expect("changed");
@@ -621,13 +735,34 @@ mod tests {
     fn read_decisions() {
         let denied = vec![PathBuf::from("/etc")];
         assert!(
-            matches!(read_decision("/etc/hostname", &denied, true, true), ReadDecision::Deny(d) if d.contains("denied earlier"))
+            matches!(read_decision("/etc/hostname", &denied, true, true, None), ReadDecision::Deny(d) if d.contains("denied earlier"))
         );
         assert!(
-            matches!(read_decision("/srv/x", &[], false, true), ReadDecision::Deny(d) if d.contains("no permission extension"))
+            matches!(read_decision("/srv/x", &[], false, true, None), ReadDecision::Deny(d) if d.contains("no permission extension"))
         );
-        assert!(matches!(read_decision("/srv/x", &[], true, false), ReadDecision::Deny(d) if d.contains("no UI")));
-        assert_eq!(read_decision("/etcetera/x", &denied, true, true), ReadDecision::Prompt);
+        assert!(
+            matches!(read_decision("/srv/x", &[], true, false, None), ReadDecision::Deny(d) if d.contains("no UI"))
+        );
+        assert_eq!(read_decision("/etcetera/x", &denied, true, true, None), ReadDecision::Prompt);
+    }
+
+    #[test]
+    fn a_secret_read_has_its_own_wording_and_with_nobody_to_ask_says_how_to_allow_it() {
+        let host = Some(Path::new("/home/u/proj/sub/.env.production"));
+        for (seen, ui, why) in [(false, true, "no permission extension"), (true, false, "no UI")] {
+            let ReadDecision::Deny(d) = read_decision("/workspace/sub/.env.production", &[], seen, ui, host) else {
+                panic!("a secret with nobody to ask was prompted")
+            };
+            assert!(d.starts_with("/workspace/sub/.env.production looks like a secret"), "{d}");
+            assert!(d.contains(why) && d.contains("/home/u/proj/sub (") && d.contains("PI_PYTHON_TOOL_SECRETS"), "{d}");
+            assert!(!d.contains("outside the sandbox mounts"), "{d}");
+        }
+        assert_eq!(read_decision("/workspace/.env", &[], true, true, Some(Path::new("/p/.env"))), ReadDecision::Prompt);
+        let denied = [PathBuf::from("/workspace")];
+        assert!(matches!(
+            read_decision("/workspace/.env", &denied, true, true, Some(Path::new("/p/.env"))),
+            ReadDecision::Deny(d) if d.contains("denied earlier") && d.contains("PI_PYTHON_TOOL_SECRETS")
+        ));
     }
 
     #[test]
@@ -646,27 +781,29 @@ mod tests {
         let escaped = ["/etc/\u{241B}]52;c;aGk=\u{2407}x", "/srv/report<U+202E>fdp.exe"];
         for path in raw.iter().chain(&escaped) {
             // Refused in every situation that would otherwise prompt, before any other rule.
-            let decision = read_decision(path, &[PathBuf::from("/srv")], true, true);
+            let decision = read_decision(path, &[PathBuf::from("/srv")], true, true, None);
             let ReadDecision::Deny(d) = decision else { panic!("{path:?} was prompted") };
             assert!(d.contains("control or bidi characters"), "{d}");
             assert!(d.contains(&*display_line(path)), "the path is named escaped: {d}");
             assert!(d.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{d:?}");
         }
-        assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true), ReadDecision::Prompt);
+        assert_eq!(read_decision("/srv/日本/données.csv", &[], true, true, None), ReadDecision::Prompt);
         // Not the plain path it names: a denial of /home/u would not see it.
         let denied = [PathBuf::from("/home/u")];
         for p in ["/srv/x/../../home/u/a.pdf", "/srv//a", "/srv/a/", "/srv/./a", "srv/a"] {
             assert!(
-                matches!(read_decision(p, &denied, true, true), ReadDecision::Deny(d) if d.contains("plain absolute path")),
+                matches!(read_decision(p, &denied, true, true, None), ReadDecision::Deny(d) if d.contains("plain absolute path")),
                 "{p}"
             );
         }
         // Invisible characters a prompt could not show: zero-width, joiners, tags.
         for p in ["/srv/a\u{200B}b", "/srv/a\u{200D}b", "/srv/a\u{00AD}b", "/srv/tag\u{E0041}\u{E0042}"] {
-            assert!(matches!(read_decision(p, &[], true, true), ReadDecision::Deny(_)), "{p:?}");
+            assert!(matches!(read_decision(p, &[], true, true, None), ReadDecision::Deny(_)), "{p:?}");
         }
         let long = format!("/srv/{}", "a".repeat(MAX_PROMPT_PATH_BYTES));
-        assert!(matches!(read_decision(&long, &[], true, true), ReadDecision::Deny(d) if d.contains("4101 bytes")));
+        assert!(
+            matches!(read_decision(&long, &[], true, true, None), ReadDecision::Deny(d) if d.contains("4101 bytes"))
+        );
         let d = denied_diagnostic("/srv/a\x1b[2J", "no\nanswer");
         assert!(d.contains("/srv/a\u{241B}[2J") && d.contains("no\u{240A}answer"), "{d}");
     }
@@ -726,7 +863,13 @@ mod tests {
         std::os::unix::fs::symlink(b.join("private.txt"), project.join("report.csv")).unwrap();
         std::fs::create_dir(b.join("elsewhere")).unwrap();
         std::os::unix::fs::symlink("../private.txt", b.join("elsewhere/rel")).unwrap();
-        let c = Context { project: Some(&project), home: None, secrets: &NO_SECRETS, writable: &[] };
+        let c = Context {
+            project: Some(&project),
+            home: None,
+            secrets: &NO_SECRETS,
+            writable: &[],
+            project_secrets: Some(&[]),
+        };
         // Baseline: realpath follows the planted link out of the project.
         assert_eq!(std::fs::canonicalize(b.join("work/report.csv")).unwrap(), b.join("private.txt"));
         let err = c.resolve(&b.join("work/report.csv")).unwrap_err().to_string();
@@ -761,7 +904,7 @@ mod tests {
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".netrc"), "machine x").unwrap();
         let secrets = HostSecrets::new(None, Some(&home));
-        let c = Context { project: None, home: Some(&home), secrets: &secrets, writable: &[] };
+        let c = Context { project: None, home: Some(&home), secrets: &secrets, writable: &[], project_secrets: None };
         let roots = [home.display().to_string(), "~/.ssh".into(), "/etc/shadow".into()];
         let p = plan_mounts(&roots, &c, |p| std::fs::canonicalize(p));
         assert_eq!(p.roots(), std::slice::from_ref(&home));

@@ -40,6 +40,7 @@ use crate::beneath::{self, Kind, Tree};
 use crate::gitconfig::inside;
 pub use crate::gitconfig::HostGit;
 use crate::scan::{self, Limits, Summary, Visit};
+use crate::secrets::{Mask, MaskReport, MaskSources, SecretRules, MAX_MASKS};
 
 /// A protected name and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +58,7 @@ const HOOKS: &str = "commit hooks that git runs on the host";
 const EDITOR: &str = "editor tasks and settings that run commands when the folder is opened";
 const AGENT: &str = "coding-agent settings, commands and extensions that run on the host";
 const SHELL: &str = "shell start-up files that a host shell may source";
+const INSTRUCTIONS: &str = "instructions that steer every later coding-agent session in the project";
 const PACKAGES: &str = "package-manager configuration and plugins that run on install or build";
 
 /// The default protected names, matched at any depth of the project (the
@@ -75,6 +77,13 @@ pub const DEFAULT_PROTECTED: &[Rule] = &[
     rule(".cursor", AGENT),
     rule(".gemini", AGENT),
     rule(".mcp.json", "MCP servers that agents start on the host"),
+    rule(".agents", AGENT),
+    rule("AGENTS.md", INSTRUCTIONS),
+    rule("CLAUDE.md", INSTRUCTIONS),
+    rule(
+        SKILLS,
+        "pi skills: instructions and scripts a later agent session loads (only a directory holding */SKILL.md)",
+    ),
     rule(".vscode", EDITOR),
     rule(".idea", EDITOR),
     rule(".devcontainer", EDITOR),
@@ -96,6 +105,10 @@ pub const DEFAULT_PROTECTED: &[Rule] = &[
     rule(".pnpmfile.cjs", PACKAGES),
     rule(".cargo", "cargo reads runners, linkers and aliases from .cargo/config.toml"),
 ];
+
+/// The one conditional name: a `skills` directory is protected only where
+/// it holds pi skills (a subdirectory with a `SKILL.md`).
+pub const SKILLS: &str = "skills";
 
 /// Replaces [`DEFAULT_PROTECTED`]: a colon-separated list; an entry with a
 /// `/` is a path relative to the project, any other a name matched at any
@@ -275,15 +288,26 @@ impl Rules {
         Rules { names, paths, limits, git: git.clone() }
     }
 
-    /// Walk the project and find every protected entry. Dependency trees
-    /// are not walked (their contents are code the user runs anyway); any
-    /// other part that cannot be walked makes the project unprotectable.
-    fn discover(&self, tree: &Tree) -> Result<(Found, Summary), PlanError> {
+    /// Whether the entry `rel` (named `name`) is protected: its name is
+    /// one, and a `skills` directory holds pi skills.
+    fn protects(&self, tree: &Tree, rel: &Path, name: &OsStr) -> bool {
+        self.names.contains(name) && (name != SKILLS || holds_skills(tree, rel))
+    }
+
+    /// The one walk of a start: every protected entry (not entered) and,
+    /// by `secrets`, every entry that looks like a secret. Dependency trees
+    /// are not walked (their contents are code the user runs anyway, their
+    /// keys test keys).
+    fn survey(&self, tree: &Tree, secrets: &SecretRules) -> Survey {
         let mut entries: Vec<(PathBuf, Kind, Ident)> = Vec::new();
         let mut seen: HashSet<PathBuf> = HashSet::new();
+        let mut found_secrets: Vec<(PathBuf, Kind)> = Vec::new();
         let summary = scan::walk(tree, self.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            if self.names.contains(name) {
+            if secrets.matches(name, kind) {
+                found_secrets.push((rel.to_path_buf(), kind));
+            }
+            if self.protects(tree, rel, name) {
                 if let Ok(Some(st)) = tree.lstat(rel) {
                     seen.insert(rel.to_path_buf());
                     entries.push((rel.to_path_buf(), Kind::of(&st), ident(&st)));
@@ -295,6 +319,21 @@ impl Rules {
             }
             Visit::Descend
         });
+        Survey { entries, seen, secrets: found_secrets, summary }
+    }
+
+    /// Walk the project and find every protected entry; any part that
+    /// cannot be walked makes the project unprotectable.
+    fn discover(&self, tree: &Tree) -> Result<(Found, Summary), PlanError> {
+        let survey = self.survey(tree, &SecretRules::new(Some("")));
+        let summary = survey.summary.clone();
+        Ok((self.resolve(tree, survey)?, summary))
+    }
+
+    /// What a survey means for protection: the repositories' git paths,
+    /// the links' targets, the expected names.
+    fn resolve(&self, tree: &Tree, survey: Survey) -> Result<Found, PlanError> {
+        let Survey { mut entries, mut seen, summary, .. } = survey;
         if let Some(dir) = &summary.unreadable {
             return Err(PlanError::Unprotectable(format!(
                 "{} in the project cannot be read, so protected names in it are unknown",
@@ -371,8 +410,29 @@ impl Rules {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         expected.sort();
         links.sort();
-        Ok((Found { entries, expected, links }, summary))
+        Ok(Found { entries, expected, links })
     }
+}
+
+/// What the one walk of a start found.
+struct Survey {
+    entries: Vec<(PathBuf, Kind, Ident)>,
+    seen: HashSet<PathBuf>,
+    /// Entries that look like secrets (relative path, kind).
+    secrets: Vec<(PathBuf, Kind)>,
+    summary: Summary,
+}
+
+/// Most entries of a `skills` directory looked at for `*/SKILL.md`.
+const SKILLS_LOOKED_AT: usize = 256;
+
+/// Whether directory `rel` holds a pi skill: a subdirectory with a
+/// `SKILL.md` (among its first entries; links are not followed).
+fn holds_skills(tree: &Tree, rel: &Path) -> bool {
+    let Ok((list, _)) = tree.list(rel, SKILLS_LOOKED_AT) else { return false };
+    list.iter()
+        .filter(|(_, k)| *k == Kind::Dir)
+        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join("SKILL.md")), Ok(Some(st)) if Kind::of(&st) == Kind::File))
 }
 
 /// Plan the protection of `project` (its canonical path). `tainted` are
@@ -386,20 +446,31 @@ pub fn plan(
     tainted: Tainted,
 ) -> Result<Plan, PlanError> {
     let tree = Tree::open(project).map_err(PlanError::Open)?;
-    let left: Vec<PathBuf> =
-        tainted.lock().iter().filter(|rel| matches!(tree.lstat(rel), Ok(Some(_)) | Err(_))).cloned().collect();
-    if !left.is_empty() {
-        let list: Vec<String> = left.iter().map(|r| shell_path(project, r)).collect();
-        return Err(PlanError::Unprotectable(format!(
-            "{} appeared while a sandbox could write the project and could not be made inert; inspect, then remove or \
-             rename {}",
-            if list.len() == 1 { "a protected name" } else { "protected names" },
-            list.join(", ")
-        )));
-    }
+    check_tainted(&tree, project, &tainted)?;
     let rules = Rules::new(patterns, limits, git);
     let (found, summary) = rules.discover(&tree)?;
     let binds = binds(&tree, &found.entries)?;
+    let guard = guard_of(tree, rules, found, summary, sink, tainted);
+    Ok(Plan { binds, guard, notes: Vec::new() })
+}
+
+/// No writable project while a name an earlier sandbox left exists.
+fn check_tainted(tree: &Tree, project: &Path, tainted: &Tainted) -> Result<(), PlanError> {
+    let left: Vec<PathBuf> =
+        tainted.lock().iter().filter(|rel| matches!(tree.lstat(rel), Ok(Some(_)) | Err(_))).cloned().collect();
+    if left.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = left.iter().map(|r| shell_path(project, r)).collect();
+    Err(PlanError::Unprotectable(format!(
+        "{} appeared while a sandbox could write the project and could not be made inert; inspect, then remove or \
+         rename {}",
+        if list.len() == 1 { "a protected name" } else { "protected names" },
+        list.join(", ")
+    )))
+}
+
+fn guard_of(tree: Tree, rules: Rules, found: Found, summary: Summary, sink: Notes, tainted: Tainted) -> Guard {
     let mut holders: Vec<PathBuf> = vec![PathBuf::new()];
     let mut seen_holders: HashSet<PathBuf> = HashSet::from([PathBuf::new()]);
     for rel in found.entries.iter().map(|(r, _, _)| r).chain(&found.expected) {
@@ -408,7 +479,7 @@ pub fn plan(
             holders.push(parent);
         }
     }
-    let guard = Guard {
+    Guard {
         tree,
         rules,
         found,
@@ -420,8 +491,215 @@ pub fn plan(
         armed: parking_lot::Mutex::new(None),
         repairing: parking_lot::Mutex::new(()),
         scan: summary,
+    }
+}
+
+/// What one sandbox start needs from the project.
+pub struct StartRequest<'a> {
+    /// The canonical project directory.
+    pub project: &'a Path,
+    pub protected: &'a [Pattern],
+    pub secrets: &'a SecretRules,
+    pub limits: Limits,
+    pub git: &'a HostGit,
+    pub sink: Notes,
+    pub tainted: Tainted,
+    /// The permission mode lets the sandbox write the project.
+    pub writable: bool,
+    /// Canonical host paths whose secrets stay readable.
+    pub unmasked: &'a [PathBuf],
+    /// What masks are bound from (needed when there are secret patterns).
+    pub sources: Option<&'a MaskSources>,
+}
+
+/// The mounts over the project of one sandbox start.
+#[derive(Debug)]
+pub struct StartPlan {
+    /// A writable project's protection, in mount order (the directories
+    /// above nested entries, then the protected entries); empty when the
+    /// project is mounted read-only.
+    pub binds: Vec<Bind>,
+    /// After them, in every mode: in a read-only project the directories
+    /// above the masks (read-only, onto themselves), then the masks.
+    pub masks: Vec<Bind>,
+    /// A writable project's guard.
+    pub guard: Option<Guard>,
+    /// Why a project the mode lets the sandbox write is mounted read-only.
+    pub refused: Option<PlanError>,
+    pub report: MaskReport,
+}
+
+/// Why no sandbox can start: a secret would not be hidden.
+#[derive(Debug, thiserror::Error)]
+pub enum MaskError {
+    #[error("the project cannot be opened to look for secrets: {0}")]
+    Open(std::io::Error),
+    #[error(
+        "the project has {0} entries that look like secrets, more than the {MAX_MASKS} that can be masked; narrow \
+         PI_PYTHON_TOOL_SECRETS or move them out of the project"
+    )]
+    TooMany(usize),
+    #[error("{rel} looks like a secret but could not be masked: {source}")]
+    Bind { rel: String, source: std::io::Error },
+    #[error("the secret patterns are set but the session has no empty file to mask them with")]
+    NoSources,
+}
+
+/// Plan one start: a single walk finds the secrets (masked in every
+/// mode) and, in a writable mode, the protected entries. A writable
+/// project that cannot be protected is mounted read-only (`refused`) and
+/// keeps its masks; a secret that cannot be masked stops the start.
+pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
+    let masking = !r.secrets.is_empty();
+    let mut out = StartPlan {
+        binds: Vec::new(),
+        masks: Vec::new(),
+        guard: None,
+        refused: None,
+        report: MaskReport { off: !masking, complete: true, ..MaskReport::default() },
     };
-    Ok(Plan { binds, guard, notes: Vec::new() })
+    if !masking && !r.writable {
+        return Ok(out);
+    }
+    let tree = match Tree::open(r.project) {
+        Ok(t) => t,
+        // Not a directory (or gone): nothing in it to mask; bubblewrap
+        // then says what is wrong with the project as it always did.
+        Err(e) if masking && !matches!(e.kind(), std::io::ErrorKind::NotADirectory | std::io::ErrorKind::NotFound) => {
+            return Err(MaskError::Open(e))
+        }
+        Err(_) if !r.writable => return Ok(out),
+        Err(e) => {
+            out.refused = Some(PlanError::Open(e));
+            return Ok(out);
+        }
+    };
+    let rules = Rules::new(r.protected, r.limits, r.git);
+    let survey = rules.survey(&tree, r.secrets);
+    let summary = survey.summary.clone();
+    if masking {
+        let found = mask_list(&tree, &survey.secrets);
+        out.report = MaskReport::new(&found, r.project, r.unmasked, &summary, r.limits);
+    }
+    let masked = out.report.masked.clone();
+    if masked.len() > MAX_MASKS {
+        return Err(MaskError::TooMany(masked.len()));
+    }
+    let mut protected = None;
+    if r.writable {
+        match check_tainted(&tree, r.project, &r.tainted).and_then(|()| rules.resolve(&tree, survey)) {
+            Ok(found) => protected = Some(found),
+            Err(e) => out.refused = Some(e),
+        }
+    }
+    let entries = protected.as_ref().map(|f: &Found| f.entries.as_slice()).unwrap_or(&[]);
+    let ordered = match binds_with_masks(&tree, entries, &masked, protected.is_some(), r.sources)? {
+        Ok(b) => b,
+        Err(e) => {
+            // The protection cannot be mounted: read-only, masks kept.
+            out.refused = Some(e);
+            protected = None;
+            // Without protected entries every failure is a mask's (outer).
+            binds_with_masks(&tree, &[], &masked, false, r.sources)?
+                .map_err(|e| MaskError::Bind { rel: String::new(), source: std::io::Error::other(e.to_string()) })?
+        }
+    };
+    (out.binds, out.masks) = ordered;
+    if let Some(found) = protected {
+        out.guard = Some(guard_of(tree, rules, found, summary, r.sink, r.tainted));
+    }
+    Ok(out)
+}
+
+/// The masks for the secrets a walk found: a directory by an empty
+/// directory, anything else by an empty file, a link by masking its
+/// target when that is in the project (opened beneath it, never through
+/// another link). Nothing inside a masked directory is masked again.
+fn mask_list(tree: &Tree, found: &[(PathBuf, Kind)]) -> Vec<Mask> {
+    let mut out: Vec<Mask> = Vec::new();
+    for (rel, kind) in found {
+        let (rel, kind) = match kind {
+            Kind::Link => {
+                let Ok(target) = tree.read_link(rel) else { continue };
+                let Some(t) = inside(tree.path(), rel.parent().unwrap_or(Path::new("")), &target) else { continue };
+                match tree.lstat(&t) {
+                    Ok(Some(st)) if Kind::of(&st) != Kind::Link => (t, Kind::of(&st)),
+                    _ => continue,
+                }
+            }
+            k => (rel.clone(), *k),
+        };
+        if crate::secrets::plain(&rel) && !out.iter().any(|m| m.rel == rel) {
+            out.push(Mask { rel, dir: kind == Kind::Dir });
+        }
+    }
+    let dirs: HashSet<PathBuf> = out.iter().filter(|m| m.dir).map(|m| m.rel.clone()).collect();
+    out.retain(|m| !m.rel.ancestors().skip(1).any(|a| dirs.contains(a)));
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    out
+}
+
+/// The ordered binds of a start: the directories above every protected
+/// entry and mask (onto themselves, shallowest first, read-only unless
+/// `writable`), the protected entries, then the masks. Returns
+/// (protection, masks); a protected entry that cannot be bound is the
+/// inner error (the project is then mounted read-only), a mask the outer.
+#[allow(clippy::type_complexity)]
+fn binds_with_masks(
+    tree: &Tree,
+    entries: &[(PathBuf, Kind, Ident)],
+    masks: &[Mask],
+    writable: bool,
+    sources: Option<&MaskSources>,
+) -> Result<Result<(Vec<Bind>, Vec<Bind>), PlanError>, MaskError> {
+    let all: HashSet<&PathBuf> = entries.iter().filter(|(_, k, _)| *k != Kind::Link).map(|(r, _, _)| r).collect();
+    let mut outer: Vec<&PathBuf> =
+        all.iter().copied().filter(|e| !e.ancestors().skip(1).any(|a| all.contains(&a.to_path_buf()))).collect();
+    outer.sort();
+    let mut anchors: HashSet<PathBuf> = HashSet::new();
+    for rel in outer.iter().map(|e| e.as_path()).chain(masks.iter().map(|m| m.rel.as_path())) {
+        for a in rel.ancestors().skip(1).filter(|p| !p.as_os_str().is_empty()) {
+            anchors.insert(a.to_path_buf());
+        }
+    }
+    let mut anchors: Vec<PathBuf> = anchors.into_iter().collect();
+    anchors.sort_by(|a, b| a.components().count().cmp(&b.components().count()).then(a.cmp(b)));
+    let total = anchors.len() + outer.len() + masks.len();
+    if total > MAX_BINDS {
+        if outer.is_empty() {
+            return Err(MaskError::TooMany(masks.len()));
+        }
+        return Ok(Err(PlanError::Unprotectable(format!(
+            "the project has {total} protected entries, secret masks and directories above them, more than the \
+             {MAX_BINDS} that can be mounted"
+        ))));
+    }
+    let mut protection = Vec::new();
+    for (rel, read_only) in anchors.iter().map(|a| (a, !writable)).chain(outer.iter().map(|e| (*e, true))) {
+        match tree.open_at(rel, OFlag::O_PATH) {
+            Ok(fd) => protection.push(Bind { fd, rel: rel.clone(), read_only }),
+            Err(e) if outer.is_empty() => {
+                return Err(MaskError::Bind { rel: rel.display().to_string(), source: e });
+            }
+            Err(e) => {
+                return Ok(Err(PlanError::Unprotectable(format!("{} could not be protected: {e}", rel.display()))))
+            }
+        }
+    }
+    let sources = if masks.is_empty() { None } else { Some(sources.ok_or(MaskError::NoSources)?) };
+    let mut hidden = Vec::new();
+    for m in masks {
+        let fd = sources
+            .ok_or(MaskError::NoSources)?
+            .open(m.dir)
+            .map_err(|source| MaskError::Bind { rel: m.rel.display().to_string(), source })?;
+        hidden.push(Bind { fd, rel: m.rel.clone(), read_only: true });
+    }
+    if writable {
+        return Ok(Ok((protection, hidden)));
+    }
+    protection.extend(hidden);
+    Ok(Ok((Vec::new(), protection)))
 }
 
 /// `None` when `rel` exists; else its shallowest missing prefix.
@@ -567,6 +845,9 @@ impl Guard {
             let Ok(dir) = self.tree.dir(holder) else { continue };
             for name in &self.rules.names {
                 let rel = holder.join(name);
+                if name == SKILLS && !holds_skills(&self.tree, &rel) {
+                    continue;
+                }
                 if let Ok(Some(st)) = beneath::stat_in(dir.as_fd(), name) {
                     if self.is_new(&rel, &st) {
                         self.inert(&rel, &mut notes, &mut breaches);
@@ -593,7 +874,7 @@ impl Guard {
         let mut new = Vec::new();
         let walked = scan::walk(&self.tree, self.rules.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            if self.rules.names.contains(name) {
+            if self.rules.protects(&self.tree, rel, name) {
                 if let Ok(Some(st)) = self.tree.lstat(rel) {
                     if self.is_new(rel, &st) {
                         new.push(rel.to_path_buf());
@@ -654,7 +935,7 @@ impl Guard {
         let rel = dir.join(name);
         let mut notes = Vec::new();
         let mut breaches = Vec::new();
-        if self.rules.names.contains(name) {
+        if self.rules.protects(&self.tree, &rel, name) {
             if let Ok(Some(st)) = self.tree.lstat(&rel) {
                 if self.is_new(&rel, &st) {
                     self.inert(&rel, &mut notes, &mut breaches);
@@ -962,6 +1243,115 @@ mod tests {
         );
         assert_eq!(plan.guard.found.links, [(PathBuf::from(".pi"), PathBuf::from("config/pi"))]);
         std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    #[test]
+    fn agent_instructions_and_pi_skills_are_protected_and_other_skills_dirs_are_not() {
+        let p = tmp();
+        for d in ["sub", ".agents/rules", "skills/deploy", "docs/skills/misc", "lib"] {
+            std::fs::create_dir_all(p.join(d)).expect("mkdir");
+        }
+        for f in
+            ["AGENTS.md", "sub/CLAUDE.md", ".agents/rules/a.md", "skills/deploy/SKILL.md", "docs/skills/misc/notes.md"]
+        {
+            std::fs::write(p.join(f), "x").expect("write");
+        }
+        let plan = plan_of(&p, None, scan::DEFAULT_LIMITS).expect("plan");
+        let binds = rels(&plan);
+        for rel in ["AGENTS.md", "sub/CLAUDE.md", ".agents", "skills"] {
+            assert!(binds.contains(&(rel.to_string(), true)), "{rel} not in {binds:?}");
+        }
+        assert!(
+            !binds.iter().any(|(r, _)| r.starts_with("docs")),
+            "a skills/ without SKILL.md is not protected: {binds:?}"
+        );
+        // Created later: made inert (renamed, never deleted); a skills/ only once it holds a skill.
+        std::fs::create_dir_all(p.join("lib/skills/evil")).expect("mkdir");
+        std::fs::write(p.join("lib/AGENTS.md"), "planted").expect("write");
+        let notes = plan.guard.check_all().join("\n");
+        assert!(notes.contains("lib/AGENTS.md appeared"), "{notes}");
+        assert!(p.join("lib/skills").is_dir(), "not yet a skill");
+        std::fs::write(p.join("lib/skills/evil/SKILL.md"), "planted").expect("write");
+        let notes = plan.guard.check_all().join("\n");
+        assert!(notes.contains("lib/skills appeared"), "{notes}");
+        assert_eq!(std::fs::read_to_string(p.join("lib/skills.pi-inert/evil/SKILL.md")).expect("kept"), "planted");
+        assert_eq!(std::fs::read_to_string(p.join("lib/AGENTS.md.pi-inert")).expect("kept"), "planted");
+        assert!(p.join("docs/skills/misc/notes.md").is_file());
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    fn start(p: &Path, writable: bool, unmasked: &[PathBuf], secrets: Option<&str>, limits: Limits) -> StartPlan {
+        let sources = MaskSources::in_dir(&p.join(".session")).expect("sources");
+        plan_start(StartRequest {
+            project: &p.join("project"),
+            protected: &patterns(None),
+            secrets: &SecretRules::new(secrets),
+            limits,
+            git: &HostGit::default(),
+            sink: Notes::default(),
+            tainted: Tainted::default(),
+            writable,
+            unmasked,
+            sources: Some(&sources),
+        })
+        .expect("plan")
+    }
+
+    fn bound(binds: &[Bind]) -> Vec<(String, bool)> {
+        binds.iter().map(|b| (b.rel.to_string_lossy().into_owned(), b.read_only)).collect()
+    }
+
+    #[test]
+    fn one_walk_masks_secrets_in_every_mode_with_the_directories_above_pinned() {
+        let base = tmp();
+        std::fs::create_dir_all(base.join(".session")).expect("mkdir");
+        let p = base.join("project");
+        for d in ["sub", "deploy", "secrets/b", "node_modules/x", "config", ".git"] {
+            std::fs::create_dir_all(p.join(d)).expect("mkdir");
+        }
+        for f in
+            [".env", "sub/.env.production", "deploy/key.pem", ".env.example", "secrets/b/.env", "node_modules/x/k.pem"]
+        {
+            std::fs::write(p.join(f), "secret").expect("write");
+        }
+        std::fs::write(p.join("config/netrc-real"), "machine x password y").expect("write");
+        symlink("config/netrc-real", p.join(".netrc")).expect("link");
+        let all = scan::DEFAULT_LIMITS;
+        let ro = start(&base, false, &[], None, all);
+        assert!(ro.binds.is_empty() && ro.guard.is_none() && ro.refused.is_none());
+        let masks = [".env", "config/netrc-real", "deploy/key.pem", "secrets", "sub/.env.production"];
+        let expected: Vec<(String, bool)> =
+            ["config", "deploy", "sub"].iter().chain(&masks).map(|r| (r.to_string(), true)).collect();
+        assert_eq!(bound(&ro.masks), expected, "anchors read-only, then the masks; nothing in node_modules");
+        assert_eq!(ro.report.masked.iter().map(|m| m.rel.to_string_lossy().into_owned()).collect::<Vec<_>>(), masks);
+        assert!(ro.report.masked.iter().any(|m| m.rel == Path::new("secrets") && m.dir));
+        assert!(ro.report.complete && ro.report.incomplete_note().is_none());
+        // Writable: the anchors are writable mount points with the protection; the masks follow.
+        let rw = start(&base, true, &[], None, all);
+        let prot = bound(&rw.binds);
+        for b in [("config", false), ("deploy", false), ("sub", false), (".git", true)] {
+            assert!(prot.contains(&(b.0.to_string(), b.1)), "{b:?} not in {prot:?}");
+        }
+        assert_eq!(bound(&rw.masks), masks.iter().map(|r| (r.to_string(), true)).collect::<Vec<_>>());
+        assert!(rw.guard.is_some());
+        // The unmask set: a directory, or exactly one file.
+        let sub = start(&base, false, &[p.join("sub")], None, all);
+        assert!(!bound(&sub.masks).iter().any(|(r, _)| r.starts_with("sub")), "{:?}", bound(&sub.masks));
+        assert_eq!(sub.report.unmasked, [Mask { rel: "sub/.env.production".into(), dir: false }]);
+        let one = start(&base, false, &[p.join(".env")], None, all);
+        assert_eq!(bound(&one.masks).len(), expected.len() - 1);
+        assert!(!bound(&one.masks).contains(&(".env".into(), true)));
+        assert_eq!(one.report.host_paths(&p).len(), masks.len(), "an unmasked secret is still known");
+        // Over the bound: what was found is masked, and the report says so.
+        let small = start(&base, true, &[], None, Limits { max_entries: 9, max_depth: 24 });
+        assert!(!small.report.complete && small.report.entries == 9);
+        assert!(small.report.masked.iter().any(|m| m.rel == Path::new(".env")));
+        assert!(small.refused.is_some() && small.binds.is_empty(), "an incomplete walk leaves the project read-only");
+        assert!(small.masks.iter().all(|b| b.read_only));
+        // Masking off in a read-only mode: no walk at all.
+        let off = start(&base, false, &[], Some(""), all);
+        assert!(off.report.off && off.masks.is_empty() && off.report.entries == 0);
+        std::fs::remove_dir_all(&base).expect("cleanup");
     }
 
     #[test]

@@ -387,6 +387,17 @@ impl Session {
         sh.prompt_epoch.take().is_some_and(|e| e != sh.report.mount_epoch)
     }
 
+    /// Unmask the project's secret at `host` (canonical) in the next
+    /// sandbox only, like [`Session::allow_once`].
+    pub fn allow_once_unmasked(&self, host: PathBuf) -> bool {
+        let mut mounts = self.shared.lock().report.mounts.clone();
+        if !mounts.unmasked_once.contains(&host) {
+            mounts.unmasked_once.push(host);
+        }
+        let reason = "the sandbox was restarted to unmask a secret allowed once".to_string();
+        self.set_mounts_because(mounts, Some(reason)).is_some()
+    }
+
     /// The next result replays a call after a grant and says so.
     pub fn mark_replay(&self, note: String) {
         self.shared.lock().replay_note = Some(note);
@@ -407,11 +418,12 @@ impl Session {
 
     /// A sandbox with allow-once paths ends: they are not mounted again.
     fn forget_once(&self, had: &MountConfig) {
-        if had.once.is_empty() {
+        if !had.has_once() {
             return;
         }
         let mut sh = self.shared.lock();
         sh.report.mounts.once.retain(|m| !had.once.contains(m));
+        sh.report.mounts.unmasked_once.retain(|p| !had.unmasked_once.contains(p));
     }
 
     fn remount_reason(&self) -> String {
@@ -445,7 +457,7 @@ impl Session {
         // In a keeper layout: a fresh interpreter in the same sandbox.
         // A sandbox with an allow-once path is replaced: the path goes with it.
         let fast = match inner.worker.as_mut() {
-            Some(w) if w.keeper() && w.mounts.once.is_empty() => {
+            Some(w) if w.keeper() && !w.mounts.has_once() => {
                 !w.interpreter_gone() && w.recover(None, true).await.is_ok()
             }
             _ => false,

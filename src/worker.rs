@@ -30,6 +30,7 @@ use crate::limits::{
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
+use crate::secrets::MaskReport;
 use crate::spawn::{kill_group, spawn_sandbox, take_fds};
 
 mod rollback;
@@ -178,6 +179,8 @@ pub struct Launch {
     pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
     pub guard: Option<Arc<Guard>>,
     pub plan_notes: Vec<String>,
+    /// What the start masked (see `secrets`).
+    pub masks: MaskReport,
     pub code: CodeForm,
     /// Ask the worker for its compiled form before it reports ready.
     pub emit_code: bool,
@@ -235,6 +238,8 @@ pub struct Worker {
     pub init_pid: Option<i32>,
     /// What the protection plan said, for the first result it serves.
     pub plan_notes: Vec<String>,
+    /// What this sandbox masks.
+    pub masks: MaskReport,
     pub code: CodeForm,
     /// A keeper layout (see [`Launch::keeper`]).
     keeper: bool,
@@ -282,6 +287,7 @@ impl Worker {
             secret_watch,
             guard,
             plan_notes,
+            masks,
             code,
             emit_code,
             keeper,
@@ -319,6 +325,7 @@ impl Worker {
             _secret_watch: None,
             init_pid: None,
             plan_notes,
+            masks,
             code,
             keeper,
             interp: None,

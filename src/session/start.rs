@@ -132,6 +132,7 @@ impl Session {
             let mut sh = self.shared.lock();
             sh.active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
             sh.report.worker_code = Some(worker.code.as_str());
+            sh.report.masks = Some(worker.masks.clone());
         }
         self.set_active(Some(worker.pid()));
         inner.worker = Some(worker);
@@ -170,7 +171,7 @@ impl Session {
     /// Take the ready spare if it was made for `mounts` and is still alive.
     pub(super) fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
         // A spare never has allow-once mounts: keep it for the sandbox after.
-        if !mounts.once.is_empty() {
+        if mounts.has_once() {
             return None;
         }
         let mut w = self.spare.take()?;

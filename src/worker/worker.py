@@ -336,10 +336,11 @@ class SandboxReadDenied(Exception):
     the mounts themselves are what stops the read.
     """
 
-    def __init__(self, path, is_dir):
+    def __init__(self, path, is_dir, secret=False):
         Exception.__init__(self, path)
         self.path = path
         self.is_dir = is_dir
+        self.secret = secret
 
 
 def unescape_mount(field):
@@ -368,20 +369,29 @@ def mountpoints():
     return tuple(sorted(points))
 
 
-def install_read_hook():
-    """Turn reads outside the mounts into SandboxReadDenied.
+def install_read_hook(masks=()):
+    """Turn reads outside the mounts, and reads of masked secrets, into
+    SandboxReadDenied.
 
     Covers open (and all built on it), os.listdir and os.scandir in this
     process; never stat or existence checks. Subprocesses are not covered:
-    their reads simply fail with the kernel's error.
+    their reads simply fail with the kernel's error, or read the empty
+    mask over a secret. `masks` are the masked sandbox paths (from the
+    host): the mounts hide them whatever this hook does; it only names
+    such a read as a secret's.
     """
     # The hook runs on every open (each import's included): prefixes are
     # built once, and the mount points ("/" never among them) match exactly.
     allowed = frozenset(mountpoints())
     prefixes = tuple(m + "/" for m in allowed)
+    masked = frozenset(masks)
+    masked_prefixes = tuple(m + "/" for m in masked)
 
     def inside(path):
         return path in allowed or path.startswith(prefixes)
+
+    def secret(path):
+        return path in masked or path.startswith(masked_prefixes)
 
     def hook(event, args):
         if event == "open":
@@ -405,6 +415,17 @@ def install_read_hook():
             full = os.path.normpath(path if path.startswith("/") else os.path.join(os.getcwd(), path))
         except Exception:
             return
+        if masked:
+            if secret(full):
+                raise SandboxReadDenied(full, is_dir, True)
+            if not full.startswith("/usr/"):
+                # A link (in /scratch, /tmp, /proc/self/...) to a secret.
+                try:
+                    real = os.path.realpath(full)
+                except Exception:
+                    real = full
+                if secret(real):
+                    raise SandboxReadDenied(real, is_dir, True)
         if inside(full):
             return
         try:
@@ -590,7 +611,7 @@ def run(code, namespace, rich=None, name="<python>"):
         exec(body, namespace)
         value = eval(tail, namespace) if tail is not None else None
     except SandboxReadDenied as e:
-        return "permission_needed", None, dict(describe(e), path=e.path, isDir=e.is_dir)
+        return "permission_needed", None, dict(describe(e), path=e.path, isDir=e.is_dir, secret=e.secret)
     except BaseException as e:
         return "runtime_error", None, describe(e)
     finally:
@@ -1085,12 +1106,14 @@ def serve(gate=None):
             live.discard(copy)
             state.setdefault("discarded", []).append(copy)
         background = state["background"] = len(live)
-        path = is_dir = None
+        path = is_dir = secret = None
         if status == "permission_needed":
             path, is_dir = exception.pop("path"), exception.pop("isDir")
+            secret = exception.pop("secret", False)
         send({"type": "result", "id": req_id, "status": status, "repr": text,
               "reprTruncated": truncated, "exception": exception, "background": background,
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
+              "pathSecret": bool(secret),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
         marked = end_streams(mark, live - before)
         if background:
@@ -1169,7 +1192,8 @@ def main():
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
     os.environ.pop("PWD", None)
-    install_read_hook()
+    masks = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--masks"]
+    install_read_hook(loads(masks[0]) if masks else ())
     watch_linecache()
     ready = {"type": "ready", "protocol": PROTOCOL,
              "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),

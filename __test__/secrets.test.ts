@@ -1,0 +1,402 @@
+/**
+ * Secret masks and agent instructions, from inside the sandbox. The project holds `.env`,
+ * `sub/.env.production`, `deploy/key.pem`, `.env.example` and `AGENTS.md`; every attempt to get a
+ * secret's content is one named test, and each runs first with masking off
+ * (`PI_PYTHON_TOOL_SECRETS=''`), which shows that the attempt reads the secret without the
+ * defence, then with the default patterns, where no result holds it.
+ * Run: PI_PYTHON_TOOL_ROLLBACK=0 node --import tsx --test __test__/secrets.test.ts
+ */
+import assert from "node:assert/strict";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { mkdir, symlink, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { describe, type TestContext, test } from "node:test";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { type ExecResult, type Fixture, jsonOut, lit, makeFixtureWithoutSpare, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+
+const SECRETS: Record<string, string> = {
+  ".env": "TOKEN=root-secret-4f1c\n",
+  "sub/.env.production": "TOKEN=prod-secret-9a2e\n",
+  "deploy/key.pem": "-----BEGIN PRIVATE KEY-----pem-secret-77d0\n",
+};
+const PLAIN: Record<string, string> = {
+  ".env.example": "TOKEN=example-value\n",
+  "AGENTS.md": "original agent instructions\n",
+};
+const MARKERS = /root-secret-4f1c|prod-secret-9a2e|pem-secret-77d0/;
+
+async function put(project: string, files: Record<string, string>): Promise<void> {
+  for (const [p, content] of Object.entries(files)) {
+    await mkdir(join(project, p, ".."), { recursive: true });
+    await writeFile(join(project, p), content);
+  }
+}
+
+/** Run `fn` with the environment variables `env` set (undefined: unset), then restore them.
+ * The settings are read at each sandbox start, so `fn` must start its sandbox. */
+async function withEnv<T>(env: Record<string, string | undefined>, fn: () => Promise<T>): Promise<T> {
+  const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
+  for (const [k, v] of Object.entries(env)) {
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
+  try {
+    return await fn();
+  } finally {
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
+}
+
+async function project(t: TestContext): Promise<Fixture> {
+  const fx = await makeFixtureWithoutSpare(t);
+  await put(fx.project, { ...SECRETS, ...PLAIN });
+  return fx;
+}
+
+/** Everything a result carries that the model could see. */
+const seen = (r: ExecResult) => JSON.stringify({ ...r, images: undefined });
+
+/** Run `code` in a sandbox with masking off, then in one with the default masks, each over a
+ * fresh project (what the baseline run leaves, a hard link for one, must not help the other). */
+async function both(t: TestContext, code: string, mode?: string): Promise<{ off: ExecResult; on: ExecResult }> {
+  const run = async (secrets: string | undefined) => {
+    const fx = await project(t);
+    const sb = fx.open();
+    if (mode) sb.applyModeEvent({ mode, readRoots: [] });
+    const r = await withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => sb.execute(code));
+    await sb.dispose();
+    if (secrets === undefined) {
+      for (const [p, content] of Object.entries(SECRETS)) {
+        assert.equal(readFileSync(join(fx.project, p), "utf8"), content, `${p} changed on the host`);
+      }
+    }
+    return r;
+  };
+  return { off: await run(""), on: await run(undefined) };
+}
+
+/** Asserts the baseline read a secret and the masked run read none. */
+function assertHidden({ off, on }: { off: ExecResult; on: ExecResult }): void {
+  assert.match(seen(off), MARKERS, `without masks the attempt should read a secret: ${show(off)}`);
+  assert.doesNotMatch(seen(on), MARKERS, `a secret reached the result: ${show(on)}`);
+}
+
+/** A subprocess without the worker's read hook: what the kernel lets it read. */
+const sub = (body: string) => py`
+  import json, subprocess, sys
+  r = subprocess.run([sys.executable, "-I", "-S", "-c", ${lit(body)}], capture_output=True, text=True)
+  print(json.dumps({"out": r.stdout, "err": r.stderr[-300:]}))
+`;
+
+describe("secrets in the project are hidden from the sandbox", () => {
+  test("open() of each secret is refused as a secret read", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, py`
+      import json
+      out = {}
+      for p in ${JSON.stringify(Object.keys(SECRETS))}:
+          try:
+              out[p] = open("/workspace/" + p).read()
+          except Exception as e:
+              out[p] = type(e).__name__
+      print(json.dumps(out))
+    `);
+    assertHidden(r);
+    assert.deepEqual(jsonOut(r.on), Object.fromEntries(Object.keys(SECRETS).map((p) => [p, "SandboxReadDenied"])));
+  });
+
+  test("os.listdir of a secret's directory lists its name; its content is empty", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Documented: the names stay listed (a mask is mounted over each), only the content is gone.
+    const r = await both(t, py`
+      import json, os
+      print(json.dumps({"ls": sorted(os.listdir("/workspace/deploy")), "size": os.stat("/workspace/deploy/key.pem").st_size,
+                        "root": sorted(os.listdir("/workspace"))}))
+    `);
+    const on = jsonOut(r.on);
+    assert.deepEqual(on.ls, ["key.pem"]);
+    assert.equal(on.size, 0);
+    assert.deepEqual(on.root, [".env", ".env.example", "AGENTS.md", "data.txt", "deploy", "sub"]);
+    assert.ok(jsonOut(r.off).size > 0, "without masks the file has its size");
+  });
+
+  test("a subprocess cat of each secret reads nothing", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, py`
+      import json, subprocess
+      paths = ["/workspace/" + p for p in ${JSON.stringify(Object.keys(SECRETS))}]
+      c = subprocess.run(["cat", *paths], capture_output=True, text=True)
+      print(json.dumps({"out": c.stdout, "rc": c.returncode}))
+    `);
+    assertHidden(r);
+    assert.deepEqual(jsonOut(r.on), { out: "", rc: 0 });
+  });
+
+  test("reading through /proc/self/root finds the mask", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, py`
+      import json, subprocess
+      try:
+          hooked = open("/proc/self/root/workspace/.env").read()
+      except Exception as e:
+          hooked = type(e).__name__
+      c = subprocess.run(["cat", "/proc/self/root/workspace/.env", "/proc/1/root/workspace/deploy/key.pem"], capture_output=True, text=True)
+      print(json.dumps({"hooked": hooked, "cat": c.stdout}))
+    `);
+    assertHidden(r);
+    assert.equal(jsonOut(r.on).hooked, "SandboxReadDenied");
+  });
+
+  test("a symlink made in /scratch to /workspace/.env reads the mask", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, py`
+      import json, os, subprocess
+      if not os.path.islink("/scratch/env-link"):
+          os.symlink("/workspace/.env", "/scratch/env-link")
+      try:
+          hooked = open("/scratch/env-link").read()
+      except Exception as e:
+          hooked = type(e).__name__
+      c = subprocess.run(["cat", "/scratch/env-link"], capture_output=True, text=True)
+      print(json.dumps({"hooked": hooked, "cat": c.stdout}))
+    `);
+    assertHidden(r);
+    assert.equal(jsonOut(r.on).hooked, "SandboxReadDenied");
+  });
+
+  test("a hard link to a secret cannot be made in a writable mode", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, py`
+      import json, os, subprocess
+      made = {}
+      for dst in ["/workspace/env-hard", "/scratch/env-hard", "/workspace/sub/prod-hard"]:
+          src = "/workspace/sub/.env.production" if "prod" in dst else "/workspace/.env"
+          try:
+              os.link(src, dst)
+              made[dst] = "linked"
+          except OSError as e:
+              made[dst] = e.errno
+      c = subprocess.run(["cat"] + [d for d, v in made.items() if v == "linked"], capture_output=True, text=True)
+      print(json.dumps({"made": made, "cat": c.stdout}))
+    `, "yolo");
+    assertHidden(r);
+    assert.equal(jsonOut(r.off).made["/workspace/env-hard"], "linked", "without masks the link is made");
+  });
+
+  test("os.open with O_PATH, then a reopen through /proc/self/fd, reads nothing", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, sub(`
+import os
+fd = os.open("/workspace/.env", os.O_PATH)
+print(open("/proc/self/fd/%d" % fd).read(), end="")
+d = os.open("/workspace/deploy", os.O_PATH | os.O_DIRECTORY)
+print(open(os.open("key.pem", os.O_RDONLY, dir_fd=d)).read(), end="")
+`));
+    assertHidden(r);
+    assert.equal(jsonOut(r.on).out, "", show(r.on));
+  });
+
+  test("mmap of a secret maps nothing", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const r = await both(t, sub(`
+import mmap, os
+for p in ["/workspace/.env", "/workspace/sub/.env.production"]:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        print(mmap.mmap(fd, 0, prot=mmap.PROT_READ)[:].decode(), end="")
+    except ValueError as e:
+        print("ValueError", end=";")
+`));
+    assertHidden(r);
+    assert.equal(jsonOut(r.on).out, "ValueError;ValueError;", "an empty file cannot be mapped");
+  });
+
+  test(".env.example and other files read normally", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await project(t);
+    const out = jsonOut(await fx.sb.execute(py`
+      import json
+      print(json.dumps({p: open("/workspace/" + p).read() for p in [".env.example", "AGENTS.md", "data.txt"]}))
+    `));
+    assert.deepEqual(out, { ...PLAIN, "data.txt": "fixture-content\n" });
+  });
+
+  test("the read of .env is permission_needed naming /workspace/.env as a secret", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await project(t);
+    const r = await fx.sb.execute("open('.env').read()");
+    assert.equal(r.status, "permission_needed", show(r));
+    assert.equal(r.permissionPath, "/workspace/.env");
+    assert.equal(r.permissionSecret, true);
+    assert.match(r.text, /The code tried to read \/workspace\/\.env, which looks like a secret/);
+    // Nobody to ask (no permission extension has spoken): refused at once, with how to allow it.
+    const verdict = fx.sb.readDecision("/workspace/.env", true);
+    assert.equal(verdict.prompt, false);
+    assert.match(verdict.diagnostic ?? "", /looks like a secret .* no permission extension/);
+    assert.match(verdict.diagnostic ?? "", /PI_PYTHON_TOOL_SECRETS/);
+    assert.ok(verdict.diagnostic?.includes(fx.project), verdict.diagnostic ?? "");
+    // A read outside the mounts keeps its own wording.
+    const outside = await fx.sb.execute("open('/etc/hostname').read()");
+    assert.equal(outside.permissionSecret, false);
+    assert.match(outside.text, /outside the sandbox mounts/);
+    // status lists what is masked.
+    const s = fx.sb.status();
+    assert.deepEqual(s.maskedPaths, ["/workspace/.env", "/workspace/deploy/key.pem", "/workspace/sub/.env.production"]);
+    assert.equal(s.secretScanComplete, true);
+    assert.match(s.text, /secret masks \(every mode, shown empty\): \/workspace\/\.env, /);
+  });
+
+  test("secrets inside dependency trees are not masked (the documented rule)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await project(t);
+    await put(fx.project, { "node_modules/pkg/test/fixture.pem": "dependency test key\n" });
+    const r = await fx.sb.execute("open('/workspace/node_modules/pkg/test/fixture.pem').read()");
+    assert.equal(r.repr, "'dependency test key\\n'", show(r));
+  });
+
+  test("a link named like a secret masks its target in the project", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await makeFixtureWithoutSpare(t);
+    await put(fx.project, { "config/production-vars": "TOKEN=root-secret-4f1c\n" });
+    await symlink("config/production-vars", join(fx.project, ".env"));
+    const r = await fx.sb.execute(py`
+      import json, subprocess
+      c = subprocess.run(["cat", "/workspace/.env", "/workspace/config/production-vars"], capture_output=True, text=True)
+      print(json.dumps(c.stdout))
+    `);
+    assert.equal(jsonOut(r), "", show(r));
+  });
+});
+
+describe("masked and protected files cannot be written", () => {
+  const targets = [".env", "sub/.env.production", "deploy/key.pem", "AGENTS.md", "sub/CLAUDE.md", ".agents/rules.md",
+    "skills/deploy/SKILL.md", ".pi/settings.json"];
+  const writeAll = py`
+    import json, os
+    out = {}
+    for p in ${JSON.stringify(targets)}:
+        try:
+            with open("/workspace/" + p, "w") as f:
+                f.write("pwned\n")
+            out[p] = "written"
+        except OSError as e:
+            out[p] = e.errno
+    for p in [".env", "AGENTS.md"]:
+        try:
+            os.rename("/workspace/" + p, "/workspace/" + p + ".moved")
+            out["mv " + p] = "moved"
+        except OSError as e:
+            out["mv " + p] = e.errno
+    print(json.dumps(out))
+  `;
+
+  async function fixture(t: TestContext): Promise<Fixture> {
+    const fx = await project(t);
+    await put(fx.project, {
+      "sub/CLAUDE.md": "original claude\n", ".agents/rules.md": "original rules\n",
+      "skills/deploy/SKILL.md": "original skill\n", ".pi/settings.json": "{}\n",
+    });
+    return fx;
+  }
+
+  const original = (fx: Fixture) =>
+    Object.fromEntries(targets.map((p) => [p, existsSync(join(fx.project, p)) ? readFileSync(join(fx.project, p), "utf8") : null]));
+
+  test("writes to each masked or agent-instruction file fail in yolo mode; the host files are unchanged", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await fixture(t);
+    const before = original(fx);
+    fx.sb.applyModeEvent({ mode: "yolo" });
+    const out = jsonOut(await fx.sb.execute(writeAll));
+    for (const p of targets) assert.equal(out[p], 30, `${p}: ${out[p]} (EROFS expected)`);
+    assert.equal(out["mv .env"], 16, "a mask is a mount point (EBUSY)");
+    assert.equal(out["mv AGENTS.md"], 16, "a protected file is a mount point (EBUSY)");
+    assert.deepEqual(original(fx), before);
+  });
+
+  test("baseline: with masks and protection off the same writes succeed", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await fixture(t);
+    fx.sb.applyModeEvent({ mode: "yolo" });
+    const out = await withEnv({ PI_PYTHON_TOOL_SECRETS: "", PI_PYTHON_TOOL_PROTECTED: "" }, async () =>
+      jsonOut(await fx.sb.execute(writeAll)));
+    for (const p of targets) assert.equal(out[p], "written", `${p}: ${out[p]}`);
+  });
+
+  test("an agent-instruction file created later is made inert, never deleted", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await fixture(t);
+    fx.sb.applyModeEvent({ mode: "yolo" });
+    const r = await fx.sb.execute(py`
+      import os
+      os.makedirs("/workspace/lib/skills/evil", exist_ok=True)
+      open("/workspace/lib/skills/evil/SKILL.md", "w").write("planted skill\n")
+      open("/workspace/lib/AGENTS.md", "w").write("planted instructions\n")
+      os.makedirs("/workspace/docs/skills", exist_ok=True)
+      open("/workspace/docs/skills/notes.txt", "w").write("not a skill\n")
+      None
+    `);
+    assert.equal(r.status, "ok", show(r));
+    // Found by the check at the end of the execution or by the background walk (every 2 s);
+    // the note reaches the result after the repair.
+    assert.ok(await waitUntil(() => existsSync(join(fx.project, "lib/AGENTS.md.pi-inert")) && existsSync(join(fx.project, "lib/skills.pi-inert")), 8000));
+    const notes = r.text + (await fx.sb.execute("None")).text;
+    assert.match(notes, /lib\/AGENTS\.md appeared in the project/);
+    assert.match(notes, /lib\/skills appeared in the project/);
+    assert.equal(existsSync(join(fx.project, "lib/AGENTS.md")), false);
+    assert.equal(readFileSync(join(fx.project, "lib/AGENTS.md.pi-inert"), "utf8"), "planted instructions\n");
+    assert.equal(existsSync(join(fx.project, "lib/skills")), false, "a skills directory with */SKILL.md is made inert");
+    assert.ok(readdirSync(join(fx.project, "lib")).includes("skills.pi-inert"));
+    assert.equal(readFileSync(join(fx.project, "docs/skills/notes.txt"), "utf8"), "not a skill\n", "other skills/ stay");
+  });
+});
+
+describe("the scan's bound and the unmask set", () => {
+  test("a scan over its bound masks what it found and says so in status and the first result", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await project(t);
+    await put(fx.project, Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`zz/f${i}.txt`, "x\n"])));
+    await put(fx.project, { "zz/deeper/.env": "TOKEN=never-scanned\n" });
+    // The root has 6 entries, sub/ and deploy/ one each: the bound is reached inside zz/.
+    const r = await withEnv({ PI_PYTHON_TOOL_SCAN_ENTRIES: "20" }, () => fx.sb.execute(py`
+      import subprocess
+      subprocess.run(["cat", "/workspace/.env", "/workspace/deploy/key.pem", "/workspace/sub/.env.production"], capture_output=True, text=True).stdout
+    `));
+    assert.equal(r.repr, "''", show(r));
+    assert.match(r.text, /The secret scan was incomplete: it stopped after 20 entries/);
+    assert.match(r.text, /Raise PI_PYTHON_TOOL_SCAN_ENTRIES/);
+    const s = fx.sb.status();
+    assert.equal(s.secretScanComplete, false);
+    assert.match(s.text, /secret scan was incomplete: it stopped after 20 entries/);
+    assert.deepEqual(s.maskedPaths, ["/workspace/.env", "/workspace/deploy/key.pem", "/workspace/sub/.env.production"]);
+    const later = await fx.sb.execute("1");
+    assert.doesNotMatch(later.text, /incomplete/, "only the first result of a sandbox says it");
+  });
+
+  test("a granted root inside the project unmasks the secrets under it; one file unmasks exactly that file", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await project(t);
+    const read = py`
+      import json, subprocess
+      paths = ["/workspace/" + p for p in ${JSON.stringify(Object.keys(SECRETS))}]
+      print(json.dumps({p: subprocess.run(["cat", p], capture_output=True, text=True).stdout for p in paths}))
+    `;
+    const hidden = jsonOut(await fx.sb.execute(read));
+    assert.deepEqual(Object.values(hidden), ["", "", ""]);
+    const change = fx.sb.applyModeEvent({ mode: "manual", readRoots: [join(fx.project, "sub")] });
+    assert.equal(change.changed, true);
+    assert.match(change.notification ?? "", /secrets no longer masked at or under: .*\/sub/);
+    const sub = jsonOut(await fx.sb.execute(read));
+    assert.deepEqual(sub, { "/workspace/.env": "", "/workspace/sub/.env.production": SECRETS["sub/.env.production"], "/workspace/deploy/key.pem": "" });
+    assert.deepEqual(fx.sb.status().maskedPaths, ["/workspace/.env", "/workspace/deploy/key.pem"]);
+    fx.sb.applyModeEvent({ mode: "manual", readRoots: [join(fx.project, ".env")] });
+    const one = jsonOut(await fx.sb.execute(read));
+    assert.deepEqual(one, { "/workspace/.env": SECRETS[".env"], "/workspace/sub/.env.production": "", "/workspace/deploy/key.pem": "" });
+    // A root inside the project that covers no secret is still skipped.
+    const docs = fx.sb.applyModeEvent({ mode: "manual", readRoots: [join(fx.project, "deploy"), join(fx.project, "sub", "..", "AGENTS.md")] });
+    assert.deepEqual(docs.skipped.map((s) => s.reason), ["inside the project, already readable under /workspace"]);
+  });
+});
