@@ -254,16 +254,6 @@ impl HostSecrets {
     }
 }
 
-/// The inotify instance, as tokio wants it.
-struct InotifyFd(nix::sys::inotify::Inotify);
-
-impl std::os::fd::AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsFd;
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// Watch `points` until `stop` fires; when a matching name appears, call
 /// `appeared` with its path (once: the sandbox it guards is then killed).
 /// Returns at once when inotify is unavailable (each execution's check of
@@ -287,7 +277,7 @@ pub async fn watch(
     }
     // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
     // stays open until the AsyncFd (and its registration) is dropped.
-    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }) else { return };
+    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(crate::protected::InotifyFd(inotify)) }) else { return };
     loop {
         tokio::select! {
             _ = &mut stop => return,

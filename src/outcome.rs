@@ -52,6 +52,9 @@ impl Status {
 use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
+mod status;
+pub use status::{reset_text, status_text, Availability, SpareState, StatusReport};
+
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamText {
@@ -242,100 +245,6 @@ fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> (String, bo
     (format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end()), true)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Availability {
-    /// Nothing was probed yet (no execution so far).
-    Unverified,
-    Available,
-    Unavailable(String),
-}
-
-/// What `status` reports; readable at any time without the lock.
-#[derive(Debug, Clone)]
-pub struct StatusReport {
-    pub availability: Availability,
-    pub worker_running: bool,
-    pub busy: bool,
-    pub generation: u64,
-    pub executions: u64,
-    pub runtime_version: Option<String>,
-    pub last_reset_reason: Option<ResetReason>,
-    pub disposed: bool,
-    pub project_dir: PathBuf,
-    pub mounts: MountConfig,
-    /// Counts effective mount changes.
-    pub mount_epoch: u64,
-    /// A `tool-permissions:mode` event was applied at least once.
-    pub permissions_seen: bool,
-    /// Directories whose reads the user denied in this session.
-    pub denied_reads: Vec<PathBuf>,
-    /// Read roots of the last mode event that were not mounted, and why.
-    pub skipped_roots: Vec<crate::permissions::Skipped>,
-    /// Host secrets masked inside the mounted read roots.
-    pub masked: Vec<crate::hostsecrets::Mask>,
-    pub dirs: Option<Dirs>,
-    pub bwrap: Option<Bwrap>,
-    /// Site directories added for the user's Python packages.
-    pub site_dirs: Vec<PathBuf>,
-    /// Settings of the Python environment that were skipped, and why.
-    pub python_notes: Vec<String>,
-    /// Keep a started spare sandbox ready after the first execution.
-    pub prewarm: bool,
-    pub spare: SpareState,
-    /// How the running worker was loaded: compiled from source, or from the
-    /// bytecode an earlier sandbox produced.
-    pub worker_code: Option<&'static str>,
-    /// When the running interpreter last took a rollback point.
-    pub last_rollback_point: Option<std::time::SystemTime>,
-    /// Whether the next sandbox start gets rollback.
-    pub rollback: bool,
-    /// How much /scratch held at the last check (see `scratch`).
-    pub scratch: Option<crate::scratch::Measure>,
-    /// What the running (or last) sandbox masks; none before a start.
-    pub masks: Option<crate::secrets::MaskReport>,
-}
-
-impl StatusReport {
-    /// A session's report before it has started anything.
-    pub fn new(project_dir: PathBuf, mounts: MountConfig, prewarm: bool) -> Self {
-        StatusReport {
-            availability: Availability::Unverified,
-            worker_running: false,
-            busy: false,
-            generation: 0,
-            executions: 0,
-            runtime_version: None,
-            last_reset_reason: None,
-            disposed: false,
-            project_dir,
-            mounts,
-            mount_epoch: 0,
-            permissions_seen: false,
-            denied_reads: Vec::new(),
-            skipped_roots: Vec::new(),
-            masked: Vec::new(),
-            dirs: None,
-            bwrap: None,
-            site_dirs: Vec::new(),
-            python_notes: Vec::new(),
-            prewarm,
-            spare: SpareState::None,
-            worker_code: None,
-            last_rollback_point: None,
-            rollback: true,
-            scratch: None,
-            masks: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpareState {
-    None,
-    Starting,
-    Ready,
-}
-
 /// How a sandbox ended, in words.
 pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -407,18 +316,6 @@ impl From<&Interrupt> for ResetReason {
             Interrupt::OutputLimit => ResetReason::OutputLimit,
             Interrupt::Died | Interrupt::Violation(_) => ResetReason::WorkerError,
         }
-    }
-}
-
-/// The `status` line about rollback: whether it is on, and how long ago
-/// the running interpreter took its last rollback point.
-fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
-    if !on {
-        return "rollback: off (PI_PYTHON_TOOL_ROLLBACK=0: a failed call kills the sandbox)\n".into();
-    }
-    match last.and_then(|t| now.duration_since(t).ok()) {
-        Some(ago) => format!("rollback: on (last rollback point {:.1} s ago)\n", ago.as_secs_f64()),
-        None => "rollback: on (no rollback point taken yet)\n".into(),
     }
 }
 
@@ -650,162 +547,6 @@ impl From<&crate::capture::Excerpt> for StreamText {
     }
 }
 
-/// The `status` text: what the session has, what the next sandbox start
-/// would get (`settings`), and what is and is not hardened.
-pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
-    let available = match &r.availability {
-        Availability::Unverified => "not started yet (no execution so far)",
-        Availability::Available => "available",
-        Availability::Unavailable(_) => "unavailable",
-    };
-    let diagnostic = match &r.availability {
-        Availability::Unavailable(d) => Some(d.as_str()),
-        _ => None,
-    };
-    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
-    let path_str = |p: &std::path::Path| p.display().to_string();
-    let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
-    let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
-    let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
-    let mut text = format!("python tool: {available}\n");
-    if let Some(d) = &diagnostic {
-        text.push_str(&format!("diagnostic: {d}\n"));
-    }
-    text.push_str(&format!(
-        "worker running: {} (generation {}{})\n",
-        if r.worker_running { "yes" } else { "no" },
-        r.generation,
-        r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
-    ));
-    if let Some(reason) = &r.last_reset_reason {
-        text.push_str(&format!("last reset reason: {reason}\n"));
-    }
-    if !r.site_dirs.is_empty() {
-        let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
-        text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
-    }
-    for note in &r.python_notes {
-        text.push_str(&format!("python packages: {note}\n"));
-    }
-    text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
-    text.push_str(&format!(
-        "spare sandbox: {}\n",
-        match (r.prewarm, r.spare) {
-            (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
-            (true, SpareState::None) => "none yet",
-            (true, SpareState::Starting) => "starting",
-            (true, SpareState::Ready) => "ready",
-        }
-    ));
-    text.push_str(&format!(
-        "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
-        r.project_dir.display(),
-        scratch.as_deref().unwrap_or("(not allocated yet)"),
-        logs.as_deref().unwrap_or("(not allocated yet)"),
-    ));
-    if roots.is_empty() {
-        text.push_str("read roots mounted: none\n");
-    } else {
-        text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
-    }
-    if !r.masked.is_empty() {
-        let list: Vec<String> = r.masked.iter().map(|m| path_str(&m.path)).collect();
-        text.push_str(&format!("host secrets masked in read roots: {}\n", list.join(", ")));
-    }
-    if !r.skipped_roots.is_empty() {
-        let list: Vec<String> =
-            r.skipped_roots.iter().map(|s| format!("{} ({})", display_line(&s.root), s.reason)).collect();
-        text.push_str(&format!("read roots skipped: {}\n", list.join(", ")));
-    }
-    if r.mounts.has_once() {
-        let once = r.mounts.once.iter().map(|m| path_str(&m.path));
-        let list: Vec<String> = once.chain(r.mounts.unmasked_once.iter().map(|p| path_str(p))).collect();
-        text.push_str(&format!(
-            "allowed once (readable until the sandbox restarts, not mounted again): {}\n",
-            list.join(", ")
-        ));
-    }
-    text.push_str(&format!(
-        "limits: code {} KiB; timeout default {}s, max {}s; output {} KiB per execution; repr {} KiB; \
-     address space {} MiB, file size {} MiB, {} open files per process; no core dumps. \
-     These are per-process limits; the sandbox's totals are under containment.",
-        MAX_CODE_BYTES / 1024,
-        DEFAULT_TIMEOUT_SECONDS,
-        MAX_TIMEOUT_SECONDS,
-        OUTPUT_BUDGET_BYTES / 1024,
-        MAX_REPR_BYTES / 1024,
-        RLIMIT_AS_BYTES >> 20,
-        RLIMIT_FSIZE_BYTES >> 20,
-        RLIMIT_NOFILE
-    ));
-    text.push_str(&match &settings.tmpfs {
-        Ok(sizes) => format!(
-            "\nmemory file systems: /tmp {}, /dev/shm {} in all ({TMP_SIZE_ENV}, {SHM_SIZE_ENV}); writes past them \
-             fail with ENOSPC; /dev is otherwise read-only; SysV IPC is refused.",
-            describe_size(sizes.tmp),
-            describe_size(sizes.shm)
-        ),
-        Err(e) => format!("\nmemory file systems: {e}. No sandbox starts until then."),
-    });
-    text.push('\n');
-    text.push_str(&crate::contain::describe(crate::contain::host_plan(), &settings.caps));
-    text.push('\n');
-    text.push_str(&crate::scratch::describe(r.scratch, settings.scratch_note));
-    if let Some(b) = &r.bwrap {
-        let (x, y, z) = b.version;
-        text.push_str(&format!(
-            "\nbubblewrap: {} {x}.{y}.{z}{}",
-            b.path.display(),
-            if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
-        ));
-    }
-    text.push('\n');
-    text.push_str(&match &r.masks {
-        Some(m) => m.describe(),
-        None if settings.secrets.is_empty() => {
-            crate::secrets::MaskReport { off: true, ..Default::default() }.describe()
-        }
-        None => "secret masks: the project is scanned when the first sandbox starts".to_string(),
-    });
-    if !settings.secrets.is_empty() {
-        text.push_str(&format!(
-            " (patterns: {}; {})",
-            settings.secrets.describe().join(" "),
-            crate::secrets::SECRETS_ENV
-        ));
-    }
-    let protected = crate::protected::describe(&settings.protected);
-    let seccomp_rules = crate::seccomp::rules().len();
-    text.push_str(&format!(
-        "\nhardening: default-deny seccomp filter (allowlist of {} calls, {} refusals; other calls answer ENOSYS; \
-         native architecture only); no nested user namespaces; \
-         all capabilities dropped; new session; protected paths when /workspace is writable: {}.",
-        crate::seccomp::allowed_here(),
-        seccomp_rules,
-        if protected.is_empty() {
-            "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
-        } else {
-            protected.join(", ")
-        }
-    ));
-    text
-}
-
-/// The text of a reset: what was kept, and notes of what the last checks
-/// of the project did.
-pub fn reset_text(dirs: Option<&Dirs>, notes: &[String]) -> String {
-    let scratch = dirs.map(|d| d.scratch.display().to_string());
-    let mut text = format!(
-        "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
-         A fresh interpreter starts on the next execution.",
-        scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
-    );
-    for note in notes {
-        text.push_str(&format!("\n\nnote: {note}"));
-    }
-    text
-}
-
 /// The text the model sees.
 pub fn render(o: &Outcome) -> String {
     let mut t = String::new();
@@ -933,6 +674,7 @@ pub fn render(o: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::status::rollback_line;
 
     fn ok() -> Outcome {
         Outcome { duration_ms: 123, diagnostic: None, ..Outcome::static_result(Status::Ok, 1, String::new()) }

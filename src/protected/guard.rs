@@ -1,0 +1,399 @@
+//! The guard of a running writable sandbox: it keeps the protected names
+//! of the plan protected while the sandbox can write the project, making
+//! every name that appears (or is replaced) inert at once, through the
+//! checks at the end of each execution, an inotify watch on the
+//! directories that hold protected names, and a walk every few seconds.
+
+use super::*;
+
+/// Keeps the protected names of a running writable sandbox.
+#[derive(Debug)]
+pub struct Guard {
+    pub(super) tree: Tree,
+    pub(super) rules: Rules,
+    /// What was protected at the start.
+    pub(super) found: Found,
+    /// Directories that hold protected names: checked cheaply at the end
+    /// of every execution and watched in between.
+    pub(super) holders: Vec<PathBuf>,
+    /// Where notes found between executions go.
+    pub(super) pending: Notes,
+    pub(super) tainted: Tainted,
+    pub(super) walking: AtomicBool,
+    /// A walk was asked for while one ran: it runs once more.
+    pub(super) again: AtomicBool,
+    /// The sandbox's process group and where to say why it was killed:
+    /// a name that cannot be made inert, or a project that outgrew the
+    /// walk, ends the sandbox.
+    pub(super) armed: parking_lot::Mutex<Option<(i32, KilledFor)>>,
+    /// One repair at a time, its notes handed over before the next: the
+    /// check at the end of an execution then waits for the watch's and
+    /// finds its notes already in the sink, instead of finding the repair
+    /// done and the note still on its way (it would reach a later result).
+    pub(super) repairing: parking_lot::Mutex<()>,
+    pub scan: Summary,
+}
+
+/// How often the whole project is checked while a writable sandbox runs.
+pub const BACKGROUND_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How a check went wrong in a way that ends the sandbox.
+enum Breach {
+    /// A name could not be made inert.
+    Stuck(PathBuf),
+    /// The project grew past what a walk can check.
+    Outgrown(String),
+}
+
+impl Guard {
+    /// Directories whose new entries matter (relative paths).
+    pub fn holders(&self) -> &[PathBuf] {
+        &self.holders
+    }
+
+    /// Let the guard end the sandbox `group`, saying why in `killed_for`.
+    pub fn arm(&self, group: i32, killed_for: KilledFor) {
+        *self.armed.lock() = Some((group, killed_for));
+    }
+
+    fn present(&self, rel: &Path) -> Option<Ident> {
+        self.found.entries.iter().find(|(r, _, _)| r == rel).map(|(_, _, i)| *i)
+    }
+
+    fn is_link(&self, rel: &Path) -> bool {
+        self.found.links.iter().any(|(l, _)| l == rel)
+    }
+
+    /// Whether a new entry `name` of holder `dir` may be protected.
+    pub fn matters(&self, dir: &Path, name: &OsStr) -> bool {
+        self.rules.names.contains(name)
+            || self.found.expected.iter().any(|e| e.parent() == Some(dir) && e.file_name() == Some(name))
+            || self.found.links.iter().any(|(l, _)| l.parent() == Some(dir) && l.file_name() == Some(name))
+    }
+
+    /// An entry at `rel` now (with `st`) that is not what was protected.
+    fn is_new(&self, rel: &Path, st: &nix::sys::stat::FileStat) -> bool {
+        !self.is_link(rel) && self.present(rel) != Some(ident(st))
+    }
+
+    /// The cheap check: the protected names of the holder directories,
+    /// the expected paths and the links. Returns notes for the user.
+    pub fn check_holders(&self) -> Vec<String> {
+        let _one = self.repairing.lock();
+        let mut notes = Vec::new();
+        let mut breaches = Vec::new();
+        for holder in &self.holders {
+            let Ok(dir) = self.tree.dir(holder) else { continue };
+            for name in &self.rules.names {
+                let rel = holder.join(name);
+                if name == SKILLS && !holds_skills(&self.tree, &rel) {
+                    continue;
+                }
+                if let Ok(Some(st)) = beneath::stat_in(dir.as_fd(), name) {
+                    if self.is_new(&rel, &st) {
+                        self.inert(&rel, &mut notes, &mut breaches);
+                    }
+                }
+            }
+        }
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
+        notes
+    }
+
+    /// The whole check: the walk again, then the expected paths and the
+    /// links.
+    pub fn check_all(&self) -> Vec<String> {
+        self.check_all_into(None)
+    }
+
+    /// [`Guard::check_all`]; with `sink`, its notes go there before the
+    /// next repair may start.
+    fn check_all_into(&self, sink: Option<&Notes>) -> Vec<String> {
+        let mut notes = Vec::new();
+        let mut breaches = Vec::new();
+        let mut new = Vec::new();
+        let walked = scan::walk(&self.tree, self.rules.limits, |rel, kind| {
+            let Some(name) = rel.file_name() else { return Visit::Descend };
+            if self.rules.protects(&self.tree, rel, name) {
+                if let Ok(Some(st)) = self.tree.lstat(rel) {
+                    if self.is_new(rel, &st) {
+                        new.push(rel.to_path_buf());
+                    }
+                }
+                return Visit::Skip;
+            }
+            if kind == Kind::Dir && name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n)) {
+                return Visit::Skip;
+            }
+            Visit::Descend
+        });
+        let _one = self.repairing.lock();
+        for rel in &new {
+            self.inert(rel, &mut notes, &mut breaches);
+        }
+        if !walked.complete {
+            let why = match &walked.unreadable {
+                Some(dir) => format!("{} in the project can no longer be read", dir.display()),
+                None => format!(
+                    "the project grew past {} entries (or deeper than {}) outside dependency trees",
+                    self.rules.limits.max_entries, self.rules.limits.max_depth
+                ),
+            };
+            breaches.push(Breach::Outgrown(why));
+        }
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
+        match sink {
+            Some(sink) => {
+                sink.lock().extend(notes);
+                Vec::new()
+            }
+            None => notes,
+        }
+    }
+
+    /// [`Guard::check_all`] into the pending notes; a call while a walk
+    /// runs makes that walk run once more.
+    pub fn check_all_pending(&self) {
+        self.again.store(true, Ordering::Release);
+        if self.walking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        while self.again.swap(false, Ordering::AcqRel) {
+            self.check_all_into(Some(&self.pending));
+        }
+        self.walking.store(false, Ordering::Release);
+        // A request that came between the last loop and the release.
+        if self.again.load(Ordering::Acquire) {
+            self.check_all_pending();
+        }
+    }
+
+    /// Check one new entry of a holder directory (from the watch).
+    pub fn check_entry(&self, dir: &Path, name: &OsStr) {
+        let _one = self.repairing.lock();
+        let rel = dir.join(name);
+        let mut notes = Vec::new();
+        let mut breaches = Vec::new();
+        if self.rules.protects(&self.tree, &rel, name) {
+            if let Ok(Some(st)) = self.tree.lstat(&rel) {
+                if self.is_new(&rel, &st) {
+                    self.inert(&rel, &mut notes, &mut breaches);
+                }
+            }
+        }
+        self.check_expected_and_links(&mut notes, &mut breaches);
+        self.breached(breaches, &mut notes);
+        self.pending.lock().extend(notes);
+    }
+
+    /// Whether the project still holds exactly what this sandbox
+    /// protected (a spare is only used when it does).
+    pub fn still_matches(&self) -> bool {
+        matches!(self.rules.discover(&self.tree), Ok((found, _)) if found == self.found)
+    }
+
+    fn check_expected_and_links(&self, notes: &mut Vec<String>, breaches: &mut Vec<Breach>) {
+        for rel in &self.found.expected {
+            if let Ok(Some(_)) = self.tree.lstat(rel) {
+                self.inert(rel, notes, breaches);
+            }
+        }
+        for (rel, target) in &self.found.links {
+            match self.tree.read_link(rel) {
+                Ok(now) if now == *target => continue,
+                _ => {}
+            }
+            if let Ok(Some(_)) = self.tree.lstat(rel) {
+                self.inert(rel, notes, breaches);
+            }
+            let restored = match self.tree.symlink(target, rel) {
+                Ok(()) => "it was put back".to_string(),
+                Err(e) => format!(
+                    "it could NOT be put back ({e}): check {} before using the project",
+                    shell_path(self.tree.path(), rel)
+                ),
+            };
+            notes.push(format!(
+                "The protected link {} -> {} was replaced in the project; {restored}.",
+                rel.display(),
+                target.display()
+            ));
+        }
+    }
+
+    /// End the sandbox for what cannot be kept safe while it runs.
+    fn breached(&self, breaches: Vec<Breach>, notes: &mut Vec<String>) {
+        if breaches.is_empty() {
+            return;
+        }
+        let mut why = Vec::new();
+        for b in breaches {
+            match b {
+                Breach::Stuck(rel) => {
+                    let mut t = self.tainted.lock();
+                    if !t.contains(&rel) {
+                        t.push(rel.clone());
+                    }
+                    why.push(format!("{} could not be made inert", rel.display()));
+                }
+                Breach::Outgrown(w) => why.push(w),
+            }
+        }
+        let why = why.join("; ");
+        if let Some((group, killed_for)) = &*self.armed.lock() {
+            killed_for
+                .lock()
+                .get_or_insert_with(|| format!("{why}, so the sandbox that could write the project was stopped"));
+            crate::spawn::kill_group(*group);
+        }
+        notes.push(format!("The sandbox was stopped: {why}. Until that is resolved the project is mounted read-only."));
+    }
+
+    /// Rename `rel` in place to an inert name (`NAME.pi-inert`, else with a
+    /// random suffix). A parent the sandbox made unwritable is made
+    /// writable again first (the host owns it). A name that cannot be
+    /// renamed is a breach.
+    fn inert(&self, rel: &Path, notes: &mut Vec<String>, breaches: &mut Vec<Breach>) {
+        let (dir, name) = match self.tree.parent(rel) {
+            Ok(p) => p,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+            Err(e) => {
+                notes.push(format!("{} appeared in the project but could NOT be made inert ({e})", rel.display()));
+                breaches.push(Breach::Stuck(rel.to_path_buf()));
+                return;
+            }
+        };
+        let candidates = (0..8).map(|n| {
+            let mut new = name.clone();
+            new.push(INERT_MARK);
+            if n > 0 {
+                new.push(format!("-{:08x}", crate::rundir::random_u64() as u32));
+            }
+            new
+        });
+        let mut last_err = None;
+        let mut fixed_parent = false;
+        for new in candidates {
+            let mut tried = beneath::rename_noreplace(dir.as_fd(), &name, &new);
+            if matches!(&tried, Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)))
+                && !fixed_parent
+            {
+                fixed_parent = true;
+                if make_writable(&self.tree, rel.parent().unwrap_or(Path::new(""))).is_ok() {
+                    tried = beneath::rename_noreplace(dir.as_fd(), &name, &new);
+                }
+            }
+            match tried {
+                Ok(()) => {
+                    let moved = rel.with_file_name(&new);
+                    notes.push(format!(
+                        "{} appeared in the project while the sandbox could write it; host tools could run code from it, \
+                         so it was renamed to {}. If you made it yourself, restore it with: mv {} {}",
+                        rel.display(),
+                        moved.display(),
+                        shell_path(self.tree.path(), &moved),
+                        shell_path(self.tree.path(), rel)
+                    ));
+                    return;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => last_err = Some(e),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+                Err(e) => {
+                    last_err = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = last_err.map(|e| e.to_string()).unwrap_or_default();
+        notes.push(format!(
+            "{} appeared in the project but could NOT be made inert ({e}): check {} before using the project",
+            rel.display(),
+            shell_path(self.tree.path(), rel)
+        ));
+        breaches.push(Breach::Stuck(rel.to_path_buf()));
+    }
+}
+
+/// The inotify instance, as tokio wants it.
+pub(crate) struct InotifyFd(pub(crate) nix::sys::inotify::Inotify);
+
+impl AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// Watch the holder directories of `guard` for new entries until `stop`
+/// fires, checking each one that matters; an overflowed queue triggers the
+/// whole check. Watches are added through the directories' own fds, so a
+/// directory swapped for a link is never followed.
+pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else {
+        tracing::warn!("no inotify: protected names are checked at the end of each execution only");
+        return;
+    };
+    let mut wds = Vec::new();
+    for holder in guard.holders() {
+        let Ok(dir) = guard.tree.dir(holder) else { continue };
+        let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
+        if let Ok(wd) = inotify.add_watch(path.as_str(), flags) {
+            wds.push((wd, holder.clone()));
+        }
+    }
+    // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
+    // stays open until the AsyncFd (and its registration) is dropped.
+    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }) else { return };
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BACKGROUND_CHECK, BACKGROUND_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {
+                let g = guard.clone();
+                let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            }
+            ready = fd.readable() => {
+                let Ok(mut ready) = ready else { return };
+                let events = match fd.get_ref().0.read_events() {
+                    Ok(events) => events,
+                    Err(nix::errno::Errno::EAGAIN) => { ready.clear_ready(); continue; }
+                    Err(_) => return,
+                };
+                let g = guard.clone();
+                let (wds2, events): (Vec<_>, Vec<_>) = (wds.clone(), events);
+                // File system work off the runtime's threads.
+                let _ = tokio::task::spawn_blocking(move || {
+                    for ev in events {
+                        if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                            g.check_all_pending();
+                            continue;
+                        }
+                        let (Some(name), Some((_, dir))) = (ev.name.as_ref(), wds2.iter().find(|(wd, _)| *wd == ev.wd)) else { continue };
+                        if g.matters(dir, name) {
+                            g.check_entry(dir, name);
+                        }
+                    }
+                }).await;
+            }
+        }
+    }
+}
+
+/// Blocking: wait (bounded) for a killed sandbox's init to exit (the
+/// kernel ends every other process of the namespace before it does), so
+/// that no process of it can still create a name, then walk the project
+/// afresh for protected names it left.
+pub fn settle_and_check(guard: &Guard, init: Option<i32>, notes: &Notes) {
+    if let Some(init) = init {
+        let until = std::time::Instant::now() + crate::limits::CLEANUP_DEADLINE;
+        while !crate::spawn::exited(init) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let found = guard.check_all();
+    notes.lock().extend(found);
+}
