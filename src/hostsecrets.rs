@@ -275,19 +275,12 @@ pub async fn watch(
     if wds.is_empty() {
         return;
     }
-    // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
-    // stays open until the AsyncFd (and its registration) is dropped.
-    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(crate::protected::InotifyFd(inotify)) }) else { return };
+    let Some(inotify) = crate::protected::Inotified::new(inotify) else { return };
     loop {
         tokio::select! {
             _ = &mut stop => return,
-            ready = fd.readable() => {
-                let Ok(mut ready) = ready else { return };
-                let events = match fd.get_ref().0.read_events() {
-                    Ok(events) => events,
-                    Err(nix::errno::Errno::EAGAIN) => { ready.clear_ready(); continue; }
-                    Err(_) => return,
-                };
+            events = inotify.events() => {
+                let Some(events) = events else { return };
                 for ev in events {
                     // One directory holds several points, all under one watch.
                     let mut here = wds.iter().filter(|(wd, _)| *wd == ev.wd).map(|(_, p)| p);

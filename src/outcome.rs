@@ -673,8 +673,8 @@ pub fn render(o: &Outcome) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::status::rollback_line;
+    use super::*;
 
     fn ok() -> Outcome {
         Outcome { duration_ms: 123, diagnostic: None, ..Outcome::static_result(Status::Ok, 1, String::new()) }

@@ -593,6 +593,12 @@ mod tests {
         plan_mounts(&roots, &ctx(Some(project)), ident)
     }
 
+    /// The notification for mounting `p`'s roots over the defaults.
+    fn note_from_defaults(p: &MountPlan, discarded: bool) -> String {
+        let new = MountConfig { read_roots: p.roots(), ..MountConfig::default() };
+        change_notification(&MountConfig::default(), &new, p, discarded).expect("changed")
+    }
+
     fn reasons(p: &MountPlan) -> Vec<(String, String)> {
         p.skipped.iter().map(|s| (s.root.clone(), s.reason.to_string())).collect()
     }
@@ -710,13 +716,7 @@ mod tests {
         assert_eq!(p.mounted, [Mounted { requested: "/link".into(), resolved: "/srv/data".into(), masked: vec![] }]);
         assert_eq!(p.skipped[0].reason, Refusal::Reserved("/usr"));
         assert!(matches!(p.skipped[1].reason, Refusal::Unresolvable(_)));
-        let note = change_notification(
-            &MountConfig::default(),
-            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
-            &p,
-            true,
-        )
-        .expect("changed");
+        let note = note_from_defaults(&p, true);
         assert!(note.contains("/srv/data (requested as /link)"), "{note}");
         assert!(note.contains("interpreter state discarded"), "{note}");
         assert!(note.contains("skipped: /sneaky (reserved sandbox mount /usr)"), "{note}");
@@ -812,13 +812,7 @@ mod tests {
     fn a_mode_notification_shows_roots_escaped() {
         let roots = ["/srv/\x1b]0;title\x07".to_string(), "rel\n\u{202E}x".to_string()];
         let p = plan_mounts(&roots, &ctx(None), ident);
-        let note = change_notification(
-            &MountConfig::default(),
-            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
-            &p,
-            false,
-        )
-        .expect("changed");
+        let note = note_from_defaults(&p, false);
         assert!(note.contains("/srv/\u{241B}]0;title\u{2407}"), "{note}");
         assert!(note.contains("skipped: rel\u{240A}<U+202E>x (not an absolute path)"), "{note}");
         assert!(note.chars().all(|c| !c.is_control() && !crate::display::is_bidi_control(c)), "{note:?}");
@@ -841,13 +835,7 @@ mod tests {
         assert_eq!(root_path("~bob/x", &c), Err(Refusal::OtherHome));
         assert_eq!(root_path("x", &ctx(None)), Err(Refusal::NotAbsolute));
         let p = plan_mounts(&["~/data/**".to_string()], &c, ident);
-        let note = change_notification(
-            &MountConfig::default(),
-            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
-            &p,
-            false,
-        )
-        .expect("changed");
+        let note = note_from_defaults(&p, false);
         assert!(note.contains("/home/u/data (requested as ~/data/**)"), "{note}");
     }
 
@@ -919,13 +907,7 @@ mod tests {
             p.skipped
         );
         assert!(p.skipped[1].reason.to_string().starts_with("a host secret (/etc/shadow)"), "{:?}", p.skipped);
-        let note = change_notification(
-            &MountConfig::default(),
-            &MountConfig { read_roots: p.roots(), ..MountConfig::default() },
-            &p,
-            false,
-        )
-        .expect("changed");
+        let note = note_from_defaults(&p, false);
         assert!(
             note.contains(&format!("(host secrets masked: {}/.netrc, {}/.ssh)", home.display(), home.display())),
             "{note}"
