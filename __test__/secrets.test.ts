@@ -8,11 +8,11 @@
  */
 import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { mkdir, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { type ExecResult, type Fixture, jsonOut, lit, makeFixtureWithoutSpare, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { type ExecResult, type Fixture, jsonOut, lit, makeFixture, makeFixtureWithoutSpare, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const SECRETS: Record<string, string> = {
   ".env": "TOKEN=root-secret-4f1c\n",
@@ -398,5 +398,76 @@ describe("the scan's bound and the unmask set", () => {
     // A root inside the project that covers no secret is still skipped.
     const docs = fx.sb.applyModeEvent({ mode: "manual", readRoots: [join(fx.project, "deploy"), join(fx.project, "sub", "..", "AGENTS.md")] });
     assert.deepEqual(docs.skipped.map((s) => s.reason), ["inside the project, already readable under /workspace"]);
+  });
+});
+
+describe("what a writable sandbox or a wide grant cannot do to the masks", () => {
+  for (const remembered of [false, true]) {
+    test(`junk that pushes secrets past the scan's bound ${remembered ? "does not unmask what an earlier start found" : "(baseline: a first start on such a project misses them)"}`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const fx = await project(t);
+      const junk = py`
+        import os
+        for i in range(60):
+            open(f"/workspace/junk{i:03}", "w").close()
+      `;
+      await withEnv({ PI_PYTHON_TOOL_SCAN_ENTRIES: "40" }, async () => {
+        if (!remembered) {
+          // A project that is this big from the start: the walk never reaches sub/.
+          for (let i = 0; i < 60; i++) await writeFile(join(fx.project, `junk${i}`), "");
+          const r = await fx.sb.execute("print(open('/workspace/sub/.env.production').read())");
+          assert.match(seen(r), /prod-secret-9a2e/, "baseline: past the bound, unmasked (the README says so)");
+          return;
+        }
+        fx.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+        const first = await fx.sb.execute(`${junk}\nimport subprocess\nprint(subprocess.run(["cat", "/workspace/sub/.env.production"], capture_output=True, text=True).stdout)`);
+        assert.doesNotMatch(seen(first), MARKERS, show(first));
+        await fx.sb.reset();
+        const r = await fx.sb.execute(py`
+          import subprocess
+          print(subprocess.run(["cat", "/workspace/sub/.env.production", "/workspace/.env"], capture_output=True, text=True).stdout)
+        `);
+        assert.doesNotMatch(seen(r), MARKERS, `a secret the first start masked leaked: ${show(r)}`);
+        assert.match(r.text, /incomplete/);
+      });
+    });
+  }
+
+  test("a granted read root that contains the project masks the project's secrets at their host path", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Not under /tmp (a reserved mount): the root must be mountable.
+    const base = await mkdtemp("/var/tmp/pps-secret-wide-");
+    t.after(() => rm(base, { recursive: true, force: true }));
+    const proj = join(base, "proj");
+    await mkdir(proj);
+    await put(proj, { ...SECRETS, ...PLAIN });
+    const { PythonSandbox } = await import("../index.cjs");
+    const host = (p: string) => join(proj, p);
+    const code = py`
+      import subprocess
+      print(subprocess.run(["cat", ${lit(host(".env"))}, ${lit(host("deploy/key.pem"))}, ${lit(host(".env.example"))}], capture_output=True, text=True).stdout)
+    `;
+    for (const secrets of ["", undefined]) {
+      const sb = new PythonSandbox({ projectDir: proj, prewarm: false });
+      t.after(() => sb.dispose());
+      sb.applyModeEvent({ mode: "manual", readRoots: [base] });
+      const r: ExecResult = await withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => sb.execute(code));
+      assert.match(r.text, /example-value/, "the root shows the project");
+      if (secrets === "") assert.match(seen(r), /root-secret-4f1c/, "baseline: without masks the host path reads it");
+      else assert.doesNotMatch(seen(r), MARKERS, show(r));
+      await sb.dispose();
+    }
+  });
+
+  test("no spare sandbox is prepared while one that can write the project runs", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await makeFixture(t, { prewarm: true });
+    assert.equal((await fx.sb.execute("1")).status, "ok");
+    for (let i = 0; i < 50 && fx.sb.status().spare !== "ready"; i++) await new Promise((r) => setTimeout(r, 100));
+    assert.equal(fx.sb.status().spare, "ready", "baseline: read-only, a spare is made");
+    fx.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal((await fx.sb.execute("1")).status, "ok");
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(fx.sb.status().spare, "none");
   });
 });

@@ -92,6 +92,9 @@ pub struct SandboxSpec {
     /// The masks' sandbox paths, told to the worker (its read hook names
     /// a read of one as a secret).
     pub mask_paths: Vec<String>,
+    /// The same masks where a read root that contains the project shows
+    /// it (at its host path), after the read roots.
+    pub root_masks: Vec<FdBind>,
     /// The user's Python packages: directories mounted read-only at their
     /// own paths, and the site directories the worker adds.
     pub python_mounts: Vec<PathBuf>,
@@ -204,6 +207,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
             push_bind(&mut a, "--ro-bind", &spec.empty_file, &mask.path);
         }
     }
+    for bind in &spec.root_masks {
+        push_fd_bind(&mut a, bind);
+    }
     for bind in &spec.python_fd_mounts {
         push_fd_bind(&mut a, bind);
     }
@@ -271,6 +277,7 @@ mod tests {
             ],
             masks: vec![],
             mask_paths: vec![],
+            root_masks: vec![],
             python_mounts: vec![],
             python_fd_mounts: vec![],
             nofile: None,

@@ -72,6 +72,8 @@ pub struct Start<'a> {
     /// Where the protection plan's findings between executions go.
     pub notes: protected::Notes,
     pub tainted: protected::Tainted,
+    /// The secrets earlier starts of the session found.
+    pub known: protected::KnownSecrets,
     /// The caller's rollback choice, over the environment's.
     pub rollback: Option<bool>,
 }
@@ -172,6 +174,7 @@ async fn start_once(
     // What a grant unmasked, and the secrets allowed once for this start.
     let unmasked: Vec<PathBuf> = mounts.unmasked.iter().chain(&mounts.unmasked_once).cloned().collect();
     let writable_mode = mounts.workspace_writable;
+    let known = start.known.lock().clone();
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
         protected::plan_start(protected::StartRequest {
@@ -185,6 +188,7 @@ async fn start_once(
             writable: writable_mode,
             unmasked: &unmasked,
             sources: sources.as_ref(),
+            known: &known,
         })
     })
     .await;
@@ -220,7 +224,24 @@ async fn start_once(
         out
     };
     let protected_binds = fd_binds(plan.binds, &mut mount_fds);
+    // A read root that contains the project shows it at its host path as
+    // well: the same masks go there (from copies of their fds).
+    let mut root_masks = Vec::new();
+    if mounts.read_roots.iter().any(|r| project.starts_with(r)) {
+        for b in plan.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
+            let fd =
+                b.fd.try_clone().map_err(|e| StartError::Prepare(format!("A secret mask could not be copied: {e}")))?;
+            root_masks.push((fd, project.join(&b.rel)));
+        }
+    }
     let mask_binds = fd_binds(plan.masks, &mut mount_fds);
+    let root_masks: Vec<FdBind> = root_masks
+        .into_iter()
+        .map(|(fd, dest)| {
+            mount_fds.push(fd);
+            FdBind { fd: MOUNT_FD_BASE + mount_fds.len() as i32 - 1, dest, read_only: true }
+        })
+        .collect();
     // Package directories inside the project (a venv there) or the
     // scratch directory are trees the sandbox may have written: mounted
     // from fds opened beneath them, never by path.
@@ -256,6 +277,7 @@ async fn start_once(
         protected: protected_binds,
         masks: mask_binds,
         mask_paths: masks.worker_paths(),
+        root_masks,
         project_dir: project.to_path_buf(),
         interpreter: facts.interpreter.path.clone(),
         interpreter_mounts: facts.interpreter.mounts.clone(),

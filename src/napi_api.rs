@@ -661,12 +661,8 @@ impl PythonSandbox {
     /// sandbox's word).
     fn secret_host_path(&self, path: &str) -> Option<PathBuf> {
         let report = self.session.status();
-        let path = std::path::Path::new(path);
-        let rel = report
-            .masks
-            .as_ref()
-            .filter(|m| m.hides(path))
-            .and_then(|_| path.strip_prefix(crate::bwrap::WORKSPACE).ok())?;
+        // The mask's own path: a file inside a masked directory is unmasked with it.
+        let rel = report.masks.as_ref()?.covering(std::path::Path::new(path))?.rel.clone();
         std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel))
     }
 

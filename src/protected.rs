@@ -243,6 +243,12 @@ pub type Notes = std::sync::Arc<parking_lot::Mutex<NoteList>>;
 /// sandbox gets a writable project (the session's, across sandboxes).
 pub type Tainted = std::sync::Arc<parking_lot::Mutex<Vec<PathBuf>>>;
 
+/// The secrets every earlier start of a session found: masked again at
+/// every later start while they exist, whatever a later walk sees (a
+/// writable sandbox could fill the project to push them past the walk's
+/// bound).
+pub type KnownSecrets = std::sync::Arc<parking_lot::Mutex<Vec<Mask>>>;
+
 /// Where a sandbox's reply task, and the guard, say why they killed it.
 pub type KilledFor = std::sync::Arc<parking_lot::Mutex<Option<String>>>;
 
@@ -304,7 +310,8 @@ impl Rules {
         let mut found_secrets: Vec<(PathBuf, Kind)> = Vec::new();
         let summary = scan::walk(tree, self.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            if secrets.matches(name, kind) {
+            // One past the most that can be masked is enough to refuse the start.
+            if secrets.matches(name, kind) && found_secrets.len() <= MAX_MASKS {
                 found_secrets.push((rel.to_path_buf(), kind));
             }
             if self.protects(tree, rel, name) {
@@ -510,6 +517,8 @@ pub struct StartRequest<'a> {
     pub unmasked: &'a [PathBuf],
     /// What masks are bound from (needed when there are secret patterns).
     pub sources: Option<&'a MaskSources>,
+    /// The secrets earlier starts found (see [`KnownSecrets`]).
+    pub known: &'a [Mask],
 }
 
 /// The mounts over the project of one sandbox start.
@@ -578,7 +587,18 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
     let survey = rules.survey(&tree, r.secrets);
     let summary = survey.summary.clone();
     if masking {
-        let found = mask_list(&tree, &survey.secrets);
+        let mut found = mask_list(&tree, &survey.secrets);
+        // What earlier starts found is masked while it is there, also when
+        // this walk did not get to it (never through a link).
+        for known in r.known {
+            let here = matches!(tree.lstat(&known.rel), Ok(Some(st)) if Kind::of(&st) != Kind::Link);
+            if here && !found.iter().any(|m| m.rel == known.rel || known.rel.starts_with(&m.rel) && m.dir) {
+                found.push(known.clone());
+            }
+        }
+        let dirs: HashSet<PathBuf> = found.iter().filter(|m| m.dir).map(|m| m.rel.clone()).collect();
+        found.retain(|m| !m.rel.ancestors().skip(1).any(|a| dirs.contains(a)));
+        found.sort_by(|a, b| a.rel.cmp(&b.rel));
         out.report = MaskReport::new(&found, r.project, r.unmasked, &summary, r.limits);
     }
     let masked = out.report.masked.clone();
@@ -617,6 +637,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
 /// another link). Nothing inside a masked directory is masked again.
 fn mask_list(tree: &Tree, found: &[(PathBuf, Kind)]) -> Vec<Mask> {
     let mut out: Vec<Mask> = Vec::new();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
     for (rel, kind) in found {
         let (rel, kind) = match kind {
             Kind::Link => {
@@ -629,7 +650,7 @@ fn mask_list(tree: &Tree, found: &[(PathBuf, Kind)]) -> Vec<Mask> {
             }
             k => (rel.clone(), *k),
         };
-        if crate::secrets::plain(&rel) && !out.iter().any(|m| m.rel == rel) {
+        if crate::secrets::plain(&rel) && seen.insert(rel.clone()) {
             out.push(Mask { rel, dir: kind == Kind::Dir });
         }
     }
@@ -893,6 +914,17 @@ mod tests {
     }
 
     fn start(p: &Path, writable: bool, unmasked: &[PathBuf], secrets: Option<&str>, limits: Limits) -> StartPlan {
+        start_knowing(p, writable, unmasked, secrets, limits, &[])
+    }
+
+    fn start_knowing(
+        p: &Path,
+        writable: bool,
+        unmasked: &[PathBuf],
+        secrets: Option<&str>,
+        limits: Limits,
+        known: &[Mask],
+    ) -> StartPlan {
         let sources = MaskSources::in_dir(&p.join(".session")).expect("sources");
         plan_start(StartRequest {
             project: &p.join("project"),
@@ -905,8 +937,35 @@ mod tests {
             writable,
             unmasked,
             sources: Some(&sources),
+            known,
         })
         .expect("plan")
+    }
+
+    #[test]
+    fn a_secret_an_earlier_start_found_stays_masked_past_the_walks_bound() {
+        let base = tmp();
+        std::fs::create_dir_all(base.join(".session")).expect("mkdir");
+        let p = base.join("project");
+        std::fs::create_dir_all(p.join("sub")).expect("mkdir");
+        std::fs::write(p.join("sub/.env.production"), "secret").expect("write");
+        let first = start(&base, true, &[], None, scan::DEFAULT_LIMITS);
+        let known = first.report.masked.clone();
+        assert_eq!(known, [Mask { rel: "sub/.env.production".into(), dir: false }]);
+        // A writable sandbox fills the project root so that the walk stops before sub/.
+        for i in 0..40 {
+            std::fs::write(p.join(format!("junk{i}")), "").expect("write");
+        }
+        let small = Limits { max_entries: 20, max_depth: 24 };
+        let baseline = start(&base, true, &[], None, small);
+        assert!(!baseline.report.complete && baseline.report.masked.is_empty(), "baseline: the walk missed it");
+        let later = start_knowing(&base, true, &[], None, small, &known);
+        assert_eq!(later.report.masked, known, "what an earlier start found is masked again");
+        // Gone, or a link now: not masked (nothing to hide; never through a link).
+        std::fs::remove_file(p.join("sub/.env.production")).expect("rm");
+        symlink("/etc/hostname", p.join("sub/.env.production")).expect("link");
+        assert!(start_knowing(&base, true, &[], None, small, &known).report.masked.is_empty());
+        std::fs::remove_dir_all(&base).expect("cleanup");
     }
 
     fn bound(binds: &[Bind]) -> Vec<(String, bool)> {

@@ -26,8 +26,6 @@ pub const DEPENDENCY_DIRS: &[&str] = &[
     ".mypy_cache",
     ".pytest_cache",
     ".gradle",
-    "dist",
-    "build",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

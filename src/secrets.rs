@@ -115,9 +115,10 @@ impl SecretRules {
     /// Whether an entry `name` of `kind` looks like a secret. A link is
     /// judged by its name as a file would be (its target is masked).
     pub fn matches(&self, name: &OsStr, kind: Kind) -> bool {
-        let Some(name) = name.to_str() else { return false };
+        // By bytes: a name that is not UTF-8 is a name all the same.
+        let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
         let applies = |g: &&Glob| !g.dirs_only || kind == Kind::Dir;
-        let hit = |g: &&Glob| glob_match(g.pattern.as_bytes(), name.as_bytes());
+        let hit = |g: &&Glob| glob_match(g.pattern.as_bytes(), name);
         let mut globs = self.globs.iter().filter(applies);
         let wanted = globs.clone().any(|g| !g.exception && hit(&g));
         wanted && !globs.any(|g| g.exception && hit(&g))
@@ -229,8 +230,14 @@ impl MaskReport {
 
     /// Whether sandbox path `path` is a masked entry or inside one.
     pub fn hides(&self, path: &Path) -> bool {
-        let Ok(rel) = path.strip_prefix(crate::bwrap::WORKSPACE) else { return false };
-        self.masked.iter().any(|m| rel.starts_with(&m.rel))
+        self.covering(path).is_some()
+    }
+
+    /// The mask that hides sandbox path `path` (the entry itself, or the
+    /// masked directory it is in).
+    pub fn covering(&self, path: &Path) -> Option<&Mask> {
+        let rel = path.strip_prefix(crate::bwrap::WORKSPACE).ok()?;
+        self.masked.iter().find(|m| rel.starts_with(&m.rel))
     }
 
     /// Every secret found, as canonical host paths (masked or not): what a

@@ -87,6 +87,8 @@ pub struct Session {
     notes: protected::Notes,
     /// Protected names that could not be made inert (see `protected`).
     tainted: protected::Tainted,
+    /// The secrets the session's starts found (see `protected`).
+    known_secrets: protected::KnownSecrets,
     /// How much /scratch holds (see `scratch`).
     scratch: Arc<crate::scratch::ScratchWatch>,
 }
@@ -138,6 +140,7 @@ impl Session {
             auto_call: AtomicU64::new(0),
             notes: protected::Notes::default(),
             tainted: protected::Tainted::default(),
+            known_secrets: protected::KnownSecrets::default(),
             scratch: Arc::default(),
         })
     }

@@ -109,6 +109,7 @@ impl Session {
             mounts,
             notes: self.notes.clone(),
             tainted: self.tainted.clone(),
+            known: self.known_secrets.clone(),
             rollback: self.opts.rollback,
         }
     }
@@ -133,6 +134,12 @@ impl Session {
             sh.active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
             sh.report.worker_code = Some(worker.code.as_str());
             sh.report.masks = Some(worker.masks.clone());
+            let mut known = self.known_secrets.lock();
+            for m in worker.masks.masked.iter().chain(&worker.masks.unmasked) {
+                if !known.contains(m) {
+                    known.push(m.clone());
+                }
+            }
         }
         self.set_active(Some(worker.pid()));
         inner.worker = Some(worker);
@@ -205,6 +212,12 @@ impl Session {
         {
             let sh = self.shared.lock();
             if !sh.report.prewarm || sh.report.disposed {
+                return;
+            }
+            // No sandbox is set up while one that can write the project
+            // runs: bubblewrap resolves the mount points over /workspace by
+            // path, and the running code could swap a link in on the way.
+            if sh.report.mounts.workspace_writable {
                 return;
             }
         }
