@@ -299,3 +299,19 @@ test("a secret of the project: allow once unmasks just it for the replay; a deny
   assert.doesNotMatch(again.text, /env-secret-value/);
   assert.equal(s.log.prompts.length, 3, "asked again: the deny was about .env.production alone");
 });
+
+test("a secret of the project: the client's 'Allow reads from /workspace' grant unmasks the secrets under it", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async (_t, prefill) => prefill } });
+  if (!s) return;
+  mkdirSync(join(s.project, "conf"));
+  writeFileSync(join(s.project, "conf", ".env"), "API_KEY=conf-secret-value\n");
+  const r = await s.run({ code: "print(open('/workspace/conf/.env').read())" });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /conf-secret-value/);
+  assert.equal(s.log.sessionReadRoots[0], "/workspace/conf", "the client offered the sandbox path's parent");
+  const note = s.h.notifications.at(-1)?.message ?? "";
+  assert.match(note, new RegExp(`secrets no longer masked at or under: ${join(s.project, "conf")}`));
+  // A lasting grant: still readable after a restart.
+  await s.run({ action: "reset" });
+  assert.match((await s.run({ code: "print(open('/workspace/conf/.env').read())" })).text, /conf-secret-value/);
+});

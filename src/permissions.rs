@@ -240,7 +240,13 @@ pub fn root_path(raw: &str, ctx: &Context) -> Result<PathBuf, Refusal> {
         let Some(project) = ctx.project else { return Err(Refusal::NotAbsolute) };
         project.join(text)
     };
-    normalize_path(&absolute).ok_or(Refusal::NotAbsolute)
+    let normal = normalize_path(&absolute).ok_or(Refusal::NotAbsolute)?;
+    // The sandbox's name for the project (a prompt about /workspace/.env
+    // makes a client offer /workspace): the project's host path.
+    match (ctx.project, normal.strip_prefix(crate::bwrap::WORKSPACE)) {
+        (Some(project), Ok(rest)) => Ok(project.join(rest)),
+        _ => Ok(normal),
+    }
 }
 
 /// A root that was not mounted, and why.
@@ -645,7 +651,7 @@ mod tests {
                 ("/".into(), "the whole filesystem".into()),
                 ("/tmp/pi-scratch".into(), "reserved sandbox mount /tmp".into()),
                 ("/usr/share".into(), "reserved sandbox mount /usr".into()),
-                ("/workspace".into(), "reserved sandbox mount /workspace".into()),
+                ("/workspace".into(), "inside the project, already readable under /workspace".into()),
                 ("/proc/1".into(), "reserved sandbox mount /proc".into()),
                 ("/home/u/proj/sub".into(), "inside the project, already readable under /workspace".into()),
                 ("/home/u/proj".into(), "inside the project, already readable under /workspace".into()),
@@ -831,6 +837,9 @@ mod tests {
         ] {
             assert_eq!(root_path(raw, &c), Ok(PathBuf::from(want)), "{raw}");
         }
+        assert_eq!(root_path("/workspace/sub", &c), Ok(PathBuf::from("/home/u/proj/sub")));
+        assert_eq!(root_path("/workspace", &c), Ok(PathBuf::from("/home/u/proj")));
+        assert_eq!(root_path("/workspaces/x", &c), Ok(PathBuf::from("/workspaces/x")));
         assert_eq!(root_path("/srv/*/x", &c), Err(Refusal::Pattern));
         assert_eq!(root_path("~bob/x", &c), Err(Refusal::OtherHome));
         assert_eq!(root_path("x", &ctx(None)), Err(Refusal::NotAbsolute));
