@@ -112,9 +112,29 @@ async fn a_timeout_rolls_back_and_leaves_only_the_interpreter() {
     let n = f.session.execute("(y, z)".into(), 30, None).await;
     assert_eq!(n.repr.as_deref(), Some("(1, [1, 2])"), "{}", render(&n));
     assert_eq!(n.generation, t.generation);
-    let others =
-        "import os\nme = os.getpid()\n[p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me) \
-        and open(f'/proc/{p}/stat').read().rsplit(') ', 1)[1].split()[1] != str(me)]";
+    // Every other process is gone once PID 1 has reaped it (it reaps as
+    // they end, so a killed one may still be a zombie for a moment):
+    // asked a few times, never more than a second.
+    let others = "import os, time\n\
+        me = os.getpid()\n\
+        def others():\n\
+        \x20   out = []\n\
+        \x20   for p in os.listdir('/proc'):\n\
+        \x20       if not p.isdigit() or int(p) in (1, me):\n\
+        \x20           continue\n\
+        \x20       try:\n\
+        \x20           state, ppid = open(f'/proc/{p}/stat').read().rsplit(') ', 1)[1].split()[:2]\n\
+        \x20       except OSError:\n\
+        \x20           continue\n\
+        \x20       if ppid != str(me):\n\
+        \x20           out.append((p, state))\n\
+        \x20   return out\n\
+        for _ in range(20):\n\
+        \x20   left = others()\n\
+        \x20   if not left:\n\
+        \x20       break\n\
+        \x20   time.sleep(0.05)\n\
+        left";
     let left = f.session.execute(others.into(), 30, None).await;
     assert_eq!(left.repr.as_deref(), Some("[]"), "{}", render(&left));
     f.session.dispose("test").await;
