@@ -130,6 +130,17 @@ pub fn holds_stand_in(text: &str) -> bool {
     text.contains("<U+") || text.chars().any(|c| ('\u{2400}'..='\u{2426}').contains(&c))
 }
 
+/// `1.5KB`, `2.0MB`: a size as results show it.
+pub fn format_size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes}B")
+    } else if bytes < 1024 * 1024 {
+        format!("{:.1}KB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1}MB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

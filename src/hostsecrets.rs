@@ -131,7 +131,7 @@ impl HostSecrets {
         for raw in DEFAULT_HOST_SECRETS.iter().copied().chain(extra) {
             let Some(path) = expand(raw, home) else { continue };
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
-            let Some(dir) = path.parent().and_then(crate::permissions::normalize_path) else { continue };
+            let Some(dir) = path.parent().and_then(crate::paths::normalize_path) else { continue };
             let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
             let entry = Entry { dir, leaf };
             // Where each existing match really is, when that is elsewhere.
@@ -275,7 +275,7 @@ pub async fn watch(
     if wds.is_empty() {
         return;
     }
-    let Some(inotify) = crate::protected::Inotified::new(inotify) else { return };
+    let Some(inotify) = crate::inotify::Inotified::new(inotify) else { return };
     loop {
         tokio::select! {
             _ = &mut stop => return,

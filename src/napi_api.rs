@@ -595,7 +595,7 @@ pub fn display_text(text: String) -> String {
 #[napi]
 #[allow(dead_code)] // called from JS only
 pub fn cleanup_all() {
-    crate::rundir::cleanup_all();
+    crate::session::cleanup_all();
 }
 
 /// Progress of a running execution (about twice a second); the tails are
@@ -718,7 +718,7 @@ impl PythonSandbox {
         if !EXIT_HOOK.swap(true, Ordering::SeqCst) {
             // Best effort: kill sandboxes and delete session directories when
             // the Node environment shuts down.
-            env.add_env_cleanup_hook((), |_| crate::rundir::cleanup_all())?;
+            env.add_env_cleanup_hook((), |_| crate::session::cleanup_all())?;
         }
         let session = Session::new(SessionOptions {
             project_dir: PathBuf::from(options.project_dir),

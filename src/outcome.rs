@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use crate::display::{display_line, display_text};
+use crate::display::{display_line, display_text, format_size};
 use crate::frame::{ExecReport, WorkerStatus};
 use crate::limits::*;
 use crate::options::Settings;
@@ -71,26 +71,7 @@ impl StreamText {
     }
 }
 
-/// An image for the model, with where it is saved inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageData {
-    pub sandbox_path: String,
-    pub mime: String,
-    pub width: Option<u32>,
-    pub height: Option<u32>,
-    pub data: Vec<u8>,
-}
-
-impl ImageData {
-    /// `640x480 PNG, 23.1KB`
-    pub fn describe(&self) -> String {
-        let kind = self.mime.strip_prefix("image/").unwrap_or(&self.mime).to_ascii_uppercase();
-        match (self.width, self.height) {
-            (Some(w), Some(h)) => format!("{w}x{h} {kind}, {}", format_size(self.data.len())),
-            _ => format!("{kind}, {}", format_size(self.data.len())),
-        }
-    }
-}
+pub use crate::images::ImageData;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogFiles {
@@ -171,16 +152,6 @@ impl Outcome {
             log_complete: true,
             diagnostic: Some(diagnostic),
         }
-    }
-}
-
-fn format_size(bytes: usize) -> String {
-    if bytes < 1024 {
-        format!("{bytes}B")
-    } else if bytes < 1024 * 1024 {
-        format!("{:.1}KB", bytes as f64 / 1024.0)
-    } else {
-        format!("{:.1}MB", bytes as f64 / (1024.0 * 1024.0))
     }
 }
 

@@ -280,29 +280,7 @@ impl MountPlan {
     }
 }
 
-/// Lexically normalised absolute path (`.`, `..`, repeated and trailing
-/// slashes removed); `None` for a relative path.
-pub fn normalize(path: &str) -> Option<PathBuf> {
-    normalize_path(Path::new(path))
-}
-
-/// [`normalize`] for a path.
-pub fn normalize_path(path: &Path) -> Option<PathBuf> {
-    if !path.is_absolute() {
-        return None;
-    }
-    let mut out = PathBuf::from("/");
-    for c in path.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::Normal(n) => out.push(n),
-            _ => {}
-        }
-    }
-    Some(out)
-}
+pub use crate::paths::{normalize, normalize_path};
 
 /// The reserved sandbox mount `p` is on or under, if any.
 fn reserved(p: &Path) -> Option<&'static str> {

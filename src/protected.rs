@@ -787,7 +787,6 @@ fn shell_path(root: &Path, rel: &Path) -> String {
 }
 
 mod guard;
-pub(crate) use guard::Inotified;
 pub use guard::{settle_and_check, watch, Guard, BACKGROUND_CHECK};
 
 #[cfg(test)]

@@ -122,7 +122,8 @@ pub fn live_dir(id: u64) -> Option<PathBuf> {
     LIVE.lock().iter().find(|(i, _, _, _)| *i == id).and_then(|(_, _, dir, _)| dir.clone())
 }
 
-/// Kill every sandbox and delete every session directory of this process.
+/// Kill every sandbox and delete every session directory of this process
+/// (the cgroups are `contain`'s; `session::cleanup_all` does both).
 /// Synchronous: for exit hooks.
 pub fn cleanup_all() {
     let live = std::mem::take(&mut *LIVE.lock());
@@ -139,8 +140,6 @@ pub fn cleanup_all() {
             let _ = crate::beneath::remove_tree(&dir);
         }
     }
-    // The sandboxes' cgroups, once their processes are gone.
-    crate::contain::cleanup_all();
 }
 
 #[cfg(test)]

@@ -72,6 +72,15 @@ struct State {
 #[derive(Debug, Default)]
 pub struct ScratchWatch {
     state: parking_lot::Mutex<State>,
+    /// The size past which results say so (`PI_PYTHON_TOOL_SCRATCH_NOTE`,
+    /// read when the session was made).
+    threshold: u64,
+}
+
+impl ScratchWatch {
+    pub fn new(threshold: u64) -> Self {
+        ScratchWatch { state: parking_lot::Mutex::default(), threshold }
+    }
 }
 
 /// The note a measurement gives, when it crossed `threshold`.
@@ -111,7 +120,7 @@ impl ScratchWatch {
         }
         let (me, scratch, notes): (Arc<Self>, PathBuf, Notes) = (self.clone(), scratch.into(), notes.clone());
         let run = move || {
-            let threshold = crate::options::Settings::from_env().scratch_note;
+            let threshold = me.threshold;
             let measured = measure(&scratch, WALK_LIMITS).ok();
             let mut st = me.state.lock();
             st.running = false;

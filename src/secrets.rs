@@ -15,7 +15,7 @@
 //! inside protected directories (`.git`, `.vscode`, ...), which the walk
 //! does not enter; granted read roots outside the project (never walked);
 //! entries past the walk's bound (the start says so); and secrets at or
-//! under a path of [`crate::permissions::MountConfig::unmasked`] (what the
+//! under a path of `MountConfig::unmasked` (in `permissions`) (what the
 //! user allowed). This module decides; `protected` walks and opens,
 //! `launch` mounts.
 

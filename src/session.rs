@@ -29,7 +29,15 @@ use crate::outcome::{
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
-pub use crate::rundir::{cleanup_all, default_runtime_root, Dirs};
+pub use crate::rundir::{default_runtime_root, Dirs};
+
+/// Kill every sandbox of this process, delete every session directory,
+/// then remove the sandboxes' cgroups once their processes are gone.
+/// Synchronous: for exit hooks.
+pub fn cleanup_all() {
+    crate::rundir::cleanup_all();
+    crate::contain::cleanup_all();
+}
 use crate::rundir::{live_update, random_u64};
 use crate::spare::Spare;
 use crate::spawn::kill_group;
@@ -141,7 +149,7 @@ impl Session {
             notes: protected::Notes::default(),
             tainted: protected::Tainted::default(),
             known_secrets: protected::KnownSecrets::default(),
-            scratch: Arc::default(),
+            scratch: Arc::new(crate::scratch::ScratchWatch::new(settings.scratch_note)),
         })
     }
 

@@ -316,38 +316,6 @@ impl Guard {
     }
 }
 
-/// The inotify instance, as tokio wants it.
-struct InotifyFd(nix::sys::inotify::Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
-/// An inotify instance registered with tokio.
-pub(crate) struct Inotified(tokio::io::unix::AsyncFd<InotifyFd>);
-
-impl Inotified {
-    pub(crate) fn new(inotify: nix::sys::inotify::Inotify) -> Option<Self> {
-        // SAFETY: the inotify fd is owned by the wrapper inside the AsyncFd and
-        // stays open until the AsyncFd (and its registration) is dropped.
-        unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }.ok().map(Inotified)
-    }
-
-    /// The next batch of events; `None` once the instance fails.
-    pub(crate) async fn events(&self) -> Option<Vec<nix::sys::inotify::InotifyEvent>> {
-        loop {
-            let mut ready = self.0.readable().await.ok()?;
-            match self.0.get_ref().0.read_events() {
-                Ok(events) => return Some(events),
-                Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
-                Err(_) => return None,
-            }
-        }
-    }
-}
-
 /// Watch the holder directories of `guard` for new entries until `stop`
 /// fires, checking each one that matters; an overflowed queue triggers the
 /// whole check. Watches are added through the directories' own fds, so a
@@ -367,7 +335,7 @@ pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot:
             wds.push((wd, holder.clone()));
         }
     }
-    let Some(inotify) = Inotified::new(inotify) else { return };
+    let Some(inotify) = crate::inotify::Inotified::new(inotify) else { return };
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BACKGROUND_CHECK, BACKGROUND_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
