@@ -291,7 +291,7 @@ mod tests {
         let home = dir.join("home");
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".ssh/id_rsa"), "k").unwrap();
-        let secrets = HostSecrets::new(None, Some(&home));
+        let secrets = HostSecrets::new(None, Some(&home), &[]);
         let writable = [dir.join("session")];
         std::fs::create_dir(&writable[0]).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", writable[0].join("planted")).unwrap();

@@ -120,7 +120,11 @@ impl HostSecrets {
     /// where their directory exists, so that a grant that reaches them
     /// through a link still sees them; a secret that is itself a link
     /// (`~/.ssh -> ~/dotfiles/ssh`) is a secret where it points as well.
-    pub fn new(extra: Option<&str>, home: Option<&Path>) -> HostSecrets {
+    ///
+    /// Nothing is resolved through `trees` (trees the sandbox can write):
+    /// there an entry is taken as written.
+    pub fn new(extra: Option<&str>, home: Option<&Path>, trees: &[&Path]) -> HostSecrets {
+        let resolve = |p: &Path| crate::paths::resolve_avoiding(p, trees);
         let extra = extra.unwrap_or("").split(':').map(str::trim).filter(|s| !s.is_empty());
         let mut entries: Vec<Entry> = Vec::new();
         let mut add = |entry: Entry| {
@@ -132,10 +136,13 @@ impl HostSecrets {
             let Some(path) = expand(raw, home) else { continue };
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
             let Some(dir) = path.parent().and_then(crate::paths::normalize_path) else { continue };
-            let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+            let dir = resolve(&dir).unwrap_or(dir);
             let entry = Entry { dir, leaf };
             // Where each existing match really is, when that is elsewhere.
-            let matches: Vec<PathBuf> = if entry.leaf.contains('*') {
+            let in_tree = trees.iter().any(|t| entry.dir.starts_with(t));
+            let matches: Vec<PathBuf> = if in_tree {
+                Vec::new()
+            } else if entry.leaf.contains('*') {
                 std::fs::read_dir(&entry.dir)
                     .map(|list| {
                         list.flatten()
@@ -149,7 +156,7 @@ impl HostSecrets {
             };
             add(entry);
             for m in matches {
-                let Ok(real) = std::fs::canonicalize(&m) else { continue };
+                let Ok(real) = resolve(&m) else { continue };
                 if real == m {
                     continue;
                 }
@@ -183,11 +190,11 @@ impl HostSecrets {
             if skipped(&p) {
                 return;
             }
-            let Ok(real) = std::fs::canonicalize(&p) else { return };
-            if !real.starts_with(root) || real == root || skipped(&real) {
+            let Ok(real) = crate::paths::resolve_avoiding(&p, skip) else { return };
+            if !real.starts_with(root) || real == root {
                 return;
             }
-            let Ok(meta) = std::fs::metadata(&real) else { return };
+            let Ok(meta) = std::fs::symlink_metadata(&real) else { return };
             let mask = Mask { path: real, is_dir: meta.is_dir() };
             if !out.contains(&mask) {
                 out.push(mask);
@@ -326,13 +333,14 @@ mod tests {
 
     #[test]
     fn home_entries_expand_and_extras_are_added() {
-        let s = HostSecrets::new(Some("/srv/vault: ~/.config/extra ::relative"), Some(Path::new("/nonexistent-home")));
+        let s =
+            HostSecrets::new(Some("/srv/vault: ~/.config/extra ::relative"), Some(Path::new("/nonexistent-home")), &[]);
         let shown: Vec<String> = s.entries.iter().map(Entry::shown).collect();
         assert!(shown.contains(&"/nonexistent-home/.ssh".to_string()), "{shown:?}");
         assert!(shown.contains(&"/srv/vault".to_string()));
         assert!(shown.contains(&"/nonexistent-home/.config/extra".to_string()));
         assert!(!shown.iter().any(|s| s.contains("relative")));
-        let no_home = HostSecrets::new(None, None);
+        let no_home = HostSecrets::new(None, None, &[]);
         assert!(!no_home.entries.iter().any(|e| e.shown().contains(".aws")));
         assert!(no_home.entries.iter().any(|e| e.shown() == "/etc/shadow"));
     }
@@ -347,7 +355,7 @@ mod tests {
         let data = home.join("data");
         fs::create_dir_all(data.join("aws-creds")).unwrap();
         std::os::unix::fs::symlink(data.join("aws-creds"), home.join(".aws")).unwrap();
-        let s = HostSecrets::new(None, Some(&home));
+        let s = HostSecrets::new(None, Some(&home), &[]);
         // The target itself is refused as a grant, and anything under it.
         assert!(s.covering(&home.join("dotfiles/ssh")).is_some());
         assert!(s.covering(&home.join("dotfiles/ssh/id_ed25519")).is_some());
@@ -361,12 +369,34 @@ mod tests {
     }
 
     #[test]
+    fn nothing_is_resolved_through_a_tree_the_sandbox_writes() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let base = fs::canonicalize(t.path()).unwrap();
+        // The home directory is the project: the sandbox can plant ~/.ssh as a link.
+        let home = base.join("home");
+        fs::create_dir_all(home.join("real-ssh")).unwrap();
+        fs::create_dir_all(base.join("elsewhere")).unwrap();
+        fs::write(base.join("elsewhere/notes"), "n").unwrap();
+        std::os::unix::fs::symlink(base.join("elsewhere"), home.join(".ssh")).unwrap();
+        // Baseline: resolved freely, the planted link makes its target a secret.
+        let free = HostSecrets::new(None, Some(&home), &[]);
+        assert!(free.covering(&base.join("elsewhere/notes")).is_some());
+        let guarded = HostSecrets::new(None, Some(&home), &[&home]);
+        assert!(guarded.covering(&base.join("elsewhere/notes")).is_none(), "the link was followed");
+        assert!(guarded.covering(&home.join(".ssh/x")).is_some(), "the entry itself stays");
+        // A root outside the tree whose secret path leads into it is not looked through either.
+        std::os::unix::fs::symlink(home.join("real-ssh"), base.join("elsewhere/.netrc")).unwrap();
+        let s = HostSecrets::new(Some(&format!("{}/elsewhere/.netrc", base.display())), Some(&home), &[&home]);
+        assert!(s.masks_under(&base, &[&home]).iter().all(|m| !m.path.starts_with(&home)));
+    }
+
+    #[test]
     fn a_secret_that_may_appear_is_watched_where_it_would() {
         let t = tempfile::tempdir_in("/var/tmp").unwrap();
         let home = fs::canonicalize(t.path()).unwrap();
         fs::create_dir_all(home.join(".config")).unwrap();
         fs::create_dir_all(home.join("proj")).unwrap();
-        let s = HostSecrets::new(Some(&format!("{}/proj/.vault", home.display())), Some(&home));
+        let s = HostSecrets::new(Some(&format!("{}/proj/.vault", home.display())), Some(&home), &[]);
         let points = s.watch_points(&[&home], &[&home.join("proj")]);
         let has = |dir: &Path, leaf: &str| points.contains(&WatchPoint { dir: dir.to_path_buf(), leaf: leaf.into() });
         assert!(has(&home, ".aws"), "{points:?}");
@@ -381,7 +411,7 @@ mod tests {
     async fn the_watch_reports_a_secret_that_appears() {
         let t = tempfile::tempdir_in("/var/tmp").unwrap();
         let home = fs::canonicalize(t.path()).unwrap();
-        let s = HostSecrets::new(None, Some(&home));
+        let s = HostSecrets::new(None, Some(&home), &[]);
         let points = s.watch_points(&[&home], &[]);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (_stop, stopped) = tokio::sync::oneshot::channel();
@@ -396,7 +426,7 @@ mod tests {
 
     #[test]
     fn a_grant_at_or_under_a_secret_is_covered() {
-        let s = HostSecrets::new(None, Some(Path::new("/nonexistent-home")));
+        let s = HostSecrets::new(None, Some(Path::new("/nonexistent-home")), &[]);
         assert!(s.covering(Path::new("/etc/shadow")).is_some());
         assert!(s.covering(Path::new("/etc/sudoers.d/90-users")).is_some());
         assert!(s.covering(Path::new("/etc/ssh/ssh_host_rsa_key")).is_some());
@@ -421,7 +451,7 @@ mod tests {
         fs::write(home.join("real-credentials"), "c").unwrap();
         std::os::unix::fs::symlink(home.join("real-credentials"), home.join(".git-credentials")).unwrap();
         let extra = format!("{}/keys/*.key", home.display());
-        let s = HostSecrets::new(Some(&extra), Some(&home));
+        let s = HostSecrets::new(Some(&extra), Some(&home), &[]);
         let masks = s.masks_under(&home, &[]);
         assert_eq!(
             masks,

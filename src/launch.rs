@@ -145,9 +145,9 @@ async fn start_once(
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
-    let secrets = settings.host_secrets();
     let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
     let trees = [project.as_path(), canonical_root.as_path()];
+    let secrets = settings.host_secrets(&trees);
     let host_masks = host_masks(&secrets, mounts, &trees);
     let granted: Vec<&Path> = mounts
         .read_roots
@@ -307,6 +307,7 @@ async fn start_once(
         mount_fds,
         mounts: mounts.clone(),
         host_masks: spec.host_masks.clone(),
+        host_secrets: secrets,
         secret_watch,
         guard,
         plan_notes,

@@ -635,12 +635,14 @@ impl GrantInputs {
         let root = session.runtime_root();
         let settings = Settings::from_env();
         let project = std::fs::canonicalize(session.project_dir()).ok();
+        let writable = vec![std::fs::canonicalize(&root).unwrap_or(root)];
+        let trees: Vec<&std::path::Path> = project.iter().chain(&writable).map(PathBuf::as_path).collect();
         GrantInputs {
-            secrets: settings.host_secrets(),
+            secrets: settings.host_secrets(&trees),
             settings,
             project_secrets: project.as_deref().and_then(|p| current_secrets(session, p)),
             project,
-            writable: vec![std::fs::canonicalize(&root).unwrap_or(root)],
+            writable,
         }
     }
 

@@ -94,8 +94,9 @@ pub struct Settings {
 impl Settings {
     /// Host paths no read grant mounts (see `hostsecrets`); made when
     /// needed, since it looks at the file system.
-    pub fn host_secrets(&self) -> HostSecrets {
-        HostSecrets::new(self.host_secrets_extra.as_deref(), self.home.as_deref())
+    /// `trees`: trees the sandbox can write (nothing is resolved there).
+    pub fn host_secrets(&self, trees: &[&std::path::Path]) -> HostSecrets {
+        HostSecrets::new(self.host_secrets_extra.as_deref(), self.home.as_deref(), trees)
     }
 
     /// The settings from this process's environment.
@@ -158,7 +159,7 @@ mod tests {
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
         assert_eq!(s.caps, Ok(Caps { tasks: 64, memory: crate::contain::DEFAULT_MAX_MEMORY }));
         assert_eq!(s.scratch_note, 10 << 20);
-        let secrets: Vec<String> = s.host_secrets().entries.iter().map(|e| e.shown()).collect();
+        let secrets: Vec<String> = s.host_secrets(&[]).entries.iter().map(|e| e.shown()).collect();
         assert!(secrets.contains(&"/srv/vault".into()) && secrets.contains(&"/nonexistent-home/.ssh".into()));
         assert_eq!(s.secrets.describe(), ["*.db"]);
         let none = Settings::from_lookup(|_| None, HostGit::default());

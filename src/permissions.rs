@@ -10,7 +10,7 @@
 //! read roots come from the bus and refused paths from the sandbox, and
 //! either can hold anything.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -109,58 +109,7 @@ impl Context<'_> {
     /// name could be a link the sandbox planted (or make one later), so the
     /// host never follows it into a grant.
     pub fn resolve(&self, path: &Path) -> std::io::Result<PathBuf> {
-        use std::os::unix::fs::MetadataExt;
-        let trees = self.sandbox_trees();
-        let roots: Vec<(u64, u64)> =
-            trees.iter().filter_map(|t| std::fs::metadata(t).ok()).map(|m| (m.dev(), m.ino())).collect();
-        let through = |p: &Path| -> std::io::Result<()> {
-            let inside = trees.iter().any(|t| p.starts_with(t))
-                || std::fs::metadata(p).is_ok_and(|m| roots.contains(&(m.dev(), m.ino())));
-            if inside {
-                return Err(std::io::Error::other(format!(
-                    "it leads through {}, which the sandbox can write",
-                    p.display()
-                )));
-            }
-            Ok(())
-        };
-        let mut done = PathBuf::from("/");
-        let mut todo: std::collections::VecDeque<std::ffi::OsString> =
-            path.components().filter(|c| matches!(c, Component::Normal(_))).map(|c| c.as_os_str().to_owned()).collect();
-        let mut links = 0;
-        while let Some(name) = todo.pop_front() {
-            if name == ".." {
-                done.pop();
-                continue;
-            }
-            if name == "." || name.is_empty() {
-                continue;
-            }
-            let next = done.join(&name);
-            through(&next)?;
-            let meta = std::fs::symlink_metadata(&next)?;
-            if meta.file_type().is_symlink() {
-                links += 1;
-                if links > 40 {
-                    return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-                }
-                let target = std::fs::read_link(&next)?;
-                if target.is_absolute() {
-                    done = PathBuf::from("/");
-                }
-                for c in target.components().rev() {
-                    match c {
-                        Component::Normal(n) => todo.push_front(n.to_owned()),
-                        Component::ParentDir => todo.push_front("..".into()),
-                        _ => {}
-                    }
-                }
-            } else {
-                done = next;
-            }
-        }
-        through(&done)?;
-        Ok(done)
+        crate::paths::resolve_avoiding(path, &self.sandbox_trees())
     }
 
     /// The trees a host secret is never looked for in.
@@ -313,7 +262,14 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
             // Secrets not known yet (no start so far): any real entry may hold one.
             let covers = match ctx.project_secrets {
                 Some(list) => list.iter().any(|s| s.starts_with(&normal)),
-                None => std::fs::symlink_metadata(&normal).is_ok_and(|m| !m.file_type().is_symlink()),
+                // Looked at beneath the project, never through a link in it.
+                None => ctx.project.is_some_and(|project| {
+                    let rel = normal.strip_prefix(project).unwrap_or(Path::new(""));
+                    rel.as_os_str().is_empty()
+                        || crate::beneath::Tree::open(project).is_ok_and(|tree| {
+                            matches!(tree.lstat(rel), Ok(Some(st)) if crate::beneath::Kind::of(&st) != crate::beneath::Kind::Link)
+                        })
+                }),
             };
             if covers {
                 if !plan.unmasked.contains(&normal) {
@@ -664,11 +620,14 @@ mod tests {
         let proj = std::fs::canonicalize(t.path()).unwrap();
         std::fs::create_dir(proj.join("docs")).unwrap();
         std::os::unix::fs::symlink(proj.join("docs"), proj.join("link")).unwrap();
-        let roots: Vec<String> = ["docs", "missing", "link"].map(|r| proj.join(r).display().to_string()).into();
+        std::fs::create_dir(proj.join("docs/sub")).unwrap();
+        // "link/sub" exists only through the link: looked at beneath the project, it does not.
+        let roots: Vec<String> =
+            ["docs", "missing", "link", "link/sub"].map(|r| proj.join(r).display().to_string()).into();
         let proj_str = proj.display().to_string();
         let unknown = plan_mounts(&roots, &Context { project_secrets: None, ..ctx(Some(&proj_str)) }, ident);
         assert_eq!(unknown.unmasked, [proj.join("docs")]);
-        assert_eq!(unknown.skipped.len(), 2);
+        assert_eq!(unknown.skipped.len(), 3);
         let old = MountConfig::default();
         let new = MountConfig { unmasked: p.unmasked.clone(), ..Default::default() };
         let note = change_notification(&old, &new, &p, true).expect("changed");
@@ -878,7 +837,7 @@ mod tests {
         let home = std::fs::canonicalize(t.path()).unwrap();
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".netrc"), "machine x").unwrap();
-        let secrets = HostSecrets::new(None, Some(&home));
+        let secrets = HostSecrets::new(None, Some(&home), &[]);
         let c = Context { project: None, home: Some(&home), secrets: &secrets, writable: &[], project_secrets: None };
         let roots = [home.display().to_string(), "~/.ssh".into(), "/etc/shadow".into()];
         let p = plan_mounts(&roots, &c, |p| std::fs::canonicalize(p));

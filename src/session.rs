@@ -423,7 +423,7 @@ impl Session {
         let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
         let root = self.runtime_root();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
-        let now = crate::launch::host_masks(&Settings::from_env().host_secrets(), &w.mounts, &[&project, &root]);
+        let now = crate::launch::host_masks(&w.host_secrets, &w.mounts, &[&project, &root]);
         now.into_iter().find(|m| !w.host_masks.contains(m)).map(|m| m.path)
     }
 

@@ -175,6 +175,8 @@ pub struct Launch {
     pub mounts: MountConfig,
     /// The host secrets masked in its read roots (see `hostsecrets`).
     pub host_masks: Vec<crate::hostsecrets::Mask>,
+    /// The host secrets in force at the start (what `host_masks` came from).
+    pub host_secrets: crate::hostsecrets::HostSecrets,
     /// Where a host secret could appear in its read roots while it runs.
     pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
     pub guard: Option<Arc<Guard>>,
@@ -227,6 +229,8 @@ pub struct Worker {
     pub mounts: MountConfig,
     /// The host secrets masked in its read roots when it started.
     pub host_masks: Vec<crate::hostsecrets::Mask>,
+    /// The list they came from, to look again before each execution.
+    pub host_secrets: crate::hostsecrets::HostSecrets,
     /// The protected paths of a writable workspace (see `protected`).
     pub guard: Option<Arc<Guard>>,
     /// Ends the guard's watch when the worker is dropped.
@@ -284,6 +288,7 @@ impl Worker {
             mount_fds,
             mounts,
             host_masks,
+            host_secrets,
             secret_watch,
             guard,
             plan_notes,
@@ -320,6 +325,7 @@ impl Worker {
             err_buf: vec![0; 64 * 1024],
             mounts,
             host_masks,
+            host_secrets,
             guard,
             _watch: None,
             _secret_watch: None,
