@@ -81,8 +81,9 @@ pub struct SandboxSpec {
     /// Host secrets inside the read roots and allow-once directories,
     /// hidden under an empty read-only directory or file.
     pub host_masks: Vec<crate::hostsecrets::Mask>,
-    /// The empty file bound over masked files.
-    pub empty_file: PathBuf,
+    /// The session's empty file and directory, bound over the host masks
+    /// (there whenever `host_masks` is not empty).
+    pub mask_sources: Option<(PathBuf, PathBuf)>,
     /// Bound over a writable workspace, in order (see `protected`).
     pub protected: Vec<FdBind>,
     /// Bound over the workspace in every mode, after `protected`: in a
@@ -197,14 +198,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     for (source, path) in &spec.once {
         push_bind(&mut a, "--ro-bind", source, path);
     }
-    for mask in &spec.host_masks {
-        if mask.is_dir {
-            a.push("--tmpfs".into());
-            a.push(mask.path.clone().into());
-            a.push("--remount-ro".into());
-            a.push(mask.path.clone().into());
-        } else {
-            push_bind(&mut a, "--ro-bind", &spec.empty_file, &mask.path);
+    if let Some((file, dir)) = &spec.mask_sources {
+        for mask in &spec.host_masks {
+            push_bind(&mut a, "--ro-bind", if mask.is_dir { dir } else { file }, &mask.path);
         }
     }
     for bind in &spec.root_masks {
@@ -270,7 +266,7 @@ mod tests {
             read_roots: vec![],
             once: vec![],
             host_masks: vec![],
-            empty_file: "/tmp/s/empty".into(),
+            mask_sources: Some(("/tmp/s/mask-file".into(), "/tmp/s/mask-dir".into())),
             protected: vec![
                 FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
                 FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
@@ -383,8 +379,8 @@ mod tests {
         let joined = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         let at = |s: &str| joined.find(s).unwrap_or_else(|| panic!("{s} missing in {joined}"));
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /srv/real.csv /srv/link.csv"));
-        assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/empty /etc/shadow"));
-        assert!(at("--ro-bind-try /etc /etc") < at("--tmpfs /etc/sudoers.d --remount-ro /etc/sudoers.d"));
+        assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/mask-file /etc/shadow"));
+        assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/mask-dir /etc/sudoers.d"));
     }
 
     #[test]

@@ -162,8 +162,10 @@ async fn start_once(
     // the mode allows writes, the protected paths. A project that cannot
     // be protected is mounted read-only for this sandbox, and the first
     // result says why; a secret that cannot be masked stops the start.
+    // The session's empty file and directory: the source of every mask,
+    // the project's and the host secrets' in granted directories.
     let sources =
-        if settings.secrets.is_empty() {
+        if settings.secrets.is_empty() && host_masks.is_empty() {
             None
         } else {
             Some(crate::secrets::MaskSources::in_dir(&dirs.root).map_err(|e| {
@@ -175,6 +177,7 @@ async fn start_once(
     let unmasked: Vec<PathBuf> = mounts.unmasked.iter().chain(&mounts.unmasked_once).cloned().collect();
     let writable_mode = mounts.workspace_writable;
     let known = start.known.lock().clone();
+    let mask_sources = sources.as_ref().map(|s| (s.file.clone(), s.dir.clone()));
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
         protected::plan_start(protected::StartRequest {
@@ -288,7 +291,7 @@ async fn start_once(
         read_roots: start.mounts.read_roots.clone(),
         once: start.mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
         host_masks,
-        empty_file: dirs.empty_file.clone(),
+        mask_sources,
         python_mounts,
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),

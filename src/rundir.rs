@@ -20,8 +20,6 @@ pub struct Dirs {
     pub scratch: PathBuf,
     pub logs: PathBuf,
     pub worker_file: PathBuf,
-    /// An empty read-only file: the source of the masks over files.
-    pub empty_file: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,17 +74,11 @@ pub fn make_dirs(runtime_root: Option<&Path>, worker_source: &str) -> Result<Dir
     private_dir(&parent)?;
     let root = parent.join(format!("{:016x}", random_u64()));
     DirBuilder::new().mode(0o700).create(&root).map_err(|source| DirError::Create { path: root.clone(), source })?;
-    let dirs = Dirs {
-        scratch: root.join("scratch"),
-        logs: root.join("logs"),
-        worker_file: root.join("worker.py"),
-        empty_file: root.join("empty"),
-        root,
-    };
+    let dirs =
+        Dirs { scratch: root.join("scratch"), logs: root.join("logs"), worker_file: root.join("worker.py"), root };
     let made = (|| -> std::io::Result<()> {
         DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
         DirBuilder::new().mode(0o700).create(&dirs.logs)?;
-        OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.empty_file)?;
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file)?;
         std::io::Write::write_all(&mut f, worker_source.as_bytes())
     })();
