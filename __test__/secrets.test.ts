@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
+import { link, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -469,5 +469,153 @@ describe("what a writable sandbox or a wide grant cannot do to the masks", () =>
     assert.equal((await fx.sb.execute("1")).status, "ok");
     await new Promise((r) => setTimeout(r, 1500));
     assert.equal(fx.sb.status().spare, "none");
+  });
+});
+
+/**
+ * Secrets that appear after the sandbox started. Each attempt runs first with masking off (the
+ * baseline: the new file reads in full) and then with the default patterns, in each mode where it
+ * applies. The guarantee: a secret-named entry (or a new name of a masked file) that appears in
+ * the project stops the sandbox the moment inotify reports it, and no execution runs in a sandbox
+ * planned before it: the next one masks it.
+ */
+describe("secrets that appear after the sandbox started", () => {
+  const LATE = "TOKEN=late-secret-3b8e\n";
+  const catAll = (paths: string[]) => py`
+    import json, subprocess
+    c = subprocess.run(["cat", *${JSON.stringify(paths.map((p) => `/workspace/${p}`))}], capture_output=True, text=True)
+    print(json.dumps({"out": c.stdout}))
+  `;
+  /** One fixture with `secrets` as the setting, in `mode` (none: read-only default). */
+  async function late(t: TestContext, secrets: string | undefined, mode: string | undefined, rollback = false) {
+    const fx = await makeFixtureWithoutSpare(t, { rollback });
+    await put(fx.project, { ...SECRETS, ...PLAIN });
+    const sb = fx.open();
+    if (mode) sb.applyModeEvent({ mode, readRoots: [] });
+    const exec = (code: string) => withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => sb.execute(code));
+    assert.equal((await exec("1")).status, "ok");
+    return { fx, sb, exec };
+  }
+
+  for (const mode of [undefined, "edits", "yolo"]) {
+    const name = mode ?? "read-only";
+    test(`${name}: a .env.local the host makes after the start cannot be read by the next execution`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, mode);
+        await writeFile(join(fx.project, ".env.local"), LATE);
+        const r = await exec(catAll([".env.local"]));
+        if (secrets === "") {
+          assert.match(seen(r), /late-secret-3b8e/, `baseline: without masks it reads: ${show(r)}`);
+        } else {
+          assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+          assert.equal(jsonOut(r).out, "");
+          assert.match(r.stateLostReason ?? "", /\.env\.local/, "the restart says why");
+        }
+        await sb.dispose();
+      }
+    });
+
+    test(`${name}: a secrets/ directory the host makes after the start is masked whole`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, mode);
+        // A plain directory first (watched as it appears), then the secret in it.
+        await mkdir(join(fx.project, "config/secrets"), { recursive: true });
+        await writeFile(join(fx.project, "config/secrets/token.txt"), LATE);
+        const r = await exec(catAll(["config/secrets/token.txt"]));
+        if (secrets === "") assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
+        else assert.doesNotMatch(seen(r), /late-secret-3b8e|TOKEN/, show(r));
+        await sb.dispose();
+      }
+    });
+  }
+
+  test("the watch stops an idle sandbox the moment a secret appears (before any execution asks)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { fx, sb } = await late(t, undefined, undefined);
+    await writeFile(join(fx.project, ".env.local"), LATE);
+    // The watch, not the check before the next execution, ends it.
+    await new Promise((r) => setTimeout(r, 500));
+    const r = await sb.execute(catAll([".env.local"]));
+    assert.equal(jsonOut(r).out, "");
+    assert.match(r.stateLostReason ?? "", /killed between executions: .*\.env\.local/, show(r));
+  });
+
+  test("yolo: a .env.local the sandbox makes itself stops it within the call; the next execution masks it", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    for (const secrets of ["", undefined]) {
+      const { fx, sb, exec } = await late(t, secrets, "yolo");
+      const made = await exec(py`
+        import shutil, time
+        shutil.copy("/workspace/.env.example", "/workspace/.env.local")
+        time.sleep(5)
+        print("still running")
+      `);
+      // The user then fills it in on the host (in place: the same file).
+      await writeFile(join(fx.project, ".env.local"), LATE);
+      const r = await exec(catAll([".env.local"]));
+      if (secrets === "") {
+        assert.match(made.stdout, /still running/);
+        assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
+      } else {
+        assert.doesNotMatch(made.stdout, /still running/, `the sandbox ran on after the secret appeared: ${show(made)}`);
+        assert.equal(made.stateLost, true, "the kill says the state is gone");
+        assert.match(made.stateLostReason ?? "", /\.env\.local/, show(made));
+        assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+      }
+      await sb.dispose();
+    }
+  });
+
+  for (const where of ["notes.txt", "node_modules/pkg/index.txt"]) {
+    test(`yolo: a hard link the sandbox made to a new secret (${where}) is masked after the restart`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, "yolo");
+        // The innocuous name first, then the secret name as a second link of the same file.
+        await exec(py`
+          import os, time
+          os.makedirs("/workspace/node_modules/pkg", exist_ok=True)
+          open(${lit(`/workspace/${where}`)}, "w").write("placeholder\\n")
+          os.link(${lit(`/workspace/${where}`)}, "/workspace/.env.local")
+          time.sleep(3)
+        `);
+        // Filled in on the host, in place: both names are the one file.
+        await writeFile(join(fx.project, ".env.local"), LATE);
+        assert.equal(readFileSync(join(fx.project, where), "utf8"), LATE, "setup: the two names are one file");
+        const r = await exec(catAll([".env.local", where]));
+        if (secrets === "") assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
+        else assert.doesNotMatch(seen(r), /late-secret-3b8e/, `a hard link of a masked secret read: ${show(r)}`);
+        await sb.dispose();
+      }
+    });
+  }
+
+  test("a hard link the host made to a secret is masked at the start (read-only)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    for (const secrets of ["", undefined]) {
+      const fx = await makeFixtureWithoutSpare(t);
+      await put(fx.project, { ...SECRETS, ...PLAIN });
+      await link(join(fx.project, ".env"), join(fx.project, "sub/backup.txt"));
+      const sb = fx.open();
+      const r = await withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => sb.execute(catAll(["sub/backup.txt"])));
+      if (secrets === "") assert.match(seen(r), /root-secret-4f1c/, `baseline: ${show(r)}`);
+      else assert.equal(jsonOut(r).out, "", show(r));
+      await sb.dispose();
+    }
+  });
+
+  test("a reset does not keep a sandbox whose masks miss a new secret", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    for (const secrets of ["", undefined]) {
+      const { fx, sb, exec } = await late(t, secrets, undefined, true);
+      await writeFile(join(fx.project, ".env.local"), LATE);
+      await withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => sb.reset());
+      const r = await exec(catAll([".env.local"]));
+      if (secrets === "") assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
+      else assert.equal(jsonOut(r).out, "", show(r));
+      await sb.dispose();
+    }
   });
 });

@@ -170,6 +170,11 @@ impl Tree {
         Ok(Tree { fd, path: path.to_path_buf(), resolver })
     }
 
+    /// The same root, through a copy of its fd.
+    pub fn try_clone(&self) -> io::Result<Tree> {
+        Ok(Tree { fd: self.fd.try_clone()?, path: self.path.clone(), resolver: self.resolver })
+    }
+
     /// The host path of the root (for messages; never for access).
     pub fn path(&self) -> &Path {
         &self.path
@@ -297,6 +302,11 @@ impl Tree {
 
     /// The entries of directory `rel` (see [`list_dir`]).
     pub fn list(&self, rel: &Path, max: usize) -> io::Result<(Vec<(OsString, Kind)>, bool)> {
+        list_dir(self.open_dir(rel)?, max)
+    }
+
+    /// Directory `rel`, opened for reading.
+    pub fn open_dir(&self, rel: &Path) -> io::Result<OwnedFd> {
         let fd = if rel.as_os_str().is_empty() {
             nix::fcntl::openat(
                 self.fd.as_fd(),
@@ -308,7 +318,7 @@ impl Tree {
         } else {
             self.open_at(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?
         };
-        list_dir(fd, max)
+        Ok(fd)
     }
 
     /// A regular file of at most `max` bytes, read whole.

@@ -33,4 +33,22 @@ impl Inotified {
             }
         }
     }
+
+    /// The instance itself (for watches and non-blocking reads).
+    pub(crate) fn get(&self) -> &nix::sys::inotify::Inotify {
+        &self.0.get_ref().0
+    }
+
+    /// Wait until events are queued (read them with [`Inotified::get`]);
+    /// `false` once the instance fails.
+    pub(crate) async fn wait(&self) -> bool {
+        match self.0.readable().await {
+            Ok(mut ready) => {
+                // Cleared before the read: what comes after is a new edge.
+                ready.clear_ready();
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }

@@ -213,6 +213,7 @@ async fn start_once(
     }
     let masks = plan.report;
     let guard = plan.guard.map(Arc::new);
+    let masks_watch = plan.watch;
     let mut mount_fds = Vec::new();
     let fd_binds = |binds: Vec<protected::Bind>, mount_fds: &mut Vec<std::os::fd::OwnedFd>| -> Vec<FdBind> {
         let mut out = Vec::new();
@@ -312,6 +313,7 @@ async fn start_once(
         host_masks: spec.host_masks.clone(),
         host_secrets: secrets,
         secret_watch,
+        masks_watch,
         guard,
         plan_notes,
         masks,

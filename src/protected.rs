@@ -304,15 +304,29 @@ impl Rules {
     /// by `secrets`, every entry that looks like a secret. Dependency trees
     /// are not walked (their contents are code the user runs anyway, their
     /// keys test keys).
-    fn survey(&self, tree: &Tree, secrets: &SecretRules) -> Survey {
+    fn survey(&self, tree: &Tree, secrets: &SecretRules, mut watching: Option<&mut Watching>) -> Survey {
         let mut entries: Vec<(PathBuf, Kind, Ident)> = Vec::new();
         let mut seen: HashSet<PathBuf> = HashSet::new();
         let mut found_secrets: Vec<(PathBuf, Kind)> = Vec::new();
-        let summary = scan::walk(tree, self.limits, |rel, kind| {
+        let mut inside: Vec<PathBuf> = Vec::new();
+        // Masked directories and what is in them: walked, never watched.
+        let secret_dirs: std::cell::RefCell<HashSet<PathBuf>> = Default::default();
+        let visit = |rel: &Path, kind: Kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
+            let mut masked_dirs = secret_dirs.borrow_mut();
+            let in_secret = !masked_dirs.is_empty() && rel.ancestors().skip(1).any(|a| masked_dirs.contains(a));
             // One past the most that can be masked is enough to refuse the start.
             if secrets.matches(name, kind) && found_secrets.len() <= MAX_MASKS {
                 found_secrets.push((rel.to_path_buf(), kind));
+                if kind == Kind::Dir {
+                    masked_dirs.insert(rel.to_path_buf());
+                }
+            } else if in_secret && kind == Kind::File && inside.len() < MAX_MASKS {
+                // A file in a masked directory: its other names are masked too.
+                inside.push(rel.to_path_buf());
+            }
+            if in_secret && kind == Kind::Dir {
+                masked_dirs.insert(rel.to_path_buf());
             }
             if self.protects(tree, rel, name) {
                 if let Ok(Some(st)) = tree.lstat(rel) {
@@ -325,14 +339,23 @@ impl Rules {
                 return Visit::Skip;
             }
             Visit::Descend
-        });
-        Survey { entries, seen, secrets: found_secrets, summary }
+        };
+        // Watched through the fd the walk lists it from, before the listing.
+        let opened = |rel: &Path, fd: std::os::fd::BorrowedFd<'_>| {
+            if let Some(w) = watching.as_deref_mut() {
+                if !secret_dirs.borrow().contains(rel) {
+                    w.add_fd(rel, fd);
+                }
+            }
+        };
+        let summary = scan::walk_opened(tree, self.limits, visit, opened);
+        Survey { entries, seen, secrets: found_secrets, inside, summary }
     }
 
     /// Walk the project and find every protected entry; any part that
     /// cannot be walked makes the project unprotectable.
     fn discover(&self, tree: &Tree) -> Result<(Found, Summary), PlanError> {
-        let survey = self.survey(tree, &SecretRules::new(Some("")));
+        let survey = self.survey(tree, &SecretRules::new(Some("")), None);
         let summary = survey.summary.clone();
         Ok((self.resolve(tree, survey)?, summary))
     }
@@ -427,6 +450,8 @@ struct Survey {
     seen: HashSet<PathBuf>,
     /// Entries that look like secrets (relative path, kind).
     secrets: Vec<(PathBuf, Kind)>,
+    /// Files inside directories that look like secrets.
+    inside: Vec<PathBuf>,
     summary: Summary,
 }
 
@@ -536,6 +561,9 @@ pub struct StartPlan {
     /// Why a project the mode lets the sandbox write is mounted read-only.
     pub refused: Option<PlanError>,
     pub report: MaskReport,
+    /// The watch that tells when these masks are stale (every mode, when
+    /// there are secret patterns).
+    pub watch: Option<SecretWatch>,
 }
 
 /// Why no sandbox can start: a secret would not be hidden.
@@ -566,6 +594,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         guard: None,
         refused: None,
         report: MaskReport { off: !masking, complete: true, ..MaskReport::default() },
+        watch: None,
     };
     if !masking && !r.writable {
         return Ok(out);
@@ -584,8 +613,10 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         }
     };
     let rules = Rules::new(r.protected, r.limits, r.git);
-    let survey = rules.survey(&tree, r.secrets);
+    let mut watching = masking.then(Watching::new);
+    let survey = rules.survey(&tree, r.secrets, watching.as_mut());
     let summary = survey.summary.clone();
+    let mut idents = HashSet::new();
     if masking {
         let mut found = mask_list(&tree, &survey.secrets);
         // What earlier starts found is masked while it is there, also when
@@ -598,6 +629,26 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         }
         let dirs: HashSet<PathBuf> = found.iter().filter(|m| m.dir).map(|m| m.rel.clone()).collect();
         found.retain(|m| !m.rel.ancestors().skip(1).any(|a| dirs.contains(a)));
+        // Other names of a masked file (a hard link) are masked too.
+        let files = found.iter().filter(|m| !m.dir).map(|m| &m.rel);
+        let inside = survey.inside.iter().filter(|rel| rel.ancestors().skip(1).any(|a| dirs.contains(a)));
+        let mut linked = false;
+        for rel in files.chain(inside) {
+            if let Ok(Some(st)) = tree.lstat(rel) {
+                if Kind::of(&st) == Kind::File {
+                    idents.insert(ident(&st));
+                    linked |= st.st_nlink > 1;
+                }
+            }
+        }
+        if linked {
+            for rel in other_names(&tree, &rules, &idents, r.writable) {
+                let covered = found.iter().any(|m| rel == m.rel || (m.dir && rel.starts_with(&m.rel)));
+                if !covered && crate::secrets::plain(&rel) {
+                    found.push(Mask { rel, dir: false });
+                }
+            }
+        }
         found.sort_by(|a, b| a.rel.cmp(&b.rel));
         out.report = MaskReport::new(&found, r.project, r.unmasked, &summary, r.limits);
     }
@@ -625,10 +676,41 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         }
     };
     (out.binds, out.masks) = ordered;
+    if let Some(watching) = watching {
+        let copy = tree.try_clone().map_err(MaskError::Open)?;
+        let secrets = r.secrets.clone();
+        out.watch =
+            Some(SecretWatch::new(watching, copy, rules.clone(), secrets, out.report.clone(), idents, r.writable));
+    }
     if let Some(found) = protected {
         out.guard = Some(guard_of(tree, rules, found, summary, r.sink, r.tainted));
     }
     Ok(out)
+}
+
+/// Files of the project whose (device, inode) is one of `idents`: where
+/// the start's walk goes and, when the sandbox can write the project, in
+/// the dependency trees it skips (a hard link made there reads the
+/// secret). Links are never followed; bounded like the walk.
+fn other_names(tree: &Tree, rules: &Rules, idents: &HashSet<Ident>, writable: bool) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    scan::walk(tree, rules.limits, |rel, kind| {
+        let Some(name) = rel.file_name() else { return Visit::Descend };
+        if rules.protects(tree, rel, name) {
+            return Visit::Skip;
+        }
+        match kind {
+            Kind::Dir if !writable && name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n)) => Visit::Skip,
+            Kind::File => {
+                if matches!(tree.lstat(rel), Ok(Some(st)) if idents.contains(&ident(&st))) && out.len() < MAX_MASKS {
+                    out.push(rel.to_path_buf());
+                }
+                Visit::Skip
+            }
+            _ => Visit::Descend,
+        }
+    });
+    out
 }
 
 /// The masks for the secrets a walk found: a directory by an empty
@@ -788,6 +870,8 @@ fn shell_path(root: &Path, rel: &Path) -> String {
 
 mod guard;
 pub use guard::{settle_and_check, watch, Guard, BACKGROUND_CHECK};
+mod secretwatch;
+pub use secretwatch::{SecretWatch, Watching, MAX_WATCHES};
 
 #[cfg(test)]
 mod tests {
@@ -909,6 +993,128 @@ mod tests {
         assert_eq!(std::fs::read_to_string(p.join("lib/skills.pi-inert/evil/SKILL.md")).expect("kept"), "planted");
         assert_eq!(std::fs::read_to_string(p.join("lib/AGENTS.md.pi-inert")).expect("kept"), "planted");
         assert!(p.join("docs/skills/misc/notes.md").is_file());
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    #[test]
+    fn a_secret_that_appears_after_the_plan_makes_it_stale() {
+        use std::os::unix::fs::symlink;
+        let fresh = || {
+            let p = tmp();
+            std::fs::create_dir_all(p.join(".session")).expect("mkdir");
+            std::fs::create_dir_all(p.join("project/src")).expect("mkdir");
+            std::fs::create_dir_all(p.join("project/node_modules/pkg")).expect("mkdir");
+            std::fs::write(p.join("project/.env"), "S").expect("write");
+            std::fs::write(p.join("project/.env.example"), "E").expect("write");
+            p
+        };
+        type Act = fn(&Path);
+        let cases: [(&str, Act, bool); 9] = [
+            ("an innocuous file", |d| std::fs::write(d.join("src/a.py"), "").expect("w"), false),
+            ("an example", |d| std::fs::write(d.join("src/.env.example"), "").expect("w"), false),
+            ("inside a dependency tree", |d| std::fs::write(d.join("node_modules/pkg/.env"), "").expect("w"), false),
+            (
+                ".env.local",
+                |d| std::fs::copy(d.join(".env.example"), d.join(".env.local")).map(|_| ()).expect("cp"),
+                true,
+            ),
+            (
+                "a renamed file",
+                |d| {
+                    std::fs::write(d.join("src/x"), "").expect("w");
+                    std::fs::rename(d.join("src/x"), d.join("src/key.pem")).expect("mv")
+                },
+                true,
+            ),
+            ("a secrets directory", |d| std::fs::create_dir(d.join("src/secrets")).expect("mkdir"), true),
+            (
+                "a new directory, then a secret in it",
+                |d| {
+                    std::fs::create_dir_all(d.join("new/deep")).expect("mkdir");
+                    std::fs::write(d.join("new/deep/id_rsa"), "").expect("w")
+                },
+                true,
+            ),
+            (
+                "a hard link of a masked file",
+                |d| std::fs::hard_link(d.join(".env"), d.join("src/notes.txt")).expect("ln"),
+                true,
+            ),
+            ("a link named like a secret", |d| symlink("../.env.example", d.join("src/.env.prod")).expect("ln"), true),
+        ];
+        for (what, act, stale) in cases {
+            let p = fresh();
+            let mut plan = start(&p, false, &[], None, scan::DEFAULT_LIMITS);
+            let watch = plan.watch.take().expect("a watch in read-only mode");
+            assert!(watch.watches() >= 2, "{what}: the project and src/ are watched");
+            assert_eq!(watch.stale(), None, "{what}: nothing appeared yet");
+            act(&p.join("project"));
+            assert_eq!(watch.stale().is_some(), stale, "{what}: {:?}", watch.stale());
+            std::fs::remove_dir_all(&p).expect("cleanup");
+        }
+    }
+
+    #[test]
+    fn hard_links_of_a_masked_file_are_masked_and_dependency_trees_only_when_writable() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join(".session")).expect("mkdir");
+        std::fs::create_dir_all(p.join("project/docs")).expect("mkdir");
+        std::fs::create_dir_all(p.join("project/node_modules/pkg")).expect("mkdir");
+        std::fs::create_dir_all(p.join("project/secrets")).expect("mkdir");
+        std::fs::write(p.join("project/.env"), "S").expect("write");
+        std::fs::write(p.join("project/secrets/api"), "K").expect("write");
+        std::fs::write(p.join("project/docs/plain.txt"), "P").expect("write");
+        std::fs::hard_link(p.join("project/.env"), p.join("project/docs/notes.txt")).expect("ln");
+        std::fs::hard_link(p.join("project/secrets/api"), p.join("project/docs/api.txt")).expect("ln");
+        std::fs::hard_link(p.join("project/.env"), p.join("project/node_modules/pkg/index.js")).expect("ln");
+        // A link count above one alone is not a secret (git, cargo, pnpm).
+        std::fs::hard_link(p.join("project/docs/plain.txt"), p.join("project/docs/plain2.txt")).expect("ln");
+        let rels =
+            |plan: &StartPlan| plan.report.masked.iter().map(|m| m.rel.display().to_string()).collect::<Vec<_>>();
+        let ro = start(&p, false, &[], None, scan::DEFAULT_LIMITS);
+        assert_eq!(rels(&ro), [".env", "docs/api.txt", "docs/notes.txt", "secrets"]);
+        let rw = start(&p, true, &[], None, scan::DEFAULT_LIMITS);
+        assert_eq!(rels(&rw), [".env", "docs/api.txt", "docs/notes.txt", "node_modules/pkg/index.js", "secrets"]);
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
+    /// What the watch costs: one inotify watch per directory walked
+    /// (`cargo test --locked watch_budget -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn watch_budget_of_a_large_project() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join(".session")).expect("mkdir");
+        for d in 0..1000 {
+            let dir = p.join(format!("project/d{d:04}"));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            for f in 0..20 {
+                std::fs::write(dir.join(format!("f{f}.py")), "").expect("write");
+            }
+        }
+        for with in [false, true] {
+            let began = std::time::Instant::now();
+            let plan = start(&p, false, &[], if with { None } else { Some("") }, scan::DEFAULT_LIMITS);
+            let took = began.elapsed();
+            let watches = plan.watch.as_ref().map(|w| w.watches()).unwrap_or(0);
+            println!(
+                "20,000 files in 1,000 directories, masks {}: plan {took:?}, {watches} inotify watches",
+                if with { "on" } else { "off" }
+            );
+        }
+        // The walk alone, with and without the watches.
+        let tree = Tree::open(&p.join("project")).expect("open");
+        let rules = Rules::new(&patterns(None), scan::DEFAULT_LIMITS, &HostGit::default());
+        let secrets = SecretRules::new(None);
+        for round in 0..3 {
+            let began = std::time::Instant::now();
+            rules.survey(&tree, &secrets, None);
+            let bare = began.elapsed();
+            let began = std::time::Instant::now();
+            let mut w = Watching::new();
+            rules.survey(&tree, &secrets, Some(&mut w));
+            println!("round {round}: walk {bare:?}, walk with watches {:?} ({} watches)", began.elapsed(), w.watches());
+        }
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 

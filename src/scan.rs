@@ -72,13 +72,29 @@ pub struct Summary {
 /// A directory that vanished is passed over; one that cannot be read (or
 /// became a link) makes the walk incomplete: it never follows what the
 /// sandbox put there.
-pub fn walk(tree: &Tree, limits: Limits, mut visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+pub fn walk(tree: &Tree, limits: Limits, visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+    walk_opened(tree, limits, visit, |_, _| {})
+}
+
+/// [`walk`], calling `opened(rel, fd)` with each directory's fd after it
+/// is opened and before it is read (a watch added there misses nothing
+/// that the listing does not see).
+pub fn walk_opened(
+    tree: &Tree,
+    limits: Limits,
+    mut visit: impl FnMut(&Path, Kind) -> Visit,
+    mut opened: impl FnMut(&Path, std::os::fd::BorrowedFd<'_>),
+) -> Summary {
     let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(PathBuf::new(), 0)]);
     let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
     let mut summary = Summary { entries: 0, complete: true, unreadable: None };
     while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {
         let room = limits.max_entries.saturating_sub(summary.entries);
-        let (entries, more) = match tree.list(&dir, room) {
+        let listed = tree.open_dir(&dir).and_then(|fd| {
+            opened(&dir, std::os::fd::AsFd::as_fd(&fd));
+            crate::beneath::list_dir(fd, room)
+        });
+        let (entries, more) = match listed {
             Ok(listed) => listed,
             // Gone since it was listed: nothing there to find.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,

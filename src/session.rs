@@ -427,6 +427,13 @@ impl Session {
         now.into_iter().find(|m| !w.host_masks.contains(m)).map(|m| m.path)
     }
 
+    /// Why `w`'s secret masks no longer fit the project, if they do not
+    /// (asked off the runtime: it may walk the project).
+    async fn masks_stale(&self, w: Option<&Worker>) -> Option<String> {
+        let watch = w?.masks_watch()?;
+        tokio::task::spawn_blocking(move || watch.stale()).await.ok().flatten()
+    }
+
     /// A sandbox with allow-once paths ends: they are not mounted again.
     fn forget_once(&self, had: &MountConfig) {
         if !had.has_once() {
@@ -467,8 +474,10 @@ impl Session {
         let mut inner = self.ops.lock().await;
         // In a keeper layout: a fresh interpreter in the same sandbox.
         // A sandbox with an allow-once path is replaced: the path goes with it.
+        // A sandbox whose secret masks are stale is replaced too.
+        let stale = self.masks_stale(inner.worker.as_ref()).await;
         let fast = match inner.worker.as_mut() {
-            Some(w) if w.keeper() && !w.mounts.has_once() => {
+            Some(w) if w.keeper() && !w.mounts.has_once() && stale.is_none() => {
                 !w.interpreter_gone() && w.recover(None, true).await.is_ok()
             }
             _ => false,

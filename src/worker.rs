@@ -179,6 +179,8 @@ pub struct Launch {
     pub host_secrets: crate::hostsecrets::HostSecrets,
     /// Where a host secret could appear in its read roots while it runs.
     pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
+    /// The watch that tells when the project's masks are stale.
+    pub masks_watch: Option<protected::SecretWatch>,
     pub guard: Option<Arc<Guard>>,
     pub plan_notes: Vec<String>,
     /// What the start masked (see `secrets`).
@@ -237,6 +239,9 @@ pub struct Worker {
     _watch: Option<tokio::sync::oneshot::Sender<()>>,
     /// Ends the watch for host secrets when the worker is dropped.
     _secret_watch: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The project's secrets as the start planned them (see `protected`).
+    masks_watch: Option<Arc<protected::SecretWatch>>,
+    _masks_watch: Option<tokio::sync::oneshot::Sender<()>>,
     /// The pid namespace's init (host pid), once known: when it is gone,
     /// every process of the sandbox is.
     pub init_pid: Option<i32>,
@@ -290,6 +295,7 @@ impl Worker {
             host_masks,
             host_secrets,
             secret_watch,
+            masks_watch,
             guard,
             plan_notes,
             masks,
@@ -329,6 +335,11 @@ impl Worker {
             guard,
             _watch: None,
             _secret_watch: None,
+            masks_watch: masks_watch.map(|mut w| {
+                w.register();
+                Arc::new(w)
+            }),
+            _masks_watch: None,
             init_pid: None,
             plan_notes,
             masks,
@@ -369,6 +380,24 @@ impl Worker {
                     tokio::spawn(crate::hostsecrets::watch(secret_watch, appeared, stopped));
                     worker._secret_watch = Some(stop);
                 }
+                if let Some(watch) = worker.masks_watch.clone() {
+                    // A project secret that appears stops the sandbox at
+                    // once; the next one masks it.
+                    let (stop, stopped) = tokio::sync::oneshot::channel();
+                    let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
+                    let stale = move |why: String| {
+                        killed_for.lock().get_or_insert_with(|| {
+                            format!(
+                                "{why}; the sandbox was stopped so that nothing in it could read it, and the next one \
+                                 masks it"
+                            )
+                        });
+                        tracing::debug!(pid, why, "project secret appeared; sandbox killed");
+                        kill_group(pid);
+                    };
+                    tokio::spawn(watch.run(stale, stopped));
+                    worker._masks_watch = Some(stop);
+                }
                 tracing::debug!(pid = worker.pid, code = code.as_str(), "sandbox ready");
                 Ok((worker, ready))
             }
@@ -394,6 +423,17 @@ impl Worker {
     /// whether the interpreter was among them (see `Contained::oom_note`).
     pub fn oom_note(&mut self, died: bool) -> Option<String> {
         self.contained.oom_note(died)
+    }
+
+    /// Blocking: why the start's secret masks no longer fit the project
+    /// (a secret appeared since), if they do not.
+    pub fn masks_stale(&self) -> Option<String> {
+        self.masks_watch.as_ref().and_then(|w| w.stale())
+    }
+
+    /// The watch behind [`Worker::masks_stale`] (to ask off the runtime).
+    pub fn masks_watch(&self) -> Option<Arc<protected::SecretWatch>> {
+        self.masks_watch.clone()
     }
 
     /// Why the reply task or the guard killed this sandbox, once.

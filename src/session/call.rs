@@ -42,6 +42,13 @@ impl Session {
             ));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
+        // A project secret that appeared since the sandbox started is not
+        // masked in it: a new sandbox, planned now, masks it (the watch
+        // stops it at once; this reads the watch's queue, or walks).
+        if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
+            inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
+            self.drop_worker(inner, ResetReason::MountsChanged).await;
+        }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Some(why) = w.take_killed_for() {

@@ -67,6 +67,12 @@ impl Session {
                 }
             }
         }
+        // A spare planned before a secret appeared does not mask it.
+        if self.masks_stale(spare.as_deref()).await.is_some() {
+            if let Some(stale) = spare.take() {
+                stale.reap();
+            }
+        }
         if let Some(spare) = spare {
             bump();
             self.adopt(inner, *spare);

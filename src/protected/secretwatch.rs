@@ -1,0 +1,323 @@
+//! The watch on a project's secrets while a sandbox runs, in every mode:
+//! a name that looks like a secret (or a new name of a masked file's
+//! inode) appearing in the project means the sandbox's masks are stale.
+//! The sandbox is then stopped (the watch kills it the moment inotify
+//! reports the name, and the check before every execution drains the same
+//! queue, so no execution starts on a stale plan), and the next sandbox is
+//! planned afresh, with the new secret masked.
+//!
+//! The watches are added during the start's one walk, on each directory
+//! before it is listed (so nothing made in between is missed), through the
+//! directory's own fd (a planted link is never followed). Directories that
+//! appear later are watched and listed in turn, up to [`MAX_WATCHES`]; past
+//! that, or when inotify is not available or its queue overflowed, the
+//! check before each execution walks the project again instead.
+//!
+//! What is not watched, as the walk does not mask there: dependency trees,
+//! protected directories, and the inside of a masked directory. A
+//! protected name in a writable mode is the guard's (it makes it inert).
+
+use std::collections::HashMap;
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
+
+use super::*;
+
+/// Most directories one sandbox's watch holds (each is one inotify watch
+/// of the user's budget, `fs.inotify.max_user_watches`).
+pub const MAX_WATCHES: usize = 8192;
+
+/// Added through `/proc/self/fd/N` of the directory's own fd (a magic
+/// link to what was opened beneath the project, so it is followed).
+const FLAGS: AddWatchFlags =
+    AddWatchFlags::IN_CREATE.union(AddWatchFlags::IN_MOVED_TO).union(AddWatchFlags::IN_ONLYDIR);
+
+/// The watches added during a start's walk (see `plan_start`).
+pub struct Watching {
+    inotify: Option<Inotify>,
+    wds: HashMap<WatchDescriptor, PathBuf>,
+    /// Every directory the walk entered is watched.
+    complete: bool,
+}
+
+impl std::fmt::Debug for Watching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watching").field("watches", &self.wds.len()).field("complete", &self.complete).finish()
+    }
+}
+
+impl Watching {
+    pub(super) fn new() -> Watching {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok();
+        let complete = inotify.is_some();
+        Watching { inotify, wds: HashMap::new(), complete }
+    }
+
+    /// Watch directory `rel`, open as `fd` (before it is listed).
+    pub(super) fn add_fd(&mut self, rel: &Path, fd: std::os::fd::BorrowedFd<'_>) {
+        let Some(inotify) = &self.inotify else { return };
+        if self.wds.len() >= MAX_WATCHES {
+            self.complete = false;
+            return;
+        }
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        match inotify.add_watch(path.as_str(), FLAGS) {
+            Ok(wd) => {
+                self.wds.insert(wd, rel.to_path_buf());
+            }
+            // The user's watch budget is used up: the check before each
+            // execution walks instead.
+            Err(_) => self.complete = false,
+        }
+    }
+
+    /// Inotify watches in use.
+    pub fn watches(&self) -> usize {
+        self.wds.len()
+    }
+}
+
+/// What the watch compares the project with: the start's plan.
+struct Plan {
+    tree: Tree,
+    rules: Rules,
+    secrets: SecretRules,
+    /// The masked and unmasked secrets of the start.
+    report: MaskReport,
+    /// (device, inode) of every masked file.
+    idents: HashSet<Ident>,
+    writable: bool,
+}
+
+struct State {
+    wds: HashMap<WatchDescriptor, PathBuf>,
+    complete: bool,
+    /// Why the plan is stale, once it is (it stays so).
+    stale: Option<String>,
+}
+
+/// A running sandbox's watch on the project's secrets.
+pub struct SecretWatch {
+    plan: Plan,
+    inotify: Option<crate::inotify::Inotified>,
+    raw: Option<Inotify>,
+    state: parking_lot::Mutex<State>,
+}
+
+impl std::fmt::Debug for SecretWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretWatch").finish_non_exhaustive()
+    }
+}
+
+impl SecretWatch {
+    pub(super) fn new(
+        watching: Watching,
+        tree: Tree,
+        rules: Rules,
+        secrets: SecretRules,
+        report: MaskReport,
+        idents: HashSet<Ident>,
+        writable: bool,
+    ) -> SecretWatch {
+        let Watching { inotify, wds, complete } = watching;
+        SecretWatch {
+            plan: Plan { tree, rules, secrets, report, idents, writable },
+            inotify: None,
+            raw: inotify,
+            state: parking_lot::Mutex::new(State { wds, complete, stale: None }),
+        }
+    }
+
+    /// Inotify watches in use.
+    pub fn watches(&self) -> usize {
+        self.state.lock().wds.len()
+    }
+
+    /// Register the inotify instance with tokio (from the runtime).
+    pub fn register(&mut self) {
+        if let Some(raw) = self.raw.take() {
+            self.inotify = crate::inotify::Inotified::new(raw);
+            if self.inotify.is_none() {
+                self.state.lock().complete = false;
+            }
+        }
+    }
+
+    fn instance(&self) -> Option<&Inotify> {
+        self.inotify.as_ref().map(|i| i.get()).or(self.raw.as_ref())
+    }
+
+    /// What is queued now (non-blocking).
+    fn read_events(&self) -> Vec<InotifyEvent> {
+        self.instance().and_then(|i| i.read_events().ok()).unwrap_or_default()
+    }
+
+    /// Blocking: whether the start's masks are stale, and why. Reads what
+    /// inotify queued (every name made before this call is in the queue);
+    /// walks the project when the watch does not cover all of it.
+    pub fn stale(&self) -> Option<String> {
+        let mut state = self.state.lock();
+        if state.stale.is_some() {
+            return state.stale.clone();
+        }
+        loop {
+            let events = self.read_events();
+            if events.is_empty() {
+                break;
+            }
+            for ev in events {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    state.complete = false;
+                    continue;
+                }
+                if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
+                    state.wds.remove(&ev.wd);
+                    continue;
+                }
+                let (Some(dir), Some(name)) = (state.wds.get(&ev.wd).cloned(), ev.name) else { continue };
+                let is_dir = ev.mask.contains(AddWatchFlags::IN_ISDIR);
+                if let Some(why) = self.look(&mut state, &dir.join(&name), is_dir) {
+                    state.stale = Some(why);
+                    return state.stale.clone();
+                }
+            }
+        }
+        if !state.complete {
+            state.stale = self.walk_again();
+        }
+        state.stale.clone()
+    }
+
+    /// One new entry `rel` (a directory by the event's word when it is
+    /// already gone): a secret by name, a new name of a masked file, or a
+    /// directory to watch and look into.
+    fn look(&self, state: &mut State, rel: &Path, is_dir: bool) -> Option<String> {
+        let p = &self.plan;
+        let name = rel.file_name()?;
+        let st = p.tree.lstat(rel).ok().flatten();
+        let kind = match &st {
+            Some(st) => Kind::of(st),
+            None if is_dir => Kind::Dir,
+            None => Kind::File,
+        };
+        if p.writable && p.rules.protects(&p.tree, rel, name) {
+            return None;
+        }
+        let host = p.tree.path().join(rel);
+        let allowed = p.report.unmasked.iter().any(|m| rel.starts_with(&m.rel));
+        if p.secrets.matches(name, kind) && !allowed {
+            return Some(format!("{} looks like a secret and appeared in the project", host.display()));
+        }
+        if let Some(st) = &st {
+            if kind == Kind::File && p.idents.contains(&ident(st)) && !p.report.hides(&sandbox(rel)) {
+                return Some(format!("{} is a new name (a hard link) of a masked secret", host.display()));
+            }
+        }
+        if kind != Kind::Dir || p.rules.protects(&p.tree, rel, name) || is_dependency(name) {
+            return None;
+        }
+        // A new directory: watched, then listed (what was made in it
+        // before the watch is seen by the listing).
+        let mut queue = std::collections::VecDeque::from([rel.to_path_buf()]);
+        let mut listed = 0;
+        while let Some(dir) = queue.pop_front() {
+            if state.wds.len() >= MAX_WATCHES {
+                state.complete = false;
+                return None;
+            }
+            match self.instance().and_then(|i| add_watch(i, &p.tree, &dir)) {
+                Some(wd) => {
+                    state.wds.insert(wd, dir.clone());
+                }
+                None => state.complete = false,
+            }
+            let room = p.rules.limits.max_entries.saturating_sub(listed);
+            let Ok((entries, more)) = p.tree.list(&dir, room) else { continue };
+            listed += entries.len();
+            if more {
+                state.complete = false;
+            }
+            for (n, k) in entries {
+                let child = dir.join(&n);
+                if p.writable && p.rules.protects(&p.tree, &child, &n) {
+                    continue;
+                }
+                if p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)) {
+                    return Some(format!(
+                        "{} looks like a secret and appeared in the project",
+                        p.tree.path().join(&child).display()
+                    ));
+                }
+                if k == Kind::File && !p.idents.is_empty() {
+                    if let Ok(Some(st)) = p.tree.lstat(&child) {
+                        if p.idents.contains(&ident(&st)) {
+                            return Some(format!(
+                                "{} is a new name (a hard link) of a masked secret",
+                                p.tree.path().join(&child).display()
+                            ));
+                        }
+                    }
+                }
+                if k == Kind::Dir && !p.rules.protects(&p.tree, &child, &n) && !is_dependency(&n) {
+                    queue.push_back(child);
+                }
+            }
+        }
+        None
+    }
+
+    /// The whole walk of a start again: a secret the masks miss.
+    fn walk_again(&self) -> Option<String> {
+        let p = &self.plan;
+        let survey = p.rules.survey(&p.tree, &p.secrets, None);
+        let found = mask_list(&p.tree, &survey.secrets);
+        let known = |rel: &Path| {
+            p.report.masked.iter().chain(&p.report.unmasked).any(|m| rel == m.rel || (m.dir && rel.starts_with(&m.rel)))
+        };
+        found.into_iter().find(|m| !known(&m.rel)).map(|m| {
+            format!("{} looks like a secret and appeared in the project", p.tree.path().join(&m.rel).display())
+        })
+    }
+
+    /// Until `stop` fires: when the plan turns stale, `stale` is called
+    /// once (it kills the sandbox) and the watch ends.
+    pub async fn run(
+        self: std::sync::Arc<Self>,
+        stale: impl FnOnce(String) + Send + 'static,
+        mut stop: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let Some(inotify) = &self.inotify else { return };
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                ready = inotify.wait() => {
+                    if !ready {
+                        return;
+                    }
+                    let me = self.clone();
+                    let Ok(found) = tokio::task::spawn_blocking(move || me.stale()).await else { return };
+                    if let Some(why) = found {
+                        stale(why);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn is_dependency(name: &OsStr) -> bool {
+    name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n))
+}
+
+fn sandbox(rel: &Path) -> PathBuf {
+    Path::new(crate::bwrap::WORKSPACE).join(rel)
+}
+
+/// Watch directory `rel` of `tree` through its own fd.
+fn add_watch(inotify: &Inotify, tree: &Tree, rel: &Path) -> Option<WatchDescriptor> {
+    let fd = tree.dir(rel).ok()?;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    inotify.add_watch(path.as_str(), FLAGS).ok()
+}
