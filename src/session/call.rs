@@ -42,13 +42,6 @@ impl Session {
             ));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
-        // A project secret that appeared since the sandbox started is not
-        // masked in it: a new sandbox, planned now, masks it (the watch
-        // stops it at once; this reads the watch's queue, or walks).
-        if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
-            inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
-            self.drop_worker(inner, ResetReason::MountsChanged).await;
-        }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Some(why) = w.take_killed_for() {
@@ -71,6 +64,13 @@ impl Session {
                 inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}{oom}"));
                 self.drop_worker(inner, ResetReason::DiedIdle).await;
             }
+        }
+        // A project secret that appeared since the sandbox started is not
+        // masked in it: a new sandbox, planned now, masks it (the watch
+        // stops it at once; this reads the watch's queue, or walks).
+        if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
+            inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
+            self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         let mut restarts = 0;
         while inner.worker.is_none() {
