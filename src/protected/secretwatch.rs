@@ -27,6 +27,10 @@ use super::*;
 /// of the user's budget, `fs.inotify.max_user_watches`).
 pub const MAX_WATCHES: usize = 8192;
 
+/// Most entries the watch lists in new directories over a sandbox's life;
+/// past it the check before each execution walks instead.
+pub const MAX_LISTED: usize = 200_000;
+
 /// Added through `/proc/self/fd/N` of the directory's own fd (a magic
 /// link to what was opened beneath the project, so it is followed).
 const FLAGS: AddWatchFlags =
@@ -92,6 +96,10 @@ struct Plan {
 struct State {
     wds: HashMap<WatchDescriptor, PathBuf>,
     complete: bool,
+    /// Entries listed in new directories so far (bounded by
+    /// [`MAX_LISTED`]: a sandbox moving a tree to and fro cannot make the
+    /// host list it without end).
+    listed: usize,
     /// Why the plan is stale, once it is (it stays so).
     stale: Option<String>,
 }
@@ -125,7 +133,7 @@ impl SecretWatch {
             plan: Plan { tree, rules, secrets, report, idents, writable },
             inotify: None,
             raw: inotify,
-            state: parking_lot::Mutex::new(State { wds, complete, stale: None }),
+            state: parking_lot::Mutex::new(State { wds, complete, listed: 0, stale: None }),
         }
     }
 
@@ -220,9 +228,8 @@ impl SecretWatch {
         // A new directory: watched, then listed (what was made in it
         // before the watch is seen by the listing).
         let mut queue = std::collections::VecDeque::from([rel.to_path_buf()]);
-        let mut listed = 0;
         while let Some(dir) = queue.pop_front() {
-            if state.wds.len() >= MAX_WATCHES {
+            if state.wds.len() >= MAX_WATCHES || state.listed >= MAX_LISTED {
                 state.complete = false;
                 return None;
             }
@@ -232,9 +239,9 @@ impl SecretWatch {
                 }
                 None => state.complete = false,
             }
-            let room = p.rules.limits.max_entries.saturating_sub(listed);
+            let room = MAX_LISTED - state.listed;
             let Ok((entries, more)) = p.tree.list(&dir, room) else { continue };
-            listed += entries.len();
+            state.listed += entries.len();
             if more {
                 state.complete = false;
             }
