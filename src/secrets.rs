@@ -8,7 +8,10 @@
 //! (`MaskSources`), bound over it from an fd: the sandbox, its
 //! subprocesses included, sees the name and no content, and cannot write
 //! it. The worker gets the masked sandbox paths so that its read hook can
-//! report a read of one as a secret (a `permission_needed` result).
+//! report a read of one as a secret (a `permission_needed` result). The
+//! other names of a masked file (hard links, by device and inode) are
+//! masked too. A secret that appears while the sandbox runs stops it: see
+//! `protected::SecretWatch`.
 //!
 //! What is not masked, by rule: entries inside dependency trees (`scan`'s
 //! `DEPENDENCY_DIRS`: their test keys are not the user's secrets) and
