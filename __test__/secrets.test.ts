@@ -542,31 +542,34 @@ describe("secrets that appear after the sandbox started", () => {
     assert.match(r.stateLostReason ?? "", /killed between executions: .*\.env\.local/, show(r));
   });
 
-  test("yolo: a .env.local the sandbox makes itself stops it within the call; the next execution masks it", async (t) => {
-    if (skipWithoutSandbox(t)) return;
-    for (const secrets of ["", undefined]) {
-      const { fx, sb, exec } = await late(t, secrets, "yolo");
-      const made = await exec(py`
-        import shutil, time
-        shutil.copy("/workspace/.env.example", "/workspace/.env.local")
-        time.sleep(5)
-        print("still running")
-      `);
-      // The user then fills it in on the host (in place: the same file).
-      await writeFile(join(fx.project, ".env.local"), LATE);
-      const r = await exec(catAll([".env.local"]));
-      if (secrets === "") {
-        assert.match(made.stdout, /still running/);
-        assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
-      } else {
-        assert.doesNotMatch(made.stdout, /still running/, `the sandbox ran on after the secret appeared: ${show(made)}`);
-        assert.equal(made.stateLost, true, "the kill says the state is gone");
-        assert.match(made.stateLostReason ?? "", /\.env\.local/, show(made));
-        assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+  for (const rollback of [false, true]) {
+    test(`yolo${rollback ? " with rollback" : ""}: a .env.local the sandbox makes itself stops it within the call; the next execution masks it`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, "yolo", rollback);
+        const made = await exec(py`
+          import shutil, time
+          shutil.copy("/workspace/.env.example", "/workspace/.env.local")
+          time.sleep(5)
+          print("still running")
+        `);
+        // The user then fills it in on the host (in place: the same file).
+        await writeFile(join(fx.project, ".env.local"), LATE);
+        const r = await exec(catAll([".env.local"]));
+        if (secrets === "") {
+          assert.match(made.stdout, /still running/);
+          assert.match(seen(r), /late-secret-3b8e/, `baseline: ${show(r)}`);
+        } else {
+          assert.doesNotMatch(made.stdout, /still running/, `the sandbox ran on after the secret appeared: ${show(made)}`);
+          assert.equal(made.stateLost, true, "the kill says the state is gone");
+          assert.equal(made.rolledBack, false, "nothing was rolled back: the sandbox was stopped");
+          assert.match(made.stateLostReason ?? "", /\.env\.local/, show(made));
+          assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+        }
+        await sb.dispose();
       }
-      await sb.dispose();
-    }
-  });
+    });
+  }
 
   for (const where of ["notes.txt", "node_modules/pkg/index.txt"]) {
     test(`yolo: a hard link the sandbox made to a new secret (${where}) is masked after the restart`, async (t) => {
