@@ -27,6 +27,8 @@ pub struct Facts {
     pub bwrap: Bwrap,
     pub interpreter: Interpreter,
     pub merged_usr: bool,
+    /// The kernel information files this host has (see `bwrap::PROC_MASKS`).
+    pub proc_masks: Vec<crate::hostsecrets::Mask>,
     pub python: PythonEnv,
     /// Key of the worker's compiled form for this interpreter.
     pub code_key: Option<u64>,
@@ -58,7 +60,14 @@ impl Facts {
             .collect();
         let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
         let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
-        Ok(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python, code_key })
+        Ok(Facts {
+            bwrap,
+            interpreter,
+            merged_usr: probe::merged_usr(),
+            proc_masks: probe::proc_masks_of_host(),
+            python,
+            code_key,
+        })
     }
 }
 
@@ -163,21 +172,16 @@ async fn start_once(
     // be protected is mounted read-only for this sandbox, and the first
     // result says why; a secret that cannot be masked stops the start.
     // The session's empty file and directory: the source of every mask,
-    // the project's and the host secrets' in granted directories.
-    let sources =
-        if settings.secrets.is_empty() && host_masks.is_empty() {
-            None
-        } else {
-            Some(crate::secrets::MaskSources::in_dir(&dirs.root).map_err(|e| {
-                StartError::Prepare(format!("The empty files that hide secrets could not be made: {e}"))
-            })?)
-        };
+    // the kernel's information files, the project's secrets and the host
+    // secrets' in granted directories.
+    let sources = crate::secrets::MaskSources::in_dir(&dirs.root)
+        .map_err(|e| StartError::Prepare(format!("The empty files that hide secrets could not be made: {e}")))?;
     let (root, sink, tainted) = (project.clone(), start.notes.clone(), start.tainted.clone());
     // What a grant unmasked, and the secrets allowed once for this start.
     let unmasked: Vec<PathBuf> = mounts.unmasked.iter().chain(&mounts.unmasked_once).cloned().collect();
     let writable_mode = mounts.workspace_writable;
     let known = start.known.lock().clone();
-    let mask_sources = sources.as_ref().map(|s| (s.file.clone(), s.dir.clone()));
+    let mask_sources = (sources.file.clone(), sources.dir.clone());
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
         protected::plan_start(protected::StartRequest {
@@ -190,7 +194,7 @@ async fn start_once(
             tainted,
             writable: writable_mode,
             unmasked: &unmasked,
-            sources: sources.as_ref(),
+            sources: Some(&sources),
             known: &known,
         })
     })
@@ -292,6 +296,7 @@ async fn start_once(
         once: start.mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
         host_masks,
         mask_sources,
+        proc_masks: facts.proc_masks.clone(),
         python_mounts,
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
