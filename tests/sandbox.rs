@@ -581,3 +581,48 @@ async fn no_cgroup_is_left_after_dispose() {
         assert!(!d.exists(), "{} is left after dispose", d.display());
     }
 }
+
+/// The kernel views and the root, as this user (root or not): bubblewrap
+/// can make every read-only bind, mask and the root's remount, and the
+/// sandbox cannot write what plain bubblewrap leaves writable. Kernel
+/// files are opened for writing and never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_views_and_the_root_are_read_only_for_this_user() {
+    let Some(f) = fixture("kernel") else { return };
+    let code = r#"
+import json, os
+def ro(p):
+    return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+def open_w(p):
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        return "opened"
+    except OSError as e:
+        return e.errno
+def make(p):
+    try:
+        os.mkdir(p)
+        return "made"
+    except OSError as e:
+        return e.errno
+print(json.dumps({"sys": ro("/proc/sys"), "fs": ro("/proc/fs"), "root": ro("/"), "mkdir": make("/zz"),
+                  "core_pattern": open_w("/proc/sys/kernel/core_pattern"),
+                  "timer_list": len(open("/proc/timer_list", "rb").read()) if os.getuid() == 0 else 0}))
+"#;
+    let (inside, _) = json_of(&f, code).await;
+    let free = unfiltered(code);
+    // Root opens sysctls by mode bits; another user gets EACCES before EROFS.
+    let refused = if uid() == 0 { 30 } else { 13 };
+    assert_eq!(
+        inside,
+        serde_json::json!({"sys": true, "fs": true, "root": true, "mkdir": 30, "core_pattern": refused, "timer_list": 0})
+    );
+    assert_eq!(free["sys"], false, "plain bubblewrap leaves /proc/sys writable: {free}");
+    assert_eq!(free["root"], false, "{free}");
+    assert_eq!(free["mkdir"], "made", "{free}");
+    if uid() == 0 {
+        assert_eq!(free["core_pattern"], "opened", "{free}");
+        assert!(free["timer_list"].as_u64() > Some(0), "{free}");
+    }
+    f.session.dispose("test").await;
+}
