@@ -915,7 +915,7 @@ mod tests {
             ("open", |m| [0x1000, O_TMPFILE | O_WRONLY, m, 0, 0, 0]),
         ];
         for (call, args) in calls {
-            for mode in [0o4755, 0o2755, 0o6755, 0o4000, 0o2000, 0xffff_0000_0000_4000] {
+            for mode in [0o4755, 0o2755, 0o6755, 0o4000, 0o2000, 0xffff_0000_0000_0000 | 0o4000] {
                 assert_eq!(answer(call, args(mode)), EPERM, "{call} {mode:#o}");
             }
             for mode in [0o755, 0o1777, 0o644, 0] {
