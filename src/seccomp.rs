@@ -897,7 +897,8 @@ mod tests {
         const O_WRONLY: u64 = 0o1;
         const O_TMPFILE: u64 = O_TMPFILE_BIT | 0o200_000; // with O_DIRECTORY
         const S_IFREG: u64 = 0o100_000;
-        let calls: &[(&str, fn(u64) -> [u64; 6])] = &[
+        type Args = fn(u64) -> [u64; 6];
+        let calls: &[(&str, Args)] = &[
             ("fchmod", |m| [3, m, 0, 0, 0, 0]),
             ("fchmodat", |m| [AT_FDCWD, 0x1000, m, 0, 0, 0]),
             ("mknodat", |m| [AT_FDCWD, 0x1000, S_IFREG | m, 0, 0, 0]),
