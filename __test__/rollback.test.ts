@@ -286,17 +286,12 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
                       return 'opened'
               except OSError as e:
                   return type(e).__name__
-          # Baseline: a child of ours that makes itself dumpable again.
-          r, w = os.pipe()
-          child = os.fork()
-          if child == 0:
-              ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
-              os.write(w, b'1')
-              time.sleep(30)
-              os._exit(0)
-          os.read(r, 1)
-          baseline = try_mem(child)
-          os.kill(child, 9)
+          # Baseline: a child of ours that execs, which makes it dumpable again.
+          import subprocess, sys
+          child = subprocess.Popen([sys.executable, '-I', '-S', '-c', 'print(1, flush=True)\nimport time\ntime.sleep(30)'], stdout=subprocess.PIPE)
+          child.stdout.readline()
+          baseline = try_mem(child.pid)
+          child.kill()
           print(json.dumps({"copy": try_mem(copy), "pid1": try_mem(1), "baseline": baseline}), flush=True)
           while True: pass
         `,

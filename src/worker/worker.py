@@ -955,16 +955,6 @@ def checkpoint():
     return "restored", nonce
 
 
-def private(state):
-    """Make this interpreter non-dumpable (its copies inherit it); on
-    failure `state["dumpable"]` says why, and no copy is taken."""
-    try:
-        undumpable()
-        state["dumpable"] = False
-    except (OSError, ImportError) as e:
-        state["dumpable"] = bound(str(e), 200)[0]
-
-
 STREAM_FDS = (14, 15)  # the next call's read ends: the host takes them (pidfd_getfd)
 NEXT_FDS = (16, 17)  # and their write ends, 1 and 2 once the call begins
 PREPARED = False  # 14-17 hold them (else those numbers may be the code's own files)
@@ -1061,12 +1051,7 @@ def serve(gate=None):
             state["discarded"] = left
         newest = last_pid()
         if request.get("checkpoint") is True and ALL_SIGNALS is not None:
-            if state.get("dumpable", True):
-                private(state)
-            if state["dumpable"]:
-                copy, why = None, "the interpreter could not be made private (%s)" % state["dumpable"]
-            else:
-                copy, why = checkpoint()
+            copy, why = checkpoint()
             if copy == "restored":
                 prepare_streams()
                 send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": why})
@@ -1081,7 +1066,7 @@ def serve(gate=None):
             send({"type": "begin", "id": req_id, "copy": None, "why": why})
         gate = state.pop("gate", None)
         if gate is not None:
-            os.read(gate, 1)  # PID 1 is non-dumpable before any user code runs
+            os.read(gate, 1)  # PID 1 has set up its signals before any user code runs
             os.close(gate)
         rich = state["rich"] = Rich(req_id)
         # Processes earlier executions left running are not waited for;
@@ -1122,8 +1107,6 @@ def serve(gate=None):
             prepare_streams()
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"],
               "streams": PREPARED})
-        if ALL_SIGNALS is not None and state.get("dumpable", True) is True:
-            private(state)  # before the next call needs it, off its path
 
 
 def send_code():
@@ -1162,6 +1145,14 @@ def set_limits(spec):
 
 def main():
     global NULL_ID
+    # No other process of the sandbox may open this one's descriptors or
+    # memory through /proc: made non-dumpable before anything else, so PID
+    # 1, the interpreter and every rollback copy (forks keep it) are from
+    # before the first call's code, and the filter refuses making any
+    # process dumpable again. A program a child execs is dumpable, and
+    # holds none of the channels: every one of them is close-on-exec.
+    # Without this the worker does not start.
+    undumpable()
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
     st = os.stat("/dev/null")
