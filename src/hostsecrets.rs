@@ -409,8 +409,11 @@ impl HostSecrets {
             }
             if leaf.contains('*') {
                 let Ok(list) = std::fs::read_dir(&dir) else { continue };
-                let mut names: Vec<PathBuf> =
-                    list.flatten().filter(|d| glob_match(leaf, &d.file_name().to_string_lossy())).map(|d| d.path()).collect();
+                let mut names: Vec<PathBuf> = list
+                    .flatten()
+                    .filter(|d| glob_match(leaf, &d.file_name().to_string_lossy()))
+                    .map(|d| d.path())
+                    .collect();
                 names.sort();
                 names.into_iter().for_each(&mut add);
             } else {

@@ -39,8 +39,8 @@ use nix::fcntl::OFlag;
 use crate::beneath::{self, Kind, Tree};
 use crate::gitconfig::inside;
 pub use crate::gitconfig::HostGit;
-use crate::scan::{self, Limits, Summary, Visit};
 use crate::hostsecrets::HostSecrets;
+use crate::scan::{self, Limits, Summary, Visit};
 use crate::secrets::{Mask, MaskReport, MaskSources, SecretRules, MAX_MASKS};
 
 /// A protected name and why.
@@ -648,7 +648,9 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         // a path a grant opened alone (see `secrets::holes`).
         out.report = MaskReport::new(&found, r.project, r.unmasked, &survey.secrets_summary, r.limits);
         // Only a real file or directory is opened (never through a link).
-        out.report.holes.retain(|h| matches!(tree.lstat(h), Ok(Some(st)) if matches!(Kind::of(&st), Kind::File | Kind::Dir)));
+        out.report
+            .holes
+            .retain(|h| matches!(tree.lstat(h), Ok(Some(st)) if matches!(Kind::of(&st), Kind::File | Kind::Dir)));
         let holes = out.report.holes.clone();
         let masked = out.report.masked.clone();
         out.report.masked.retain(|m| !crate::secrets::inside_masked_dir(m, &masked, &holes));

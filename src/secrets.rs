@@ -203,7 +203,10 @@ pub fn holes(masked: &[Mask], project: &Path, unmasked: &[PathBuf]) -> Vec<PathB
 /// mount of its own): true unless a hole opens the way to it.
 pub fn inside_masked_dir(m: &Mask, masked: &[Mask], holes: &[PathBuf]) -> bool {
     masked.iter().any(|d| {
-        d.dir && m.rel != d.rel && m.rel.starts_with(&d.rel) && !holes.iter().any(|h| h.starts_with(&d.rel) && h != &d.rel && m.rel.starts_with(h))
+        d.dir
+            && m.rel != d.rel
+            && m.rel.starts_with(&d.rel)
+            && !holes.iter().any(|h| h.starts_with(&d.rel) && h != &d.rel && m.rel.starts_with(h))
     })
 }
 
@@ -536,8 +539,10 @@ mod tests {
     #[test]
     fn the_report_names_masks_and_an_incomplete_scan() {
         let project = Path::new("/p");
-        let found =
-            [Mask { rel: ".env".into(), dir: false, host: false }, Mask { rel: "s/secrets".into(), dir: true, host: false }];
+        let found = [
+            Mask { rel: ".env".into(), dir: false, host: false },
+            Mask { rel: "s/secrets".into(), dir: true, host: false },
+        ];
         let summary = Summary { entries: 7, complete: false, unreadable: None };
         let r = MaskReport::new(&found, project, &[], &summary, Limits { max_entries: 7, max_depth: 24 });
         assert_eq!(r.sandbox_paths(), ["/workspace/.env", "/workspace/s/secrets"]);
