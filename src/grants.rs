@@ -231,7 +231,7 @@ mod tests {
     use super::*;
     use crate::hostsecrets::HostSecrets;
 
-    static NONE: HostSecrets = HostSecrets { entries: Vec::new() };
+    static NONE: HostSecrets = HostSecrets { entries: Vec::new(), in_home: Vec::new() };
 
     fn ctx(project: &Path) -> Context<'_> {
         Context { project: Some(project), home: None, secrets: &NONE, writable: &[], project_secrets: Some(&[]) }

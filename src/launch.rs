@@ -157,7 +157,16 @@ async fn start_once(
     let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
     let trees = [project.as_path(), canonical_root.as_path()];
     let secrets = settings.host_secrets(&trees);
-    let host_masks = host_masks(&secrets, mounts, &trees);
+    let mut host_masks = host_masks(&secrets, mounts, &trees);
+    // A virtual environment or package directory outside the project is a
+    // host directory shown to the sandbox like a read root.
+    for dir in facts.python.mounts.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)) {
+        for m in secrets.masks_under(dir, &trees) {
+            if !host_masks.contains(&m) {
+                host_masks.push(m);
+            }
+        }
+    }
     let granted: Vec<&Path> = mounts
         .read_roots
         .iter()
@@ -182,6 +191,7 @@ async fn start_once(
     let writable_mode = mounts.workspace_writable;
     let known = start.known.lock().clone();
     let mask_sources = (sources.file.clone(), sources.dir.clone());
+    let host_list = secrets.clone();
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
         protected::plan_start(protected::StartRequest {
@@ -196,6 +206,7 @@ async fn start_once(
             unmasked: &unmasked,
             sources: Some(&sources),
             known: &known,
+            host: &host_list,
         })
     })
     .await;

@@ -663,9 +663,23 @@ impl PythonSandbox {
     /// sandbox's word).
     fn secret_host_path(&self, path: &str) -> Option<PathBuf> {
         let report = self.session.status();
-        // The mask's own path: a file inside a masked directory is unmasked with it.
-        let rel = report.masks.as_ref()?.covering(std::path::Path::new(path))?.rel.clone();
+        // Exactly the path read: a file inside a masked directory is
+        // unmasked alone, never the directory. A host secret never is.
+        let path = permissions::normalize(path)?;
+        let mask = report.masks.as_ref()?.covering(&path)?;
+        if mask.host {
+            return None;
+        }
+        let rel = path.strip_prefix(crate::bwrap::WORKSPACE).ok()?;
         std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel))
+    }
+
+    /// The host-secret mask of the project that hides sandbox path `path`.
+    fn host_secret_mask(&self, path: &str) -> Option<String> {
+        let report = self.session.status();
+        let path = permissions::normalize(path)?;
+        let mask = report.masks.as_ref()?.covering(&path)?;
+        mask.host.then(|| std::path::Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string())
     }
 
     /// Mount what `event` asks for. `current`: the mounts before (for the
@@ -861,6 +875,9 @@ impl PythonSandbox {
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
         let seen = self.grants.mode().is_some() || self.session.status().permissions_seen;
+        if let Some(mask) = self.host_secret_mask(&path) {
+            return ReadVerdict { prompt: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) };
+        }
         let secret = self.secret_host_path(&path);
         match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
             ReadDecision::Prompt => {
@@ -885,6 +902,9 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let shown = displayed_line(path.clone());
+        if let Some(mask) = self.host_secret_mask(&path) {
+            return Ok(ReadAnswer { replay: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) });
+        }
         let secret = self.secret_host_path(&path);
         Ok(match self.grants.answer(&path, is_dir, secret.as_deref(), answer, remounted, &ctx, |p| ctx.resolve(p)) {
             Next::Unmask(host) => {
@@ -972,4 +992,16 @@ impl PythonSandbox {
     pub async fn dispose(&self, reason: Option<String>) -> Result<Vec<String>> {
         Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await.into_iter().map(displayed).collect())
     }
+}
+
+/// Why a read of a host secret in the project is refused without asking.
+fn host_secret_refusal(path: &str, mask: &str) -> String {
+    format!(
+        "{} is a host secret (under {}: a credential store or history that the host-secret list names), so the \
+         sandbox hides it in every mode and no grant unmasks it; copy what the code needs into the project or \
+         /scratch, or see {}.",
+        displayed_line(path.to_string()),
+        displayed_line(mask.to_string()),
+        crate::hostsecrets::HOST_SECRETS_ENV
+    )
 }

@@ -261,7 +261,9 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
         if ctx.project.is_some_and(|project| normal.starts_with(project)) {
             // Secrets not known yet (no start so far): any real entry may hold one.
             let covers = match ctx.project_secrets {
-                Some(list) => list.iter().any(|s| s.starts_with(&normal)),
+                // A secret under it, or the masked directory it is in
+                // (then just it is opened, see `secrets::holes`).
+                Some(list) => list.iter().any(|s| s.starts_with(&normal) || normal.starts_with(s)),
                 // Looked at beneath the project, never through a link in it.
                 None => ctx.project.is_some_and(|project| {
                     let rel = normal.strip_prefix(project).unwrap_or(Path::new(""));
@@ -516,7 +518,7 @@ mod tests {
         Ok(p.to_path_buf())
     }
 
-    static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new() };
+    static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new(), in_home: Vec::new() };
 
     fn ctx(project: Option<&str>) -> Context<'_> {
         Context {

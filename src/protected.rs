@@ -39,6 +39,7 @@ use nix::fcntl::OFlag;
 use crate::beneath::{self, Kind, Tree};
 use crate::gitconfig::inside;
 pub use crate::gitconfig::HostGit;
+use crate::hostsecrets::HostSecrets;
 use crate::scan::{self, Limits, Summary, Visit};
 use crate::secrets::{Mask, MaskReport, MaskSources, SecretRules, MAX_MASKS};
 
@@ -300,20 +301,33 @@ impl Rules {
         self.names.contains(name) && (name != SKILLS || holds_skills(tree, rel))
     }
 
-    /// The one walk of a start: every protected entry (not entered) and,
-    /// by `secrets`, every entry that looks like a secret. Dependency trees
-    /// are not walked (their contents are code the user runs anyway, their
-    /// keys test keys).
-    fn survey(&self, tree: &Tree, secrets: &SecretRules) -> Survey {
+    /// The one walk of a start: every protected entry (not entered by the
+    /// walk for protection) and, by `secrets` and the host-secret list
+    /// `host`, every entry that looks like a secret. Dependency trees are
+    /// not walked (their contents are code the user runs anyway, their keys
+    /// test keys). Protected directories are walked afterwards for secrets
+    /// alone (`.pi/agent/auth.json`, `.claude/.credentials.json`), within
+    /// what is left of the bound: what they hold does not count for the
+    /// protection's completeness, only for the masks'.
+    fn survey(&self, tree: &Tree, secrets: &SecretRules, host: &HostSecrets) -> Survey {
         let mut entries: Vec<(PathBuf, Kind, Ident)> = Vec::new();
         let mut seen: HashSet<PathBuf> = HashSet::new();
-        let mut found_secrets: Vec<(PathBuf, Kind)> = Vec::new();
+        let mut found_secrets: Vec<(PathBuf, Kind, bool)> = Vec::new();
+        let looking = !secrets.is_empty() || !host.is_empty();
+        let look = |rel: &Path, name: &OsStr, kind: Kind, found: &mut Vec<(PathBuf, Kind, bool)>| {
+            // One past the most that can be masked is enough to refuse the start.
+            if !looking || found.len() > MAX_MASKS {
+                return;
+            }
+            if host.matches_in_tree(tree.path(), rel) {
+                found.push((rel.to_path_buf(), kind, true));
+            } else if secrets.matches(name, kind) {
+                found.push((rel.to_path_buf(), kind, false));
+            }
+        };
         let summary = scan::walk(tree, self.limits, |rel, kind| {
             let Some(name) = rel.file_name() else { return Visit::Descend };
-            // One past the most that can be masked is enough to refuse the start.
-            if secrets.matches(name, kind) && found_secrets.len() <= MAX_MASKS {
-                found_secrets.push((rel.to_path_buf(), kind));
-            }
+            look(rel, name, kind, &mut found_secrets);
             if self.protects(tree, rel, name) {
                 if let Ok(Some(st)) = tree.lstat(rel) {
                     seen.insert(rel.to_path_buf());
@@ -321,18 +335,41 @@ impl Rules {
                 }
                 return Visit::Skip;
             }
-            if kind == Kind::Dir && name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n)) {
+            if kind == Kind::Dir && is_dependency_dir(name) {
                 return Visit::Skip;
             }
             Visit::Descend
         });
-        Survey { entries, seen, secrets: found_secrets, summary }
+        let mut secrets_summary = summary.clone();
+        if looking {
+            let mut dirs: Vec<PathBuf> =
+                entries.iter().filter(|(_, k, _)| *k == Kind::Dir).map(|(r, _, _)| r.clone()).collect();
+            dirs.sort();
+            for dir in dirs {
+                let left = self.limits.max_entries.saturating_sub(secrets_summary.entries);
+                let bound = Limits { max_entries: left, max_depth: self.limits.max_depth };
+                let inner = scan::walk_from(tree, &dir, bound, |rel, kind| {
+                    let Some(name) = rel.file_name() else { return Visit::Descend };
+                    look(rel, name, kind, &mut found_secrets);
+                    if kind == Kind::Dir && is_dependency_dir(name) {
+                        return Visit::Skip;
+                    }
+                    Visit::Descend
+                });
+                secrets_summary.entries += inner.entries;
+                secrets_summary.complete &= inner.complete;
+                if secrets_summary.unreadable.is_none() {
+                    secrets_summary.unreadable = inner.unreadable;
+                }
+            }
+        }
+        Survey { entries, seen, secrets: found_secrets, summary, secrets_summary }
     }
 
     /// Walk the project and find every protected entry; any part that
     /// cannot be walked makes the project unprotectable.
     fn discover(&self, tree: &Tree) -> Result<(Found, Summary), PlanError> {
-        let survey = self.survey(tree, &SecretRules::new(Some("")));
+        let survey = self.survey(tree, &SecretRules::new(Some("")), &HostSecrets::default());
         let summary = survey.summary.clone();
         Ok((self.resolve(tree, survey)?, summary))
     }
@@ -425,9 +462,17 @@ impl Rules {
 struct Survey {
     entries: Vec<(PathBuf, Kind, Ident)>,
     seen: HashSet<PathBuf>,
-    /// Entries that look like secrets (relative path, kind).
-    secrets: Vec<(PathBuf, Kind)>,
+    /// Entries that look like secrets (relative path, kind, on the
+    /// host-secret list).
+    secrets: Vec<(PathBuf, Kind, bool)>,
     summary: Summary,
+    /// How far the walk for secrets got (the protected directories too).
+    secrets_summary: Summary,
+}
+
+/// A dependency tree's name (`scan::DEPENDENCY_DIRS`).
+fn is_dependency_dir(name: &OsStr) -> bool {
+    name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n))
 }
 
 /// Most entries of a `skills` directory looked at for `*/SKILL.md`.
@@ -519,6 +564,8 @@ pub struct StartRequest<'a> {
     pub sources: Option<&'a MaskSources>,
     /// The secrets earlier starts found (see [`KnownSecrets`]).
     pub known: &'a [Mask],
+    /// The host-secret list, masked in the project too.
+    pub host: &'a HostSecrets,
 }
 
 /// The mounts over the project of one sandbox start.
@@ -559,7 +606,7 @@ pub enum MaskError {
 /// project that cannot be protected is mounted read-only (`refused`) and
 /// keeps its masks; a secret that cannot be masked stops the start.
 pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
-    let masking = !r.secrets.is_empty();
+    let masking = !r.secrets.is_empty() || !r.host.is_empty();
     let mut out = StartPlan {
         binds: Vec::new(),
         masks: Vec::new(),
@@ -584,7 +631,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         }
     };
     let rules = Rules::new(r.protected, r.limits, r.git);
-    let survey = rules.survey(&tree, r.secrets);
+    let survey = rules.survey(&tree, r.secrets, r.host);
     let summary = survey.summary.clone();
     if masking {
         let mut found = mask_list(&tree, &survey.secrets);
@@ -592,16 +639,24 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         // this walk did not get to it (never through a link).
         for known in r.known {
             let here = matches!(tree.lstat(&known.rel), Ok(Some(st)) if Kind::of(&st) != Kind::Link);
-            if here && !found.iter().any(|m| m.rel == known.rel || known.rel.starts_with(&m.rel) && m.dir) {
+            if here && !found.iter().any(|m| m.rel == known.rel) {
                 found.push(known.clone());
             }
         }
-        let dirs: HashSet<PathBuf> = found.iter().filter(|m| m.dir).map(|m| m.rel.clone()).collect();
-        found.retain(|m| !m.rel.ancestors().skip(1).any(|a| dirs.contains(a)));
         found.sort_by(|a, b| a.rel.cmp(&b.rel));
-        out.report = MaskReport::new(&found, r.project, r.unmasked, &summary, r.limits);
+        // Nothing inside a masked directory is masked again, except past
+        // a path a grant opened alone (see `secrets::holes`).
+        out.report = MaskReport::new(&found, r.project, r.unmasked, &survey.secrets_summary, r.limits);
+        // Only a real file or directory is opened (never through a link).
+        out.report
+            .holes
+            .retain(|h| matches!(tree.lstat(h), Ok(Some(st)) if matches!(Kind::of(&st), Kind::File | Kind::Dir)));
+        let holes = out.report.holes.clone();
+        let masked = out.report.masked.clone();
+        out.report.masked.retain(|m| !crate::secrets::inside_masked_dir(m, &masked, &holes));
     }
     let masked = out.report.masked.clone();
+    let holes = out.report.holes.clone();
     if masked.len() > MAX_MASKS {
         return Err(MaskError::TooMany(masked.len()));
     }
@@ -613,14 +668,14 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         }
     }
     let entries = protected.as_ref().map(|f: &Found| f.entries.as_slice()).unwrap_or(&[]);
-    let ordered = match binds_with_masks(&tree, entries, &masked, protected.is_some(), r.sources)? {
+    let ordered = match binds_with_masks(&tree, entries, &masked, &holes, protected.is_some(), r.sources)? {
         Ok(b) => b,
         Err(e) => {
             // The protection cannot be mounted: read-only, masks kept.
             out.refused = Some(e);
             protected = None;
             // Without protected entries every failure is a mask's (outer).
-            binds_with_masks(&tree, &[], &masked, false, r.sources)?
+            binds_with_masks(&tree, &[], &masked, &holes, false, r.sources)?
                 .map_err(|e| MaskError::Bind { rel: String::new(), source: std::io::Error::other(e.to_string()) })?
         }
     };
@@ -635,10 +690,10 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
 /// directory, anything else by an empty file, a link by masking its
 /// target when that is in the project (opened beneath it, never through
 /// another link). Nothing inside a masked directory is masked again.
-fn mask_list(tree: &Tree, found: &[(PathBuf, Kind)]) -> Vec<Mask> {
+fn mask_list(tree: &Tree, found: &[(PathBuf, Kind, bool)]) -> Vec<Mask> {
     let mut out: Vec<Mask> = Vec::new();
     let mut seen: HashSet<PathBuf> = HashSet::new();
-    for (rel, kind) in found {
+    for (rel, kind, host) in found {
         let (rel, kind) = match kind {
             Kind::Link => {
                 let Ok(target) = tree.read_link(rel) else { continue };
@@ -651,11 +706,9 @@ fn mask_list(tree: &Tree, found: &[(PathBuf, Kind)]) -> Vec<Mask> {
             k => (rel.clone(), *k),
         };
         if crate::secrets::plain(&rel) && seen.insert(rel.clone()) {
-            out.push(Mask { rel, dir: kind == Kind::Dir });
+            out.push(Mask { rel, dir: kind == Kind::Dir, host: *host });
         }
     }
-    let dirs: HashSet<PathBuf> = out.iter().filter(|m| m.dir).map(|m| m.rel.clone()).collect();
-    out.retain(|m| !m.rel.ancestors().skip(1).any(|a| dirs.contains(a)));
     out.sort_by(|a, b| a.rel.cmp(&b.rel));
     out
 }
@@ -670,6 +723,7 @@ fn binds_with_masks(
     tree: &Tree,
     entries: &[(PathBuf, Kind, Ident)],
     masks: &[Mask],
+    holes: &[PathBuf],
     writable: bool,
     sources: Option<&MaskSources>,
 ) -> Result<Result<(Vec<Bind>, Vec<Bind>), PlanError>, MaskError> {
@@ -685,7 +739,7 @@ fn binds_with_masks(
     }
     let mut anchors: Vec<PathBuf> = anchors.into_iter().collect();
     anchors.sort_by(|a, b| a.components().count().cmp(&b.components().count()).then(a.cmp(b)));
-    let total = anchors.len() + outer.len() + masks.len();
+    let total = anchors.len() + outer.len() + masks.len() + holes.len();
     if total > MAX_BINDS {
         if outer.is_empty() {
             return Err(MaskError::TooMany(masks.len()));
@@ -709,12 +763,34 @@ fn binds_with_masks(
     }
     let sources = if masks.is_empty() { None } else { Some(sources.ok_or(MaskError::NoSources)?) };
     let mut hidden = Vec::new();
-    for m in masks {
-        let fd = sources
-            .ok_or(MaskError::NoSources)?
-            .open(m.dir)
-            .map_err(|source| MaskError::Bind { rel: m.rel.display().to_string(), source })?;
-        hidden.push(Bind { fd, rel: m.rel.clone(), read_only: true });
+    let bind_error = |rel: &Path| {
+        let rel = rel.display().to_string();
+        move |source| MaskError::Bind { rel, source }
+    };
+    // In path order: a directory with holes (from a copy of its shape with
+    // just the holes in it), each hole (the real entry, read-only), the
+    // masks past a hole.
+    let mut order: Vec<(&Path, Option<&Mask>)> =
+        masks.iter().map(|m| (m.rel.as_path(), Some(m))).chain(holes.iter().map(|h| (h.as_path(), None))).collect();
+    order.sort_by(|a, b| a.0.cmp(b.0));
+    for (rel, mask) in order {
+        let fd = match mask {
+            Some(m) => {
+                let sources = sources.ok_or(MaskError::NoSources)?;
+                let inside: Vec<(PathBuf, bool)> = holes
+                    .iter()
+                    .filter(|h| m.dir && h.starts_with(&m.rel) && **h != m.rel)
+                    .map(|h| {
+                        let dir = matches!(tree.lstat(h), Ok(Some(st)) if Kind::of(&st) == Kind::Dir);
+                        (h.strip_prefix(&m.rel).unwrap_or(h).to_path_buf(), dir)
+                    })
+                    .collect();
+                if inside.is_empty() { sources.open(m.dir) } else { sources.shaped(&inside) }
+                    .map_err(bind_error(rel))?
+            }
+            None => tree.open_at(rel, OFlag::O_PATH).map_err(bind_error(rel))?,
+        };
+        hidden.push(Bind { fd, rel: rel.to_path_buf(), read_only: true });
     }
     if writable {
         return Ok(Ok((protection, hidden)));
@@ -937,6 +1013,7 @@ mod tests {
             unmasked,
             sources: Some(&sources),
             known,
+            host: &HostSecrets::default(),
         })
         .expect("plan")
     }
@@ -950,7 +1027,7 @@ mod tests {
         std::fs::write(p.join("sub/.env.production"), "secret").expect("write");
         let first = start(&base, true, &[], None, scan::DEFAULT_LIMITS);
         let known = first.report.masked.clone();
-        assert_eq!(known, [Mask { rel: "sub/.env.production".into(), dir: false }]);
+        assert_eq!(known, [Mask { rel: "sub/.env.production".into(), dir: false, host: false }]);
         // A writable sandbox fills the project root so that the walk stops before sub/.
         for i in 0..40 {
             std::fs::write(p.join(format!("junk{i}")), "").expect("write");
@@ -1007,7 +1084,7 @@ mod tests {
         // The unmask set: a directory, or exactly one file.
         let sub = start(&base, false, &[p.join("sub")], None, all);
         assert!(!bound(&sub.masks).iter().any(|(r, _)| r.starts_with("sub")), "{:?}", bound(&sub.masks));
-        assert_eq!(sub.report.unmasked, [Mask { rel: "sub/.env.production".into(), dir: false }]);
+        assert_eq!(sub.report.unmasked, [Mask { rel: "sub/.env.production".into(), dir: false, host: false }]);
         let one = start(&base, false, &[p.join(".env")], None, all);
         assert_eq!(bound(&one.masks).len(), expected.len() - 1);
         assert!(!bound(&one.masks).contains(&(".env".into(), true)));

@@ -72,8 +72,16 @@ pub struct Summary {
 /// A directory that vanished is passed over; one that cannot be read (or
 /// became a link) makes the walk incomplete: it never follows what the
 /// sandbox put there.
-pub fn walk(tree: &Tree, limits: Limits, mut visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
-    let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(PathBuf::new(), 0)]);
+pub fn walk(tree: &Tree, limits: Limits, visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+    walk_from(tree, Path::new(""), limits, visit)
+}
+
+/// [`walk`] of the directory `start` of `tree` only (opened beneath the
+/// root like every other; `rel`s passed to `visit` are from the root, and
+/// depth counts from the root too).
+pub fn walk_from(tree: &Tree, start: &Path, limits: Limits, mut visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+    let depth = start.components().count();
+    let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(start.to_path_buf(), depth)]);
     let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
     let mut summary = Summary { entries: 0, complete: true, unreadable: None };
     while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {
