@@ -361,7 +361,7 @@ impl Worker {
                         *killed_for.lock() = Some(format!(
                             "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
                              it could read it, and the next one masks it",
-                            path.display()
+                            crate::display::one_line(&path)
                         ));
                         tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
                         kill_group(pid);
