@@ -554,11 +554,14 @@ test("one line: a protected name planted under a name with line breaks is named 
   assert.equal(r.status, "ok", show(r));
   // Baseline: the planted name is real, with its line breaks, and was made inert.
   assert.deepEqual(inertNames(join(project, FORGED), ".envrc"), [".envrc.pi-inert"]);
-  const note = forgedNote("ExecResult.notes", r.notes);
+  // In this result, or (when the watch made it inert as the result was made) the next one.
+  const next = await sb.execute("1");
+  const withNote = [r, next].find((x) => x.notes.some((n) => n.includes(".envrc appeared"))) ?? r;
+  const note = forgedNote("ExecResult.notes", withNote.notes);
   assert.ok(note.includes(`${SHOWN_FORGED}/.envrc appeared in the project`), q(note));
   assert.ok(note.includes("mv $'"), `the restore command names the real path in one line: ${q(note)}`);
-  assertOneLine("the model's text", r.text);
-  assert.ok(r.text.includes(`\nnote: ${note}\n`) || r.text.endsWith(`\nnote: ${note}`) || r.text.includes(`note: ${note}`), q(r.text));
+  assertOneLine("the model's text", withNote.text);
+  assert.ok(withNote.text.includes(`\nnote: ${note}`), q(withNote.text));
 });
 
 test("one line: a name planted after the call is named on one line in the session-end notes", async (t) => {
@@ -626,8 +629,11 @@ test("pi: the session-end warning and the rendered result name a planted path on
     d = "/workspace/" + ${lit(FORGED)}
     subprocess.Popen(["sh", "-c", 'sleep 1.5; mkdir -p "$0"; echo x > "$0/.envrc"; sleep 30', d], start_new_session=True)
   `;
-  const r = (await h.getTool("python").execute("one-1", { code: plant }, undefined, undefined)) as ToolResult;
-  assert.equal(r.details.status, "ok", messageText(r as never));
+  const first = (await h.getTool("python").execute("one-1", { code: plant }, undefined, undefined)) as ToolResult;
+  assert.equal(first.details.status, "ok", messageText(first as never));
+  // The note is in this result, or (when the watch made the name inert as the result was made) the next.
+  const next = (await h.getTool("python").execute("one-2", { code: "1" }, undefined, undefined)) as ToolResult;
+  const r = [first, next].find((x) => messageText(x as never).includes("now/.envrc appeared")) ?? first;
   assertOneLine("tool result text", messageText(r as never));
   const drawn = rendered(def.renderResult(r, { expanded: true, isPartial: false }, plainTheme, {}));
   assertOneLine("renderResult", drawn);

@@ -157,9 +157,13 @@ pub enum Refusal {
     HostSecret(String),
     #[error("cannot be resolved: {0}")]
     Unresolvable(String),
-    #[error("covered by {}", .0.display())]
+    #[error("covered by {}", crate::display::one_line(&.0))]
     Covered(PathBuf),
-    #[error("the same directory as {requested} (both resolve to {})", resolved.display())]
+    #[error(
+        "the same directory as {} (both resolve to {})",
+        crate::display::one_line(requested),
+        crate::display::one_line(resolved)
+    )]
     SameAs { requested: String, resolved: PathBuf },
 }
 

@@ -705,7 +705,7 @@ fn binds_with_masks(
         match tree.open_at(rel, OFlag::O_PATH) {
             Ok(fd) => protection.push(Bind { fd, rel: rel.clone(), read_only }),
             Err(e) if outer.is_empty() => {
-                return Err(MaskError::Bind { rel: rel.display().to_string(), source: e });
+                return Err(MaskError::Bind { rel: crate::display::one_line(&rel).to_string(), source: e });
             }
             Err(e) => {
                 return Ok(Err(PlanError::Unprotectable(format!(
@@ -721,7 +721,7 @@ fn binds_with_masks(
         let fd = sources
             .ok_or(MaskError::NoSources)?
             .open(m.dir)
-            .map_err(|source| MaskError::Bind { rel: m.rel.display().to_string(), source })?;
+            .map_err(|source| MaskError::Bind { rel: crate::display::one_line(&m.rel).to_string(), source })?;
         hidden.push(Bind { fd, rel: m.rel.clone(), read_only: true });
     }
     if writable {

@@ -260,7 +260,7 @@ pub fn reset_text(dirs: Option<&Dirs>, notes: &[String]) -> String {
         scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
     );
     for note in notes {
-        text.push_str(&format!("\n\nnote: {note}"));
+        text.push_str(&format!("\n\nnote: {}", crate::display::one_line(note)));
     }
     text
 }
