@@ -231,7 +231,7 @@ describe("host cost of output while idle", () => {
     t.diagnostic(`idle ${idle.toFixed(1)} ms, baseline ${baseline.toFixed(1)} ms of CPU in 1 s`);
     assert.ok(read > 10 * 1024 * 1024, `baseline: the flood was read (${read} bytes)`);
     assert.ok(baseline > 100, `baseline: reading a flood costs CPU (${baseline.toFixed(0)} ms in 1 s)`);
-    assert.ok(idle * 10 < baseline, `idle with a flooding background process: ${idle.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
+    assert.ok(idle * 5 < baseline, `idle with a flooding background process: ${idle.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
 
     // The flood is held back, not ended; the next call still works and sees none of it.
     const after = await sb.execute('import time\ntime.sleep(0.3)\nprint("after")\nflood.poll() is None', 10);
