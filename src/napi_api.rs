@@ -350,7 +350,7 @@ fn to_js(o: Outcome) -> ExecResult {
                 description: displayed_line(i.describe()),
             })
             .collect(),
-        notes: o.notes.into_iter().map(displayed).collect(),
+        notes: o.notes.into_iter().map(displayed_line).collect(),
     }
 }
 
@@ -455,7 +455,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             log_dir: logs,
         },
         site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
-        python_notes: r.python_notes.iter().cloned().map(displayed).collect(),
+        python_notes: r.python_notes.iter().cloned().map(displayed_line).collect(),
         skipped_roots: r
             .skipped_roots
             .iter()
@@ -589,6 +589,15 @@ pub fn display_text(text: String) -> String {
     displayed(text)
 }
 
+/// `text` as one line: as `displayText`, and tab, newline and CR shown as
+/// `␉`, `␊` and `␍` too. For a name, a path or a note from the sandbox in a
+/// notification, a prompt or a status line.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn display_line(text: String) -> String {
+    displayed_line(text)
+}
+
 /// Kill every sandbox and delete every session directory of this process,
 /// synchronously. For `process.on("exit")`: a `process.exit()` skips the
 /// addon's own environment cleanup.
@@ -708,7 +717,7 @@ impl PythonSandbox {
             format!(
                 "the sandbox was restarted for a late answer to the read prompt about {}: a grant that came after the \
                  call had stopped waiting",
-                p.display()
+                crate::display::one_line(&p)
             )
         });
         let masked = plan.mounted.iter().flat_map(|m| m.masked.clone()).collect();
@@ -838,7 +847,7 @@ impl PythonSandbox {
         if let (Some(note), Some(late)) = (notification.as_mut(), late) {
             note.push_str(&displayed_line(format!(
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
-                late.display()
+                crate::display::one_line(&late)
             )));
         }
         ModeChange {
@@ -990,7 +999,13 @@ impl PythonSandbox {
     /// writable project made inert, and how to restore them.
     #[napi]
     pub async fn dispose(&self, reason: Option<String>) -> Result<Vec<String>> {
-        Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await.into_iter().map(displayed).collect())
+        Ok(self
+            .session
+            .dispose(reason.as_deref().unwrap_or("disposed"))
+            .await
+            .into_iter()
+            .map(displayed_line)
+            .collect())
     }
 }
 

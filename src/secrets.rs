@@ -314,7 +314,7 @@ impl MaskReport {
         if self.off {
             return format!("secret masks: off ({SECRETS_ENV} is empty)");
         }
-        let list: Vec<String> = self.sandbox_paths();
+        let list: Vec<String> = self.sandbox_paths().iter().map(|p| crate::display::one_line(p).to_string()).collect();
         let mut line = if list.is_empty() {
             "secret masks (every mode): none found".to_string()
         } else {
@@ -324,7 +324,7 @@ impl MaskReport {
             let shown: Vec<String> = self
                 .unmasked
                 .iter()
-                .map(|m| Path::new(crate::bwrap::WORKSPACE).join(&m.rel).display().to_string())
+                .map(|m| crate::display::one_line(&Path::new(crate::bwrap::WORKSPACE).join(&m.rel)).to_string())
                 .collect();
             line.push_str(&format!("; unmasked by a grant: {}", shown.join(", ")));
         }

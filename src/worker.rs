@@ -361,7 +361,7 @@ impl Worker {
                         *killed_for.lock() = Some(format!(
                             "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
                              it could read it, and the next one masks it",
-                            path.display()
+                            crate::display::one_line(&path)
                         ));
                         tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
                         kill_group(pid);
@@ -519,7 +519,13 @@ impl Worker {
             // but the interpreter held them): what was written since is
             // not this call's.
             for stream in [&self.stdout, &self.stderr].into_iter().flatten() {
-                while matches!(stream.try_read(&mut self.out_buf), Ok(n) if n > 0) {}
+                let mut dropped = 0;
+                while dropped < SAME_PIPES_DRAIN_BYTES {
+                    match stream.try_read(&mut self.out_buf) {
+                        Ok(n) if n > 0 => dropped += n,
+                        _ => break,
+                    }
+                }
             }
         }
         self.execs += 1;
@@ -782,25 +788,59 @@ fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
 /// Most streams of earlier calls read at once per sandbox.
 const MAX_RETIRED: usize = 16;
 
+/// Most bytes a stream of an earlier call is read (and dropped) per
+/// second: past it the task sleeps for the rest of the second and the
+/// stream's writers block on the full pipe. MAX_RETIRED of them make at
+/// most 1 MiB a second, a few dozen reads: what a sandbox's background
+/// flood costs the host's process while no call runs.
+const RETIRED_BYTES_PER_SECOND: usize = 64 * 1024;
+
+/// Most bytes dropped from a call's own pipes before the next call on the
+/// same pipes (a pipe holds at most 1 MiB unless its owner is privileged):
+/// a writer that never stops cannot keep the host draining.
+const SAME_PIPES_DRAIN_BYTES: usize = 1024 * 1024;
+
 impl Worker {
     /// Read a stream of an earlier call until its last writer is gone, and
     /// drop what it says (closing it under a writer would hand a background
-    /// process SIGPIPE). One task and one fd per stream that a process of
-    /// the sandbox still holds, at most MAX_RETIRED: past it the oldest is
-    /// closed (its writers then get EPIPE), so that the sandbox cannot make
-    /// the host hold descriptors without bound.
+    /// process SIGPIPE), at most RETIRED_BYTES_PER_SECOND: a flood waits on
+    /// the full pipe instead of keeping the host busy. One task and one fd
+    /// per stream that a process of the sandbox still holds, at most
+    /// MAX_RETIRED: past it the oldest is closed (its writers then get
+    /// EPIPE), so that the sandbox cannot make the host hold descriptors
+    /// without bound.
     fn retire(&mut self, stream: Option<pipe::Receiver>) {
-        let Some(mut stream) = stream else { return };
+        let Some(stream) = stream else { return };
         self.retired.retain(|task| !task.is_finished());
         if self.retired.len() >= MAX_RETIRED {
             if let Some(oldest) = self.retired.pop_front() {
                 oldest.abort();
             }
         }
-        self.retired.push_back(tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-        }));
+        self.retired.push_back(tokio::spawn(drop_slowly(stream, RETIRED_BYTES_PER_SECOND)));
+    }
+}
+
+/// Read `stream` until EOF and drop it, at most `per_second` bytes in any
+/// second.
+async fn drop_slowly(mut stream: pipe::Receiver, per_second: usize) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut window = Instant::now();
+    let mut used = 0;
+    loop {
+        let room = per_second.saturating_sub(used).min(buf.len());
+        if room == 0 {
+            sleep_until(window + Duration::from_secs(1)).await;
+            (window, used) = (Instant::now(), 0);
+            continue;
+        }
+        match stream.read(&mut buf[..room]).await {
+            Ok(n) if n > 0 => used += n,
+            _ => return,
+        }
+        if window.elapsed() >= Duration::from_secs(1) {
+            (window, used) = (Instant::now(), 0);
+        }
     }
 }
 

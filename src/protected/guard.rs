@@ -134,7 +134,7 @@ impl Guard {
         }
         if !walked.complete {
             let why = match &walked.unreadable {
-                Some(dir) => format!("{} in the project can no longer be read", dir.display()),
+                Some(dir) => format!("{} in the project can no longer be read", crate::display::one_line(&dir)),
                 None => format!(
                     "the project grew past {} entries (or deeper than {}) outside dependency trees",
                     self.rules.limits.max_entries, self.rules.limits.max_depth
@@ -217,8 +217,8 @@ impl Guard {
             };
             notes.push(format!(
                 "The protected link {} -> {} was replaced in the project; {restored}.",
-                rel.display(),
-                target.display()
+                crate::display::one_line(&rel),
+                crate::display::one_line(&target)
             ));
         }
     }
@@ -236,7 +236,7 @@ impl Guard {
                     if !t.contains(&rel) {
                         t.push(rel.clone());
                     }
-                    why.push(format!("{} could not be made inert", rel.display()));
+                    why.push(format!("{} could not be made inert", crate::display::one_line(&rel)));
                 }
                 Breach::Outgrown(w) => why.push(w),
             }
@@ -260,7 +260,10 @@ impl Guard {
             Ok(p) => p,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
             Err(e) => {
-                notes.push(format!("{} appeared in the project but could NOT be made inert ({e})", rel.display()));
+                notes.push(format!(
+                    "{} appeared in the project but could NOT be made inert ({e})",
+                    crate::display::one_line(&rel)
+                ));
                 breaches.push(Breach::Stuck(rel.to_path_buf()));
                 return;
             }
@@ -291,8 +294,8 @@ impl Guard {
                     notes.push(format!(
                         "{} appeared in the project while the sandbox could write it; host tools could run code from it, \
                          so it was renamed to {}. If you made it yourself, restore it with: mv {} {}",
-                        rel.display(),
-                        moved.display(),
+                        crate::display::one_line(&rel),
+                        crate::display::one_line(&moved),
                         shell_path(self.tree.path(), &moved),
                         shell_path(self.tree.path(), rel)
                     ));
@@ -309,7 +312,7 @@ impl Guard {
         let e = last_err.map(|e| e.to_string()).unwrap_or_default();
         notes.push(format!(
             "{} appeared in the project but could NOT be made inert ({e}): check {} before using the project",
-            rel.display(),
+            crate::display::one_line(&rel),
             shell_path(self.tree.path(), rel)
         ));
         breaches.push(Breach::Stuck(rel.to_path_buf()));
