@@ -21,6 +21,7 @@ pub mod hostsecrets;
 pub mod images;
 pub mod inotify;
 pub mod launch;
+pub mod nshelper;
 pub mod limits;
 pub mod options;
 pub mod outcome;

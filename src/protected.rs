@@ -787,7 +787,7 @@ fn shell_path(root: &Path, rel: &Path) -> String {
 }
 
 mod guard;
-pub use guard::{settle_and_check, watch, Guard, BACKGROUND_CHECK};
+pub use guard::{inotify_init, settle_and_check, watch, Guard, InotifyInit, Watcher, BACKGROUND_CHECK};
 
 #[cfg(test)]
 mod tests {
