@@ -99,6 +99,9 @@ mod tests {
         assert!(share.watches * SANDBOXES_AT_ONCE <= host.watches / 2);
         let small = sandbox_share(InotifyBudget { instances: 128, watches: 8192 });
         assert_eq!(small, InotifyBudget { instances: 8, watches: 512 });
-        assert_eq!(sandbox_share(InotifyBudget { instances: 3, watches: 0 }), InotifyBudget { instances: 1, watches: 1 });
+        assert_eq!(
+            sandbox_share(InotifyBudget { instances: 3, watches: 0 }),
+            InotifyBudget { instances: 1, watches: 1 }
+        );
     }
 }

@@ -236,7 +236,7 @@ async fn start_once(
             "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
         ));
     }
-    if let Some(e) = no_guard {
+    if let Some(e) = &no_guard {
         plan_notes.push(format!(
             "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: the guard \
              that keeps protected names inert could not get inotify ({e}: the inotify instances or watches of your \
@@ -245,7 +245,7 @@ async fn start_once(
     }
     plan_notes.extend(plan.report.incomplete_note());
     let project = project.as_path();
-    let writable = mounts.workspace_writable && plan.refused.is_none();
+    let writable = mounts.workspace_writable && plan.refused.is_none() && no_guard.is_none();
     if let Some(halt) = (stop.check)() {
         return Err(StartError::Halted(halt));
     }

@@ -122,8 +122,8 @@ pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<
     let mut ns_fds = Vec::with_capacity(namespaces.len());
     for ns in &namespaces {
         let path = format!("/proc/{pid}/ns/{}", ns.proc_name());
-        let fd = std::fs::File::open(&path)
-            .map_err(|source| HelperError::OpenNamespace { ns: ns.proc_name(), source })?;
+        let fd =
+            std::fs::File::open(&path).map_err(|source| HelperError::OpenNamespace { ns: ns.proc_name(), source })?;
         ns_fds.push((OwnedFd::from(fd), ns.clone_flag()));
     }
     let joins: Vec<(RawFd, libc::c_int)> = ns_fds.iter().map(|(fd, flag)| (fd.as_raw_fd(), *flag)).collect();
@@ -227,7 +227,11 @@ fn receive(sock: &OwnedFd) -> io::Result<([i32; 3], Option<OwnedFd>)> {
         }
     }
     if n != std::mem::size_of_val(&record) {
-        return Err(io::Error::other(if n == 0 { "it ended without a word".to_string() } else { format!("{n} bytes") }));
+        return Err(io::Error::other(if n == 0 {
+            "it ended without a word".to_string()
+        } else {
+            format!("{n} bytes")
+        }));
     }
     Ok((record, fd))
 }
@@ -296,7 +300,8 @@ fn child_steps(joins: &[(RawFd, libc::c_int)], steps: &[Step]) -> ([i32; 3], Raw
 
 fn child_report(sock: RawFd, record: &[i32; 3], fd: RawFd) {
     let mut control = FdControl([0; 32]);
-    let mut iov = libc::iovec { iov_base: record.as_ptr() as *mut libc::c_void, iov_len: std::mem::size_of_val(record) };
+    let mut iov =
+        libc::iovec { iov_base: record.as_ptr() as *mut libc::c_void, iov_len: std::mem::size_of_val(record) };
     // SAFETY: an all-zero msghdr is valid (a stack value, no allocation).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;

@@ -912,6 +912,29 @@ mod tests {
         std::fs::remove_dir_all(&p).expect("cleanup");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_guard_walks_every_few_seconds_without_inotify() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join("sub/deep")).expect("mkdir");
+        let plan = plan_of(&p, None, scan::DEFAULT_LIMITS).expect("plan");
+        let guard = std::sync::Arc::new(plan.guard);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        // No watcher: the guard's inotify instance could not be made.
+        let watching = tokio::spawn(watch(guard.clone(), None, stopped));
+        std::fs::write(p.join("sub/deep/.yarnrc.yml"), "planted").expect("write");
+        let until = std::time::Instant::now() + BACKGROUND_CHECK * 3;
+        while !p.join("sub/deep/.yarnrc.yml.pi-inert").exists() && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = stop.send(());
+        let _ = watching.await;
+        assert!(!p.join("sub/deep/.yarnrc.yml").exists(), "the periodic walk did not run");
+        assert_eq!(std::fs::read_to_string(p.join("sub/deep/.yarnrc.yml.pi-inert")).expect("kept"), "planted");
+        let notes = guard.pending.lock().take().join("\n");
+        assert!(notes.contains("sub/deep/.yarnrc.yml appeared"), "{notes}");
+        std::fs::remove_dir_all(&p).expect("cleanup");
+    }
+
     fn start(p: &Path, writable: bool, unmasked: &[PathBuf], secrets: Option<&str>, limits: Limits) -> StartPlan {
         start_knowing(p, writable, unmasked, secrets, limits, &[])
     }
