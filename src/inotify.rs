@@ -1,6 +1,7 @@
 //! An inotify instance registered with tokio, for the watches that stop or
 //! repair a sandbox the moment a name appears (see `protected` and
-//! `hostsecrets`).
+//! `hostsecrets`); and one sandbox's share of its user's inotify budget,
+//! written into the sandbox's own user namespace by `nshelper`.
 
 /// The inotify instance, as tokio wants it.
 struct InotifyFd(nix::sys::inotify::Inotify);

@@ -1,8 +1,10 @@
 //! Starting and killing one sandbox process tree.
 //!
 //! [`spawn_sandbox`] applies a bwrap argv: it creates the protocol pipes,
-//! and in the forked child (before exec) places the pipe ends and the
-//! seccomp program at their fixed fd numbers, marks every other inherited fd
+//! the pipe where bubblewrap says the sandbox's pid and the one that holds
+//! its payload until the host releases it (see `nshelper`), and in the
+//! forked child (before exec) places the pipe ends and the seccomp program
+//! at their fixed fd numbers, marks every other inherited fd
 //! close-on-exec, applies the rlimits (inherited by everything in the
 //! sandbox) and makes bwrap the leader of a new session, so that the host's
 //! controlling terminal stays out of reach. Before anything else it joins
