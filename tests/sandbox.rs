@@ -734,3 +734,46 @@ async fn a_writable_mode_whose_guard_gets_no_inotify_starts_read_only_and_says_w
     assert!(o.stdout.head.contains("wrote"), "{}", render(&o));
     g.session.dispose("test").await;
 }
+
+/// Reads the sandbox's own inotify caps and opens them for writing
+/// (never writes).
+const OWN_CAPS: &str = r#"
+import json, os
+out = {}
+for name in ("max_inotify_instances", "max_inotify_watches"):
+    path = "/proc/sys/user/" + name
+    out[name] = int(open(path).read())
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        out[name + "_open"] = "opened"
+    except OSError as e:
+        out[name + "_open"] = e.errno
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_cannot_raise_its_own_inotify_cap() {
+    let Some(f) = fixture("inotify-own-cap") else { return };
+    let cap = share();
+    // The defence is the capabilities the sandbox lacks (`--cap-drop ALL`).
+    // Baseline: plain bubblewrap that keeps CAP_SYS_RESOURCE may open them.
+    let out = std::process::Command::new("bwrap")
+        .args(["--unshare-user", "--unshare-pid", "--die-with-parent", "--cap-add", "CAP_SYS_RESOURCE"])
+        .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
+        .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev"])
+        .args(["--", "/usr/bin/python3", "-I", "-S", "-c", OWN_CAPS])
+        .output()
+        .expect("plain bwrap");
+    let base: serde_json::Value = serde_json::from_slice(&out.stdout).expect("baseline json");
+    assert_eq!(base["max_inotify_instances_open"], "opened", "baseline: {base}");
+    let (inside, _) = json_of(&f, OWN_CAPS).await;
+    // What it reads is its innermost namespace's value: bubblewrap may
+    // nest one more for --disable-userns, under the capped one (whose cap
+    // the kernel applies all the same; see the tests above).
+    let read = inside["max_inotify_instances"].as_u64().expect("a number");
+    assert!(read == cap.instances || read == i32::MAX as u64, "uid {}: {inside}", uid());
+    for name in ["max_inotify_instances_open", "max_inotify_watches_open"] {
+        assert!(matches!(inside[name].as_i64(), Some(13 | 30)), "{name}: {inside}");
+    }
+    f.session.dispose("test").await;
+}
