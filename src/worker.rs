@@ -200,9 +200,10 @@ pub struct Launch {
 }
 
 /// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
-/// helper's `steps` in its user namespace, then release the payload. The
-/// caller kills the sandbox on an error before `release` is dropped.
-async fn prepare_inside(info: OwnedFd, release: OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
+/// helper's `steps` in its user namespace, then release the payload
+/// through `release`. The caller kills the sandbox on an error before it
+/// drops `release`.
+async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
     let began = std::time::Instant::now();
     let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
     let mut text = Vec::new();
@@ -225,8 +226,11 @@ async fn prepare_inside(info: OwnedFd, release: OwnedFd, steps: Vec<crate::nshel
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
     }
-    let release = std::fs::File::from(release);
-    std::io::Write::write_all(&mut &release, b"1").map_err(|e| format!("the payload could not be released: {e}"))?;
+    match nix::unistd::write(release, b"1") {
+        Ok(1) => {}
+        Ok(_) => return Err("the payload could not be released".into()),
+        Err(e) => return Err(format!("the payload could not be released: {e}")),
+    }
     tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
     Ok(())
 }
@@ -341,7 +345,9 @@ impl Worker {
         let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
         // Nothing of the payload runs before its namespaces are prepared.
-        if let Err(why) = prepare_inside(child.info, child.release, inside).await {
+        // The payload is released only by the byte the helper's success
+        // writes: on a failure it is killed before its pipe closes.
+        if let Err(why) = prepare_inside(child.info, &child.release, inside).await {
             kill_group(child.pid);
             let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
             return Err(StartError::Prepare(format!(
