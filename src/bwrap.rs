@@ -15,8 +15,12 @@ pub const WORKER_PYC: &str = "/worker.pyc";
 pub const REQUEST_FD: i32 = 3;
 pub const REPLY_FD: i32 = 4;
 pub const SECCOMP_FD: i32 = 5;
+/// bubblewrap writes `{"child-pid": N, ...}` here once the namespaces exist.
+pub const INFO_FD: i32 = 6;
+/// The payload waits until this is readable (see `nshelper`).
+pub const BLOCK_FD: i32 = 7;
 /// Mount sources passed as fds (see [`FdBind`]) are placed from here up.
-pub const MOUNT_FD_BASE: i32 = 6;
+pub const MOUNT_FD_BASE: i32 = 8;
 
 /// A bind mount whose source bubblewrap gets as an open fd (placed at
 /// `fd` by `spawn`), never as a path it would resolve at start: for
@@ -231,6 +235,10 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // Process hygiene: dies with the host, no capabilities. The new session
     // (no controlling terminal) is made by spawn.rs, around bwrap itself.
     push(&mut a, &["--die-with-parent", "--cap-drop", "ALL"]);
+    // The host learns the sandbox's pid and holds the payload until the
+    // namespace helper has set the sandbox's own limits (see `nshelper`).
+    let (info, block) = (INFO_FD.to_string(), BLOCK_FD.to_string());
+    push(&mut a, &["--info-fd", &info, "--block-fd", &block]);
     // Filesystem: kernel views, private temp, the runtime read-only. What
     // code leaves in a tmpfs is RAM that outlives its processes, so each
     // one the code can write has a size, and /dev itself is read-only.
@@ -396,7 +404,7 @@ mod tests {
         let argv = strings(&bwrap_argv(&spec()));
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
-            --die-with-parent --cap-drop ALL \
+            --die-with-parent --cap-drop ALL --info-fd 6 --block-fd 7 \
             --proc /proc --ro-bind-try /proc/sys /proc/sys \
             --ro-bind-try /proc/sysrq-trigger /proc/sysrq-trigger --ro-bind-try /proc/irq /proc/irq \
             --ro-bind-try /proc/bus /proc/bus --ro-bind-try /proc/fs /proc/fs \

@@ -32,6 +32,9 @@ pub struct Facts {
     pub python: PythonEnv,
     /// Key of the worker's compiled form for this interpreter.
     pub code_key: Option<u64>,
+    /// One sandbox's share of the user's inotify budget (read once).
+    pub inotify_share: crate::inotify::InotifyBudget,
+    pub guard_inotify: protected::InotifyInit,
 }
 
 /// Why the host cannot run the tool at all.
@@ -67,6 +70,8 @@ impl Facts {
             proc_masks: probe::proc_masks_of_host(),
             python,
             code_key,
+            inotify_share: crate::inotify::sandbox_share(crate::inotify::host_budget()),
+            guard_inotify: opts.guard_inotify.unwrap_or(protected::inotify_init),
         })
     }
 }
@@ -192,26 +197,46 @@ async fn start_once(
     let known = start.known.lock().clone();
     let mask_sources = (sources.file.clone(), sources.dir.clone());
     let host_list = secrets.clone();
+    // A writable mode needs a guard that works: its inotify instance and
+    // watches are made before the sandbox (which could otherwise take the
+    // user's last ones first); without them the project is mounted
+    // read-only for this sandbox.
+    let guard_init = facts.guard_inotify;
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
-        protected::plan_start(protected::StartRequest {
-            project: &root,
-            protected: &s.protected,
-            secrets: &s.secrets,
-            limits: s.scan,
-            git: &s.git,
-            sink,
-            tainted,
-            writable: writable_mode,
-            unmasked: &unmasked,
-            sources: Some(&sources),
-            known: &known,
-            host: &host_list,
-        })
+        let plan = |writable: bool| {
+            protected::plan_start(protected::StartRequest {
+                project: &root,
+                protected: &s.protected,
+                secrets: &s.secrets,
+                limits: s.scan,
+                git: &s.git,
+                sink: sink.clone(),
+                tainted: tainted.clone(),
+                writable,
+                unmasked: &unmasked,
+                sources: Some(&sources),
+                known: &known,
+                host: &host_list,
+            })
+        };
+        if !writable_mode {
+            return plan(false).map(|p| (p, None, None));
+        }
+        let mut watcher = match protected::Watcher::new(guard_init) {
+            Ok(w) => w,
+            Err(e) => return plan(false).map(|p| (p, None, Some(e))),
+        };
+        let planned = plan(true)?;
+        match planned.guard.as_ref().map(|g| watcher.watch_holders(g)) {
+            Some(Err(e)) => plan(false).map(|p| (p, None, Some(e))),
+            Some(Ok(())) => Ok((planned, Some(watcher), None)),
+            None => Ok((planned, None, None)),
+        }
     })
     .await;
-    let plan = match planned {
-        Ok(Ok(plan)) => plan,
+    let (plan, watcher, no_guard) = match planned {
+        Ok(Ok(planned)) => planned,
         Ok(Err(e)) => return Err(StartError::Prepare(format!("No sandbox was started: {e}."))),
         Err(e) => return Err(StartError::Prepare(format!("The protected paths could not be planned: {e}"))),
     };
@@ -220,9 +245,16 @@ async fn start_once(
             "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
         ));
     }
+    if let Some(e) = &no_guard {
+        plan_notes.push(format!(
+            "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: the guard \
+             that keeps protected names inert could not get inotify ({e}: the inotify instances or watches of your \
+             user are used up); close programs that hold them and reset, or raise fs.inotify.max_user_instances."
+        ));
+    }
     plan_notes.extend(plan.report.incomplete_note());
     let project = project.as_path();
-    let writable = mounts.workspace_writable && plan.refused.is_none();
+    let writable = mounts.workspace_writable && plan.refused.is_none() && no_guard.is_none();
     if let Some(halt) = (stop.check)() {
         return Err(StartError::Halted(halt));
     }
@@ -335,6 +367,8 @@ async fn start_once(
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
         keeper,
         contained,
+        inside: crate::inotify::cap_steps(facts.inotify_share),
+        watcher,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

@@ -758,6 +758,7 @@ impl PythonSandbox {
             rollback: options.rollback,
             python_packages: options.python_packages,
             system_site_packages: options.system_site_packages,
+            guard_inotify: None,
         });
         let grants = permissions.map(|p| p.grants.clone()).unwrap_or_default();
         let sandbox = PythonSandbox { session, grants };

@@ -899,7 +899,7 @@ fn shell_path(root: &Path, rel: &Path) -> String {
 }
 
 mod guard;
-pub use guard::{settle_and_check, watch, Guard, BACKGROUND_CHECK};
+pub use guard::{inotify_init, settle_and_check, watch, Guard, InotifyInit, Watcher, BACKGROUND_CHECK};
 
 #[cfg(test)]
 mod tests {
@@ -1067,6 +1067,29 @@ mod tests {
         assert_eq!(shell_path(root, Path::new("a\nb\t\x1b'\\é")), r"$'/p/a\nb\t\x1b\'\\\xc3\xa9'");
         use std::os::unix::ffi::OsStrExt;
         assert_eq!(shell_path(root, Path::new(std::ffi::OsStr::from_bytes(b"\xff"))), r"$'/p/\xff'");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_guard_walks_every_few_seconds_without_inotify() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join("sub/deep")).expect("mkdir");
+        let plan = plan_of(&p, None, scan::DEFAULT_LIMITS).expect("plan");
+        let guard = std::sync::Arc::new(plan.guard);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        // No watcher: the guard's inotify instance could not be made.
+        let watching = tokio::spawn(watch(guard.clone(), None, stopped));
+        std::fs::write(p.join("sub/deep/.yarnrc.yml"), "planted").expect("write");
+        let until = std::time::Instant::now() + BACKGROUND_CHECK * 3;
+        while !p.join("sub/deep/.yarnrc.yml.pi-inert").exists() && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = stop.send(());
+        let _ = watching.await;
+        assert!(!p.join("sub/deep/.yarnrc.yml").exists(), "the periodic walk did not run");
+        assert_eq!(std::fs::read_to_string(p.join("sub/deep/.yarnrc.yml.pi-inert")).expect("kept"), "planted");
+        let notes = guard.pending.lock().take().join("\n");
+        assert!(notes.contains("sub/deep/.yarnrc.yml appeared"), "{notes}");
+        std::fs::remove_dir_all(&p).expect("cleanup");
     }
 
     fn start(p: &Path, writable: bool, unmasked: &[PathBuf], secrets: Option<&str>, limits: Limits) -> StartPlan {

@@ -191,6 +191,48 @@ pub struct Launch {
     pub keeper: bool,
     /// The caps on the sandbox's tasks and memory (see `contain`).
     pub contained: Contained,
+    /// What the namespace helper does in the sandbox's user namespace
+    /// before the payload runs (its own inotify limits).
+    pub inside: Vec<crate::nshelper::Step>,
+    /// The guard's inotify instance, made before the sandbox (see
+    /// `protected::Watcher`).
+    pub watcher: Option<protected::Watcher>,
+}
+
+/// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
+/// helper's `steps` in its user namespace, then release the payload
+/// through `release`. The caller kills the sandbox on an error before it
+/// drops `release`.
+async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
+    let began = std::time::Instant::now();
+    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
+    let mut text = Vec::new();
+    let mut bounded = info.take(4096);
+    match timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("bubblewrap's info pipe: {e}")),
+        Err(_) => return Err("bubblewrap did not say the sandbox's pid in time".into()),
+    }
+    let pid = serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "bubblewrap did not say the sandbox's pid".to_string())?;
+    if !steps.is_empty() {
+        let ns = [crate::nshelper::Namespace::User];
+        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    match nix::unistd::write(release, b"1") {
+        Ok(1) => {}
+        Ok(_) => return Err("the payload could not be released".into()),
+        Err(e) => return Err(format!("the payload could not be released: {e}")),
+    }
+    tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
+    Ok(())
 }
 
 /// Kills a worker's whole process tree, without the worker.
@@ -297,9 +339,22 @@ impl Worker {
             emit_code,
             keeper,
             mut contained,
+            inside,
+            watcher,
         } = launch;
-        let child =
+        let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
+        // Nothing of the payload runs before its namespaces are prepared.
+        // The payload is released only by the byte the helper's success
+        // writes: on a failure it is killed before its pipe closes.
+        if let Err(why) = prepare_inside(child.info, &child.release, inside).await {
+            kill_group(child.pid);
+            let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
+            return Err(StartError::Prepare(format!(
+                "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it \
+                 could take every inotify instance of your user, the guard's among them"
+            )));
+        }
         // Two frames in flight at most: a flood waits on the pipe. A frame
         // that no start or request asked for kills the sandbox at once.
         let (tx, rx) = mpsc::channel(2);
@@ -349,7 +404,7 @@ impl Worker {
                 worker.init_pid = children(worker.pid).first().copied();
                 if let Some(guard) = worker.guard.clone() {
                     let (stop, stopped) = tokio::sync::oneshot::channel();
-                    tokio::spawn(protected::watch(guard, stopped));
+                    tokio::spawn(protected::watch(guard, watcher, stopped));
                     worker._watch = Some(stop);
                 }
                 if !secret_watch.is_empty() {
