@@ -481,6 +481,7 @@ const OLD_POINT = py`
   setup, during, wake, report, hold, end = json.loads(sys.argv[1])
   exec(setup, globals())
   r, w = os.pipe()
+  ready_r, ready_w = os.pipe()
   ALL = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
   mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL if hold else set())
   copy = os.fork()
@@ -488,6 +489,7 @@ const OLD_POINT = py`
       os.close(w)
       null = os.open('/dev/null', os.O_RDWR)
       waiting = [{signal.SIGUSR1}]  # what the old copy built before its wait
+      os.write(ready_w, b"1")
       os.read(r, 1)
       exec(wake, globals())
       for sig in signal.sigpending():
@@ -499,6 +501,7 @@ const OLD_POINT = py`
           sys.exit(0)
       os._exit(0)
   signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+  os.read(ready_r, 1)  # the copy waits
   exec(during, globals())
   print(json.dumps({"parent": eval(report)}), flush=True)
   print(json.dumps({"go": time.monotonic()}), flush=True)
