@@ -727,6 +727,30 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
     }
   });
 
+  test("a trace or profile function would run on the copy's own lines: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    for (const [name, set] of [["sys.settrace", "sys.settrace(_f)"], ["sys.setprofile", "sys.setprofile(_f)"]]) {
+      const setup = py`
+        import os, sys
+        g = {'n': 0}
+        _parent = os.getpid()
+        def _f(frame, event, arg):
+            if os.getpid() != _parent:
+                g['n'] += 1
+            return _f
+        ${set}
+      `;
+      const old = await oldPoint(sb, { setup, wake: "def _w():\n    pass\n_w()", report: "g['n'] > 0" });
+      assert.equal(old.copy, true, `baseline: ${name}'s function runs in the copy`);
+      assertOk(await sb.execute(setup));
+      const r = await sb.execute("while True: pass", 1);
+      assert.equal(r.rolledBack, false, show(r));
+      assert.equal(r.stateLost, true, show(r));
+      assert.match(r.stateLostReason ?? "", /no rollback point: the code set a trace or profile function/);
+    }
+  });
+
   test("the code's own forks still run their hooks: os.fork, multiprocessing's fork, subprocess", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

@@ -918,7 +918,9 @@ def empty_dir(top):
 # keeps both so until it has become the interpreter. Audit hooks cannot be
 # removed and run on the copy's own steps (os.kill, open): code that added
 # one gets no rollback point. Nor does code that replaced a function the
-# copy calls (os.kill, time.sleep, builtins.open, ...), bound at start.
+# copy calls (os.kill, time.sleep, builtins.open, ...), bound at start, or
+# that traces (sys.settrace, sys.setprofile, sys.monitoring): the tracer
+# would run on the copy's own lines.
 AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
 PAUSED = []  # (signal mask, collector was on) from the fork until resume()
 PRISTINE = ()  # (module, name, value) as they were before any code ran
@@ -955,13 +957,16 @@ def pristine():
         _thread: ("_count",),
         fcntl: ("fcntl",),
         time: ("sleep",),
+        sys: ("gettrace", "getprofile"),
         builtins: ("__import__", "open", "len", "isinstance", "range", "set", "list", "dict", "zip", "min",
                    "int", "str", "bytes", "memoryview", "all", "iter", "next", "Exception", "BaseException",
                    "OSError", "ValueError", "TypeError", "StopIteration", "ChildProcessError",
                    "ProcessLookupError", "ImportError"),
     }
+    if hasattr(sys, "monitoring"):
+        names[sys.monitoring] = ("get_tool",)
     PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
-        (sys.modules, m.__name__, m) for m in names)
+        (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m)
 
 
 def replaced():
@@ -1009,6 +1014,11 @@ def checkpoint():
             ", ".join(others[:4]) or "started with _thread")
     if AUDIT_HOOKS[0]:
         return None, "the code added an audit hook (sys.addaudithook), which would run in the copy"
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return None, "the code set a trace or profile function (sys.settrace, sys.setprofile), which would run in the copy"
+    monitoring = getattr(sys, "monitoring", None)  # 3.12+
+    if monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6)):
+        return None, "the code registered a sys.monitoring tool, which would run in the copy"
     if _fork is None:
         return None, "the copy's functions could not be recorded before the code ran"
     changed = replaced()
