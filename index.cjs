@@ -838,5 +838,6 @@ module.exports = nativeBinding
 module.exports.PythonSandbox = nativeBinding.PythonSandbox
 module.exports.ToolPermissions = nativeBinding.ToolPermissions
 module.exports.cleanupAll = nativeBinding.cleanupAll
+module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
 module.exports.sandboxLimits = nativeBinding.sandboxLimits

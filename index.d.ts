@@ -143,6 +143,13 @@ export interface Containment {
 }
 
 /**
+ * `text` as one line: as `displayText`, and tab, newline and CR shown as
+ * `␉`, `␊` and `␍` too. For a name, a path or a note from the sandbox in a
+ * notification, a prompt or a status line.
+ */
+export declare function displayLine(text: string): string
+
+/**
  * `text` made safe to show in a terminal: C0 controls but tab and newline
  * as control pictures (U+2400 + code), DEL as U+2421, C1 and bidi controls
  * as `<U+202E>`, CRLF as LF. The rule the addon applies to everything from

@@ -13,10 +13,14 @@
  * multiprocessing, sh and coreutils, git, numpy, pandas and matplotlib from a user venv).
  */
 import assert from "node:assert/strict";
-import { describe, type TestContext, test } from "node:test";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { spawnSync } from "node:child_process";
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, type TestContext, test } from "node:test";
+import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { unfiltered } from "./helpers/unfiltered.ts";
-import { jsonOut, lit, makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
+import { jsonOut, lit, makeFixture, PythonSandbox, py, show } from "./helpers/sandbox-fixture.ts";
 import { venvOrSkip } from "./helpers/test-venv.ts";
 import { lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
 
@@ -75,6 +79,16 @@ const PROBES: Probe[] = [
   { title: "semop", nr: 65, args: [-1, 0, 0], expect: EPERM },
   { title: "semtimedop", nr: 220, args: [-1, 0, 0, 0], expect: EPERM },
   { title: "semctl", nr: 66, args: [-1, 0, 2, 0], expect: EPERM },
+  // Native AIO takes contexts from the host-wide fs.aio-max-nr: a NULL context pointer makes the
+  // unfiltered kernel fail with EFAULT (io_setup) or EINVAL before it reserves anything.
+  { title: "io_setup", nr: 206, args: [1, 0], expect: EPERM },
+  { title: "io_destroy", nr: 207, args: [0], expect: EPERM },
+  { title: "io_getevents", nr: 208, args: [0, 0, 0, 0, 0], expect: EPERM },
+  { title: "io_submit", nr: 209, args: [0, 0, 0], expect: EPERM },
+  { title: "io_cancel", nr: 210, args: [0, 0, 0], expect: EPERM },
+  { title: "io_pgetevents", nr: 333, args: [0, 0, 0, 0, 0, 0], expect: EPERM },
+  // prctl(PR_SET_DUMPABLE, 1): the unfiltered process becomes dumpable (0).
+  { title: "prctl(PR_SET_DUMPABLE, 1)", nr: 157, args: [4, 1], expect: EPERM },
 ];
 
 
@@ -459,3 +473,312 @@ describe("what must keep working under the allowlist", { concurrency: 1 }, () =>
     assert.deepEqual(jsonOut(r), { matmul: trace, groupby: [124500, 124750, 125000, 125250], csv: ["k,v", "0,0"], png: "PNG" });
   });
 });
+
+// ---------------------------------------------------------------------------------------------
+/**
+ * Setuid plants: the sandbox owns the files it writes on the host, and the host file system is
+ * not nosuid, so a setuid or setgid bit it set would run a planted program as pi's user (as root
+ * when pi runs as root). Each route is tried for both bits on a file of the project in yolo mode,
+ * and the host stats the file; the baseline runs the same code unfiltered, without capabilities,
+ * on a writable copy of the layout, and the bit reaches its file there.
+ */
+const S_ISUID = 0o4000;
+const S_ISGID = 0o2000;
+
+/**
+ * Python that tries every route (or only the one titled `only`) for both bits and prints
+ * `{title: {u: answer, g: answer}}`.
+ */
+const plants = (only: string | null) => py`
+  import ctypes, json, os, subprocess
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  AT_FDCWD, O_TMPFILE, S_IFREG = -100, 0o20000000 | 0o200000, 0o100000
+  def sc(nr, *args):
+      conv = [ctypes.c_char_p(a.encode()) if isinstance(a, str) else ctypes.c_void_p(a) if isinstance(a, ctypes.Array) else ctypes.c_long(a) for a in args]
+      ctypes.set_errno(0)
+      ret = libc.syscall(ctypes.c_long(nr), *conv)
+      return ret, ctypes.get_errno()
+  def errno(nr, *args):
+      ret, err = sc(nr, *args)
+      return err if ret < 0 else 0
+  def made(p):
+      os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o755))
+      return p
+  def py_(f):
+      try:
+          f()
+          return 0
+      except OSError as e:
+          return e.errno
+  def tool(*argv):
+      return "exit %d" % subprocess.run(argv, capture_output=True).returncode
+  def tmpfile(nr):
+      def attempt(p, m):
+          ret, err = sc(nr, "/workspace", O_TMPFILE | os.O_WRONLY, m) if nr == 2 else sc(nr, AT_FDCWD, "/workspace", O_TMPFILE | os.O_WRONLY, m)
+          if ret < 0:
+              return err
+          # Named through /proc with AT_SYMLINK_FOLLOW (os.link calls link(2), which does not follow).
+          if libc.linkat(AT_FDCWD, b"/proc/self/fd/%d" % ret, AT_FDCWD, p.encode(), 0x400) != 0:
+              raise OSError(ctypes.get_errno(), "linkat")
+          return 0
+      return attempt
+  def openat2(p, m):
+      how = (ctypes.c_uint64 * 3)(os.O_CREAT | os.O_WRONLY, m, 0)
+      return errno(437, AT_FDCWD, p, ctypes.addressof(how), 24)
+  def xattr(p, m):
+      # A VFS_CAP_REVISION_2 capability set: effective, permitted CAP_SETUID.
+      caps = (0x02000001).to_bytes(4, "little") + (1 << 7).to_bytes(4, "little") + bytes(12)
+      return py_(lambda: os.setxattr(made(p), "security.capability", caps))
+  ATTEMPTS = {
+      "chmod": lambda p, m: errno(90, made(p), m),
+      "fchmod": lambda p, m: errno(91, os.open(p, os.O_CREAT | os.O_WRONLY, 0o755), m),
+      "fchmodat": lambda p, m: errno(268, AT_FDCWD, made(p), m),
+      "fchmodat2": lambda p, m: errno(452, AT_FDCWD, made(p), m, 0),
+      "open O_CREAT": lambda p, m: errno(2, p, os.O_CREAT | os.O_WRONLY, m),
+      "openat O_CREAT": lambda p, m: errno(257, AT_FDCWD, p, os.O_CREAT | os.O_WRONLY, m),
+      "open O_TMPFILE": tmpfile(2),
+      "openat O_TMPFILE": tmpfile(257),
+      "creat": lambda p, m: errno(85, p, m),
+      "mknod": lambda p, m: errno(133, p, S_IFREG | m, 0),
+      "mknodat": lambda p, m: errno(259, AT_FDCWD, p, S_IFREG | m, 0),
+      "openat2": openat2,
+      "os.chmod": lambda p, m: py_(lambda: os.chmod(made(p), m)),
+      "os.chmod of a directory": lambda p, m: py_(lambda: (os.mkdir(p, 0o755), os.chmod(p, m))),
+      "os.open": lambda p, m: py_(lambda: os.open(p, os.O_CREAT | os.O_WRONLY, m)),
+      "os.mknod": lambda p, m: py_(lambda: os.mknod(p, S_IFREG | m)),
+      "sh chmod u+s / g+s": lambda p, m: tool("sh", "-c", 'chmod %s+s "$0"' % ("u" if m & 0o4000 else "g"), made(p)),
+      "sh chmod g+s of a directory": lambda p, m: (os.mkdir(p, 0o755), tool("sh", "-c", 'chmod %s+s "$0"' % ("u" if m & 0o4000 else "g"), p))[1],
+      "install -m": lambda p, m: tool("install", "-m", "%o" % m, "/usr/bin/true", p),
+      "cp -p": lambda p, m: tool("cp", "-p", "/workspace/source-%s" % ("u" if m & 0o4000 else "g"), p),
+      "cp -a": lambda p, m: tool("cp", "-a", "/workspace/source-%s" % ("u" if m & 0o4000 else "g"), p),
+      "security.capability": xattr,
+  }
+  ONLY = ${only === null ? "None" : lit(only)}
+  if ONLY is not None:
+      ATTEMPTS = {ONLY: ATTEMPTS[ONLY]}
+  out = {}
+  for title, attempt in ATTEMPTS.items():
+      out[title] = {}
+      for tag, bit in (("u", 0o4000), ("g", 0o2000)):
+          path = "/workspace/%s-%s" % ("".join(c if c.isalnum() else "_" for c in title), tag)
+          try:
+              out[title][tag] = attempt(path, 0o755 | bit)
+          except OSError as e:
+              out[title][tag] = "setup failed: %s" % e
+  print(json.dumps(out))
+`;
+
+/** The host file of an attempt, as PLANTS names it. */
+const plantPath = (dir: string, title: string, tag: "u" | "g") => join(dir, `${title.replace(/[^A-Za-z0-9]/g, "_")}-${tag}`);
+
+/** The set-ID bits of a host file (0 when it does not exist), and whether it has a capability. */
+function planted(path: string): { bits: number; capability: boolean } {
+  let bits = 0;
+  try {
+    bits = statSync(path).mode & (S_ISUID | S_ISGID);
+  } catch {
+    return { bits: 0, capability: false };
+  }
+  const cap = spawnSync("/usr/bin/python3", ["-c", "import os, sys; print('security.capability' in os.listxattr(sys.argv[1]))", path], { encoding: "utf8" });
+  return { bits, capability: cap.stdout.trim() === "True" };
+}
+
+const PLANT_ROUTES: { title: string; inside: number | "exit"; capability?: boolean }[] = [
+  { title: "chmod", inside: EPERM },
+  { title: "fchmod", inside: EPERM },
+  { title: "fchmodat", inside: EPERM },
+  { title: "fchmodat2", inside: EPERM },
+  { title: "open O_CREAT", inside: EPERM },
+  { title: "openat O_CREAT", inside: EPERM },
+  { title: "open O_TMPFILE", inside: EPERM },
+  { title: "openat O_TMPFILE", inside: EPERM },
+  { title: "creat", inside: EPERM },
+  { title: "mknod", inside: EPERM },
+  { title: "mknodat", inside: EPERM },
+  { title: "openat2", inside: ENOSYS },
+  { title: "os.chmod", inside: EPERM },
+  { title: "os.chmod of a directory", inside: EPERM },
+  { title: "os.open", inside: EPERM },
+  { title: "os.mknod", inside: EPERM },
+  { title: "sh chmod u+s / g+s", inside: "exit" },
+  { title: "sh chmod g+s of a directory", inside: "exit" },
+  { title: "install -m", inside: "exit" },
+  { title: "cp -p", inside: "exit" },
+  { title: "cp -a", inside: "exit" },
+  { title: "security.capability", inside: EPERM, capability: true },
+];
+
+describe("no setuid or setgid bit, and no file capability, reaches a host file", { concurrency: 4 }, () => {
+  let inside: Record<string, Record<string, number | string>> | undefined;
+  let outside: Record<string, Record<string, number | string>> | undefined;
+  let capable: Record<string, Record<string, number | string>> | undefined;
+  let base: string | undefined;
+  let sandbox: PythonSandbox | undefined;
+  const project = () => join(base ?? "", "project");
+  const free = () => join(base ?? "", "unfiltered");
+  const withCaps = () => join(base ?? "", "capable");
+  before(async () => {
+    if (sandboxSkipReason() !== null || process.arch !== "x64") return;
+    base = mkdtempSync(join(tmpdir(), "pps-setuid-"));
+    for (const dir of [project(), free(), withCaps()]) {
+      mkdirSync(dir);
+      for (const [tag, mode] of [["u", 0o4755], ["g", 0o2755]] as const) {
+        writeFileSync(join(dir, `source-${tag}`), "#!/bin/sh\nid\n");
+        chmodSync(join(dir, `source-${tag}`), mode);
+      }
+    }
+    sandbox = new PythonSandbox({ projectDir: project(), runtimeRoot: join(base, "runtime") });
+    sandbox.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const [r, baseline, withCapabilities] = await Promise.all([
+      sandbox.execute(plants(null), 60),
+      unfiltered(plants(null), { project: free(), writable: true, capabilities: false }),
+      // A file capability needs CAP_SETFCAP, which the sandbox drops: this baseline has it.
+      unfiltered(plants("security.capability"), { project: withCaps(), writable: true }),
+    ]);
+    inside = jsonOut(r);
+    outside = lastJson(baseline);
+    capable = lastJson(withCapabilities);
+  });
+  after(async () => {
+    await sandbox?.dispose("test end");
+    if (base) rmSync(base, { recursive: true, force: true });
+  });
+
+  for (const route of PLANT_ROUTES) {
+    test(`${route.title}: no ${route.capability ? "file capability" : "setuid or setgid bit"} reaches the host file`, (t) => {
+      if (skip(t)) return;
+      assert.ok(inside && outside && base, "the attempts did not run");
+      for (const tag of ["u", "g"] as const) {
+        const bit = tag === "u" ? S_ISUID : S_ISGID;
+        const got: number | string = inside[route.title][tag];
+        if (route.inside === "exit") assert.match(String(got), /^exit [1-9]/, `${route.title} ${tag} inside: ${got}`);
+        else assert.equal(got, route.inside, `${route.title} ${tag} inside: ${got}`);
+        const host = planted(plantPath(project(), route.title, tag));
+        assert.equal(host.bits, 0, `${route.title} ${tag}: the host file has mode bits ${host.bits.toString(8)}`);
+        assert.equal(host.capability, false, `${route.title} ${tag}: the host file has a capability`);
+        if (route.capability) {
+          assert.ok(capable, "the baseline with capabilities did not run");
+          assert.equal(capable[route.title][tag], 0, `with CAP_SETFCAP, ${route.title} ${tag}: ${capable[route.title][tag]}`);
+          const there = planted(plantPath(withCaps(), route.title, tag));
+          assert.equal(there.capability, true, "with CAP_SETFCAP the capability must reach the host file");
+          continue;
+        }
+        const baseline = outside[route.title][tag];
+        assert.ok(baseline === 0 || baseline === "exit 0", `unfiltered ${route.title} ${tag}: ${baseline}`);
+        const there = planted(plantPath(free(), route.title, tag));
+        assert.equal(there.bits, bit, `unfiltered, ${route.title} ${tag} must set the bit on the host file`);
+      }
+    });
+  }
+});
+
+test("a directory made in a host directory that has the set-group-ID bit inherits it (the one exception)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb, project } = await makeFixture(t);
+  mkdirSync(join(project, "shared"));
+  chmodSync(join(project, "shared"), 0o2775);
+  sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+  const r = await sb.execute(py`
+    import os
+    os.mkdir("/workspace/shared/sub", 0o755)
+    open("/workspace/shared/file", "w").close()
+  `);
+  assert.equal(r.status, "ok", show(r));
+  // The kernel gives a new directory its parent's bit; a new file never gets one.
+  assert.equal(statSync(join(project, "shared/sub")).mode & 0o7777, 0o2755);
+  assert.equal(statSync(join(project, "shared/file")).mode & (S_ISUID | S_ISGID), 0);
+});
+
+test("io_setup with a real context is refused (unfiltered it takes events from fs.aio-max-nr)", async (t) => {
+  if (skip(t)) return;
+  const { sb } = await makeFixture(t);
+  const code = py`
+    import ctypes, json
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ctx = ctypes.c_ulong(0)
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(206), ctypes.c_long(128), ctypes.byref(ctx))
+    got = {"ret": ret, "errno": ctypes.get_errno(), "ctx": ctx.value != 0}
+    if ret == 0:
+        libc.syscall(ctypes.c_long(207), ctx)
+    print(json.dumps(got))
+  `;
+  assert.deepEqual(jsonOut(await sb.execute(code)), { ret: -1, errno: EPERM, ctx: false });
+  const free = lastJson(await unfiltered(code, { capabilities: false }));
+  assert.deepEqual(free, { ret: 0, errno: 0, ctx: true }, `unfiltered: ${JSON.stringify(free)}`);
+});
+
+// ---------------------------------------------------------------------------------------------
+/**
+ * Pipes of a later call reopened: a process of the sandbox that could open the interpreter's or
+ * PID 1's descriptors through /proc could write into a later call's result. The interpreter, PID
+ * 1 and every rollback copy are non-dumpable before the first call's code and cannot become
+ * dumpable again; a program a child execs is dumpable, and holds no channel (all are
+ * close-on-exec). Tried from a child that execs (Python and sh), in both rollback settings; the
+ * baseline is the same code unfiltered, where the interpreter is an ordinary dumpable process.
+ */
+const REOPEN = py`
+  import ctypes, json, os, subprocess, sys
+  CHILD = r'''
+  import json, os, sys
+  def reach(pid):
+      try:
+          names = os.listdir("/proc/%s/fd" % pid)
+      except OSError as e:
+          return {"list": e.errno}
+      got = {}
+      for n in names:
+          try:
+              fd = os.open("/proc/%s/fd/%s" % (pid, n), os.O_RDONLY | os.O_NONBLOCK)
+          except OSError:
+              continue
+          got[n] = os.readlink("/proc/self/fd/%d" % fd)
+          os.close(fd)
+      return got
+  print(json.dumps({p: reach(p) for p in sys.argv[1:]}))
+  '''
+  SH = 'for f in /proc/$0/fd/* /proc/1/fd/*; do (exec 9<>"$f") 2>/dev/null && readlink "$f"; done; true'
+  me = str(os.getpid())
+  def target(n):
+      try:
+          return os.readlink("/proc/self/fd/" + n)
+      except OSError:
+          return "/dev/null"  # the descriptor of the listing itself
+  mine = sorted({target(n) for n in os.listdir("/proc/self/fd")} - {"/dev/null"})
+  libc = ctypes.CDLL(None, use_errno=True)
+  ctypes.set_errno(0)
+  dumpable = [libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno()]
+  py_child = json.loads(subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, me, "1"], capture_output=True, text=True).stdout)
+  sh_child = subprocess.run(["/bin/sh", "-c", SH, me], capture_output=True, text=True).stdout.split()
+  print(json.dumps({"me": me, "mine": mine, "dumpable": dumpable, "py": py_child, "sh": sh_child}))
+`;
+
+for (const rollback of ["1", "0"]) {
+  describe(`no process of the sandbox can reopen the interpreter's channels (rollback ${rollback === "1" ? "on" : "off"})`, { concurrency: 1 }, () => {
+    test("from the first call's code, a child that execs opens none of the interpreter's or PID 1's pipes", async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      withEnv(t, { PI_PYTHON_TOOL_ROLLBACK: rollback });
+      const { sb } = await makeFixture(t, { prewarm: false });
+      const out = jsonOut(await sb.execute(REOPEN));
+      assert.deepEqual(out.dumpable, [-1, EPERM], "prctl(PR_SET_DUMPABLE, 1) must be refused");
+      const pipes = out.mine.filter((f: string) => f.startsWith("pipe:"));
+      assert.ok(pipes.length >= 4, `the interpreter's pipes: ${out.mine}`);
+      const mineReached = Object.values(out.py[out.me]).filter((f) => typeof f === "string");
+      assert.deepEqual(mineReached, [], `an exec'd child opened the interpreter's ${JSON.stringify(out.py[out.me])}`);
+      const pid1 = Object.values(out.py["1"]).filter((f) => typeof f === "string");
+      if (rollback === "1") assert.deepEqual(pid1, [], `an exec'd child opened PID 1's ${JSON.stringify(out.py["1"])}`);
+      // With rollback off PID 1 is bubblewrap's: it holds the host's first streams, retired before
+      // the first call, and none of the interpreter's.
+      for (const f of [...pid1, ...out.sh]) assert.ok(!out.mine.includes(f), `reached ${f}, one of the interpreter's`);
+      assert.deepEqual(out.sh.filter((f: string) => f.startsWith("pipe:") && rollback === "1"), [], `sh reached ${out.sh}`);
+      // Unfiltered, the interpreter is an ordinary dumpable process: both children reach its pipes.
+      const free = lastJson(await unfiltered(REOPEN, { capabilities: false }));
+      assert.deepEqual(free.dumpable, [0, 0], `unfiltered: ${JSON.stringify(free.dumpable)}`);
+      const freeReached = Object.values(free.py[free.me]).filter((f) => String(f).startsWith("pipe:"));
+      assert.ok(freeReached.length > 0, `unfiltered, the child must reach the interpreter's pipes: ${JSON.stringify(free.py)}`);
+      assert.ok(free.sh.some((f: string) => f.startsWith("pipe:")), `unfiltered sh: ${free.sh}`);
+    });
+  });
+}

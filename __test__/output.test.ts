@@ -11,9 +11,10 @@
 import assert from "node:assert/strict";
 import { statSync } from "node:fs";
 import { readdir, readFile } from "node:fs/promises";
+import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { assertOk, lit, makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
+import { assertOk, lit, makeFixtureWithoutSpare as makeFixture, py, show, sleep } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { fdCount } from "./helpers/host-procs.ts";
 
@@ -183,5 +184,60 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
 
     const inside = await sb.execute(`import os\n(os.path.exists(${lit(logDir)}), sorted(os.listdir("/scratch")))`);
     assert.equal(inside.repr, "(False, [])", "the sandbox must not see its logs");
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Alone in its suite: it measures this process's CPU time, which a concurrent test would add to.
+describe("host cost of output while idle", () => {
+  /** CPU time (user + system, ms) this process spends over `ms` of wall time. */
+  async function cpuOver(ms: number): Promise<number> {
+    const before = process.cpuUsage();
+    await sleep(ms);
+    const used = process.cpuUsage(before);
+    return (used.user + used.system) / 1000;
+  }
+
+  test("a background flood of an earlier call's streams costs the host little while no call runs", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    // It starts after its call returned (a flood during the call would end it at the output
+    // limit) and writes to both streams of that call for as long as it can.
+    const first = await sb.execute(py`
+      import subprocess, sys
+      flood = subprocess.Popen([sys.executable, "-c", "import os, time\ntime.sleep(1.5)\nb = b'x' * 65536\nwhile True:\n    os.write(1, b)\n    os.write(2, b)"])
+      "started"
+    `, 10);
+    assertOk(first);
+    await sleep(2000);
+    // This call gets pipes of its own; the flooded ones are the host's to drop.
+    const second = await sb.execute('print("second")', 10);
+    assertOk(second);
+    assert.equal(second.stdout, "second\n", "the flood reached a later call");
+    assert.equal(second.stderr, "");
+    await sleep(200);
+    const idle = await cpuOver(1000);
+
+    // Baseline: the same process reading a pipe flood as fast as it comes, for the same time.
+    const flooder = spawn("python3", ["-c", "import os\nb = b'x' * 65536\nwhile True:\n    os.write(1, b)"], {
+      stdio: ["ignore", "pipe", "ignore"],
+    });
+    t.after(() => flooder.kill("SIGKILL"));
+    let read = 0;
+    flooder.stdout.on("data", (chunk: Buffer) => (read += chunk.length));
+    await sleep(200);
+    const baseline = await cpuOver(1000);
+    flooder.kill("SIGKILL");
+    t.diagnostic(`idle ${idle.toFixed(1)} ms, baseline ${baseline.toFixed(1)} ms of CPU in 1 s`);
+    assert.ok(read > 10 * 1024 * 1024, `baseline: the flood was read (${read} bytes)`);
+    assert.ok(baseline > 100, `baseline: reading a flood costs CPU (${baseline.toFixed(0)} ms in 1 s)`);
+    assert.ok(idle * 5 < baseline, `idle with a flooding background process: ${idle.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
+
+    // The flood is held back, not ended; the next call still works and sees none of it.
+    const after = await sb.execute('import time\ntime.sleep(0.3)\nprint("after")\nflood.poll() is None', 10);
+    assertOk(after);
+    assert.equal(after.stdout, "after\n", "the flood reached a later call");
+    assert.equal(after.stderr, "");
+    assert.equal(after.repr, "True", "the background writer still runs (it waits on its full pipe)");
   });
 });

@@ -286,17 +286,12 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
                       return 'opened'
               except OSError as e:
                   return type(e).__name__
-          # Baseline: a child of ours that makes itself dumpable again.
-          r, w = os.pipe()
-          child = os.fork()
-          if child == 0:
-              ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
-              os.write(w, b'1')
-              time.sleep(30)
-              os._exit(0)
-          os.read(r, 1)
-          baseline = try_mem(child)
-          os.kill(child, 9)
+          # Baseline: a child of ours that execs, which makes it dumpable again.
+          import subprocess, sys
+          child = subprocess.Popen([sys.executable, '-I', '-S', '-c', 'print(1, flush=True)\nimport time\ntime.sleep(30)'], stdout=subprocess.PIPE)
+          child.stdout.readline()
+          baseline = try_mem(child.pid)
+          child.kill()
           print(json.dumps({"copy": try_mem(copy), "pid1": try_mem(1), "baseline": baseline}), flush=True)
           while True: pass
         `,
@@ -467,6 +462,318 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
     const after = await sb.execute(OTHERS);
     assertOk(after);
     assert.equal(after.repr, "[]");
+  });
+});
+
+/** Without the defence: the previous rollback point, in a scratch interpreter of the sandbox.
+ * `setup` runs; a copy is made with os.fork (every signal held while `hold`, as the rollback
+ * point had them) and waits on a pipe; `during` runs in the parent as the failed call would (it
+ * knows the copy as `copy`); then the copy runs `wake` (what the old copy ran when it took over),
+ * prints `report` (a Python expression) and ends (`exit`: as an interpreter ends, else with
+ * os._exit). Returns {copy, parent, go}: the report in each, and when the copy was woken. */
+const OLD_POINT = py`
+  import json, os, signal, sys, time
+  setup, during, wake, report, hold, end = json.loads(sys.argv[1])
+  exec(setup, globals())
+  r, w = os.pipe()
+  ready_r, ready_w = os.pipe()
+  ALL = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL if hold else set())
+  copy = os.fork()
+  if copy == 0:
+      os.close(w)
+      null = os.open('/dev/null', os.O_RDWR)
+      waiting = [{signal.SIGUSR1}]  # what the old copy built before its wait
+      os.write(ready_w, b"1")
+      os.read(r, 1)
+      exec(wake, globals())
+      for sig in signal.sigpending():
+          h = signal.signal(sig, signal.SIG_IGN)
+          signal.signal(sig, h)
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+      print(json.dumps({"copy": eval(report)}), flush=True)
+      if end == "exit":
+          sys.exit(0)
+      os._exit(0)
+  signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+  os.read(ready_r, 1)  # the copy waits
+  exec(during, globals())
+  print(json.dumps({"parent": eval(report)}), flush=True)
+  print(json.dumps({"go": time.monotonic()}), flush=True)
+  os.write(w, b"1")
+  os.waitpid(copy, 0)
+  os._exit(0)
+`;
+
+type Old = { setup: string; during?: string; wake?: string; report: string; hold?: boolean; end?: "exit" };
+
+async function oldPoint(sb: PythonSandbox, o: Old): Promise<{ copy: unknown; parent: unknown; go: number }> {
+  const args = JSON.stringify([o.setup, o.during ?? "time.sleep(0.3)", o.wake ?? "", o.report, o.hold ?? true, o.end ?? ""]);
+  const r = await sb.execute(
+    py`
+      import subprocess, sys
+      p = subprocess.run([sys.executable, '-I', '-S', '-c', ${JSON.stringify(OLD_POINT)}, ${JSON.stringify(args)}],
+                         capture_output=True, text=True, timeout=30)
+      print(p.stdout, end='')
+      print(p.stderr, end='', file=sys.stderr)
+    `,
+    40,
+  );
+  assertOk(r);
+  const out: Record<string, unknown> = {};
+  for (const line of r.stdout.trim().split("\n")) Object.assign(out, JSON.parse(line));
+  assert.ok("copy" in out && "parent" in out, `the scratch interpreter did not report: ${show(r)}`);
+  return out as { copy: unknown; parent: unknown; go: number };
+}
+
+/** The value of a Python expression in the sandbox's interpreter, through JSON. */
+async function valueOf(sb: PythonSandbox, expr: string): Promise<unknown> {
+  return jsonOut(await sb.execute(`import json as _json\nprint(_json.dumps(${expr}))`));
+}
+
+/** A fork hook (`kind` of os.register_at_fork) that counts its runs in g["n"] and starts a thread
+ * that marks g["t"]. */
+const forkHook = (kind: string) => py`
+  import os, threading, time
+  g = {"n": 0, "t": None}
+  def _spawned():
+      g["t"] = "ran"
+      time.sleep(60)
+  def _hook():
+      g["n"] += 1
+      threading.Thread(target=_spawned, daemon=True).start()
+  os.register_at_fork(${kind}=_hook)
+`;
+const HOOK_REPORT = `{"n": g["n"], "t": g["t"], "threads": threading.active_count()}`;
+const UNTOUCHED = { n: 0, t: null, threads: 1 };
+
+describe("no code of the call runs in its rollback copy", { concurrency: 4 }, () => {
+  test("an after_in_child fork hook does not run in the copy: no thread is born there", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup: forkHook("after_in_child"), report: HOOK_REPORT });
+    assert.deepEqual(old.copy, { n: 1, t: "ran", threads: 2 }, "baseline: os.fork runs the hook in the copy");
+    assertOk(await sb.execute(forkHook("after_in_child")));
+    const r = await sb.execute('g["n"] = 7\nwhile True: pass', 1);
+    assertRolledBack(r, "timeout");
+    assert.deepEqual(await valueOf(sb, HOOK_REPORT), UNTOUCHED);
+  });
+
+  test("a before fork hook does not run: the state is the call's start", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup: forkHook("before"), report: `g["n"]` });
+    assert.equal(old.copy, 1, "baseline: os.fork runs the hook before the copy is made");
+    assertOk(await sb.execute(forkHook("before")));
+    const r = await sb.execute("while True: pass", 1);
+    assertRolledBack(r, "timeout");
+    assert.deepEqual(await valueOf(sb, HOOK_REPORT), UNTOUCHED);
+  });
+
+  test("an after_in_parent fork hook does not run: no thread, and the next call still rolls back", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup: forkHook("after_in_parent"), report: HOOK_REPORT });
+    assert.deepEqual(old.parent, { n: 1, t: "ran", threads: 2 }, "baseline: os.fork runs the hook in the parent");
+    assertOk(await sb.execute(forkHook("after_in_parent")));
+    assertOk(await sb.execute("x = 1"));
+    assert.deepEqual(await valueOf(sb, HOOK_REPORT), UNTOUCHED);
+    const r = await sb.execute("while True: pass", 1);
+    assertRolledBack(r, "timeout");
+    assert.deepEqual(await valueOf(sb, HOOK_REPORT), UNTOUCHED);
+  });
+
+  const HANDLERS = py`
+    import os, signal, time
+    hits = []
+    def _handler(sig, frame):
+        hits.append(int(sig))
+    SIGS = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGRTMIN]
+    for _s in SIGS + [signal.SIGALRM]:
+        signal.signal(_s, _handler)
+  `;
+
+  test("signal handlers do not run in the copy: signals sent to it are dropped, a timer's ticks stay the interpreter's", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, {
+      setup: HANDLERS,
+      during: "for _s in SIGS: os.kill(copy, _s)\ntime.sleep(0.3)",
+      report: "sorted(hits)",
+      hold: false,
+    });
+    assert.equal((old.copy as number[]).length, 6, "baseline: a copy that does not hold its signals runs the handlers");
+    // The timer fires between calls too: its handler runs while the interpreter waits for a call.
+    assertOk(await sb.execute(HANDLERS + "\nsignal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)\ntime.sleep(0.05)"));
+    const r = await sb.execute(
+      FIND_COPY + "\n" + py`
+        open('/scratch/ticks', 'w').write(str(len(hits)))
+        for _s in SIGS:
+            os.kill(copy, _s)
+        while True: pass
+      `,
+      1,
+    );
+    assertRolledBack(r, "timeout");
+    const after = (await valueOf(sb, "hits")) as number[];
+    const atStart = Number((await sb.execute("int(open('/scratch/ticks').read())")).repr);
+    assert.deepEqual(after.filter((s) => s !== 14), [], "no handler ran for the signals sent to the copy");
+    assert.ok(after.length <= atStart, `the copy ran the timer's handler: ${after.length} ticks > ${atStart} at the call's start`);
+  });
+
+  test("atexit handlers never run in a copy or in the interpreter a rollback replaced", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const setup = py`
+      import atexit, os
+      def _bye():
+          open('/scratch/atexit-%d' % os.getpid(), 'w').close()
+      atexit.register(_bye)
+    `;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup, report: "os.getpid()", end: "exit" });
+    const seen = await sb.execute(`import os\n[f for f in os.listdir('/scratch') if f.startswith('atexit-')]`);
+    assert.equal(seen.repr, `['atexit-${old.copy}']`, "baseline: a copy that ends as an interpreter does runs them");
+    assertOk(await sb.execute(`import os\nos.unlink('/scratch/atexit-${old.copy}')`));
+    assertOk(await sb.execute(setup));
+    assertOk(await sb.execute("x = 1"));
+    assertRolledBack(await sb.execute("while True: pass", 1), "timeout");
+    assertRolledBack(await sb.execute("import os\nos._exit(3)"), "worker_error");
+    const after = await sb.execute(`[f for f in os.listdir('/scratch') if f.startswith('atexit-')]`);
+    assert.equal(after.repr, "[]");
+  });
+
+  // Garbage that is always there: each collection finalizes a cycle whose __del__ makes the
+  // next, and notes when it first ran in each process.
+  const GARBAGE = py`
+    import gc, os, time
+    seen = {}
+    class _Cycle:
+        def __del__(self):
+            seen.setdefault(os.getpid(), time.monotonic())
+            c = _Cycle()
+            c.me = c
+    _c = _Cycle()
+    _c.me = _c
+    del _c
+    gc.set_threshold(1)
+  `;
+
+  test("the collector does not run __del__ of cyclic garbage in the copy while it waits", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup: GARBAGE, report: "seen.get(os.getpid())" });
+    assert.ok(typeof old.copy === "number" && old.copy < old.go, `baseline: os.fork's copy collects before it is woken: ${JSON.stringify(old)}`);
+    assertOk(await sb.execute(GARBAGE));
+    const r = await sb.execute(
+      FIND_COPY + "\n" + py`
+        import json, time
+        open('/scratch/t0', 'w').write(json.dumps([copy, time.monotonic()]))
+        while True: pass
+      `,
+      2,
+    );
+    assertRolledBack(r, "timeout");
+    const [copy, t0] = JSON.parse((await sb.execute("print(open('/scratch/t0').read())")).stdout) as [number, number];
+    const first = (await valueOf(sb, `seen.get(${copy})`)) as number | null;
+    assert.ok(first === null || first > t0 + 1.5, `__del__ ran in the copy ${first === null ? "" : (first - t0).toFixed(3)} s after the call began`);
+    assertOk(await sb.execute("gc.set_threshold(700)"));
+  });
+
+  test("random's state after a rollback is the call's start (the copy is not reseeded)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const setup = "import random\nrandom.seed(1234)\nexpected = [random.random() for _ in range(3)]\nrandom.seed(1234)";
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup, report: "[random.random() for _ in range(3)] == expected" });
+    assert.equal(old.copy, false, "baseline: random reseeds itself in an os.fork child");
+    assertOk(await sb.execute(setup));
+    assertRolledBack(await sb.execute("random.random()\nrandom.random()\nwhile True: pass", 1), "timeout");
+    assert.equal(await valueOf(sb, "[random.random() for _ in range(3)] == expected"), true);
+  });
+
+  test("an audit hook would run in the copy: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const setup = "import sys, os\ng = {'n': 0}\nsys.addaudithook(lambda e, a: e == 'os.kill' and g.__setitem__('n', g['n'] + 1))";
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup, wake: "os.kill(os.getpid(), 0)", report: "g['n']" });
+    assert.equal(old.copy, 1, "baseline: the hook runs on the copy's os.kill");
+    assertOk(await sb.execute(setup));
+    const r = await sb.execute("g['n'] = 5\nwhile True: pass", 1);
+    assert.equal(r.status, "timeout", show(r));
+    assert.equal(r.rolledBack, false, show(r));
+    assert.equal(r.stateLost, true, show(r));
+    assert.match(r.stateLostReason ?? "", /no rollback point: the code added an audit hook/);
+  });
+
+  test("a standard-library function the copy calls, replaced by the code: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    for (const [name, setup, wake] of [
+      ["time.sleep", "import time\ng = {'n': 0}\n_real = time.sleep\ndef _p(s):\n    g['n'] += 1\n    return _real(s)\ntime.sleep = _p", "time.sleep(0)"],
+      ["os.kill", "import os\ng = {'n': 0}\n_real = os.kill\ndef _p(*a):\n    g['n'] += 1\n    return _real(*a)\nos.kill = _p", "os.kill(os.getpid(), 0)"],
+      ["builtins.open", "import builtins\ng = {'n': 0}\n_real = builtins.open\ndef _p(*a, **k):\n    g['n'] += 1\n    return _real(*a, **k)\nbuiltins.open = _p", "open('/dev/null').close()"],
+    ]) {
+      const old = await oldPoint(sb, { setup, wake, report: "g['n']" });
+      assert.equal(old.copy, 1, `baseline: the copy runs the replaced ${name}`);
+      assertOk(await sb.execute(setup));
+      const r = await sb.execute("while True: pass", 1);
+      assert.equal(r.rolledBack, false, show(r));
+      assert.equal(r.stateLost, true, show(r));
+      assert.match(r.stateLostReason ?? "", new RegExp(`no rollback point: the code replaced ${name.replace(".", "\\.")}`));
+    }
+  });
+
+  test("a trace or profile function would run on the copy's own lines: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    for (const [name, set] of [["sys.settrace", "sys.settrace(_f)"], ["sys.setprofile", "sys.setprofile(_f)"]]) {
+      const setup = py`
+        import os, sys
+        g = {'n': 0}
+        _parent = os.getpid()
+        def _f(frame, event, arg):
+            if os.getpid() != _parent:
+                g['n'] += 1
+            return _f
+        ${set}
+      `;
+      const old = await oldPoint(sb, { setup, wake: "def _w():\n    pass\n_w()", report: "g['n'] > 0" });
+      assert.equal(old.copy, true, `baseline: ${name}'s function runs in the copy`);
+      assertOk(await sb.execute(setup));
+      const r = await sb.execute("while True: pass", 1);
+      assert.equal(r.rolledBack, false, show(r));
+      assert.equal(r.stateLost, true, show(r));
+      assert.match(r.stateLostReason ?? "", /no rollback point: the code set a trace or profile function/);
+    }
+  });
+
+  test("the code's own forks still run their hooks: os.fork, multiprocessing's fork, subprocess", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const r = await sb.execute(py`
+      import os, random, multiprocessing, subprocess, json
+      ran = []
+      os.register_at_fork(after_in_child=lambda: ran.append(1))
+      rd, wr = os.pipe()
+      pid = os.fork()
+      if pid == 0:
+          os.write(wr, json.dumps([len(ran), random.random()]).encode())
+          os._exit(0)
+      os.waitpid(pid, 0)
+      child = json.loads(os.read(rd, 1000))
+      ctx = multiprocessing.get_context('fork')
+      q = ctx.SimpleQueue()
+      p = ctx.Process(target=lambda: q.put([len(ran), random.random()]))
+      p.start()
+      p.join()
+      mp = q.get()
+      mine = random.random()
+      out = subprocess.run(['echo', 'ok'], capture_output=True, text=True).stdout
+      print(json.dumps({"child": child[0], "childDiffers": child[1] != mine, "mp": mp[0], "mpDiffers": mp[1] != mine,
+                        "ran": len(ran), "out": out}))
+    `);
+    assert.deepEqual(jsonOut(r), { child: 1, childDiffers: true, mp: 1, mpDiffers: true, ran: 0, out: "ok\n" });
+    assertRolledBack(await sb.execute("ran.append(2)\nwhile True: pass", 1), "timeout");
+    assert.equal(await valueOf(sb, "len(ran)"), 0);
   });
 });
 

@@ -22,6 +22,7 @@ type Binding = {
   cleanupAll(): void;
   sandboxLimits?(): Limits;
   displayText(text: string): string;
+  displayLine?(text: string): string;
 };
 const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 

@@ -23,6 +23,31 @@ export function displayTextFallback(text: string): string {
   });
 }
 
+// The same, and tab, newline and CR (each CR, also in CRLF).
+const LINE_CONTROLS =
+  /[\0-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+
+/** The fallback of `displayLine`: as `displayTextFallback`, and tab, newline and CR as `␉`, `␊`, `␍`. */
+export function displayLineFallback(text: string): string {
+  const whole = (text as string & { toWellFormed(): string }).toWellFormed();
+  return whole.replace(LINE_CONTROLS, (c) => {
+    const code = c.codePointAt(0) ?? 0;
+    if (code < 0x20) return String.fromCharCode(0x2400 + code);
+    if (code === 0x7f) return "\u2421";
+    return `<U+${code.toString(16).toUpperCase().padStart(4, "0")}>`;
+  });
+}
+
+/**
+ * `text` as one line: what `displayText` does, and tab, newline and CR shown as `␉`, `␊`, `␍`.
+ * For every name, path or note from the sandbox in a notification, a prompt or a status line,
+ * where a newline would start a line of its own (`x\nERROR pi: ...`).
+ */
+export function displayLine(text: string): string {
+  const binding = loadAddon().binding;
+  return typeof binding?.displayLine === "function" ? binding.displayLine(text) : displayLineFallback(text);
+}
+
 /** `text` with every control character shown as a visible stand-in. */
 export function displayText(text: string): string {
   const binding = loadAddon().binding;

@@ -16,7 +16,7 @@ import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
-import { displayText } from "./display.ts";
+import { displayLine, displayText } from "./display.ts";
 import { ACTIONS, parseParams } from "./params.ts";
 import { hostImagePath, renderCall, renderResult } from "./render.ts";
 
@@ -109,7 +109,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       signal?.addEventListener("abort", onAbort, { once: true });
       // Registered before the emit: a synchronous bus may answer inside it.
       state.pending.set(id, finish);
-      pi.events.emit(PROMPT_CHANNEL, { id, path: displayText(path), isDirectory });
+      pi.events.emit(PROMPT_CHANNEL, { id, path: displayLine(path), isDirectory });
     });
   }
 
@@ -121,7 +121,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     if (!sandbox) return;
     // Protected names the last checks made inert, with how to restore them.
     const notes = await sandbox.dispose(reason);
-    for (const note of notes) state.ui?.notify(displayText(note), "warning");
+    for (const note of notes) state.ui?.notify(displayLine(note), "warning");
   }
 
   /** The sandbox for `cwd`, replacing the current one when the project changed. */
@@ -205,8 +205,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         const since = Date.now();
         const tell = () =>
           onUpdate?.({
-            content: [{ type: "text", text: displayText(`waiting for your answer: may the code read ${path}? (no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)`) }],
-            details: { action: "execute", status: "waiting", waitingFor: displayText(path), elapsedMs: Date.now() - since },
+            content: [{ type: "text", text: `waiting for your answer: may the code read ${displayLine(path)}? (no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)` }],
+            details: { action: "execute", status: "waiting", waitingFor: displayLine(path), elapsedMs: Date.now() - since },
           });
         tell();
         const ticker = setInterval(tell, 1000);
@@ -315,7 +315,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         return;
       }
       const change = sandbox.applyModeEvent(payload);
-      if (change.notification) state.ui?.notify(displayText(change.notification), "info");
+      if (change.notification) state.ui?.notify(displayLine(change.notification), "info");
     }),
     pi.events.on(PROMPT_RESULT_CHANNEL, (payload: unknown) => {
       const p = payload as { id?: unknown; outcome?: unknown } | null;
@@ -332,7 +332,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     if (state.permissions?.hasMode) {
       const sandbox = sandboxFor(ctx.cwd);
       const report = "error" in sandbox ? null : sandbox.modeReport();
-      if (report) state.ui?.notify(displayText(report), "info");
+      if (report) state.ui?.notify(displayLine(report), "info");
     }
   });
   pi.on("session_shutdown", async () => {

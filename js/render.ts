@@ -12,7 +12,7 @@
 import { readFileSync } from "node:fs";
 import { formatSize, highlightCode, keyHint, keyText, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
 import { type Component, getCapabilities, imageFallback, Text, truncateToWidth } from "@mariozechner/pi-tui";
-import { displayText } from "./display.ts";
+import { displayLine, displayText } from "./display.ts";
 
 /** Lines of code shown by a collapsed call (pi's write tool shows 10 of a file). */
 export const CALL_PREVIEW_LINES = 6;
@@ -151,7 +151,7 @@ function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> 
     const size = [lines !== undefined ? count(lines, "line") : undefined, typeof bytes === "number" ? formatSize(bytes) : undefined]
       .filter(Boolean)
       .join(", ");
-    parts.push(`${d.logComplete === false ? "Partial" : "Full"} ${name}: ${displayText(path)}${size ? ` (${size})` : ""}`);
+    parts.push(`${d.logComplete === false ? "Partial" : "Full"} ${name}: ${displayLine(path)}${size ? ` (${size})` : ""}`);
   }
   const left = omitted.reduce((a, b) => a + b, 0);
   if (left > 0) parts.push(`${formatSize(left)} left out of the result`);
@@ -211,7 +211,7 @@ function bodyLines(text: string, d: ResultDetails): string[] {
   const lines = text.split("\n");
   // The status line of an execute result is the header; a report's first line is content.
   if (/^status: \S+/.test(lines[0] ?? "")) lines.shift();
-  const scratch = d.scratchDir ? displayText(d.scratchDir) : undefined;
+  const scratch = d.scratchDir ? displayLine(d.scratchDir) : undefined;
   const kept = lines
     // Images are shown inline or by their host file below.
     .filter((l) => !/^image \d+: \/scratch\/\S+ \(.*\), attached$/.test(l))
@@ -276,7 +276,7 @@ export function renderResult(
         .map((i) => {
           const host = hostImagePath(i.path, d.scratchDir);
           const dims = i.width && i.height ? { widthPx: i.width, heightPx: i.height } : undefined;
-          const name = imageFallback(displayText(i.mimeType), dims, displayText(host ?? i.path));
+          const name = imageFallback(displayLine(i.mimeType), dims, displayLine(host ?? i.path));
           return theme.fg("accent", name) + theme.fg("muted", host ? " (deleted with the session)" : "");
         })
         .join("\n"),

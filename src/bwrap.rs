@@ -15,8 +15,12 @@ pub const WORKER_PYC: &str = "/worker.pyc";
 pub const REQUEST_FD: i32 = 3;
 pub const REPLY_FD: i32 = 4;
 pub const SECCOMP_FD: i32 = 5;
+/// bubblewrap writes `{"child-pid": N, ...}` here once the namespaces exist.
+pub const INFO_FD: i32 = 6;
+/// The payload waits until this is readable (see `nshelper`).
+pub const BLOCK_FD: i32 = 7;
 /// Mount sources passed as fds (see [`FdBind`]) are placed from here up.
-pub const MOUNT_FD_BASE: i32 = 6;
+pub const MOUNT_FD_BASE: i32 = 8;
 
 /// A bind mount whose source bubblewrap gets as an open fd (placed at
 /// `fd` by `spawn`), never as a path it would resolve at start: for
@@ -46,6 +50,87 @@ pub const RESERVED_MOUNTS: &[&str] = &[
     "/dev",
     "/worker.py",
     "/worker.pyc",
+];
+
+/// Kernel interfaces under `/proc` bound read-only onto themselves right
+/// after `--proc`, with why. Bubblewrap leaves them writable: its own
+/// read-only remount of `/proc/sys` depends on `access(W_OK)` on that
+/// directory (mode 0555), which fails. A process whose uid is global root
+/// writes most of these by their mode bits alone, with no capability
+/// check. The `-try` form: a kernel without the interface has nothing to
+/// protect there.
+pub const READ_ONLY_PROC: &[(&str, &str)] = &[
+    (
+        "/proc/sys",
+        "sysctls: as host root, kernel.core_pattern names a program the kernel runs as host root, \
+         outside every namespace, on the next crash; the rest tune the whole host",
+    ),
+    ("/proc/sysrq-trigger", "magic SysRq: reboot, crash or freeze the host with one byte"),
+    ("/proc/irq", "interrupt affinity of the host's CPUs"),
+    ("/proc/bus", "PCI and USB devices' configuration space and settings"),
+    ("/proc/fs", "file system drivers' host-wide settings (nfsd, ext4, xfs, fscache)"),
+];
+
+/// A kernel information file or directory under `/proc` hidden under an
+/// empty read-only file or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcMask {
+    pub path: &'static str,
+    pub is_dir: bool,
+    pub reason: &'static str,
+}
+
+const fn file(path: &'static str, reason: &'static str) -> ProcMask {
+    ProcMask { path, is_dir: false, reason }
+}
+
+const fn dir(path: &'static str, reason: &'static str) -> ProcMask {
+    ProcMask { path, is_dir: true, reason }
+}
+
+/// What `/proc` must not tell the sandbox: the container runtimes' default
+/// masked paths, and every file there (outside `/proc/<pid>`) that root can
+/// read and an ordinary user cannot, found by reading all of `/proc` as
+/// both and comparing. Only those present on the host are masked (a bind
+/// needs its mount point; see `probe::proc_masks`). Files that show
+/// addresses only to a process with a capability in the initial namespace
+/// (`kallsyms`, `modules`, `iomem`, `ioports`) are masked as well: the
+/// sandbox has none, but what they show then depends on a kernel check,
+/// not on this list.
+pub const PROC_MASKS: &[ProcMask] = &[
+    // The runtimes' defaults.
+    dir("/proc/acpi", "ACPI tables and the host's firmware interface"),
+    dir("/proc/asound", "the host's sound devices; some entries are writable"),
+    file("/proc/kcore", "the host's physical memory as an ELF core"),
+    file("/proc/keys", "the kernel keyrings of the uid: another process's session keys when it is root"),
+    file("/proc/latency_stats", "scheduler latency records of every host task"),
+    file("/proc/timer_list", "every host timer with its task name and pid, kernel addresses"),
+    file("/proc/timer_stats", "timer statistics of every host task"),
+    file("/proc/sched_debug", "the scheduler's state of every host task, names and pids"),
+    dir("/proc/scsi", "the host's SCSI devices; writing scsi/scsi adds and removes them"),
+    file("/proc/interrupts", "per-CPU interrupt counts: a side channel on other users' input and I/O"),
+    // Readable by root alone (mode 0400 or a uid check), found by comparison.
+    file("/proc/key-users", "keyring quotas of every uid on the host"),
+    file("/proc/kmsg", "the kernel log; reading it takes messages away from the host's logger"),
+    file("/proc/kpagecgroup", "the memory cgroup of every physical page"),
+    file("/proc/kpagecount", "the map count of every physical page"),
+    file("/proc/kpageflags", "the flags of every physical page: a side channel for memory attacks"),
+    file("/proc/pagetypeinfo", "the page allocator's free lists: a side channel for heap attacks"),
+    file("/proc/slabinfo", "kernel heap caches: a side channel for heap attacks"),
+    file("/proc/vmallocinfo", "kernel virtual memory areas with their addresses and callers"),
+    file("/proc/mtrr", "the CPU's memory type ranges; root writes them with a capability"),
+    file("/proc/program_cpu", "a hypervisor's CPU programming interface, root only"),
+    dir("/proc/tty/driver", "serial ports' settings and counters"),
+    file("/proc/sys/kernel/cad_pid", "the pid that Ctrl-Alt-Del signals"),
+    dir("/proc/sys/kernel/usermodehelper", "the capabilities of programs the kernel starts"),
+    file("/proc/sys/vm/mmap_rnd_bits", "how many bits of address randomisation the host uses"),
+    file("/proc/sys/vm/mmap_rnd_compat_bits", "the same, for 32-bit programs"),
+    file("/proc/sys/vm/stat_refresh", "a write makes every CPU refresh its memory statistics"),
+    // Addresses shown to a process with a capability.
+    file("/proc/kallsyms", "kernel symbol addresses: defeats address randomisation"),
+    file("/proc/modules", "kernel module addresses"),
+    file("/proc/iomem", "physical memory layout with addresses"),
+    file("/proc/ioports", "I/O port layout"),
 ];
 
 /// Which form of the worker a sandbox runs.
@@ -81,9 +166,11 @@ pub struct SandboxSpec {
     /// Host secrets inside the read roots and allow-once directories,
     /// hidden under an empty read-only directory or file.
     pub host_masks: Vec<crate::hostsecrets::Mask>,
-    /// The session's empty file and directory, bound over the host masks
-    /// (there whenever `host_masks` is not empty).
-    pub mask_sources: Option<(PathBuf, PathBuf)>,
+    /// The session's empty file and directory, bound over the kernel
+    /// information files and the host masks.
+    pub mask_sources: (PathBuf, PathBuf),
+    /// The entries of [`PROC_MASKS`] present on this host.
+    pub proc_masks: Vec<crate::hostsecrets::Mask>,
     /// Bound over a writable workspace, in order (see `protected`).
     pub protected: Vec<FdBind>,
     /// Bound over the workspace in every mode, after `protected`: in a
@@ -148,12 +235,26 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // Process hygiene: dies with the host, no capabilities. The new session
     // (no controlling terminal) is made by spawn.rs, around bwrap itself.
     push(&mut a, &["--die-with-parent", "--cap-drop", "ALL"]);
+    // The host learns the sandbox's pid and holds the payload until the
+    // namespace helper has set the sandbox's own limits (see `nshelper`).
+    let (info, block) = (INFO_FD.to_string(), BLOCK_FD.to_string());
+    push(&mut a, &["--info-fd", &info, "--block-fd", &block]);
     // Filesystem: kernel views, private temp, the runtime read-only. What
     // code leaves in a tmpfs is RAM that outlives its processes, so each
     // one the code can write has a size, and /dev itself is read-only.
     // (They belong to the sandbox's one user: multiprocessing's semaphores
     // in /dev/shm need no sticky world-writable mode.)
-    push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
+    // The kernel's host-wide settings read-only, its information files
+    // empty (see READ_ONLY_PROC and PROC_MASKS).
+    let (mask_file, mask_dir) = &spec.mask_sources;
+    push(&mut a, &["--proc", "/proc"]);
+    for (path, _) in READ_ONLY_PROC {
+        push(&mut a, &["--ro-bind-try", path, path]);
+    }
+    for mask in &spec.proc_masks {
+        push_bind(&mut a, "--ro-bind", if mask.is_dir { mask_dir } else { mask_file }, &mask.path);
+    }
+    push(&mut a, &["--dev", "/dev"]);
     let (shm, tmp) = (spec.shm_bytes.to_string(), spec.tmp_bytes.to_string());
     push(&mut a, &["--size", &shm, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", &tmp, "--tmpfs", "/tmp"]);
     push(&mut a, &["--ro-bind", "/usr", "/usr"]);
@@ -198,10 +299,8 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     for (source, path) in &spec.once {
         push_bind(&mut a, "--ro-bind", source, path);
     }
-    if let Some((file, dir)) = &spec.mask_sources {
-        for mask in &spec.host_masks {
-            push_bind(&mut a, "--ro-bind", if mask.is_dir { dir } else { file }, &mask.path);
-        }
+    for mask in &spec.host_masks {
+        push_bind(&mut a, "--ro-bind", if mask.is_dir { mask_dir } else { mask_file }, &mask.path);
     }
     for bind in &spec.root_masks {
         push_fd_bind(&mut a, bind);
@@ -209,7 +308,9 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     for bind in &spec.python_fd_mounts {
         push_fd_bind(&mut a, bind);
     }
-    push(&mut a, &["--chdir", WORKSPACE]);
+    // Every mount point is made: the root (bubblewrap's tmpfs) becomes
+    // read-only, so nothing in it is the sandbox's to write or fill.
+    push(&mut a, &["--remount-ro", "/", "--chdir", WORKSPACE]);
     // Environment: nothing of the host's.
     push(&mut a, &["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SCRATCH]);
     push(&mut a, &["--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]);
@@ -266,7 +367,11 @@ mod tests {
             read_roots: vec![],
             once: vec![],
             host_masks: vec![],
-            mask_sources: Some(("/tmp/s/mask-file".into(), "/tmp/s/mask-dir".into())),
+            mask_sources: ("/tmp/s/mask-file".into(), "/tmp/s/mask-dir".into()),
+            proc_masks: vec![
+                crate::hostsecrets::Mask { path: "/proc/keys".into(), is_dir: false },
+                crate::hostsecrets::Mask { path: "/proc/acpi".into(), is_dir: true },
+            ],
             protected: vec![
                 FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
                 FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
@@ -299,15 +404,19 @@ mod tests {
         let argv = strings(&bwrap_argv(&spec()));
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
-            --die-with-parent --cap-drop ALL \
-            --proc /proc --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
+            --die-with-parent --cap-drop ALL --info-fd 6 --block-fd 7 \
+            --proc /proc --ro-bind-try /proc/sys /proc/sys \
+            --ro-bind-try /proc/sysrq-trigger /proc/sysrq-trigger --ro-bind-try /proc/irq /proc/irq \
+            --ro-bind-try /proc/bus /proc/bus --ro-bind-try /proc/fs /proc/fs \
+            --ro-bind /tmp/s/mask-file /proc/keys --ro-bind /tmp/s/mask-dir /proc/acpi \
+            --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
             --size 268435456 --tmpfs /tmp --ro-bind /usr /usr \
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \
             --ro-bind-try /etc/ld.so.cache /etc/ld.so.cache --ro-bind-try /etc/localtime /etc/localtime \
             --ro-bind-try /etc/fonts /etc/fonts \
             --ro-bind /home/u/proj /workspace --bind /tmp/s/scratch /scratch \
-            --ro-bind /tmp/s/worker.py /worker.py --chdir /workspace \
+            --ro-bind /tmp/s/worker.py /worker.py --remount-ro / --chdir /workspace \
             --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
             --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 \
             -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --limits frame=1";

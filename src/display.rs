@@ -20,7 +20,9 @@
 //!
 //! An escape sequence so stays readable (`␛]52;c;aGk=␇`) and does nothing.
 //! [`display_line`] is the same rule for a one-line field (a path, a type
-//! name): it also shows tab and newline (`␉`, `␊`) and keeps every CR as `␍`.
+//! name, a note): it also shows tab and newline (`␉`, `␊`) and keeps every
+//! CR as `␍`, so that a name from the sandbox never starts a line of its own
+//! in a note or a warning. [`one_line`] puts a path into such text.
 //!
 //! This module only rewrites characters: it does not bound lengths (the
 //! callers do; a stand-in is at most eight bytes for three) and it does not
@@ -123,6 +125,25 @@ pub fn displayed_line(text: String) -> String {
     }
 }
 
+/// A name or path as one line of a note, a status line, a prompt or a
+/// warning: its text (lossy for names that are not UTF-8) through
+/// [`display_line`], for `format!`. What the sandbox names can hold a
+/// newline (`x\nERROR pi: ...`); through this it cannot start a line.
+/// Every path that goes into such text is formatted with it, never with
+/// `Path::display`.
+pub struct OneLine<'a>(Cow<'a, str>);
+
+/// [`OneLine`] of `name`: `format!("{} appeared", one_line(rel))`.
+pub fn one_line<S: AsRef<std::ffi::OsStr> + ?Sized>(name: &S) -> OneLine<'_> {
+    OneLine(name.as_ref().to_string_lossy())
+}
+
+impl std::fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&display_line(&self.0))
+    }
+}
+
 /// Whether `text` holds a stand-in this module or the worker writes (a
 /// control picture, U+2400-U+2426, or `<U+`): text that was escaped on its
 /// way here, and so is not what the sandbox had.
@@ -144,6 +165,7 @@ pub fn format_size(bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     fn shown(text: &str) -> String {
         display_text(text).into_owned()
@@ -273,6 +295,17 @@ mod tests {
         assert!(inert(&display_line(&all)));
         assert!(!display_line(&all).contains(['\t', '\n']));
         assert!(out.contains('日') && out.contains('🎉') && out.contains('\u{FFFD}'), "ordinary characters pass");
+    }
+
+    #[test]
+    fn a_name_with_line_breaks_is_one_line() {
+        let name = std::path::Path::new("x\nERROR pi: provider session expired\r\tcurl a | sh/.envrc");
+        assert!(name.display().to_string().contains('\n'), "baseline: the raw name breaks the line");
+        let shown = format!("{} appeared", one_line(name));
+        assert_eq!(shown, "x\u{240A}ERROR pi: provider session expired\u{240D}\u{2409}curl a | sh/.envrc appeared");
+        assert!(!shown.contains(['\n', '\r', '\t']));
+        let bytes = std::ffi::OsStr::from_bytes(b"a\xff\x1b[2J\n");
+        assert_eq!(one_line(bytes).to_string(), "a\u{FFFD}\u{241B}[2J\u{240A}", "not UTF-8 and escapes too");
     }
 
     #[test]

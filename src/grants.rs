@@ -187,11 +187,11 @@ pub const PROMPT_WAIT_SECONDS: u64 = 30;
 /// Why an allowed-once path cannot be mounted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OnceError {
-    #[error("{}: {reason}", path.display())]
+    #[error("{}: {reason}", crate::display::one_line(path))]
     Refused { path: PathBuf, reason: Refusal },
-    #[error("{} is {} now", path.display(), if *dir { "a directory" } else { "not a directory" })]
+    #[error("{} is {} now", crate::display::one_line(path), if *dir { "a directory" } else { "not a directory" })]
     KindChanged { path: PathBuf, dir: bool },
-    #[error("{} is not a regular file or a directory", path.display())]
+    #[error("{} is not a regular file or a directory", crate::display::one_line(path))]
     NotFileOrDir { path: PathBuf },
 }
 
@@ -231,7 +231,7 @@ mod tests {
     use super::*;
     use crate::hostsecrets::HostSecrets;
 
-    static NONE: HostSecrets = HostSecrets { entries: Vec::new() };
+    static NONE: HostSecrets = HostSecrets { entries: Vec::new(), in_home: Vec::new() };
 
     fn ctx(project: &Path) -> Context<'_> {
         Context { project: Some(project), home: None, secrets: &NONE, writable: &[], project_secrets: Some(&[]) }

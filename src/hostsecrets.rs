@@ -1,68 +1,172 @@
 //! Host secrets: paths that no read grant mounts.
 //!
-//! A read root or an allow-once grant mounts a host directory or file into
-//! the sandbox. Some host paths hold credentials that a grant of their
-//! directory should never carry along: the shadow and sudoers files, SSH
-//! host keys, the user's `~/.ssh`, cloud and registry credentials, pi's own
-//! `auth.json`. This module keeps that list and answers two questions: is
-//! a grant itself such a path (then it is refused), and which of them lie
-//! inside a granted directory (then each is masked: an empty read-only
-//! directory or an empty file over it).
+//! The project, a read root, an allow-once grant or a virtual environment
+//! shows host paths inside the sandbox. Some host paths hold credentials
+//! that nothing should carry along: the shadow and sudoers files, SSH host
+//! keys, every home's `.ssh`, the coding agents' logins, cloud, registry and
+//! database credentials, shell and REPL histories. This module keeps that
+//! list (data, a reason per entry) and answers three questions: is a grant
+//! itself such a path (then it is refused), which of them lie inside a
+//! granted directory (then each is masked: an empty read-only directory or
+//! an empty file over it), and is an entry of a walked tree one of them
+//! (the project walk of `protected` masks it, whatever the project's
+//! secret patterns say).
 //!
-//! Entries are absolute paths; `~` stands for the home directory of the
-//! process, and the last component may hold `*` (any run of characters
-//! but `/`). `PI_PYTHON_TOOL_HOST_SECRETS` adds entries (colon separated).
-//! The list is about host paths outside the project; secrets inside the
-//! project are the project scan's business.
+//! Entries are absolute paths, or `~/...`: a path in a home, which applies
+//! to every home: the process's, `/root`, every directory under `/home`,
+//! every home in `/etc/passwd`, a granted directory itself (it may be a
+//! home), and any directory of a walked tree. The last component may hold
+//! `*` (any run of characters but `/`). `PI_PYTHON_TOOL_HOST_SECRETS` adds
+//! entries (colon separated).
 
 use std::path::{Path, PathBuf};
 
 /// Extra entries, colon separated, added to [`DEFAULT_HOST_SECRETS`].
 pub const HOST_SECRETS_ENV: &str = "PI_PYTHON_TOOL_HOST_SECRETS";
 
-/// What no grant mounts, on any host.
-pub const DEFAULT_HOST_SECRETS: &[&str] = &[
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/security/opasswd",
-    "/etc/ssh/ssh_host_*_key",
-    "/etc/ssl/private",
-    "/etc/krb5.keytab",
-    "/etc/NetworkManager/system-connections",
-    "/etc/wireguard",
-    "/root/.ssh",
-    "~/.ssh",
-    "~/.aws",
-    "~/.azure",
-    "~/.gnupg",
-    "~/.kube",
-    "~/.docker",
-    "~/.netrc",
-    "~/.git-credentials",
-    "~/.npmrc",
-    "~/.pypirc",
-    "~/.cargo/credentials",
-    "~/.cargo/credentials.toml",
-    "~/.config/gh",
-    "~/.config/gcloud",
-    "~/.config/op",
-    "~/.password-store",
-    "~/.local/share/keyrings",
-    "~/.vault-token",
-    "~/.terraform.d/credentials.tfrc.json",
-    "~/.pi/agent/auth.json",
-    "~/.pi/agent/sessions",
-    "~/.s3cfg",
-    "~/.config/rclone",
-    "~/.config/containers/auth.json",
-    "/run/secrets",
-    "/var/run/secrets",
+/// What no grant mounts, on any host, each with why. An entry under `~/`
+/// is a path inside a home directory: it applies to every home (see
+/// [`HostSecrets::new`]) and, inside a tree that is walked (the project),
+/// to every directory of it, since any directory there may be a home (pi
+/// started in one, a copy of one, another user's under `/home`).
+pub const DEFAULT_HOST_SECRETS: &[(&str, &str)] = &[
+    ("/etc/shadow", "password hashes"),
+    ("/etc/shadow-", "password hashes (backup)"),
+    ("/etc/gshadow", "group password hashes"),
+    ("/etc/gshadow-", "group password hashes (backup)"),
+    ("/etc/sudoers", "who may become root"),
+    ("/etc/sudoers.d", "who may become root"),
+    ("/etc/security/opasswd", "old password hashes"),
+    ("/etc/ssh/ssh_host_*_key", "SSH host private keys"),
+    ("/etc/ssl/private", "TLS private keys"),
+    ("/etc/krb5.keytab", "Kerberos host keys"),
+    ("/etc/NetworkManager/system-connections", "Wi-Fi and VPN passwords"),
+    ("/etc/wireguard", "WireGuard private keys"),
+    ("/etc/docker/key.json", "Docker daemon key"),
+    ("/etc/rancher", "Kubernetes (k3s) cluster credentials"),
+    ("/etc/kubernetes/admin.conf", "Kubernetes cluster admin credentials"),
+    ("/var/lib/docker", "other containers' files and secrets"),
+    ("/run/secrets", "container secrets"),
+    ("/var/run/secrets", "container and Kubernetes service-account secrets"),
+    // Keys and logins.
+    ("~/.ssh", "SSH keys and known hosts"),
+    ("~/.gnupg", "GnuPG private keys"),
+    ("~/.password-store", "pass passwords"),
+    ("~/.local/share/keyrings", "GNOME keyring"),
+    ("~/.local/share/kwalletd", "KDE wallet"),
+    ("~/.netrc", "logins for ftp, curl, git and pip"),
+    ("~/.authinfo", "logins (Emacs, git)"),
+    ("~/.authinfo.gpg", "logins (Emacs, git)"),
+    ("~/.vault-token", "HashiCorp Vault token"),
+    ("~/.config/op", "1Password CLI session"),
+    ("~/.config/Bitwarden CLI", "Bitwarden CLI vault"),
+    // Coding agents.
+    ("~/.pi/agent/auth.json", "pi's provider logins"),
+    ("~/.pi/agent/models.json", "pi's provider API keys"),
+    ("~/.pi/agent/sessions", "pi's session transcripts"),
+    ("~/.claude/.credentials.json", "Claude Code login"),
+    ("~/.claude.json", "Claude Code account and API key settings"),
+    ("~/.codex/auth.json", "Codex login and API key"),
+    ("~/.gemini/oauth_creds.json", "Gemini CLI login"),
+    ("~/.gemini/google_accounts.json", "Gemini CLI accounts"),
+    ("~/.config/github-copilot", "GitHub Copilot token"),
+    ("~/.aider.conf.yml", "aider API keys"),
+    ("~/.config/goose/secrets.yaml", "goose API keys"),
+    ("~/.local/share/opencode/auth.json", "opencode logins"),
+    ("~/.cursor/mcp.json", "MCP server tokens"),
+    // Version control and forges.
+    ("~/.git-credentials", "git's stored passwords"),
+    ("~/.config/git/credentials", "git's stored passwords (XDG)"),
+    ("~/.config/gh", "GitHub CLI token"),
+    ("~/.config/glab-cli", "GitLab CLI token"),
+    ("~/.config/hub", "hub's GitHub token"),
+    ("~/.config/tea", "Gitea CLI token"),
+    // Package registries.
+    ("~/.npmrc", "npm registry tokens"),
+    ("~/.pypirc", "PyPI upload tokens"),
+    ("~/.config/pip/pip.conf", "index URLs with passwords"),
+    ("~/.pip/pip.conf", "index URLs with passwords"),
+    ("~/.cargo/credentials", "crates.io token"),
+    ("~/.cargo/credentials.toml", "crates.io token"),
+    ("~/.gem/credentials", "RubyGems API key"),
+    ("~/.m2/settings.xml", "Maven repository passwords"),
+    ("~/.m2/settings-security.xml", "Maven master password"),
+    ("~/.gradle/gradle.properties", "Gradle repository passwords"),
+    ("~/.nuget/NuGet/NuGet.Config", "NuGet API keys"),
+    ("~/.composer/auth.json", "Composer tokens"),
+    ("~/.config/composer/auth.json", "Composer tokens"),
+    ("~/.local/share/pypoetry/auth.toml", "Poetry repository passwords"),
+    ("~/.config/pypoetry/auth.toml", "Poetry repository passwords"),
+    // Cloud and clusters.
+    ("~/.aws", "AWS credentials"),
+    ("~/.azure", "Azure CLI tokens"),
+    ("~/.config/gcloud", "Google Cloud credentials"),
+    ("~/.oci", "Oracle Cloud keys"),
+    ("~/.config/doctl", "DigitalOcean token"),
+    ("~/.config/hcloud", "Hetzner Cloud token"),
+    ("~/.config/flyctl", "Fly.io token"),
+    ("~/.fly", "Fly.io token"),
+    ("~/.config/heroku", "Heroku token"),
+    ("~/.netlify", "Netlify token"),
+    ("~/.config/netlify", "Netlify token"),
+    ("~/.vercel", "Vercel token"),
+    ("~/.config/vercel", "Vercel token"),
+    ("~/.config/stripe", "Stripe keys"),
+    ("~/.terraform.d/credentials.tfrc.json", "Terraform Cloud token"),
+    ("~/.terraformrc", "Terraform Cloud token"),
+    ("~/.pulumi/credentials.json", "Pulumi token"),
+    ("~/.kube", "Kubernetes cluster credentials"),
+    ("~/.docker", "registry logins"),
+    ("~/.config/containers/auth.json", "registry logins (podman)"),
+    ("~/.s3cfg", "S3 keys"),
+    ("~/.config/rclone", "rclone remotes' passwords"),
+    ("~/.boto", "Google Cloud Storage and AWS keys"),
+    ("~/.databrickscfg", "Databricks token"),
+    ("~/.snowflake", "Snowflake logins"),
+    ("~/.config/huggingface/token", "Hugging Face token"),
+    ("~/.cache/huggingface/token", "Hugging Face token"),
+    ("~/.huggingface/token", "Hugging Face token"),
+    ("~/.kaggle/kaggle.json", "Kaggle API key"),
+    ("~/.config/openai", "OpenAI API key"),
+    ("~/.wrangler", "Cloudflare token"),
+    ("~/.config/.wrangler", "Cloudflare token"),
+    ("~/.ngrok2", "ngrok token"),
+    ("~/.config/ngrok", "ngrok token"),
+    ("~/.sentryclirc", "Sentry token"),
+    ("~/.circleci", "CircleCI token"),
+    // Databases.
+    ("~/.pgpass", "PostgreSQL passwords"),
+    ("~/.pg_service.conf", "PostgreSQL passwords"),
+    ("~/.my.cnf", "MySQL passwords"),
+    ("~/.mylogin.cnf", "MySQL passwords"),
+    ("~/.dbshell", "MongoDB shell history"),
+    ("~/.mongorc.js", "MongoDB logins"),
+    ("~/.mongoshrc.js", "MongoDB logins"),
+    ("~/.rediscli_history", "Redis commands, AUTH passwords among them"),
+    // Histories: commands, and the passwords and tokens typed into them.
+    ("~/.bash_history", "shell history"),
+    ("~/.zsh_history", "shell history"),
+    ("~/.zhistory", "shell history"),
+    ("~/.histfile", "shell history"),
+    ("~/.sh_history", "shell history"),
+    ("~/.ash_history", "shell history"),
+    ("~/.local/share/fish/fish_history", "shell history"),
+    ("~/.config/fish/fish_history", "shell history"),
+    ("~/.local/share/nushell/history.txt", "shell history"),
+    ("~/.config/nushell/history.txt", "shell history"),
+    ("~/.python_history", "Python REPL history"),
+    ("~/.node_repl_history", "Node REPL history"),
+    ("~/.psql_history", "PostgreSQL history"),
+    ("~/.mysql_history", "MySQL history"),
+    ("~/.sqlite_history", "SQLite history"),
+    ("~/.lesshst", "less history"),
+    ("~/.viminfo", "vim history and registers"),
+    ("~/.irb_history", "Ruby REPL history"),
+    ("~/.scala_history", "Scala REPL history"),
+    ("~/.local/share/atuin", "shell history"),
+    ("~/.ipython/profile_default/history.sqlite", "IPython history"),
+    ("~/.local/share/recently-used.xbel", "recently opened files"),
 ];
-
 /// One entry: a directory and a last component (literal or with `*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -85,6 +189,33 @@ impl Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostSecrets {
     pub entries: Vec<Entry>,
+    /// The `~/` entries as paths inside a home (plain names, the last may
+    /// hold `*`): matched in every home and every directory of a walk.
+    pub in_home: Vec<Vec<String>>,
+}
+
+/// The home directories on this host besides the process's: `/root`,
+/// every directory under `/home`, every home of `/etc/passwd` (except `/`).
+pub fn system_homes() -> Vec<PathBuf> {
+    let mut out = vec![PathBuf::from("/root")];
+    if let Ok(list) = std::fs::read_dir("/home") {
+        let mut dirs: Vec<PathBuf> =
+            list.flatten().filter(|d| d.file_type().is_ok_and(|t| t.is_dir())).map(|d| d.path()).collect();
+        dirs.sort();
+        out.extend(dirs);
+    }
+    // Bounded: a passwd file is small; a huge one is not read further.
+    let passwd = std::fs::File::open("/etc/passwd")
+        .and_then(|f| crate::beneath::read_bounded(std::os::fd::OwnedFd::from(f), 1 << 20))
+        .unwrap_or_default();
+    for line in String::from_utf8_lossy(&passwd).lines() {
+        let Some(home) = line.split(':').nth(5) else { continue };
+        let Some(home) = crate::paths::normalize(home) else { continue };
+        if home != Path::new("/") && !out.contains(&home) && home.is_dir() {
+            out.push(home);
+        }
+    }
+    out
 }
 
 /// A path inside a granted directory to hide.
@@ -124,16 +255,38 @@ impl HostSecrets {
     /// Nothing is resolved through `trees` (trees the sandbox can write):
     /// there an entry is taken as written.
     pub fn new(extra: Option<&str>, home: Option<&Path>, trees: &[&Path]) -> HostSecrets {
+        let mut homes: Vec<PathBuf> = home.map(Path::to_path_buf).into_iter().collect();
+        homes.extend(system_homes());
+        HostSecrets::with_homes(extra, &homes, trees)
+    }
+
+    /// [`HostSecrets::new`] with the homes given: `~/` entries are
+    /// expanded in each (none: only the absolute entries, and the `~/`
+    /// entries for walks and granted directories).
+    pub fn with_homes(extra: Option<&str>, homes: &[PathBuf], trees: &[&Path]) -> HostSecrets {
         let resolve = |p: &Path| crate::paths::resolve_avoiding(p, trees);
         let extra = extra.unwrap_or("").split(':').map(str::trim).filter(|s| !s.is_empty());
+        let raws: Vec<&str> = DEFAULT_HOST_SECRETS.iter().map(|(p, _)| *p).chain(extra).collect();
+        let mut in_home: Vec<Vec<String>> = Vec::new();
+        for raw in &raws {
+            let Some(rest) = raw.strip_prefix("~/") else { continue };
+            let parts: Vec<String> = rest.split('/').filter(|c| !c.is_empty()).map(str::to_string).collect();
+            let plain = !parts.is_empty() && parts.iter().all(|c| c != "." && c != "..");
+            if plain && !in_home.contains(&parts) {
+                in_home.push(parts);
+            }
+        }
         let mut entries: Vec<Entry> = Vec::new();
         let mut add = |entry: Entry| {
             if !entries.contains(&entry) {
                 entries.push(entry);
             }
         };
-        for raw in DEFAULT_HOST_SECRETS.iter().copied().chain(extra) {
-            let Some(path) = expand(raw, home) else { continue };
+        let expanded = raws.iter().flat_map(|raw| match raw.strip_prefix("~/") {
+            Some(_) => homes.iter().filter_map(|h| expand(raw, Some(h))).collect::<Vec<_>>(),
+            None => expand(raw, None).into_iter().collect(),
+        });
+        for path in expanded {
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
             let Some(dir) = path.parent().and_then(crate::paths::normalize_path) else { continue };
             let dir = resolve(&dir).unwrap_or(dir);
@@ -165,7 +318,33 @@ impl HostSecrets {
                 }
             }
         }
-        HostSecrets { entries }
+        HostSecrets { entries, in_home }
+    }
+
+    /// Nothing on the list.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.in_home.is_empty()
+    }
+
+    /// Whether `rel` (a relative path in a walked tree) is a secret of the
+    /// list there: it ends with a `~/` entry (any directory may be a home),
+    /// or `root.join(rel)` is an absolute entry.
+    pub fn matches_in_tree(&self, root: &Path, rel: &Path) -> bool {
+        let names: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        let in_home = self.in_home.iter().any(|parts| {
+            parts.len() <= names.len() && {
+                let tail = &names[names.len() - parts.len()..];
+                let last = parts.len() - 1;
+                parts[..last] == tail[..last] && glob_match(&parts[last], &tail[last])
+            }
+        });
+        in_home || {
+            let path = root.join(rel);
+            self.entries.iter().any(|e| {
+                path.parent() == Some(e.dir.as_path())
+                    && path.file_name().is_some_and(|n| e.matches_leaf(&n.to_string_lossy()))
+            })
+        }
     }
 
     /// The entry that `path` (canonical) is or lies under, if any.
@@ -218,6 +397,27 @@ impl HostSecrets {
                 names.into_iter().for_each(&mut add);
             } else {
                 add(e.dir.join(&e.leaf));
+            }
+        }
+        // The granted directory may itself be a home (another user's, a
+        // copy of one, one on another disk).
+        for parts in &self.in_home {
+            let Some((leaf, dirs)) = parts.split_last() else { continue };
+            let dir: PathBuf = dirs.iter().fold(root.to_path_buf(), |d, c| d.join(c));
+            if skipped(&dir) {
+                continue;
+            }
+            if leaf.contains('*') {
+                let Ok(list) = std::fs::read_dir(&dir) else { continue };
+                let mut names: Vec<PathBuf> = list
+                    .flatten()
+                    .filter(|d| glob_match(leaf, &d.file_name().to_string_lossy()))
+                    .map(|d| d.path())
+                    .collect();
+                names.sort();
+                names.into_iter().for_each(&mut add);
+            } else {
+                add(dir.join(leaf));
             }
         }
         out.sort();
@@ -340,7 +540,7 @@ mod tests {
         assert!(shown.contains(&"/srv/vault".to_string()));
         assert!(shown.contains(&"/nonexistent-home/.config/extra".to_string()));
         assert!(!shown.iter().any(|s| s.contains("relative")));
-        let no_home = HostSecrets::new(None, None, &[]);
+        let no_home = HostSecrets::with_homes(None, &[], &[]);
         assert!(!no_home.entries.iter().any(|e| e.shown().contains(".aws")));
         assert!(no_home.entries.iter().any(|e| e.shown() == "/etc/shadow"));
     }

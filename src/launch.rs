@@ -27,9 +27,14 @@ pub struct Facts {
     pub bwrap: Bwrap,
     pub interpreter: Interpreter,
     pub merged_usr: bool,
+    /// The kernel information files this host has (see `bwrap::PROC_MASKS`).
+    pub proc_masks: Vec<crate::hostsecrets::Mask>,
     pub python: PythonEnv,
     /// Key of the worker's compiled form for this interpreter.
     pub code_key: Option<u64>,
+    /// One sandbox's share of the user's inotify budget (read once).
+    pub inotify_share: crate::inotify::InotifyBudget,
+    pub guard_inotify: protected::InotifyInit,
 }
 
 /// Why the host cannot run the tool at all.
@@ -58,7 +63,16 @@ impl Facts {
             .collect();
         let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
         let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
-        Ok(Facts { bwrap, interpreter, merged_usr: probe::merged_usr(), python, code_key })
+        Ok(Facts {
+            bwrap,
+            interpreter,
+            merged_usr: probe::merged_usr(),
+            proc_masks: probe::proc_masks_of_host(),
+            python,
+            code_key,
+            inotify_share: crate::inotify::sandbox_share(crate::inotify::host_budget()),
+            guard_inotify: opts.guard_inotify.unwrap_or(protected::inotify_init),
+        })
     }
 }
 
@@ -148,7 +162,16 @@ async fn start_once(
     let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
     let trees = [project.as_path(), canonical_root.as_path()];
     let secrets = settings.host_secrets(&trees);
-    let host_masks = host_masks(&secrets, mounts, &trees);
+    let mut host_masks = host_masks(&secrets, mounts, &trees);
+    // A virtual environment or package directory outside the project is a
+    // host directory shown to the sandbox like a read root.
+    for dir in facts.python.mounts.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)) {
+        for m in secrets.masks_under(dir, &trees) {
+            if !host_masks.contains(&m) {
+                host_masks.push(m);
+            }
+        }
+    }
     let granted: Vec<&Path> = mounts
         .read_roots
         .iter()
@@ -163,40 +186,57 @@ async fn start_once(
     // be protected is mounted read-only for this sandbox, and the first
     // result says why; a secret that cannot be masked stops the start.
     // The session's empty file and directory: the source of every mask,
-    // the project's and the host secrets' in granted directories.
-    let sources =
-        if settings.secrets.is_empty() && host_masks.is_empty() {
-            None
-        } else {
-            Some(crate::secrets::MaskSources::in_dir(&dirs.root).map_err(|e| {
-                StartError::Prepare(format!("The empty files that hide secrets could not be made: {e}"))
-            })?)
-        };
+    // the kernel's information files, the project's secrets and the host
+    // secrets' in granted directories.
+    let sources = crate::secrets::MaskSources::in_dir(&dirs.root)
+        .map_err(|e| StartError::Prepare(format!("The empty files that hide secrets could not be made: {e}")))?;
     let (root, sink, tainted) = (project.clone(), start.notes.clone(), start.tainted.clone());
     // What a grant unmasked, and the secrets allowed once for this start.
     let unmasked: Vec<PathBuf> = mounts.unmasked.iter().chain(&mounts.unmasked_once).cloned().collect();
     let writable_mode = mounts.workspace_writable;
     let known = start.known.lock().clone();
-    let mask_sources = sources.as_ref().map(|s| (s.file.clone(), s.dir.clone()));
+    let mask_sources = (sources.file.clone(), sources.dir.clone());
+    let host_list = secrets.clone();
+    // A writable mode needs a guard that works: its inotify instance and
+    // watches are made before the sandbox (which could otherwise take the
+    // user's last ones first); without them the project is mounted
+    // read-only for this sandbox.
+    let guard_init = facts.guard_inotify;
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
-        protected::plan_start(protected::StartRequest {
-            project: &root,
-            protected: &s.protected,
-            secrets: &s.secrets,
-            limits: s.scan,
-            git: &s.git,
-            sink,
-            tainted,
-            writable: writable_mode,
-            unmasked: &unmasked,
-            sources: sources.as_ref(),
-            known: &known,
-        })
+        let plan = |writable: bool| {
+            protected::plan_start(protected::StartRequest {
+                project: &root,
+                protected: &s.protected,
+                secrets: &s.secrets,
+                limits: s.scan,
+                git: &s.git,
+                sink: sink.clone(),
+                tainted: tainted.clone(),
+                writable,
+                unmasked: &unmasked,
+                sources: Some(&sources),
+                known: &known,
+                host: &host_list,
+            })
+        };
+        if !writable_mode {
+            return plan(false).map(|p| (p, None, None));
+        }
+        let mut watcher = match protected::Watcher::new(guard_init) {
+            Ok(w) => w,
+            Err(e) => return plan(false).map(|p| (p, None, Some(e))),
+        };
+        let planned = plan(true)?;
+        match planned.guard.as_ref().map(|g| watcher.watch_holders(g)) {
+            Some(Err(e)) => plan(false).map(|p| (p, None, Some(e))),
+            Some(Ok(())) => Ok((planned, Some(watcher), None)),
+            None => Ok((planned, None, None)),
+        }
     })
     .await;
-    let plan = match planned {
-        Ok(Ok(plan)) => plan,
+    let (plan, watcher, no_guard) = match planned {
+        Ok(Ok(planned)) => planned,
         Ok(Err(e)) => return Err(StartError::Prepare(format!("No sandbox was started: {e}."))),
         Err(e) => return Err(StartError::Prepare(format!("The protected paths could not be planned: {e}"))),
     };
@@ -205,9 +245,16 @@ async fn start_once(
             "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
         ));
     }
+    if let Some(e) = &no_guard {
+        plan_notes.push(format!(
+            "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes: the guard \
+             that keeps protected names inert could not get inotify ({e}: the inotify instances or watches of your \
+             user are used up); close programs that hold them and reset, or raise fs.inotify.max_user_instances."
+        ));
+    }
     plan_notes.extend(plan.report.incomplete_note());
     let project = project.as_path();
-    let writable = mounts.workspace_writable && plan.refused.is_none();
+    let writable = mounts.workspace_writable && plan.refused.is_none() && no_guard.is_none();
     if let Some(halt) = (stop.check)() {
         return Err(StartError::Halted(halt));
     }
@@ -293,6 +340,7 @@ async fn start_once(
         once: start.mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
         host_masks,
         mask_sources,
+        proc_masks: facts.proc_masks.clone(),
         python_mounts,
         python_fd_mounts,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
@@ -321,6 +369,8 @@ async fn start_once(
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
         keeper,
         contained,
+        inside: crate::inotify::cap_steps(facts.inotify_share),
+        watcher,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

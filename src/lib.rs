@@ -22,6 +22,7 @@ pub mod images;
 pub mod inotify;
 pub mod launch;
 pub mod limits;
+pub mod nshelper;
 pub mod options;
 pub mod outcome;
 pub mod paths;

@@ -350,7 +350,7 @@ fn to_js(o: Outcome) -> ExecResult {
                 description: displayed_line(i.describe()),
             })
             .collect(),
-        notes: o.notes.into_iter().map(displayed).collect(),
+        notes: o.notes.into_iter().map(displayed_line).collect(),
     }
 }
 
@@ -455,7 +455,7 @@ fn status_to_js(r: StatusReport) -> StatusResult {
             log_dir: logs,
         },
         site_dirs: r.site_dirs.iter().map(|p| path_str(p)).collect(),
-        python_notes: r.python_notes.iter().cloned().map(displayed).collect(),
+        python_notes: r.python_notes.iter().cloned().map(displayed_line).collect(),
         skipped_roots: r
             .skipped_roots
             .iter()
@@ -589,6 +589,15 @@ pub fn display_text(text: String) -> String {
     displayed(text)
 }
 
+/// `text` as one line: as `displayText`, and tab, newline and CR shown as
+/// `␉`, `␊` and `␍` too. For a name, a path or a note from the sandbox in a
+/// notification, a prompt or a status line.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn display_line(text: String) -> String {
+    displayed_line(text)
+}
+
 /// Kill every sandbox and delete every session directory of this process,
 /// synchronously. For `process.on("exit")`: a `process.exit()` skips the
 /// addon's own environment cleanup.
@@ -663,9 +672,23 @@ impl PythonSandbox {
     /// sandbox's word).
     fn secret_host_path(&self, path: &str) -> Option<PathBuf> {
         let report = self.session.status();
-        // The mask's own path: a file inside a masked directory is unmasked with it.
-        let rel = report.masks.as_ref()?.covering(std::path::Path::new(path))?.rel.clone();
+        // Exactly the path read: a file inside a masked directory is
+        // unmasked alone, never the directory. A host secret never is.
+        let path = permissions::normalize(path)?;
+        let mask = report.masks.as_ref()?.covering(&path)?;
+        if mask.host {
+            return None;
+        }
+        let rel = path.strip_prefix(crate::bwrap::WORKSPACE).ok()?;
         std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel))
+    }
+
+    /// The host-secret mask of the project that hides sandbox path `path`.
+    fn host_secret_mask(&self, path: &str) -> Option<String> {
+        let report = self.session.status();
+        let path = permissions::normalize(path)?;
+        let mask = report.masks.as_ref()?.covering(&path)?;
+        mask.host.then(|| std::path::Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string())
     }
 
     /// Mount what `event` asks for. `current`: the mounts before (for the
@@ -694,7 +717,7 @@ impl PythonSandbox {
             format!(
                 "the sandbox was restarted for a late answer to the read prompt about {}: a grant that came after the \
                  call had stopped waiting",
-                p.display()
+                crate::display::one_line(&p)
             )
         });
         let masked = plan.mounted.iter().flat_map(|m| m.masked.clone()).collect();
@@ -735,6 +758,7 @@ impl PythonSandbox {
             rollback: options.rollback,
             python_packages: options.python_packages,
             system_site_packages: options.system_site_packages,
+            guard_inotify: None,
         });
         let grants = permissions.map(|p| p.grants.clone()).unwrap_or_default();
         let sandbox = PythonSandbox { session, grants };
@@ -824,7 +848,7 @@ impl PythonSandbox {
         if let (Some(note), Some(late)) = (notification.as_mut(), late) {
             note.push_str(&displayed_line(format!(
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
-                late.display()
+                crate::display::one_line(&late)
             )));
         }
         ModeChange {
@@ -861,6 +885,9 @@ impl PythonSandbox {
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
         let seen = self.grants.mode().is_some() || self.session.status().permissions_seen;
+        if let Some(mask) = self.host_secret_mask(&path) {
+            return ReadVerdict { prompt: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) };
+        }
         let secret = self.secret_host_path(&path);
         match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
             ReadDecision::Prompt => {
@@ -885,6 +912,9 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let shown = displayed_line(path.clone());
+        if let Some(mask) = self.host_secret_mask(&path) {
+            return Ok(ReadAnswer { replay: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) });
+        }
         let secret = self.secret_host_path(&path);
         Ok(match self.grants.answer(&path, is_dir, secret.as_deref(), answer, remounted, &ctx, |p| ctx.resolve(p)) {
             Next::Unmask(host) => {
@@ -970,6 +1000,24 @@ impl PythonSandbox {
     /// writable project made inert, and how to restore them.
     #[napi]
     pub async fn dispose(&self, reason: Option<String>) -> Result<Vec<String>> {
-        Ok(self.session.dispose(reason.as_deref().unwrap_or("disposed")).await.into_iter().map(displayed).collect())
+        Ok(self
+            .session
+            .dispose(reason.as_deref().unwrap_or("disposed"))
+            .await
+            .into_iter()
+            .map(displayed_line)
+            .collect())
     }
+}
+
+/// Why a read of a host secret in the project is refused without asking.
+fn host_secret_refusal(path: &str, mask: &str) -> String {
+    format!(
+        "{} is a host secret (under {}: a credential store or history that the host-secret list names), so the \
+         sandbox hides it in every mode and no grant unmasks it; copy what the code needs into the project or \
+         /scratch, or see {}.",
+        displayed_line(path.to_string()),
+        displayed_line(mask.to_string()),
+        crate::hostsecrets::HOST_SECRETS_ENV
+    )
 }

@@ -51,6 +51,9 @@ pub struct SessionOptions {
     /// Roll failed calls back (default: `$PI_PYTHON_TOOL_ROLLBACK`, on
     /// unless it is `0`, `false`, `off` or `no`; read at each sandbox start).
     pub rollback: Option<bool>,
+    /// How the guard of a writable sandbox gets its inotify instance
+    /// (default `inotify_init1`; tests make it fail).
+    pub guard_inotify: Option<crate::protected::InotifyInit>,
 }
 
 /// `0`, `false`, `off` or `no`: no rollback (the spec's recovery: the

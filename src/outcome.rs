@@ -555,7 +555,7 @@ pub fn render(o: &Outcome) -> String {
         );
     }
     for note in &o.notes {
-        let _ = write!(t, "\n\nnote: {}", display_text(note));
+        let _ = write!(t, "\n\nnote: {}", display_line(note));
     }
     // The streams share what the rest leaves of the ceiling.
     let mut tail = String::new();

@@ -157,9 +157,13 @@ pub enum Refusal {
     HostSecret(String),
     #[error("cannot be resolved: {0}")]
     Unresolvable(String),
-    #[error("covered by {}", .0.display())]
+    #[error("covered by {}", crate::display::one_line(&.0))]
     Covered(PathBuf),
-    #[error("the same directory as {requested} (both resolve to {})", resolved.display())]
+    #[error(
+        "the same directory as {} (both resolve to {})",
+        crate::display::one_line(requested),
+        crate::display::one_line(resolved)
+    )]
     SameAs { requested: String, resolved: PathBuf },
 }
 
@@ -261,7 +265,9 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
         if ctx.project.is_some_and(|project| normal.starts_with(project)) {
             // Secrets not known yet (no start so far): any real entry may hold one.
             let covers = match ctx.project_secrets {
-                Some(list) => list.iter().any(|s| s.starts_with(&normal)),
+                // A secret under it, or the masked directory it is in
+                // (then just it is opened, see `secrets::holes`).
+                Some(list) => list.iter().any(|s| s.starts_with(&normal) || normal.starts_with(s)),
                 // Looked at beneath the project, never through a link in it.
                 None => ctx.project.is_some_and(|project| {
                     let rel = normal.strip_prefix(project).unwrap_or(Path::new(""));
@@ -324,10 +330,10 @@ pub fn plan_mounts(roots: &[String], ctx: &Context, resolve: impl Fn(&Path) -> s
 /// `/etc (host secrets masked: /etc/shadow, /etc/gshadow)`.
 pub fn shown_with_masks(path: &Path, masked: &[Mask]) -> String {
     if masked.is_empty() {
-        return path.display().to_string();
+        return crate::display::one_line(&path).to_string();
     }
-    let list: Vec<String> = masked.iter().map(|m| m.path.display().to_string()).collect();
-    format!("{} (host secrets masked: {})", path.display(), list.join(", "))
+    let list: Vec<String> = masked.iter().map(|m| crate::display::one_line(&m.path).to_string()).collect();
+    format!("{} (host secrets masked: {})", crate::display::one_line(&path), list.join(", "))
 }
 
 /// The user-facing note for a change of mounts. `discarded`: a running
@@ -362,7 +368,7 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
         if new.unmasked.is_empty() {
             changes.push("secrets in the project are masked again".into());
         } else {
-            let list: Vec<String> = new.unmasked.iter().map(|p| p.display().to_string()).collect();
+            let list: Vec<String> = new.unmasked.iter().map(|p| crate::display::one_line(&p).to_string()).collect();
             changes.push(format!("secrets no longer masked at or under: {}", list.join(", ")));
         }
     }
@@ -481,7 +487,7 @@ pub fn read_decision(
     if let Some(d) = denied.iter().find(|d| p.starts_with(d)) {
         return ReadDecision::Deny(format!(
             "Reads under {} were denied earlier in this session, so {path} was refused without asking again. {how}",
-            d.display()
+            crate::display::one_line(&d)
         ));
     }
     if !permissions_seen {
@@ -516,7 +522,7 @@ mod tests {
         Ok(p.to_path_buf())
     }
 
-    static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new() };
+    static NO_SECRETS: HostSecrets = HostSecrets { entries: Vec::new(), in_home: Vec::new() };
 
     fn ctx(project: Option<&str>) -> Context<'_> {
         Context {

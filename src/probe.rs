@@ -264,6 +264,23 @@ pub fn python_env_from_host(setting: Option<&str>, system_site: bool, writable: 
     )
 }
 
+/// The kernel information files of [`crate::bwrap::PROC_MASKS`] this
+/// kernel has, each masked as what it is (`kind` gives `Some(is_dir)` for
+/// a path that exists): a bind needs its mount point, and bubblewrap
+/// cannot make one in `/proc`.
+pub fn proc_masks(kind: impl Fn(&Path) -> Option<bool>) -> Vec<crate::hostsecrets::Mask> {
+    crate::bwrap::PROC_MASKS
+        .iter()
+        .filter_map(|m| kind(Path::new(m.path)).map(|is_dir| crate::hostsecrets::Mask { path: m.path.into(), is_dir }))
+        .collect()
+}
+
+/// [`proc_masks`] of the host's `/proc` (the sandbox's runs on the same
+/// kernel; nothing masked is per network namespace).
+pub fn proc_masks_of_host() -> Vec<crate::hostsecrets::Mask> {
+    proc_masks(|p| std::fs::symlink_metadata(p).ok().filter(|m| !m.file_type().is_symlink()).map(|m| m.is_dir()))
+}
+
 /// Is `/bin` a link into `/usr` on this host?
 pub fn merged_usr() -> bool {
     std::fs::canonicalize("/bin").is_ok_and(|p| p == Path::new("/usr/bin"))
@@ -298,6 +315,40 @@ pub async fn probe_bwrap_now() -> Result<Bwrap, BwrapError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_kernel_files_present_are_masked_each_as_what_it_is() {
+        use crate::hostsecrets::Mask;
+        let masks = proc_masks(|p| match p.to_str() {
+            Some("/proc/keys") => Some(false),
+            Some("/proc/acpi") => Some(true),
+            // A file where a directory was expected is masked as a file.
+            Some("/proc/scsi") => Some(false),
+            _ => None,
+        });
+        assert_eq!(
+            masks,
+            [
+                Mask { path: "/proc/acpi".into(), is_dir: true },
+                Mask { path: "/proc/keys".into(), is_dir: false },
+                Mask { path: "/proc/scsi".into(), is_dir: false },
+            ]
+        );
+    }
+
+    #[test]
+    fn every_kernel_view_has_a_reason_and_lies_under_proc() {
+        let paths: Vec<&str> = crate::bwrap::PROC_MASKS.iter().map(|m| m.path).collect();
+        for m in crate::bwrap::PROC_MASKS {
+            assert!(m.reason.len() > 10, "{}: no reason", m.path);
+            assert!(m.path.starts_with("/proc/") && !m.path.starts_with("/proc/sys/net"), "{}", m.path);
+            assert_eq!(paths.iter().filter(|p| **p == m.path).count(), 1, "{} listed twice", m.path);
+        }
+        for (path, reason) in crate::bwrap::READ_ONLY_PROC {
+            assert!(reason.len() > 10, "{path}: no reason");
+            assert!(path.starts_with("/proc/"), "{path}");
+        }
+    }
 
     #[test]
     fn bwrap_version_parses() {

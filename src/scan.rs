@@ -76,16 +76,35 @@ pub fn walk(tree: &Tree, limits: Limits, visit: impl FnMut(&Path, Kind) -> Visit
     walk_opened(tree, limits, visit, |_, _| {})
 }
 
+/// [`walk`] of the directory `start` of `tree` only (opened beneath the
+/// root like every other; `rel`s passed to `visit` are from the root, and
+/// depth counts from the root too).
+pub fn walk_from(tree: &Tree, start: &Path, limits: Limits, visit: impl FnMut(&Path, Kind) -> Visit) -> Summary {
+    walk_from_opened(tree, start, limits, visit, |_, _| {})
+}
+
 /// [`walk`], calling `opened(rel, fd)` with each directory's fd after it
 /// is opened and before it is read (a watch added there misses nothing
 /// that the listing does not see).
 pub fn walk_opened(
     tree: &Tree,
     limits: Limits,
+    visit: impl FnMut(&Path, Kind) -> Visit,
+    opened: impl FnMut(&Path, std::os::fd::BorrowedFd<'_>),
+) -> Summary {
+    walk_from_opened(tree, Path::new(""), limits, visit, opened)
+}
+
+/// [`walk_from`] and [`walk_opened`] in one.
+pub fn walk_from_opened(
+    tree: &Tree,
+    start: &Path,
+    limits: Limits,
     mut visit: impl FnMut(&Path, Kind) -> Visit,
     mut opened: impl FnMut(&Path, std::os::fd::BorrowedFd<'_>),
 ) -> Summary {
-    let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(PathBuf::new(), 0)]);
+    let depth = start.components().count();
+    let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(start.to_path_buf(), depth)]);
     let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
     let mut summary = Summary { entries: 0, complete: true, unreadable: None };
     while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {

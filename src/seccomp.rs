@@ -58,6 +58,38 @@ pub enum When {
         arg: u32,
         value: u64,
     },
+    /// Both comparisons hold (a call refused only for a combination of its
+    /// arguments, such as `O_CREAT` with a setuid mode).
+    Both(Cmp, Cmp),
+}
+
+/// One comparison of a [`When::Both`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    /// `(arg & mask) == value`.
+    Masked { arg: u32, mask: u64, value: u64 },
+    /// `arg != value`.
+    Not { arg: u32, value: u64 },
+}
+
+impl Cmp {
+    /// The argument it tests.
+    pub fn arg(self) -> u32 {
+        match self {
+            Cmp::Masked { arg, .. } | Cmp::Not { arg, .. } => arg,
+        }
+    }
+}
+
+impl When {
+    /// The argument the first comparison tests (`None` for [`When::Always`]).
+    pub fn first_arg(self) -> Option<u32> {
+        match self {
+            When::Always => None,
+            When::ArgMasked { arg, .. } | When::ArgNot { arg, .. } => Some(arg),
+            When::Both(first, _) => Some(first.arg()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +147,7 @@ pub fn allowlist() -> Vec<Allowed> {
                 "fchdir", "mkdirat", "mknodat", "unlinkat", "renameat", "renameat2", "linkat", "symlinkat",
                 "readlinkat", "fchmod", "fchmodat", "fchown", "fchownat", "umask", "utimensat",
             ],
-            "file metadata, directories and links (mknodat makes FIFOs; device nodes need a capability the sandbox lacks)",
+            "file metadata, directories and links (mknodat makes FIFOs; device nodes need a capability the sandbox lacks); setuid and setgid modes are refused below",
         ),
         allow(
             &[
@@ -191,7 +223,10 @@ pub fn allowlist() -> Vec<Allowed> {
             ],
             "resource limits (the hard limits cannot be raised) and scheduling of the sandbox's own processes; thread pools ask for the CPU set",
         ),
-        allow(&["uname", "sysinfo", "getrandom", "getcpu", "prctl"], "system information, random numbers and process attributes"),
+        allow(
+            &["uname", "sysinfo", "getrandom", "getcpu", "prctl"],
+            "system information, random numbers and process attributes; becoming dumpable is refused below",
+        ),
         allow(&["ioctl"], "control of descriptors the sandbox holds (terminals, files); TIOCSTI and TIOCLINUX are refused below"),
         allow(&["personality"], "asking for or keeping the default personality; every other is refused below"),
         allow(
@@ -201,15 +236,11 @@ pub fn allowlist() -> Vec<Allowed> {
             ],
             "calls on socket descriptors, which the sandbox cannot make (socket and socketpair are refused); code asking whether a descriptor is a socket gets ENOTSOCK",
         ),
-        allow(
-            &["io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents"],
-            "Linux native asynchronous I/O (libaio), whose contexts the kernel bounds (fs.aio-max-nr)",
-        ),
         allow(&["seccomp"], NARROW),
         allow_optional(&["landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"], NARROW),
         allow_optional(
             &[
-                "openat2", "close_range", "faccessat2", "epoll_pwait2", "pidfd_open", "pidfd_send_signal",
+                "close_range", "faccessat2", "epoll_pwait2", "pidfd_open", "pidfd_send_signal",
                 "process_mrelease", "memfd_secret", "futex_waitv", "cachestat", "fchmodat2", "map_shadow_stack",
                 "futex_wake", "futex_wait", "futex_requeue",
             ],
@@ -287,6 +318,14 @@ pub fn rules() -> Vec<Rule> {
             required: false,
             reason: "its flags are in memory the filter cannot read; ENOSYS makes libc fall back to clone",
         },
+        Rule {
+            syscall: "openat2",
+            action: Action::Enosys,
+            when: When::Always,
+            required: false,
+            reason: "its flags and mode are in memory the filter cannot read (a setuid mode would pass); ENOSYS makes \
+                callers fall back to openat",
+        },
         eperm("mount", false, MOUNT),
         eperm("umount2", false, MOUNT),
         eperm("pivot_root", false, MOUNT),
@@ -338,6 +377,71 @@ pub fn rules() -> Vec<Rule> {
         r.push(eperm_when("unshare", when, NS));
         r.push(eperm_when("clone", when, NS));
     }
+    r.extend(setuid_rules());
+    r.push(eperm_when(
+        "prctl",
+        When::Both(Cmp::Masked { arg: 0, mask: 0xffff_ffff, value: PR_SET_DUMPABLE }, Cmp::Not { arg: 1, value: 0 }),
+        "no process of the sandbox becomes dumpable: a dumpable interpreter or rollback copy would let any other \
+         process open its descriptors and memory through /proc (the worker makes them non-dumpable before any code runs)",
+    ));
+    r.extend(AIO.iter().map(|&name| eperm(name, false, AIO_REASON)));
+    r
+}
+
+pub const PR_SET_DUMPABLE: u64 = 4;
+pub const S_ISUID: u64 = 0o4000;
+pub const S_ISGID: u64 = 0o2000;
+pub const O_CREAT: u64 = 0o100;
+/// `__O_TMPFILE`, the bit the kernel tests before it applies a mode
+/// (`O_TMPFILE` adds `O_DIRECTORY`).
+pub const O_TMPFILE_BIT: u64 = 0o2000_0000;
+
+/// Linux native asynchronous I/O.
+pub const AIO: [&str; 6] = ["io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents"];
+const AIO_REASON: &str = "Linux native asynchronous I/O contexts come from one host-wide budget (fs.aio-max-nr, 65536 \
+    events by default), which one sandbox could take whole; Python and its libraries use threads for I/O instead";
+
+const SETUID: &str = "no setuid or setgid file or directory: the sandbox owns what it writes on the host file \
+    system, which is not nosuid, so such a bit would run a planted program as pi's user (as root when pi runs as root)";
+
+/// The calls that give a file its mode, each with the argument that holds
+/// the mode and, for the calls that apply it only when they create a file,
+/// the argument that holds the flags.
+pub const MODE_CALLS: [(&str, u32, Option<u32>); 9] = [
+    ("chmod", 1, None),
+    ("fchmod", 1, None),
+    ("fchmodat", 2, None),
+    ("fchmodat2", 2, None),
+    ("mknod", 1, None),
+    ("mknodat", 2, None),
+    ("creat", 1, None),
+    ("open", 2, Some(1)),
+    ("openat", 3, Some(2)),
+];
+
+/// Every call of [`MODE_CALLS`] refused when its mode has `S_ISUID` or
+/// `S_ISGID` (each its own comparison): always for the calls that set a
+/// mode, with `O_CREAT` or `O_TMPFILE` for `open` and `openat`. `openat2`
+/// holds its mode in a struct the filter cannot read: the default answers
+/// it `ENOSYS`, and the C library and Python fall back to `openat`.
+pub fn setuid_rules() -> Vec<Rule> {
+    let mut r = Vec::new();
+    for (call, mode, flags) in MODE_CALLS {
+        for bit in [S_ISUID, S_ISGID] {
+            let has_bit = Cmp::Masked { arg: mode, mask: bit, value: bit };
+            match flags {
+                None => {
+                    r.push(eperm_when(call, When::ArgMasked { arg: mode, mask: bit, value: bit }, SETUID));
+                }
+                Some(flags) => {
+                    for create in [O_CREAT, O_TMPFILE_BIT] {
+                        let creates = Cmp::Masked { arg: flags, mask: create, value: create };
+                        r.push(eperm_when(call, When::Both(creates, has_bit), SETUID));
+                    }
+                }
+            }
+        }
+    }
     r
 }
 
@@ -360,11 +464,20 @@ fn scmp_action(action: Action) -> ScmpAction {
     }
 }
 
+fn compare(cmp: Cmp) -> ScmpArgCompare {
+    match cmp {
+        Cmp::Masked { arg, mask, value } => ScmpArgCompare::new(arg, ScmpCompareOp::MaskedEqual(mask), value),
+        Cmp::Not { arg, value } => ScmpArgCompare::new(arg, ScmpCompareOp::NotEqual, value),
+    }
+}
+
+/// libseccomp's conditions of a rule; several in one rule must all hold.
 fn conditions(when: When) -> Vec<ScmpArgCompare> {
     match when {
         When::Always => vec![],
-        When::ArgMasked { arg, mask, value } => vec![ScmpArgCompare::new(arg, ScmpCompareOp::MaskedEqual(mask), value)],
-        When::ArgNot { arg, value } => vec![ScmpArgCompare::new(arg, ScmpCompareOp::NotEqual, value)],
+        When::ArgMasked { arg, mask, value } => vec![compare(Cmp::Masked { arg, mask, value })],
+        When::ArgNot { arg, value } => vec![compare(Cmp::Not { arg, value })],
+        When::Both(first, second) => vec![compare(first), compare(second)],
     }
 }
 
@@ -381,15 +494,12 @@ fn resolve(name: &'static str, required: bool) -> Result<Option<ScmpSyscall>, Se
 
 /// The condition under which an allowed call is allowed: always, or, for a
 /// call a rule refuses for some arguments, "any value" of the argument that
-/// rule tests (`arg >= 0`). An unconditional rule would not do: libseccomp
+/// rule tests first (`arg >= 0`). An unconditional rule would not do: libseccomp
 /// lets it replace every conditional rule of the same call. It checks
 /// equality tests (the refusals) before range tests on the same argument
 /// (`__db_chain_op_priority` in its `db.c`), so the refusals come first.
 fn allowed_when(name: &str, rules: &[Rule]) -> Vec<ScmpArgCompare> {
-    let arg = rules.iter().filter(|r| r.syscall == name).find_map(|r| match r.when {
-        When::Always => None,
-        When::ArgMasked { arg, .. } | When::ArgNot { arg, .. } => Some(arg),
-    });
+    let arg = rules.iter().filter(|r| r.syscall == name).find_map(|r| r.when.first_arg());
     arg.map(|arg| vec![ScmpArgCompare::new(arg, ScmpCompareOp::GreaterEqual, 0)]).unwrap_or_default()
 }
 
@@ -614,18 +724,18 @@ mod tests {
     }
 
     #[test]
-    fn a_call_refused_for_some_arguments_is_allowed_and_its_refusals_test_one_argument() {
+    fn a_call_refused_for_some_arguments_is_allowed_and_its_refusals_test_one_argument_first() {
         let allowed: Vec<_> = allowlist().iter().flat_map(|g| g.names).copied().collect();
         let rules = rules();
-        for call in ["ioctl", "personality", "clone", "unshare"] {
+        let conditional: std::collections::BTreeSet<_> =
+            rules.iter().filter(|r| r.when != When::Always).map(|r| r.syscall).collect();
+        assert_eq!(conditional.len(), 14, "{conditional:?}");
+        for call in conditional {
             assert!(allowed.contains(&call), "{call} must be allowed for its other arguments");
             let args: std::collections::HashSet<_> = rules
                 .iter()
                 .filter(|r| r.syscall == call)
-                .map(|r| match r.when {
-                    When::Always => panic!("{call} is refused always"),
-                    When::ArgMasked { arg, .. } | When::ArgNot { arg, .. } => arg,
-                })
+                .map(|r| r.when.first_arg().unwrap_or_else(|| panic!("{call} is refused always")))
                 .collect();
             // The "any value" allow is ordered after the refusals only on the same argument.
             assert_eq!(args.len(), 1, "{call}: {args:?}");
@@ -777,6 +887,80 @@ mod tests {
         assert_eq!(answer("clone", [SIGCHLD, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(answer("clone", [THREAD, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(answer("unshare", [0x400, 0, 0, 0, 0, 0]), RET_ALLOW, "CLONE_FILES");
+    }
+
+    #[test]
+    fn setuid_and_setgid_modes_are_refused_for_every_call_that_gives_a_mode() {
+        let program = program();
+        let answer = |name: &str, args: [u64; 6]| run(&program, AUDIT_ARCH, nr(name), args);
+        const AT_FDCWD: u64 = -100i64 as u64;
+        const O_WRONLY: u64 = 0o1;
+        const O_TMPFILE: u64 = O_TMPFILE_BIT | 0o200_000; // with O_DIRECTORY
+        const S_IFREG: u64 = 0o100_000;
+        type Args = fn(u64) -> [u64; 6];
+        let calls: &[(&str, Args)] = &[
+            ("fchmod", |m| [3, m, 0, 0, 0, 0]),
+            ("fchmodat", |m| [AT_FDCWD, 0x1000, m, 0, 0, 0]),
+            ("mknodat", |m| [AT_FDCWD, 0x1000, S_IFREG | m, 0, 0, 0]),
+            ("openat", |m| [AT_FDCWD, 0x1000, O_CREAT | O_WRONLY, m, 0, 0]),
+            ("openat", |m| [AT_FDCWD, 0x1000, O_TMPFILE | O_WRONLY, m, 0, 0]),
+            #[cfg(target_arch = "x86_64")]
+            ("chmod", |m| [0x1000, m, 0, 0, 0, 0]),
+            #[cfg(target_arch = "x86_64")]
+            ("mknod", |m| [0x1000, S_IFREG | m, 0, 0, 0, 0]),
+            #[cfg(target_arch = "x86_64")]
+            ("creat", |m| [0x1000, m, 0, 0, 0, 0]),
+            #[cfg(target_arch = "x86_64")]
+            ("open", |m| [0x1000, O_CREAT | O_WRONLY, m, 0, 0, 0]),
+            #[cfg(target_arch = "x86_64")]
+            ("open", |m| [0x1000, O_TMPFILE | O_WRONLY, m, 0, 0, 0]),
+        ];
+        for (call, args) in calls {
+            for mode in [0o4755, 0o2755, 0o6755, 0o4000, 0o2000, 0xffff_0000_0000_0000 | 0o4000] {
+                assert_eq!(answer(call, args(mode)), EPERM, "{call} {mode:#o}");
+            }
+            for mode in [0o755, 0o1777, 0o644, 0] {
+                assert_eq!(answer(call, args(mode)), RET_ALLOW, "{call} {mode:#o}");
+            }
+        }
+        if let Ok(Some(s)) = resolve("fchmodat2", false) {
+            assert_eq!(run(&program, AUDIT_ARCH, s.as_raw_syscall(), [AT_FDCWD, 0x1000, 0o4755, 0, 0, 0]), EPERM);
+            assert_eq!(run(&program, AUDIT_ARCH, s.as_raw_syscall(), [AT_FDCWD, 0x1000, 0o755, 0, 0, 0]), RET_ALLOW);
+        }
+        // Without O_CREAT or O_TMPFILE the mode is ignored by the kernel, and allowed.
+        assert_eq!(answer("openat", [AT_FDCWD, 0x1000, O_WRONLY, 0o4755, 0, 0]), RET_ALLOW);
+        assert_eq!(answer("openat", [AT_FDCWD, 0x1000, 0o200_000, 0o6755, 0, 0]), RET_ALLOW, "O_DIRECTORY alone");
+        assert_eq!(answer("openat2", [AT_FDCWD, 0x1000, 0x2000, 24, 0, 0]), ENOSYS);
+        // Directories get setgid by inheritance only: mkdir strips both bits itself.
+        assert_eq!(answer("mkdirat", [AT_FDCWD, 0x1000, 0o6755, 0, 0, 0]), RET_ALLOW);
+    }
+
+    #[test]
+    fn becoming_dumpable_is_refused_and_other_prctls_are_allowed() {
+        let program = program();
+        let answer = |args: [u64; 6]| run(&program, AUDIT_ARCH, nr("prctl"), args);
+        const PR_GET_DUMPABLE: u64 = 3;
+        const PR_SET_NAME: u64 = 15;
+        const PR_SET_PDEATHSIG: u64 = 1;
+        for value in [1, 2, 1 << 32, u64::MAX] {
+            assert_eq!(answer([PR_SET_DUMPABLE, value, 0, 0, 0, 0]), EPERM, "{value:#x}");
+            // The kernel reads the option as an int.
+            assert_eq!(answer([0xdead_0000_0000 | PR_SET_DUMPABLE, value, 0, 0, 0, 0]), EPERM, "{value:#x}");
+        }
+        assert_eq!(answer([PR_SET_DUMPABLE, 0, 0, 0, 0, 0]), RET_ALLOW);
+        for option in [PR_GET_DUMPABLE, PR_SET_NAME, PR_SET_PDEATHSIG] {
+            assert_eq!(answer([option, 1, 0, 0, 0, 0]), RET_ALLOW, "{option}");
+            assert_eq!(answer([option, 0, 0, 0, 0, 0]), RET_ALLOW, "{option}");
+        }
+    }
+
+    #[test]
+    fn native_aio_is_refused_with_eperm() {
+        let rules = rules();
+        for name in AIO {
+            let rule = rules.iter().find(|r| r.syscall == name).unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!((rule.action, rule.when), (Action::Eperm, When::Always), "{name}");
+        }
     }
 
     #[test]

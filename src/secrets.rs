@@ -162,19 +162,54 @@ pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
 
 /// A masked entry: where, relative to the project, and whether it is a
 /// directory (masked by an empty directory) or not (an empty file).
+/// `host`: it is on the host-secret list (`hostsecrets`), which no grant
+/// unmasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mask {
     pub rel: PathBuf,
     pub dir: bool,
+    pub host: bool,
 }
 
 /// Secrets found by a walk, split by the unmask set: `project` is the
 /// canonical project directory, `unmasked` canonical host paths; a secret
-/// at or under one of them is left readable. Returns (masked, unmasked).
+/// at or under one of them is left readable, unless it is a host secret.
+/// Returns (masked, unmasked).
 pub fn split(found: &[Mask], project: &Path, unmasked: &[PathBuf]) -> (Vec<Mask>, Vec<Mask>) {
     found.iter().cloned().partition(|m| {
         let host = project.join(&m.rel);
-        !unmasked.iter().any(|u| host.starts_with(u))
+        m.host || !unmasked.iter().any(|u| host.starts_with(u))
+    })
+}
+
+/// What a grant of a path inside a masked directory opens: exactly that
+/// path (relative to the project), never the directory. `masked` is what
+/// stays masked (see [`split`]). A path under a host secret is never one;
+/// one inside another is covered by it.
+pub fn holes(masked: &[Mask], project: &Path, unmasked: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = unmasked
+        .iter()
+        .filter_map(|u| u.strip_prefix(project).ok())
+        .filter(|rel| plain(rel))
+        .filter(|rel| masked.iter().any(|m| m.dir && !m.host && rel.starts_with(&m.rel) && *rel != m.rel))
+        .filter(|rel| !masked.iter().any(|m| m.host && rel.starts_with(&m.rel)))
+        .map(Path::to_path_buf)
+        .collect();
+    out.sort();
+    out.dedup();
+    let all = out.clone();
+    out.retain(|h| !all.iter().any(|o| o != h && h.starts_with(o)));
+    out
+}
+
+/// Whether `m` is hidden by a masked directory above it (and so needs no
+/// mount of its own): true unless a hole opens the way to it.
+pub fn inside_masked_dir(m: &Mask, masked: &[Mask], holes: &[PathBuf]) -> bool {
+    masked.iter().any(|d| {
+        d.dir
+            && m.rel != d.rel
+            && m.rel.starts_with(&d.rel)
+            && !holes.iter().any(|h| h.starts_with(&d.rel) && h != &d.rel && m.rel.starts_with(h))
     })
 }
 
@@ -193,6 +228,9 @@ pub struct MaskReport {
     pub masked: Vec<Mask>,
     /// Secrets found but left readable (the unmask set).
     pub unmasked: Vec<Mask>,
+    /// Paths inside a masked directory that a grant opened alone
+    /// (relative to the project; see [`holes`]).
+    pub holes: Vec<PathBuf>,
     /// Entries the walk read, and whether it read everything in bounds.
     pub entries: usize,
     pub complete: bool,
@@ -201,11 +239,14 @@ pub struct MaskReport {
 
 impl MaskReport {
     pub fn new(found: &[Mask], project: &Path, unmasked: &[PathBuf], summary: &Summary, limits: Limits) -> Self {
-        let (masked, unmasked) = split(found, project, unmasked);
+        let (masked, left) = split(found, project, unmasked);
+        let holes = holes(&masked, project, unmasked);
+        let masked = masked.iter().filter(|m| !inside_masked_dir(m, &masked, &holes)).cloned().collect();
         MaskReport {
             off: false,
             masked,
-            unmasked,
+            unmasked: left,
+            holes,
             entries: summary.entries,
             complete: summary.complete,
             limits: Some(limits),
@@ -220,10 +261,14 @@ impl MaskReport {
     /// The masks' sandbox paths for the worker's read hook, within
     /// [`MAX_WORKER_PATHS_BYTES`] (one left out is still masked; its read
     /// is just not named a secret).
+    /// A directory with a hole is left out (the hook would name a read of
+    /// the opened path a secret's).
     pub fn worker_paths(&self) -> Vec<String> {
         let mut used = 0;
-        self.sandbox_paths()
-            .into_iter()
+        self.masked
+            .iter()
+            .filter(|m| !self.holes.iter().any(|h| h.starts_with(&m.rel)))
+            .map(|m| Path::new(crate::bwrap::WORKSPACE).join(&m.rel).display().to_string())
             .take_while(|p| {
                 used += p.len() + 4;
                 used <= MAX_WORKER_PATHS_BYTES
@@ -240,13 +285,14 @@ impl MaskReport {
     /// masked directory it is in).
     pub fn covering(&self, path: &Path) -> Option<&Mask> {
         let rel = path.strip_prefix(crate::bwrap::WORKSPACE).ok()?;
-        self.masked.iter().find(|m| rel.starts_with(&m.rel))
+        let opened = |m: &Mask| self.holes.iter().any(|h| h.starts_with(&m.rel) && h != &m.rel && rel.starts_with(h));
+        self.masked.iter().find(|m| rel.starts_with(&m.rel) && !opened(m))
     }
 
     /// Every secret found, as canonical host paths (masked or not): what a
-    /// grant inside the project can unmask.
+    /// grant inside the project can unmask (a host secret never).
     pub fn host_paths(&self, project: &Path) -> Vec<PathBuf> {
-        self.masked.iter().chain(&self.unmasked).map(|m| project.join(&m.rel)).collect()
+        self.masked.iter().chain(&self.unmasked).filter(|m| !m.host).map(|m| project.join(&m.rel)).collect()
     }
 
     /// The note for an incomplete walk, if it was one.
@@ -271,7 +317,7 @@ impl MaskReport {
         if self.off {
             return format!("secret masks: off ({SECRETS_ENV} is empty)");
         }
-        let list: Vec<String> = self.sandbox_paths();
+        let list: Vec<String> = self.sandbox_paths().iter().map(|p| crate::display::one_line(p).to_string()).collect();
         let mut line = if list.is_empty() {
             "secret masks (every mode): none found".to_string()
         } else {
@@ -281,7 +327,7 @@ impl MaskReport {
             let shown: Vec<String> = self
                 .unmasked
                 .iter()
-                .map(|m| Path::new(crate::bwrap::WORKSPACE).join(&m.rel).display().to_string())
+                .map(|m| crate::display::one_line(&Path::new(crate::bwrap::WORKSPACE).join(&m.rel)).to_string())
                 .collect();
             line.push_str(&format!("; unmasked by a grant: {}", shown.join(", ")));
         }
@@ -328,6 +374,33 @@ impl MaskSources {
             return Err(std::io::Error::other(format!("{} is not an empty directory", sources.dir.display())));
         }
         Ok(sources)
+    }
+
+    /// An fd to bind a masked directory from that holds just `holes`
+    /// (relative paths, and whether each is a directory), empty: the
+    /// mount points of the paths a grant opened alone. Made fresh in the
+    /// session's private directory, which the sandbox never sees.
+    pub fn shaped(&self, holes: &[(PathBuf, bool)]) -> std::io::Result<OwnedFd> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let root = self.dir.parent().unwrap_or(&self.dir);
+        let shape = root.join(format!("mask-shape-{:x}", crate::rundir::random_u64()));
+        std::fs::DirBuilder::new().mode(0o700).create(&shape)?;
+        for (rel, dir) in holes {
+            if !plain(rel) {
+                return Err(std::io::Error::other(format!("not a plain relative path: {}", rel.display())));
+            }
+            let at = shape.join(rel);
+            if let Some(parent) = at.parent() {
+                std::fs::DirBuilder::new().mode(0o700).recursive(true).create(parent)?;
+            }
+            if *dir {
+                std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&at)?;
+            } else {
+                std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&at)?;
+            }
+        }
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        nix::fcntl::open(shape.as_path(), flags, nix::sys::stat::Mode::empty()).map_err(std::io::Error::from)
     }
 
     /// An fd to bind one mask from.
@@ -448,7 +521,7 @@ mod tests {
     #[test]
     fn the_unmask_set_leaves_exactly_what_it_covers() {
         let project = Path::new("/home/u/proj");
-        let m = |rel: &str, dir| Mask { rel: rel.into(), dir };
+        let m = |rel: &str, dir| Mask { rel: rel.into(), dir, host: false };
         let found =
             [m(".env", false), m("sub/.env.production", false), m("sub/deploy/key.pem", false), m("secrets", true)];
         let (masked, left) = split(&found, project, &[PathBuf::from("/home/u/proj/.env")]);
@@ -469,7 +542,10 @@ mod tests {
     #[test]
     fn the_report_names_masks_and_an_incomplete_scan() {
         let project = Path::new("/p");
-        let found = [Mask { rel: ".env".into(), dir: false }, Mask { rel: "s/secrets".into(), dir: true }];
+        let found = [
+            Mask { rel: ".env".into(), dir: false, host: false },
+            Mask { rel: "s/secrets".into(), dir: true, host: false },
+        ];
         let summary = Summary { entries: 7, complete: false, unreadable: None };
         let r = MaskReport::new(&found, project, &[], &summary, Limits { max_entries: 7, max_depth: 24 });
         assert_eq!(r.sandbox_paths(), ["/workspace/.env", "/workspace/s/secrets"]);

@@ -1,8 +1,10 @@
 //! Starting and killing one sandbox process tree.
 //!
 //! [`spawn_sandbox`] applies a bwrap argv: it creates the protocol pipes,
-//! and in the forked child (before exec) places the pipe ends and the
-//! seccomp program at their fixed fd numbers, marks every other inherited fd
+//! the pipe where bubblewrap says the sandbox's pid and the one that holds
+//! its payload until the host releases it (see `nshelper`), and in the
+//! forked child (before exec) places the pipe ends and the seccomp program
+//! at their fixed fd numbers, marks every other inherited fd
 //! close-on-exec, applies the rlimits (inherited by everything in the
 //! sandbox) and makes bwrap the leader of a new session, so that the host's
 //! controlling terminal stays out of reach. Before anything else it joins
@@ -32,7 +34,7 @@ use std::process::Stdio;
 use tokio::net::unix::pipe;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
-use crate::bwrap::{MOUNT_FD_BASE, REPLY_FD, REQUEST_FD, SECCOMP_FD};
+use crate::bwrap::{BLOCK_FD, INFO_FD, MOUNT_FD_BASE, REPLY_FD, REQUEST_FD, SECCOMP_FD};
 use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE};
 
 /// A running sandbox and the host ends of its channels.
@@ -43,6 +45,11 @@ pub struct Spawned {
     pub replies: pipe::Receiver,
     pub stdout: ChildStdout,
     pub stderr: ChildStderr,
+    /// Where bubblewrap says the sandbox's pid (read end of `INFO_FD`).
+    pub info: OwnedFd,
+    /// Releases the payload when written to or closed (write end of
+    /// `BLOCK_FD`): kill the sandbox before dropping it unreleased.
+    pub release: OwnedFd,
 }
 
 /// The rlimits every sandboxed process starts with (soft = hard).
@@ -159,14 +166,19 @@ pub fn spawn_sandbox(
     let nofile = nofile_for(mounts.len());
     let (req_read, req_write) = cloexec_pipe()?;
     let (rep_read, rep_write) = cloexec_pipe()?;
+    let (info_read, info_write) = cloexec_pipe()?;
+    let (block_read, release) = cloexec_pipe()?;
     let high = first_free + 10;
     let child_req = dup_high(&req_read, high)?;
     let child_rep = dup_high(&rep_write, high)?;
     let child_bpf = dup_high(&seccomp, high)?;
+    let child_info = dup_high(&info_write, high)?;
+    let child_block = dup_high(&block_read, high)?;
     let child_mounts = mounts.iter().map(|fd| dup_high(fd, high)).collect::<io::Result<Vec<_>>>()?;
     let child_cgroups = cgroups.iter().map(|fd| dup_high(fd, high)).collect::<io::Result<Vec<_>>>()?;
-    drop((req_read, rep_write, seccomp, mounts, cgroups));
+    drop((req_read, rep_write, info_write, block_read, seccomp, mounts, cgroups));
     let (req_fd, rep_fd, bpf_fd) = (child_req.as_raw_fd(), child_rep.as_raw_fd(), child_bpf.as_raw_fd());
+    let (info_fd, block_fd) = (child_info.as_raw_fd(), child_block.as_raw_fd());
     // Raw numbers for the child (which must not allocate).
     let mount_fds: Vec<RawFd> = child_mounts.iter().map(|f| f.as_raw_fd()).collect();
     let cgroup_fds: Vec<RawFd> = child_cgroups.iter().map(|f| f.as_raw_fd()).collect();
@@ -183,6 +195,8 @@ pub fn spawn_sandbox(
             child_dup2(req_fd, REQUEST_FD)?;
             child_dup2(rep_fd, REPLY_FD)?;
             child_dup2(bpf_fd, SECCOMP_FD)?;
+            child_dup2(info_fd, INFO_FD)?;
+            child_dup2(block_fd, BLOCK_FD)?;
             for (i, fd) in mount_fds.iter().enumerate() {
                 child_dup2(*fd, MOUNT_FD_BASE + i as RawFd)?;
             }
@@ -193,7 +207,7 @@ pub fn spawn_sandbox(
     }
     let mut child = cmd.spawn()?;
     // The child has its copies; ours close here.
-    drop((child_req, child_rep, child_bpf, child_mounts, child_cgroups));
+    drop((child_req, child_rep, child_bpf, child_info, child_block, child_mounts, child_cgroups));
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
     let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
     let stderr = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
@@ -204,6 +218,8 @@ pub fn spawn_sandbox(
         replies: pipe::Receiver::from_owned_fd(rep_read)?,
         stdout,
         stderr,
+        info: info_read,
+        release,
     })
 }
 

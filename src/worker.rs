@@ -193,6 +193,48 @@ pub struct Launch {
     pub keeper: bool,
     /// The caps on the sandbox's tasks and memory (see `contain`).
     pub contained: Contained,
+    /// What the namespace helper does in the sandbox's user namespace
+    /// before the payload runs (its own inotify limits).
+    pub inside: Vec<crate::nshelper::Step>,
+    /// The guard's inotify instance, made before the sandbox (see
+    /// `protected::Watcher`).
+    pub watcher: Option<protected::Watcher>,
+}
+
+/// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
+/// helper's `steps` in its user namespace, then release the payload
+/// through `release`. The caller kills the sandbox on an error before it
+/// drops `release`.
+async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
+    let began = std::time::Instant::now();
+    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
+    let mut text = Vec::new();
+    let mut bounded = info.take(4096);
+    match timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("bubblewrap's info pipe: {e}")),
+        Err(_) => return Err("bubblewrap did not say the sandbox's pid in time".into()),
+    }
+    let pid = serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "bubblewrap did not say the sandbox's pid".to_string())?;
+    if !steps.is_empty() {
+        let ns = [crate::nshelper::Namespace::User];
+        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    match nix::unistd::write(release, b"1") {
+        Ok(1) => {}
+        Ok(_) => return Err("the payload could not be released".into()),
+        Err(e) => return Err(format!("the payload could not be released: {e}")),
+    }
+    tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
+    Ok(())
 }
 
 /// Kills a worker's whole process tree, without the worker.
@@ -303,9 +345,22 @@ impl Worker {
             emit_code,
             keeper,
             mut contained,
+            inside,
+            watcher,
         } = launch;
-        let child =
+        let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
+        // Nothing of the payload runs before its namespaces are prepared.
+        // The payload is released only by the byte the helper's success
+        // writes: on a failure it is killed before its pipe closes.
+        if let Err(why) = prepare_inside(child.info, &child.release, inside).await {
+            kill_group(child.pid);
+            let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
+            return Err(StartError::Prepare(format!(
+                "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it \
+                 could take every inotify instance of your user, the guard's among them"
+            )));
+        }
         // Two frames in flight at most: a flood waits on the pipe. A frame
         // that no start or request asked for kills the sandbox at once.
         let (tx, rx) = mpsc::channel(2);
@@ -360,7 +415,7 @@ impl Worker {
                 worker.init_pid = children(worker.pid).first().copied();
                 if let Some(guard) = worker.guard.clone() {
                     let (stop, stopped) = tokio::sync::oneshot::channel();
-                    tokio::spawn(protected::watch(guard, stopped));
+                    tokio::spawn(protected::watch(guard, watcher, stopped));
                     worker._watch = Some(stop);
                 }
                 if !secret_watch.is_empty() {
@@ -372,7 +427,7 @@ impl Worker {
                         *killed_for.lock() = Some(format!(
                             "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
                              it could read it, and the next one masks it",
-                            path.display()
+                            crate::display::one_line(&path)
                         ));
                         tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
                         kill_group(pid);
@@ -559,7 +614,13 @@ impl Worker {
             // but the interpreter held them): what was written since is
             // not this call's.
             for stream in [&self.stdout, &self.stderr].into_iter().flatten() {
-                while matches!(stream.try_read(&mut self.out_buf), Ok(n) if n > 0) {}
+                let mut dropped = 0;
+                while dropped < SAME_PIPES_DRAIN_BYTES {
+                    match stream.try_read(&mut self.out_buf) {
+                        Ok(n) if n > 0 => dropped += n,
+                        _ => break,
+                    }
+                }
             }
         }
         self.execs += 1;
@@ -822,25 +883,59 @@ fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
 /// Most streams of earlier calls read at once per sandbox.
 const MAX_RETIRED: usize = 16;
 
+/// Most bytes a stream of an earlier call is read (and dropped) per
+/// second: past it the task sleeps for the rest of the second and the
+/// stream's writers block on the full pipe. MAX_RETIRED of them make at
+/// most 1 MiB a second, a few dozen reads: what a sandbox's background
+/// flood costs the host's process while no call runs.
+const RETIRED_BYTES_PER_SECOND: usize = 64 * 1024;
+
+/// Most bytes dropped from a call's own pipes before the next call on the
+/// same pipes (a pipe holds at most 1 MiB unless its owner is privileged):
+/// a writer that never stops cannot keep the host draining.
+const SAME_PIPES_DRAIN_BYTES: usize = 1024 * 1024;
+
 impl Worker {
     /// Read a stream of an earlier call until its last writer is gone, and
     /// drop what it says (closing it under a writer would hand a background
-    /// process SIGPIPE). One task and one fd per stream that a process of
-    /// the sandbox still holds, at most MAX_RETIRED: past it the oldest is
-    /// closed (its writers then get EPIPE), so that the sandbox cannot make
-    /// the host hold descriptors without bound.
+    /// process SIGPIPE), at most RETIRED_BYTES_PER_SECOND: a flood waits on
+    /// the full pipe instead of keeping the host busy. One task and one fd
+    /// per stream that a process of the sandbox still holds, at most
+    /// MAX_RETIRED: past it the oldest is closed (its writers then get
+    /// EPIPE), so that the sandbox cannot make the host hold descriptors
+    /// without bound.
     fn retire(&mut self, stream: Option<pipe::Receiver>) {
-        let Some(mut stream) = stream else { return };
+        let Some(stream) = stream else { return };
         self.retired.retain(|task| !task.is_finished());
         if self.retired.len() >= MAX_RETIRED {
             if let Some(oldest) = self.retired.pop_front() {
                 oldest.abort();
             }
         }
-        self.retired.push_back(tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-        }));
+        self.retired.push_back(tokio::spawn(drop_slowly(stream, RETIRED_BYTES_PER_SECOND)));
+    }
+}
+
+/// Read `stream` until EOF and drop it, at most `per_second` bytes in any
+/// second.
+async fn drop_slowly(mut stream: pipe::Receiver, per_second: usize) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut window = Instant::now();
+    let mut used = 0;
+    loop {
+        let room = per_second.saturating_sub(used).min(buf.len());
+        if room == 0 {
+            sleep_until(window + Duration::from_secs(1)).await;
+            (window, used) = (Instant::now(), 0);
+            continue;
+        }
+        match stream.read(&mut buf[..room]).await {
+            Ok(n) if n > 0 => used += n,
+            _ => return,
+        }
+        if window.elapsed() >= Duration::from_secs(1) {
+            (window, used) = (Instant::now(), 0);
+        }
     }
 }
 

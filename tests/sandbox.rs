@@ -28,6 +28,11 @@ fn fixture(name: &str) -> Option<Fixture> {
 /// A fixture whose sandboxes roll back as `rollback` says (None: the
 /// environment's setting).
 fn fixture_with(name: &str, rollback: Option<bool>) -> Option<Fixture> {
+    fixture_opts(name, SessionOptions { rollback, ..Default::default() })
+}
+
+/// A fixture with `opts` (the project and the runtime root are its own).
+fn fixture_opts(name: &str, opts: SessionOptions) -> Option<Fixture> {
     if let Err(why) = can_sandbox() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
         eprintln!("SKIP {name}: {why}");
@@ -43,8 +48,7 @@ fn fixture_with(name: &str, rollback: Option<bool>) -> Option<Fixture> {
         // No background spare: a test that ends while one starts would race
         // the runtime's shutdown.
         prewarm: Some(false),
-        rollback,
-        ..Default::default()
+        ..opts
     });
     Some(Fixture { dir, session })
 }
@@ -580,4 +584,241 @@ async fn no_cgroup_is_left_after_dispose() {
     for d in &dirs {
         assert!(!d.exists(), "{} is left after dispose", d.display());
     }
+}
+
+/// The kernel views and the root, as this user (root or not): bubblewrap
+/// can make every read-only bind, mask and the root's remount, and the
+/// sandbox cannot write what plain bubblewrap leaves writable. Kernel
+/// files are opened for writing and never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_views_and_the_root_are_read_only_for_this_user() {
+    let Some(f) = fixture("kernel") else { return };
+    let code = r#"
+import json, os
+def ro(p):
+    return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+def open_w(p):
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        return "opened"
+    except OSError as e:
+        return e.errno
+def make(p):
+    try:
+        os.mkdir(p)
+        return "made"
+    except OSError as e:
+        return e.errno
+print(json.dumps({"sys": ro("/proc/sys"), "fs": ro("/proc/fs"), "root": ro("/"), "mkdir": make("/zz"),
+                  "core_pattern": open_w("/proc/sys/kernel/core_pattern"),
+                  "timer_list": len(open("/proc/timer_list", "rb").read()) if os.getuid() == 0 else 0}))
+"#;
+    let (inside, _) = json_of(&f, code).await;
+    let free = unfiltered(code);
+    // Root opens sysctls by mode bits; another user gets EACCES before EROFS.
+    let refused = if uid() == 0 { 30 } else { 13 };
+    assert_eq!(
+        inside,
+        serde_json::json!({"sys": true, "fs": true, "root": true, "mkdir": 30, "core_pattern": refused, "timer_list": 0})
+    );
+    assert_eq!(free["sys"], false, "plain bubblewrap leaves /proc/sys writable: {free}");
+    assert_eq!(free["root"], false, "{free}");
+    assert_eq!(free["mkdir"], "made", "{free}");
+    if uid() == 0 {
+        assert_eq!(free["core_pattern"], "opened", "{free}");
+        assert!(free["timer_list"].as_u64() > Some(0), "{free}");
+    }
+    f.session.dispose("test").await;
+}
+
+/// Takes inotify instances (with `watches`, one instance and watches on
+/// as many fresh files) up to `bound`, in as many processes as the
+/// open-file limit needs; says how many it got and the errno of the first
+/// refusal. With `hold`, the processes keep them until the sandbox ends.
+fn inotify_grab(bound: u64, watches: bool, hold: bool) -> String {
+    format!(
+        r#"
+import ctypes, json, os, tempfile
+libc = ctypes.CDLL(None, use_errno=True)
+IN_CLOEXEC, IN_ATTRIB = 0o2000000, 0x4
+BOUND, WATCHES, HOLD = {bound}, {watches}, {hold}
+PER = BOUND if WATCHES else 100
+def take(n):
+    got, refused, fds = 0, None, []
+    if WATCHES:
+        d = tempfile.mkdtemp()
+        fd = libc.inotify_init1(IN_CLOEXEC)
+        if fd < 0:
+            return 0, ctypes.get_errno()
+        fds.append(fd)
+        for i in range(n):
+            path = os.path.join(d, str(i))
+            open(path, "w").close()
+            if libc.inotify_add_watch(fd, path.encode(), IN_ATTRIB) < 0:
+                return got, ctypes.get_errno()
+            got += 1
+    else:
+        for i in range(n):
+            fd = libc.inotify_init1(IN_CLOEXEC)
+            if fd < 0:
+                return got, ctypes.get_errno()
+            fds.append(fd)
+            got += 1
+    return got, None
+go_r, go_w = os.pipe()
+total, refused, kids = 0, None, []
+while total < BOUND and refused is None:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.close(go_w)
+        null = os.open("/dev/null", os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(null, n)
+        got, ref = take(min(PER, BOUND - total))
+        os.write(w, json.dumps([got, ref]).encode())
+        os.close(w)
+        os.read(go_r, 1)
+        os._exit(0)
+    os.close(w)
+    got, refused = json.loads(os.read(r, 100))
+    os.close(r)
+    kids.append(pid)
+    total += got
+if not HOLD:
+    os.close(go_w)
+    for k in kids:
+        os.waitpid(k, 0)
+print(json.dumps({{"got": total, "refused": refused}}))
+"#,
+        watches = if watches { "True" } else { "False" },
+        hold = if hold { "True" } else { "False" },
+    )
+}
+
+fn share() -> pi_python_sandbox::inotify::InotifyBudget {
+    pi_python_sandbox::inotify::sandbox_share(pi_python_sandbox::inotify::host_budget())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_opens_no_more_inotify_instances_than_its_cap() {
+    let Some(f) = fixture("inotify-instances") else { return };
+    let cap = share().instances;
+    let host = pi_python_sandbox::inotify::host_budget().instances;
+    assert!(cap * pi_python_sandbox::inotify::SANDBOXES_AT_ONCE <= host / 2, "cap {cap} of {host}");
+    // Baseline: without the cap the same code gets more than the cap.
+    let base = unfiltered(&inotify_grab(cap + 8, false, false));
+    assert_eq!(base["got"], cap + 8, "baseline: {base}");
+    let (inside, _) = json_of(&f, &inotify_grab(1000, false, false)).await;
+    assert_eq!(inside["got"], cap, "uid {}: {inside}", uid());
+    assert_eq!(inside["refused"], libc::EMFILE, "{inside}");
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_adds_no_more_inotify_watches_than_its_cap() {
+    let Some(f) = fixture("inotify-watches") else { return };
+    let cap = share().watches;
+    let host = pi_python_sandbox::inotify::host_budget().watches;
+    assert!(cap * pi_python_sandbox::inotify::SANDBOXES_AT_ONCE <= host / 2, "cap {cap} of {host}");
+    let base = unfiltered(&inotify_grab(cap + 64, true, false));
+    assert_eq!(base["got"], cap + 64, "baseline: {base}");
+    let (inside, _) = json_of(&f, &inotify_grab(cap + 1000, true, false)).await;
+    assert_eq!(inside["got"], cap, "uid {}: {inside}", uid());
+    assert_eq!(inside["refused"], libc::ENOSPC, "{inside}");
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_keeps_inotify_while_a_sandbox_holds_all_it_can() {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let Some(f) = fixture("inotify-host") else { return };
+    let cap = share();
+    // A process of the sandbox takes every instance it can and keeps them.
+    let (inside, _) = json_of(&f, &inotify_grab(1000, false, true)).await;
+    // The host's user still gets an instance, and a watch on it.
+    let host = Inotify::init(InitFlags::IN_CLOEXEC);
+    let watched = host.as_ref().map_err(|e| *e).map(|h| h.add_watch(&f.dir, AddWatchFlags::IN_CREATE));
+    f.session.dispose("test").await;
+    let host = host.unwrap_or_else(|e| panic!("uid {}: the host's user has no inotify left ({e}): {inside}", uid()));
+    watched.expect("instance").expect("and a watch");
+    drop(host);
+    assert_eq!(inside["got"], cap.instances, "uid {}: {inside}", uid());
+    f.session.dispose("test").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_mode_whose_guard_gets_no_inotify_starts_read_only_and_says_why() {
+    use pi_python_sandbox::permissions::MountConfig;
+    fn no_inotify() -> nix::Result<nix::sys::inotify::Inotify> {
+        Err(nix::errno::Errno::EMFILE)
+    }
+    let opts = SessionOptions {
+        mounts: MountConfig { workspace_writable: true, ..Default::default() },
+        guard_inotify: Some(no_inotify),
+        ..Default::default()
+    };
+    let Some(f) = fixture_opts("guard-no-inotify", opts) else { return };
+    let code = "try:\n    open('/workspace/new.txt', 'w').write('x'); print('wrote')\nexcept OSError as e:\n    print('errno%d' % e.errno)";
+    let o = f.session.execute(code.into(), 30, None).await;
+    let text = render(&o);
+    assert_eq!(o.status, Status::Ok, "{text}");
+    assert!(o.stdout.head.contains("errno30"), "read-only expected: {text}");
+    assert!(!f.dir.join("project/new.txt").exists());
+    assert!(text.contains("READ-ONLY") && text.contains("could not get inotify"), "{text}");
+    f.session.dispose("test").await;
+    // Baseline: the same session with inotify writes.
+    let Some(g) = fixture_opts(
+        "guard-inotify",
+        SessionOptions { mounts: MountConfig { workspace_writable: true, ..Default::default() }, ..Default::default() },
+    ) else {
+        return;
+    };
+    let o = g.session.execute(code.into(), 30, None).await;
+    assert!(o.stdout.head.contains("wrote"), "{}", render(&o));
+    g.session.dispose("test").await;
+}
+
+/// Reads the sandbox's own inotify caps and opens them for writing
+/// (never writes).
+const OWN_CAPS: &str = r#"
+import json, os
+out = {}
+for name in ("max_inotify_instances", "max_inotify_watches"):
+    path = "/proc/sys/user/" + name
+    out[name] = int(open(path).read())
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        out[name + "_open"] = "opened"
+    except OSError as e:
+        out[name + "_open"] = e.errno
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_cannot_raise_its_own_inotify_cap() {
+    let Some(f) = fixture("inotify-own-cap") else { return };
+    let cap = share();
+    // The defence is the capabilities the sandbox lacks (`--cap-drop ALL`).
+    // Baseline: plain bubblewrap that keeps CAP_SYS_RESOURCE may open them.
+    let out = std::process::Command::new("bwrap")
+        .args(["--unshare-user", "--unshare-pid", "--die-with-parent", "--cap-add", "CAP_SYS_RESOURCE"])
+        .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
+        .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev"])
+        .args(["--", "/usr/bin/python3", "-I", "-S", "-c", OWN_CAPS])
+        .output()
+        .expect("plain bwrap");
+    let base: serde_json::Value = serde_json::from_slice(&out.stdout).expect("baseline json");
+    assert_eq!(base["max_inotify_instances_open"], "opened", "baseline: {base}");
+    let (inside, _) = json_of(&f, OWN_CAPS).await;
+    // What it reads is its innermost namespace's value: bubblewrap may
+    // nest one more for --disable-userns, under the capped one (whose cap
+    // the kernel applies all the same; see the tests above).
+    let read = inside["max_inotify_instances"].as_u64().expect("a number");
+    assert!(read == cap.instances || read == i32::MAX as u64, "uid {}: {inside}", uid());
+    for name in ["max_inotify_instances_open", "max_inotify_watches_open"] {
+        assert!(matches!(inside[name].as_i64(), Some(13 | 30)), "{name}: {inside}");
+    }
+    f.session.dispose("test").await;
 }

@@ -10,6 +10,8 @@ import { execFile } from "node:child_process";
 export interface UnfilteredOptions {
   /** Bind this directory read-only at /workspace, as the sandbox does in read-only mode. */
   project?: string;
+  /** Bind `project` read-write instead, as the sandbox does in the writable modes. */
+  writable?: boolean;
   /**
    * Run as uid 0 with every capability of the new user namespace (the default), so that the
    * kernel's own namespace-capability checks pass and only the filter is missing. `false`: no
@@ -20,13 +22,13 @@ export interface UnfilteredOptions {
 }
 
 /** Run `code`; resolves with its stdout, rejects when bubblewrap or Python fails. */
-export function unfiltered(code: string, { project, capabilities = true }: UnfilteredOptions = {}): Promise<string> {
+export function unfiltered(code: string, { project, writable = false, capabilities = true }: UnfilteredOptions = {}): Promise<string> {
   const argv = [
     "--unshare-user", ...(capabilities ? ["--uid", "0", "--cap-add", "ALL"] : []),
     "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
     "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
     "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-    ...(project ? ["--ro-bind", project, "/workspace"] : []),
+    ...(project ? [writable ? "--bind" : "--ro-bind", project, "/workspace"] : []),
     "--", "/usr/bin/python3", "-I", "-S", "-c", code,
   ];
   return new Promise((resolve, reject) => {

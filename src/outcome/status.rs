@@ -122,13 +122,13 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         _ => None,
     };
     let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
-    let path_str = |p: &std::path::Path| p.display().to_string();
+    let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
     let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
     let mut text = format!("python tool: {available}\n");
     if let Some(d) = &diagnostic {
-        text.push_str(&format!("diagnostic: {d}\n"));
+        text.push_str(&format!("diagnostic: {}\n", crate::display::one_line(d)));
     }
     text.push_str(&format!(
         "worker running: {} (generation {}{})\n",
@@ -137,14 +137,14 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
     ));
     if let Some(reason) = &r.last_reset_reason {
-        text.push_str(&format!("last reset reason: {reason}\n"));
+        text.push_str(&format!("last reset reason: {}\n", crate::display::one_line(&reason.to_string())));
     }
     if !r.site_dirs.is_empty() {
         let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
         text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
     }
     for note in &r.python_notes {
-        text.push_str(&format!("python packages: {note}\n"));
+        text.push_str(&format!("python packages: {}\n", crate::display::one_line(note)));
     }
     text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!(
@@ -158,7 +158,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     ));
     text.push_str(&format!(
         "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
-        r.project_dir.display(),
+        crate::display::one_line(&r.project_dir),
         scratch.as_deref().unwrap_or("(not allocated yet)"),
         logs.as_deref().unwrap_or("(not allocated yet)"),
     ));
@@ -214,7 +214,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         let (x, y, z) = b.version;
         text.push_str(&format!(
             "\nbubblewrap: {} {x}.{y}.{z}{}",
-            b.path.display(),
+            crate::display::one_line(&b.path),
             if b.setuid { " (setuid: a wider attack surface than an unprivileged bwrap)" } else { "" }
         ));
     }
@@ -260,7 +260,7 @@ pub fn reset_text(dirs: Option<&Dirs>, notes: &[String]) -> String {
         scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
     );
     for note in notes {
-        text.push_str(&format!("\n\nnote: {note}"));
+        text.push_str(&format!("\n\nnote: {}", crate::display::one_line(note)));
     }
     text
 }

@@ -134,7 +134,7 @@ impl Guard {
         }
         if !walked.complete {
             let why = match &walked.unreadable {
-                Some(dir) => format!("{} in the project can no longer be read", dir.display()),
+                Some(dir) => format!("{} in the project can no longer be read", crate::display::one_line(&dir)),
                 None => format!(
                     "the project grew past {} entries (or deeper than {}) outside dependency trees",
                     self.rules.limits.max_entries, self.rules.limits.max_depth
@@ -217,8 +217,8 @@ impl Guard {
             };
             notes.push(format!(
                 "The protected link {} -> {} was replaced in the project; {restored}.",
-                rel.display(),
-                target.display()
+                crate::display::one_line(&rel),
+                crate::display::one_line(&target)
             ));
         }
     }
@@ -236,7 +236,7 @@ impl Guard {
                     if !t.contains(&rel) {
                         t.push(rel.clone());
                     }
-                    why.push(format!("{} could not be made inert", rel.display()));
+                    why.push(format!("{} could not be made inert", crate::display::one_line(&rel)));
                 }
                 Breach::Outgrown(w) => why.push(w),
             }
@@ -260,7 +260,10 @@ impl Guard {
             Ok(p) => p,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
             Err(e) => {
-                notes.push(format!("{} appeared in the project but could NOT be made inert ({e})", rel.display()));
+                notes.push(format!(
+                    "{} appeared in the project but could NOT be made inert ({e})",
+                    crate::display::one_line(&rel)
+                ));
                 breaches.push(Breach::Stuck(rel.to_path_buf()));
                 return;
             }
@@ -291,8 +294,8 @@ impl Guard {
                     notes.push(format!(
                         "{} appeared in the project while the sandbox could write it; host tools could run code from it, \
                          so it was renamed to {}. If you made it yourself, restore it with: mv {} {}",
-                        rel.display(),
-                        moved.display(),
+                        crate::display::one_line(&rel),
+                        crate::display::one_line(&moved),
                         shell_path(self.tree.path(), &moved),
                         shell_path(self.tree.path(), rel)
                     ));
@@ -309,61 +312,122 @@ impl Guard {
         let e = last_err.map(|e| e.to_string()).unwrap_or_default();
         notes.push(format!(
             "{} appeared in the project but could NOT be made inert ({e}): check {} before using the project",
-            rel.display(),
+            crate::display::one_line(&rel),
             shell_path(self.tree.path(), rel)
         ));
         breaches.push(Breach::Stuck(rel.to_path_buf()));
     }
 }
 
-/// Watch the holder directories of `guard` for new entries until `stop`
-/// fires, checking each one that matters; an overflowed queue triggers the
-/// whole check. Watches are added through the directories' own fds, so a
-/// directory swapped for a link is never followed.
-pub async fn watch(guard: std::sync::Arc<Guard>, mut stop: tokio::sync::oneshot::Receiver<()>) {
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else {
-        tracing::warn!("no inotify: protected names are checked at the end of each execution only");
-        return;
-    };
-    let mut wds = Vec::new();
-    for holder in guard.holders() {
-        let Ok(dir) = guard.tree.dir(holder) else { continue };
-        let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
-        if let Ok(wd) = inotify.add_watch(path.as_str(), flags) {
-            wds.push((wd, holder.clone()));
-        }
+/// The guard's inotify instance and its watches on the holder
+/// directories, made before the sandbox starts: what code in the sandbox
+/// does with its user's inotify budget afterwards cannot take them away.
+#[derive(Debug)]
+pub struct Watcher {
+    inotify: nix::sys::inotify::Inotify,
+    wds: Vec<(nix::sys::inotify::WatchDescriptor, PathBuf)>,
+}
+
+/// How the guard gets its inotify instance: `inotify_init1` (a
+/// parameter, so that a test can make it fail).
+pub type InotifyInit = fn() -> nix::Result<nix::sys::inotify::Inotify>;
+
+/// The real [`InotifyInit`].
+pub fn inotify_init() -> nix::Result<nix::sys::inotify::Inotify> {
+    use nix::sys::inotify::{InitFlags, Inotify};
+    Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+}
+
+impl Watcher {
+    /// The instance alone (the watches come with the plan, see
+    /// [`Watcher::watch_holders`]).
+    pub fn new(init: InotifyInit) -> nix::Result<Watcher> {
+        Ok(Watcher { inotify: init()?, wds: Vec::new() })
     }
-    let Some(inotify) = crate::inotify::Inotified::new(inotify) else { return };
+
+    /// Watch the holder directories of `guard`, through the directories'
+    /// own fds, so that a directory swapped for a link is never followed.
+    /// A directory that is gone is skipped (the walk sees what comes in
+    /// its place); a watch the kernel refuses for want of budget is an
+    /// error.
+    pub fn watch_holders(&mut self, guard: &Guard) -> nix::Result<()> {
+        use nix::sys::inotify::AddWatchFlags;
+        for holder in guard.holders() {
+            let Ok(dir) = guard.tree.dir(holder) else { continue };
+            let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+            let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
+            match self.inotify.add_watch(path.as_str(), flags) {
+                Ok(wd) => self.wds.push((wd, holder.clone())),
+                Err(e @ (nix::errno::Errno::ENOSPC | nix::errno::Errno::ENOMEM)) => return Err(e),
+                Err(_) => continue,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keep `guard` until `stop` fires: the whole check every
+/// [`BACKGROUND_CHECK`], always, and in between the new entries of the
+/// holder directories that `watcher` reports (an overflowed queue
+/// triggers the whole check). Without a watcher, or once its instance
+/// fails, the periodic walk goes on alone.
+pub async fn watch(
+    guard: std::sync::Arc<Guard>,
+    watcher: Option<Watcher>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    use nix::sys::inotify::AddWatchFlags;
+    let (inotify, wds) = match watcher {
+        Some(Watcher { inotify, wds }) => (crate::inotify::Inotified::new(inotify), wds),
+        None => (None, Vec::new()),
+    };
+    if inotify.is_none() {
+        tracing::warn!("no inotify: protected names are checked every few seconds and at the end of each execution");
+    }
+    let mut inotify = inotify;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BACKGROUND_CHECK, BACKGROUND_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        tokio::select! {
+        let woke = tokio::select! {
             _ = &mut stop => return,
-            _ = tick.tick() => {
-                let g = guard.clone();
-                let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            _ = tick.tick() => None,
+            events = next_events(inotify.as_ref()) => Some(events),
+        };
+        let Some(events) = woke else {
+            let g = guard.clone();
+            let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            continue;
+        };
+        let Some(events) = events else {
+            // The instance failed: the periodic walk goes on alone.
+            inotify = None;
+            continue;
+        };
+        let (g, wds) = (guard.clone(), wds.clone());
+        // File system work off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || {
+            for ev in events {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    g.check_all_pending();
+                    continue;
+                }
+                let (Some(name), Some((_, dir))) = (ev.name.as_ref(), wds.iter().find(|(wd, _)| *wd == ev.wd)) else {
+                    continue;
+                };
+                if g.matters(dir, name) {
+                    g.check_entry(dir, name);
+                }
             }
-            events = inotify.events() => {
-                let Some(events) = events else { return };
-                let g = guard.clone();
-                let (wds2, events): (Vec<_>, Vec<_>) = (wds.clone(), events);
-                // File system work off the runtime's threads.
-                let _ = tokio::task::spawn_blocking(move || {
-                    for ev in events {
-                        if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                            g.check_all_pending();
-                            continue;
-                        }
-                        let (Some(name), Some((_, dir))) = (ev.name.as_ref(), wds2.iter().find(|(wd, _)| *wd == ev.wd)) else { continue };
-                        if g.matters(dir, name) {
-                            g.check_entry(dir, name);
-                        }
-                    }
-                }).await;
-            }
-        }
+        })
+        .await;
+    }
+}
+
+/// The next batch of `inotify`'s events; never, without one.
+async fn next_events(inotify: Option<&crate::inotify::Inotified>) -> Option<Vec<nix::sys::inotify::InotifyEvent>> {
+    match inotify {
+        Some(i) => i.events().await,
+        None => std::future::pending().await,
     }
 }
 

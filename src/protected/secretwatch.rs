@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 
+use crate::display::one_line;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 
 use super::*;
@@ -82,15 +83,17 @@ impl Watching {
 }
 
 /// What the watch compares the project with: the start's plan.
-struct Plan {
-    tree: Tree,
-    rules: Rules,
-    secrets: SecretRules,
+pub(super) struct Plan {
+    pub(super) tree: Tree,
+    pub(super) rules: Rules,
+    pub(super) secrets: SecretRules,
+    /// The host-secret list, masked in the project too.
+    pub(super) host: HostSecrets,
     /// The masked and unmasked secrets of the start.
-    report: MaskReport,
+    pub(super) report: MaskReport,
     /// (device, inode) of every masked file.
-    idents: HashSet<Ident>,
-    writable: bool,
+    pub(super) idents: HashSet<Ident>,
+    pub(super) writable: bool,
 }
 
 struct State {
@@ -119,18 +122,10 @@ impl std::fmt::Debug for SecretWatch {
 }
 
 impl SecretWatch {
-    pub(super) fn new(
-        watching: Watching,
-        tree: Tree,
-        rules: Rules,
-        secrets: SecretRules,
-        report: MaskReport,
-        idents: HashSet<Ident>,
-        writable: bool,
-    ) -> SecretWatch {
+    pub(super) fn new(watching: Watching, plan: Plan) -> SecretWatch {
         let Watching { inotify, wds, complete } = watching;
         SecretWatch {
-            plan: Plan { tree, rules, secrets, report, idents, writable },
+            plan,
             inotify: None,
             raw: inotify,
             state: parking_lot::Mutex::new(State { wds, complete, listed: 0, stale: None }),
@@ -214,12 +209,15 @@ impl SecretWatch {
         }
         let host = p.tree.path().join(rel);
         let allowed = p.report.unmasked.iter().any(|m| rel.starts_with(&m.rel));
+        if p.host.matches_in_tree(p.tree.path(), rel) {
+            return Some(format!("{} is a host secret and appeared in the project", one_line(&host)));
+        }
         if p.secrets.matches(name, kind) && !allowed {
-            return Some(format!("{} looks like a secret and appeared in the project", host.display()));
+            return Some(format!("{} looks like a secret and appeared in the project", one_line(&host)));
         }
         if let Some(st) = &st {
             if kind == Kind::File && p.idents.contains(&ident(st)) && !p.report.hides(&sandbox(rel)) {
-                return Some(format!("{} is a new name (a hard link) of a masked secret", host.display()));
+                return Some(format!("{} is a new name (a hard link) of a masked secret", one_line(&host)));
             }
         }
         if kind != Kind::Dir || p.rules.protects(&p.tree, rel, name) || is_dependency(name) {
@@ -250,10 +248,13 @@ impl SecretWatch {
                 if p.writable && p.rules.protects(&p.tree, &child, &n) {
                     continue;
                 }
-                if p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)) {
+                let on_host_list = p.host.matches_in_tree(p.tree.path(), &child);
+                if on_host_list
+                    || (p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)))
+                {
                     return Some(format!(
                         "{} looks like a secret and appeared in the project",
-                        p.tree.path().join(&child).display()
+                        one_line(&p.tree.path().join(&child))
                     ));
                 }
                 if k == Kind::File && !p.idents.is_empty() {
@@ -261,7 +262,7 @@ impl SecretWatch {
                         if p.idents.contains(&ident(&st)) {
                             return Some(format!(
                                 "{} is a new name (a hard link) of a masked secret",
-                                p.tree.path().join(&child).display()
+                                one_line(&p.tree.path().join(&child))
                             ));
                         }
                     }
@@ -277,13 +278,13 @@ impl SecretWatch {
     /// The whole walk of a start again: a secret the masks miss.
     fn walk_again(&self) -> Option<String> {
         let p = &self.plan;
-        let survey = p.rules.survey(&p.tree, &p.secrets, None);
+        let survey = p.rules.survey(&p.tree, &p.secrets, &p.host, None);
         let found = mask_list(&p.tree, &survey.secrets);
         let known = |rel: &Path| {
             p.report.masked.iter().chain(&p.report.unmasked).any(|m| rel == m.rel || (m.dir && rel.starts_with(&m.rel)))
         };
         found.into_iter().find(|m| !known(&m.rel)).map(|m| {
-            format!("{} looks like a secret and appeared in the project", p.tree.path().join(&m.rel).display())
+            format!("{} looks like a secret and appeared in the project", one_line(&p.tree.path().join(&m.rel)))
         })
     }
 

@@ -38,7 +38,7 @@ impl Session {
         if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
             inner.pending_loss = Some(format!(
                 "the sandbox was restarted because a host secret appeared in a read root ({})",
-                path.display()
+                crate::display::one_line(&path)
             ));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }

@@ -403,6 +403,8 @@ def install_read_hook(masks=()):
         elif event == "os.listdir" or event == "os.scandir":
             is_dir = True
         else:
+            if event == "sys.addaudithook":
+                AUDIT_HOOKS[0] = True  # the code's hook would run in a rollback copy
             return
         if not args:
             return
@@ -595,8 +597,14 @@ def make_display(state):
     return display
 
 
-def run(code, namespace, rich=None, name="<python>"):
-    """Execute `code` as the source `name`; returns (status, repr or None, exception dict or None)."""
+def run(code, namespace, rich=None, name="<python>", start=None):
+    """Execute `code` as the source `name`; returns (status, repr or None, exception dict or None).
+    `start` runs first: the call begins there."""
+    if start is not None:
+        try:
+            start()
+        except BaseException as e:  # a signal handler's exception is the call's
+            return "runtime_error", None, describe(e)
     remember_source(name, code)
     try:
         tree = compile(code, name, "exec", _ast.PyCF_ONLY_AST)
@@ -898,42 +906,144 @@ def empty_dir(top):
                     pass
 
 
+# What the copy runs is the worker's alone. Its fork is libc's fork(),
+# not os.fork(): that one runs the os.register_at_fork hooks (the code's,
+# and the standard library's: random reseeds itself in a child) in the
+# interpreter and in the copy. The interpreter needs no after-fork work
+# from Python either: no other Python thread exists (else no copy is made)
+# and the forking thread keeps the GIL across the call. From before the
+# fork until the call's code starts (resume()), the interpreter holds
+# every signal and the collector is off, so that no handler and no
+# __del__ of the code runs between the copy and the call's start; the copy
+# keeps both so until it has become the interpreter. Audit hooks cannot be
+# removed and run on the copy's own steps (os.kill, open): code that added
+# one gets no rollback point. Nor does code that replaced a function the
+# copy calls (os.kill, time.sleep, builtins.open, ...), bound at start, or
+# that traces (sys.settrace, sys.setprofile, sys.monitoring): the tracer
+# would run on the copy's own lines.
+AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
+PAUSED = []  # (signal mask, collector was on) from the fork until resume()
+PRISTINE = ()  # (module, name, value) as they were before any code ran
+_fork = None
+
+
+def pristine():
+    """Record what the copy will call, and build the raw fork. Runs in the
+    interpreter before any code of the user does."""
+    global PRISTINE, _fork
+    import _ctypes
+    import _signal
+    import _thread
+    import fcntl
+    import gc
+
+    class c_int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Fn(_ctypes.CFuncPtr):
+        # PYTHONAPI: the GIL is not released around the call.
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_PYTHONAPI | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = c_int
+
+    class Libc(object):
+        _handle = _ctypes.dlopen(None, 2)
+
+    _fork = Fn(("fork", Libc))
+    names = {
+        os: ("close", "dup2", "fstat", "getpid", "kill", "listdir", "open", "pipe", "read", "write",
+             "waitpid", "set_inheritable", "_exit"),
+        _signal: ("pthread_sigmask", "sigpending", "signal", "sigwaitinfo"),
+        gc: ("enable", "disable", "isenabled"),
+        _thread: ("_count",),
+        fcntl: ("fcntl",),
+        time: ("sleep",),
+        sys: ("gettrace", "getprofile"),
+        builtins: ("__import__", "open", "len", "isinstance", "range", "set", "list", "dict", "zip", "min",
+                   "int", "str", "bytes", "memoryview", "all", "iter", "next", "Exception", "BaseException",
+                   "OSError", "ValueError", "TypeError", "StopIteration", "ChildProcessError",
+                   "ProcessLookupError", "ImportError"),
+    }
+    if hasattr(sys, "monitoring"):
+        names[sys.monitoring] = ("get_tool",)
+    PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
+        (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m)
+
+
+def replaced():
+    """The names of PRISTINE that the code has changed since."""
+    ModuleType = type(sys)
+    out = []
+    for holder, name, value in PRISTINE:
+        if holder is sys.modules:
+            if sys.modules.get(name) is not value or type(value) is not ModuleType:
+                out.append("sys.modules[%r]" % name)
+        elif holder.__dict__.get(name) is not value:
+            out.append("%s.%s" % (holder.__name__, name))
+    return out
+
+
+def resume():
+    """The call's code starts: the signals and the collector the fork held
+    are given back (a handler of a signal that came meanwhile runs now, as
+    the call's first act: the rollback undoes it with the call)."""
+    if PAUSED:
+        import _signal
+        import gc
+        mask, collect = PAUSED.pop()
+        if collect:
+            gc.enable()
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+
+
 def checkpoint():
     """Fork this interpreter's copy for rollback. Returns (pid, None) in
-    the interpreter, (None, reason) when there is no rollback point, and
+    the interpreter (which then holds its signals and collector until
+    resume()), (None, reason) when there is no rollback point, and
     ("restored", nonce) in the copy once the host has made it the
     interpreter."""
     import _signal as signal  # signal.py imports enum: 4 ms
+    import _thread
+    import gc
     threading = sys.modules.get("threading")
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
-    if others:
+    count = _thread._count()
+    if others or count:
+        count = max(count, len(others))
         return None, "%d thread%s started by earlier calls %s running (%s)" % (
-            len(others), "" if len(others) == 1 else "s", "was" if len(others) == 1 else "were",
-            ", ".join(others[:4]))
+            count, "" if count == 1 else "s", "was" if count == 1 else "were",
+            ", ".join(others[:4]) or "started with _thread")
+    if AUDIT_HOOKS[0]:
+        return None, "the code added an audit hook (sys.addaudithook), which would run in the copy"
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return None, "the code set a trace or profile function (sys.settrace, sys.setprofile), which would run in the copy"
+    monitoring = getattr(sys, "monitoring", None)  # 3.12+
+    if monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6)):
+        return None, "the code registered a sys.monitoring tool, which would run in the copy"
+    if _fork is None:
+        return None, "the copy's functions could not be recorded before the code ran"
+    changed = replaced()
+    if changed:
+        return None, "the code replaced %s, which the copy would run" % ", ".join(changed[:4])
     if not all(reserved(fd) for fd in KEEPER_FDS):
         return None, "the code holds file descriptors 10-13, which a rollback needs"
     try:
         undumpable()  # again: code may have made this process dumpable
     except OSError as e:
         return None, "the interpreter could not be made private (%s)" % e
-    flush_streams()
     # Born with every signal held: a signal sent the moment the copy exists
     # must neither end it nor run a handler in it.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
-    try:
-        if sys.version_info >= (3, 12) and len(os.listdir("/proc/self/task")) > 1:
-            # Threads of libraries (BLAS pools, ...): Python 3.12+ warns.
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                pid = os.fork()
-        else:
-            pid = os.fork()
-    except OSError as e:
+    collect = gc.isenabled()
+    gc.disable()
+    pid = _fork()
+    if pid < 0:
+        import _ctypes
+        if collect:
+            gc.enable()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        return None, "the interpreter could not be copied: %s" % e.strerror
+        return None, "the interpreter could not be copied: %s" % os.strerror(_ctypes.get_errno())
     if pid:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        PAUSED.append((mask, collect))
         return pid, None
     # The copy: no channels until it is needed. It never returns into the
     # serve loop unless it became the interpreter.
@@ -949,20 +1059,12 @@ def checkpoint():
         for sig in signal.sigpending():
             handler = signal.signal(sig, signal.SIG_IGN)
             signal.signal(sig, handler)
+        if collect:
+            gc.enable()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     except BaseException:
         os._exit(70)
     return "restored", nonce
-
-
-def private(state):
-    """Make this interpreter non-dumpable (its copies inherit it); on
-    failure `state["dumpable"]` says why, and no copy is taken."""
-    try:
-        undumpable()
-        state["dumpable"] = False
-    except (OSError, ImportError) as e:
-        state["dumpable"] = bound(str(e), 200)[0]
 
 
 STREAM_FDS = (14, 15)  # the next call's read ends: the host takes them (pidfd_getfd)
@@ -1003,13 +1105,15 @@ def prepare_streams():
     PREPARED = True
 
 
-def call_streams():
+def call_streams(flush=True):
     """The call's output goes to the pipes prepare_streams made (the host
-    holds their read ends by now)."""
+    holds their read ends by now). `flush` false: they were flushed right
+    before the rollback copy was made."""
     global PREPARED
     if not PREPARED:
         return  # none were made: the call keeps the pipes it has
-    flush_streams()
+    if flush:
+        flush_streams()
     os.dup2(NEXT_FDS[0], 1)
     os.dup2(NEXT_FDS[1], 2)
     reserve(STREAM_FDS + NEXT_FDS)
@@ -1060,20 +1164,19 @@ def serve(gate=None):
         if left:
             state["discarded"] = left
         newest = last_pid()
+        # The last call's objects go now, not between the copy and this
+        # call's start (their __del__ would run there).
+        rich = value = exception = None
         if request.get("checkpoint") is True and ALL_SIGNALS is not None:
-            if state.get("dumpable", True):
-                private(state)
-            if state["dumpable"]:
-                copy, why = None, "the interpreter could not be made private (%s)" % state["dumpable"]
-            else:
-                copy, why = checkpoint()
+            flush_streams()  # before the copy: the code's sys.stdout is the code's
+            copy, why = checkpoint()
             if copy == "restored":
                 prepare_streams()
                 send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": why})
                 continue
         else:
             why = None
-        call_streams()
+        call_streams(flush=not copy)
         if why is None:
             body = ('{"type":"begin","id":%d,"copy":%s,"why":null}' % (req_id, copy or "null")).encode()
             write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)  # send(), without the JSON encoder
@@ -1081,14 +1184,14 @@ def serve(gate=None):
             send({"type": "begin", "id": req_id, "copy": None, "why": why})
         gate = state.pop("gate", None)
         if gate is not None:
-            os.read(gate, 1)  # PID 1 is non-dumpable before any user code runs
+            os.read(gate, 1)  # PID 1 has set up its signals before any user code runs
             os.close(gate)
         rich = state["rich"] = Rich(req_id)
         # Processes earlier executions left running are not waited for;
         # /proc is only read before the code when there were any.
         before = live_processes() if state.get("background") else set()
         try:
-            status, value, exception = run(code, namespace, rich, source_name(req_id))
+            status, value, exception = run(code, namespace, rich, source_name(req_id), resume)
         finally:
             state["rich"] = None
         text, truncated = (None, False) if value is None else bound(value, MAX_REPR, "both")
@@ -1122,8 +1225,6 @@ def serve(gate=None):
             prepare_streams()
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"],
               "streams": PREPARED})
-        if ALL_SIGNALS is not None and state.get("dumpable", True) is True:
-            private(state)  # before the next call needs it, off its path
 
 
 def send_code():
@@ -1162,6 +1263,14 @@ def set_limits(spec):
 
 def main():
     global NULL_ID
+    # No other process of the sandbox may open this one's descriptors or
+    # memory through /proc: made non-dumpable before anything else, so PID
+    # 1, the interpreter and every rollback copy (forks keep it) are from
+    # before the first call's code, and the filter refuses making any
+    # process dumpable again. A program a child execs is dumpable, and
+    # holds none of the channels: every one of them is close-on-exec.
+    # Without this the worker does not start.
+    undumpable()
     for fd in (REQUEST_FD, REPLY_FD):
         os.set_inheritable(fd, False)
     st = os.stat("/dev/null")
@@ -1205,6 +1314,7 @@ def main():
         global ALL_SIGNALS
         ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2})
+        pristine()  # before the keeper forks: its fresh interpreters have it too
         gate_r, gate_w = os.pipe()
         if os.fork():
             os.close(gate_r)
