@@ -19,6 +19,9 @@ pub const MAX_TIMEOUT_SECONDS: u32 = 120;
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a killed sandbox has to exit before we stop waiting for it.
 pub const CLEANUP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a bubblewrap whose sandbox could not be prepared has to end by
+/// itself (it failed on its own) before it is killed (it waits for us).
+pub const BWRAP_GONE: Duration = Duration::from_millis(500);
 /// Captured stdout + stderr of one execution; one byte more kills the sandbox.
 pub const OUTPUT_BUDGET_BYTES: usize = 1024 * 1024;
 /// Bound on the final expression's repr, in UTF-8 bytes.

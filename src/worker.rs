@@ -26,7 +26,8 @@ use crate::capture::{Capture, Stream};
 use crate::contain::Contained;
 use crate::frame::{self, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
 use crate::limits::{
-    CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES, STARTUP_DEADLINE,
+    BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES,
+    STARTUP_DEADLINE,
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
@@ -354,12 +355,19 @@ impl Worker {
         // The payload is released only by the byte the helper's success
         // writes: on a failure it is killed before its pipe closes.
         if let Err(why) = prepare_inside(child.info, &child.release, inside).await {
-            kill_group(child.pid);
-            let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
-            return Err(StartError::Prepare(format!(
-                "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it \
+            // A bubblewrap that failed on its own (a mount source gone, say)
+            // has ended or ends at once, and its own words on stderr are
+            // what the start reports, as for any bubblewrap failure. One
+            // that is still there waits for the release: it is killed.
+            let ended = matches!(timeout(BWRAP_GONE, child.child.wait()).await, Ok(Ok(_)));
+            if !ended {
+                kill_group(child.pid);
+                let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
+                return Err(StartError::Prepare(format!(
+                    "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it \
                  could take every inotify instance of your user, the guard's among them"
-            )));
+                )));
+            }
         }
         // Two frames in flight at most: a flood waits on the pipe. A frame
         // that no start or request asked for kills the sandbox at once.
