@@ -531,6 +531,20 @@ describe("secrets that appear after the sandbox started", () => {
     });
   }
 
+  test("yolo: a secret named like a protected file (.npmrc), made inert by the guard, stays masked under its inert name", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    for (const secrets of ["", undefined]) {
+      const { fx, sb, exec } = await late(t, secrets, "yolo");
+      await writeFile(join(fx.project, ".npmrc"), LATE);
+      // The guard renames the new protected name; the secret watch sees the new name.
+      assert.ok(await waitUntil(() => existsSync(join(fx.project, ".npmrc.pi-inert")), 5000), "the guard made it inert");
+      const r = await exec(catAll([".npmrc.pi-inert"]));
+      if (secrets === "") assert.match(seen(r), /late-secret-3b8e/, `baseline: without masks the inert file reads: ${show(r)}`);
+      else assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+      await sb.dispose();
+    }
+  });
+
   test("the watch stops an idle sandbox the moment a secret appears (before any execution asks)", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { fx, sb } = await late(t, undefined, undefined);

@@ -120,11 +120,16 @@ impl SecretRules {
     pub fn matches(&self, name: &OsStr, kind: Kind) -> bool {
         // By bytes: a name that is not UTF-8 is a name all the same.
         let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
+        // A protected name the guard made inert (`.npmrc.pi-inert-2`) is
+        // still what it was: the rename does not unmask it.
+        let names = [Some(name), inert_base(name)];
         let applies = |g: &&Glob| !g.dirs_only || kind == Kind::Dir;
-        let hit = |g: &&Glob| glob_match(g.pattern.as_bytes(), name);
-        let mut globs = self.globs.iter().filter(applies);
-        let wanted = globs.clone().any(|g| !g.exception && hit(&g));
-        wanted && !globs.any(|g| g.exception && hit(&g))
+        names.into_iter().flatten().any(|name| {
+            let hit = |g: &&Glob| glob_match(g.pattern.as_bytes(), name);
+            let mut globs = self.globs.iter().filter(applies);
+            let wanted = globs.clone().any(|g| !g.exception && hit(&g));
+            wanted && !globs.any(|g| g.exception && hit(&g))
+        })
     }
 
     /// The patterns as the user would write them (for `status`).
@@ -136,6 +141,16 @@ impl SecretRules {
             })
             .collect()
     }
+}
+
+/// The name a protected entry had before the guard made it inert:
+/// `NAME` of `NAME.pi-inert` and `NAME.pi-inert-N`.
+fn inert_base(name: &[u8]) -> Option<&[u8]> {
+    let mark = crate::protected::INERT_MARK.as_bytes();
+    let at = name.windows(mark.len()).rposition(|w| w == mark).filter(|&at| at > 0)?;
+    let rest = &name[at + mark.len()..];
+    let numbered = rest.first() == Some(&b'-') && rest.len() > 1 && rest[1..].iter().all(u8::is_ascii_digit);
+    (rest.is_empty() || numbered).then(|| &name[..at])
 }
 
 /// Shell-style matching of a whole name: `*` any run, `?` one byte.
@@ -420,6 +435,23 @@ mod tests {
 
     fn names(rules: &SecretRules, list: &[(&str, Kind)]) -> Vec<String> {
         list.iter().filter(|(n, k)| rules.matches(OsStr::new(n), *k)).map(|(n, _)| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_secret_the_guard_made_inert_is_still_a_secret() {
+        let r = SecretRules::new(None);
+        let f = Kind::File;
+        let all = [
+            (".npmrc.pi-inert", f),
+            (".npmrc.pi-inert-2", f),
+            (".env.pi-inert-17", f),
+            (".npmrc.pi-inert-", f),
+            (".npmrc.pi-inert-x", f),
+            (".pi-inert", f),
+            ("notes.pi-inert", f),
+            ("README.md.pi-inert", f),
+        ];
+        assert_eq!(names(&r, &all), [".npmrc.pi-inert", ".npmrc.pi-inert-2", ".env.pi-inert-17"]);
     }
 
     #[test]
