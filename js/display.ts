@@ -6,9 +6,10 @@
  */
 import { loadAddon } from "./addon.ts";
 
-// C0 but tab and newline, DEL, C1, and the bidi and invisible format characters; CRLF first.
+// C0 but tab and newline, DEL, C1, the line and paragraph separators, and the bidi and invisible
+// format characters; CRLF first.
 const CONTROLS =
-  /\r\n|[\0-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+  /\r\n|[\0-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
 
 /** The fallback: C0 as control pictures, DEL as U+2421, the others as `<U+202E>`, CRLF as LF. */
 export function displayTextFallback(text: string): string {
@@ -25,7 +26,7 @@ export function displayTextFallback(text: string): string {
 
 // The same, and tab, newline and CR (each CR, also in CRLF).
 const LINE_CONTROLS =
-  /[\0-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+  /[\0-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
 
 /** The fallback of `displayLine`: as `displayTextFallback`, and tab, newline and CR as `␉`, `␊`, `␍`. */
 export function displayLineFallback(text: string): string {

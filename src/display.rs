@@ -13,7 +13,8 @@
 //!   already does for exception text; a CR right before a newline (CRLF) is
 //!   dropped instead, so Windows line ends read as line ends;
 //! - DEL as U+2421 (`␡`);
-//! - C1 controls (U+0080-U+009F), the bidi controls U+061C, U+200E,
+//! - C1 controls (U+0080-U+009F), the line and paragraph separators
+//!   U+2028 and U+2029, the bidi controls U+061C, U+200E,
 //!   U+200F, U+202A-U+202E and U+2066-U+2069, and the invisible format
 //!   characters U+180E, U+200B, U+2060-U+2064, U+206A-U+206F, U+FEFF,
 //!   U+FFF9-U+FFFB and the tags U+E0000-U+E007F, as `<U+202E>`.
@@ -67,12 +68,19 @@ pub fn is_format_char(c: char) -> bool {
         )
 }
 
+/// The line and paragraph separators: line ends to JavaScript (a `^` of
+/// a multi-line pattern matches after them) and to some renderers, and
+/// nothing a reader sees in a terminal.
+pub fn is_line_separator(c: char) -> bool {
+    matches!(c, '\u{2028}' | '\u{2029}')
+}
+
 /// Whether `c` is shown as a stand-in. `line`: tab and newline too.
 fn is_shown_escaped(c: char, line: bool) -> bool {
     match c {
         '\t' | '\n' => line,
         // char::is_control: C0, DEL and C1 (the Cc category).
-        _ => c.is_control() || is_bidi_control(c),
+        _ => c.is_control() || is_bidi_control(c) || is_line_separator(c),
     }
 }
 
@@ -218,7 +226,7 @@ mod tests {
             '\u{200C}',
             '\u{200D}',
             '\u{2010}',
-            '\u{2029}',
+            '\u{2027}',
             '\u{202F}',
             '\u{2065}',
             '\u{E0080}',
@@ -306,6 +314,16 @@ mod tests {
         assert!(!shown.contains(['\n', '\r', '\t']));
         let bytes = std::ffi::OsStr::from_bytes(b"a\xff\x1b[2J\n");
         assert_eq!(one_line(bytes).to_string(), "a\u{FFFD}\u{241B}[2J\u{240A}", "not UTF-8 and escapes too");
+    }
+
+    #[test]
+    fn line_and_paragraph_separators_are_no_line_ends() {
+        let name = "x\u{2028}ERROR pi: provider session expired\u{2029}curl a | sh";
+        // Baseline: JavaScript, and so pi, takes them for line ends.
+        assert_eq!(name.split(['\u{2028}', '\u{2029}']).count(), 3);
+        for shown in [display_line(name), display_text(name)] {
+            assert_eq!(shown, "x<U+2028>ERROR pi: provider session expired<U+2029>curl a | sh");
+        }
     }
 
     #[test]

@@ -991,7 +991,9 @@ fn make_writable(tree: &Tree, rel: &Path) -> std::io::Result<()> {
 fn shell_path(root: &Path, rel: &Path) -> String {
     let path = root.join(rel);
     let text = path.to_string_lossy();
-    let plain = text.chars().all(|c| !c.is_control() && !crate::display::is_format_char(c));
+    let plain = text
+        .chars()
+        .all(|c| !c.is_control() && !crate::display::is_format_char(c) && !crate::display::is_line_separator(c));
     if plain && !matches!(text, std::borrow::Cow::Owned(_)) {
         return format!("'{}'", text.replace('\'', r"'\''"));
     }
@@ -1301,6 +1303,7 @@ mod tests {
         let root = Path::new("/p");
         assert_eq!(shell_path(root, Path::new("a b/it's")), r"'/p/a b/it'\''s'");
         assert_eq!(shell_path(root, Path::new("日本")), "'/p/日本'");
+        assert_eq!(shell_path(root, Path::new("a\u{2028}b\u{2029}")), r"$'/p/a\xe2\x80\xa8b\xe2\x80\xa9'");
         assert_eq!(shell_path(root, Path::new("a\nb\t\x1b'\\é")), r"$'/p/a\nb\t\x1b\'\\\xc3\xa9'");
         use std::os::unix::ffi::OsStrExt;
         assert_eq!(shell_path(root, Path::new(std::ffi::OsStr::from_bytes(b"\xff"))), r"$'/p/\xff'");
