@@ -32,6 +32,20 @@ const STORES: Record<string, string> = {
   ".pgpass": "hs-pgpass-13",
   ".my.cnf": "hs-mycnf-14",
   ".terraform.d/credentials.tfrc.json": "hs-tf-15",
+  ".mozilla/firefox/a1b2.default/logins.json": "hs-firefox-16",
+  ".config/google-chrome/Default/Login Data": "hs-chrome-17",
+  ".subversion/auth/svn.simple/0123abcd": "hs-svn-18",
+  ".hgrc": "hs-hgrc-19",
+  ".config/sops/age/keys.txt": "hs-sops-20",
+  ".config/configstore/firebase-tools.json": "hs-firebase-26",
+  ".yarnrc.yml": "hs-yarn-27",
+  ".config/io.datasette.llm/keys.json": "hs-llm-28",
+  ".continue/config.json": "hs-continue-29",
+  ".qwen/oauth_creds.json": "hs-qwen-30",
+  ".ethereum/keystore/UTC--2024": "hs-eth-31",
+  ".ansible/vault_pass.txt": "hs-ansible-32",
+  ".config/filezilla/sitemanager.xml": "hs-filezilla-33",
+  ".config/Code/User/globalStorage/state.vscdb": "hs-vscode-34",
 };
 /** Shell and REPL histories. */
 const HISTORIES: Record<string, string> = {
@@ -40,6 +54,11 @@ const HISTORIES: Record<string, string> = {
   ".python_history": "hs-py-hist-23",
   ".local/share/fish/fish_history": "hs-fish-hist-24",
   ".psql_history": "hs-psql-hist-25",
+  ".Rhistory": "hs-r-hist-35",
+  ".julia/logs/repl_history.jl": "hs-julia-hist-36",
+  ".ipython/profile_work/history.sqlite": "hs-ipython-hist-37",
+  ".local/share/nvim/shada/main.shada": "hs-nvim-hist-38",
+  ".bash_sessions/0A1B.history": "hs-bash-sess-39",
 };
 const MARKER = /hs-[a-z-]+-\d\d/;
 
