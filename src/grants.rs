@@ -148,6 +148,15 @@ impl Grants {
         ctx: &Context,
         resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
     ) -> Next {
+        // Only what a prompt can have shown: the plain absolute path
+        // `read_decision` asks about, never one a `..` or `.` turns into
+        // another (`secrets/./README.md/..` is the directory `secrets`).
+        if path.len() > permissions::MAX_PROMPT_PATH_BYTES || permissions::not_plain(path) {
+            return Next::Stop(format!(
+                "{} is not written as the plain absolute path it names; nothing was granted.",
+                crate::display::display_line(path)
+            ));
+        }
         let Some(normal) = permissions::normalize(path) else {
             return Next::Stop(format!(
                 "{} is not an absolute path; nothing was granted.",
@@ -250,6 +259,26 @@ mod tests {
         let next = g.answer("/srv/list", true, None, Answer::Timeout, false, &ctx(project), ident);
         assert!(matches!(&next, Next::Stop(d) if d.contains("no answer within 30 s")), "{next:?}");
         assert_eq!(g.denied(), [PathBuf::from("/srv/data"), "/srv/list".into()]);
+    }
+
+    #[test]
+    fn an_answer_for_a_path_no_prompt_could_show_grants_nothing() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(dir.join("secrets")).unwrap();
+        std::fs::write(dir.join("secrets/README.md"), "x").unwrap();
+        let g = Grants::default();
+        let project = Path::new("/nonexistent-project");
+        let plain = dir.join("secrets/README.md").display().to_string();
+        // Baseline: the plain path is allowed once, exactly.
+        assert!(matches!(g.answer(&plain, false, None, Answer::Allow, false, &ctx(project), ident), Next::Once(_)));
+        for crooked in
+            [format!("{plain}/.."), format!("{}/secrets/./README.md/..", dir.display()), format!("{plain}//")]
+        {
+            let next = g.answer(&crooked, true, None, Answer::Allow, false, &ctx(project), ident);
+            assert!(matches!(&next, Next::Stop(d) if d.contains("nothing was granted")), "{crooked}: {next:?}");
+        }
+        assert!(g.denied().is_empty());
     }
 
     #[test]
