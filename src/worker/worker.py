@@ -912,12 +912,15 @@ def empty_dir(top):
 # from Python either: no other Python thread exists (else no copy is made)
 # and the forking thread keeps the GIL across the call. From before the
 # fork until the call's code starts (resume()), the interpreter holds
-# every signal and the collector is off, so that no handler and no
-# __del__ of the code runs between the copy and the call's start; the copy
-# keeps both so until it has become the interpreter. Audit hooks cannot be
+# every signal and the collector is off, so that no handler, no
+# gc.callbacks and no __del__ or weakref callback of the code runs between
+# the copy and the call's start; the copy keeps both so through its
+# takeover until its next call's code starts, imports nothing and flushes
+# none of the code's streams. Audit hooks cannot be
 # removed and run on the copy's own steps (os.kill, open): code that added
-# one gets no rollback point. Nor does code that replaced a function the
-# copy calls (os.kill, time.sleep, builtins.open, ...), bound at start, or
+# one gets no rollback point. Nor does code that replaced a function or a
+# constant the copy uses (os.kill, time.sleep, builtins.open, os.O_CLOEXEC,
+# ...), bound at start, or
 # that traces (sys.settrace, sys.setprofile, sys.monitoring): the tracer
 # would run on the copy's own lines.
 AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
