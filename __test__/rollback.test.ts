@@ -746,6 +746,120 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
     }
   });
 
+  // Marks, in `ran`, code of the user that runs in a copy (another pid) outside a call's code (no
+  // frame of the worker's `run` on the stack): between the fork and the next call's start.
+  const OUTSIDE = py`
+    import os, sys
+    P = os.getpid()
+    ran = []
+    def _outside():
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_code.co_name == 'run' and f.f_globals is not globals():
+                return False
+            f = f.f_back
+        return True
+    def _mark(what):
+        if os.getpid() != P and _outside():
+            ran.append(what)
+  `;
+
+  /** `setup` (after OUTSIDE) makes `what` run in a copy: the baseline copy, woken with `wake`,
+   * runs it; the rollback copy, through its takeover and until the next call starts, does not. */
+  async function notInCopy(t: TestContext, what: string, setup: string, wake = ""): Promise<void> {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const old = await oldPoint(sb, { setup: OUTSIDE + "\n" + setup, wake, report: "ran" });
+    assert.ok(Array.isArray(old.copy) && old.copy.includes(what), `baseline: a plain os.fork copy runs it: ${JSON.stringify(old)}`);
+    assertOk(await sb.execute(OUTSIDE + "\n" + setup));
+    assertOk(await sb.execute("x = 1"));
+    const r = await sb.execute("x = 2\nimport time\ntime.sleep(100)", 1);
+    assertRolledBack(r, "timeout");
+    assert.deepEqual(await valueOf(sb, "[ran, x]"), [[], 1], "code of the user ran in the copy before the next call");
+  }
+
+  test("gc.callbacks do not run in the copy: it never collects until the next call starts", async (t) => {
+    await notInCopy(t, "gc", "import gc\ngc.callbacks.append(lambda phase, info: _mark('gc'))\ngc.set_threshold(1, 1, 1)");
+  });
+
+  test("__del__ of cyclic garbage does not run in the copy, neither while it waits nor once it took over", async (t) => {
+    await notInCopy(t, "del", py`
+      import gc
+      class _Cycle:
+          def __del__(self):
+              _mark('del')
+              c = _Cycle()
+              c.me = c
+      _c = _Cycle()
+      _c.me = _c
+      del _c
+      gc.set_threshold(1)
+    `);
+  });
+
+  test("weakref callbacks of cyclic garbage do not run in the copy", async (t) => {
+    await notInCopy(t, "weakref", py`
+      import gc, weakref
+      _refs = []
+      class _Node:
+          pass
+      def _grow(ref=None):
+          if ref is not None:
+              _mark('weakref')
+          n = _Node()
+          n.me = n
+          _refs.append(weakref.ref(n, _grow))
+      _grow()
+      gc.set_threshold(1)
+    `);
+  });
+
+  test("an import in the copy would consult a module's __spec__, which the code replaced: the copy imports nothing", async (t) => {
+    await notInCopy(t, "import", py`
+      import fcntl
+      class _Spec:
+          name = 'fcntl'
+          @property
+          def _initializing(self):
+              _mark('import')
+              return False
+      fcntl.__spec__ = _Spec()
+    `, "import fcntl");
+  });
+
+  test("the code's sys.stdout is not flushed in a restored interpreter before its next call", async (t) => {
+    await notInCopy(t, "flush", py`
+      class _Out:
+          def __init__(self, s):
+              self.s = s
+          def write(self, text):
+              return self.s.write(text)
+          def flush(self):
+              _mark('flush')
+              return self.s.flush()
+          def __getattr__(self, name):
+              return getattr(self.s, name)
+      sys.stdout = _Out(sys.stdout)
+    `, "sys.stdout.flush()");
+  });
+
+  test("a constant the copy uses, replaced by an int subclass that runs code: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    for (const [name, setup, wake] of [
+      ["os.O_CLOEXEC", "class _I(int):\n    def __ror__(self, o):\n        _mark('const')\n        return int(self) | o\nos.O_CLOEXEC = _I(os.O_CLOEXEC)", "os.close(os.open('/dev/null', os.O_RDWR | os.O_CLOEXEC))"],
+      ["_signal.SIGUSR1", "import _signal\nclass _I(int):\n    def __hash__(self):\n        _mark('const')\n        return int.__hash__(self)\n_signal.SIGUSR1 = _I(_signal.SIGUSR1)", "{_signal.SIGUSR1}"],
+    ]) {
+      const old = await oldPoint(sb, { setup: OUTSIDE + "\n" + setup, wake, report: "ran" });
+      assert.ok(Array.isArray(old.copy) && old.copy.includes("const"), `baseline: the copy runs the replaced ${name}: ${JSON.stringify(old)}`);
+      assertOk(await sb.execute(OUTSIDE + "\n" + setup));
+      const r = await sb.execute("while True: pass", 1);
+      assert.equal(r.rolledBack, false, show(r));
+      assert.equal(r.stateLost, true, show(r));
+      assert.match(r.stateLostReason ?? "", new RegExp(`no rollback point: the code replaced ${name.replace(".", "\\.")}`));
+    }
+  });
+
   test("the code's own forks still run their hooks: os.fork, multiprocessing's fork, subprocess", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

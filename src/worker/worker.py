@@ -771,8 +771,7 @@ def kill_all(keep=()):
 
 
 def high_dup(fd):
-    import fcntl
-    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 32)
+    new = _fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, 32)
     os.close(fd)
     return new
 
@@ -913,24 +912,31 @@ def empty_dir(top):
 # from Python either: no other Python thread exists (else no copy is made)
 # and the forking thread keeps the GIL across the call. From before the
 # fork until the call's code starts (resume()), the interpreter holds
-# every signal and the collector is off, so that no handler and no
-# __del__ of the code runs between the copy and the call's start; the copy
-# keeps both so until it has become the interpreter. Audit hooks cannot be
+# every signal and the collector is off, so that no handler, no
+# gc.callbacks and no __del__ or weakref callback of the code runs between
+# the copy and the call's start; the copy keeps both so through its
+# takeover until its next call's code starts, imports nothing and flushes
+# none of the code's streams. Audit hooks cannot be
 # removed and run on the copy's own steps (os.kill, open): code that added
-# one gets no rollback point. Nor does code that replaced a function the
-# copy calls (os.kill, time.sleep, builtins.open, ...), bound at start, or
+# one gets no rollback point. Nor does code that replaced a function or a
+# constant the copy uses (os.kill, time.sleep, builtins.open, os.O_CLOEXEC,
+# ...), bound at start, or
 # that traces (sys.settrace, sys.setprofile, sys.monitoring): the tracer
 # would run on the copy's own lines.
 AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
 PAUSED = []  # (signal mask, collector was on) from the fork until resume()
 PRISTINE = ()  # (module, name, value) as they were before any code ran
 _fork = None
+# The modules the copy uses, bound before any code ran: the copy imports
+# nothing (an import consults the module's __spec__, which code can
+# replace by one whose attributes run code).
+_fcntl = _gc = _sig = _thr = None
 
 
 def pristine():
     """Record what the copy will call, and build the raw fork. Runs in the
     interpreter before any code of the user does."""
-    global PRISTINE, _fork
+    global PRISTINE, _fork, _fcntl, _gc, _sig, _thr
     import _ctypes
     import _signal
     import _thread
@@ -949,13 +955,17 @@ def pristine():
         _handle = _ctypes.dlopen(None, 2)
 
     _fork = Fn(("fork", Libc))
+    _fcntl, _gc, _sig, _thr = fcntl, gc, _signal, _thread
+    # The constants too: an int subclass in their place would run its
+    # __or__, __eq__ or __hash__ in the copy.
     names = {
         os: ("close", "dup2", "fstat", "getpid", "kill", "listdir", "open", "pipe", "read", "write",
-             "waitpid", "set_inheritable", "_exit"),
-        _signal: ("pthread_sigmask", "sigpending", "signal", "sigwaitinfo"),
+             "waitpid", "set_inheritable", "_exit", "O_RDWR", "O_CLOEXEC", "WNOHANG"),
+        _signal: ("pthread_sigmask", "sigpending", "signal", "sigwaitinfo", "SIGUSR1", "SIGKILL",
+                  "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK"),
         gc: ("enable", "disable", "isenabled"),
         _thread: ("_count",),
-        fcntl: ("fcntl",),
+        fcntl: ("fcntl", "F_DUPFD_CLOEXEC"),
         time: ("sleep",),
         sys: ("gettrace", "getprofile"),
         builtins: ("__import__", "open", "len", "isinstance", "range", "set", "list", "dict", "zip", "min",
@@ -987,12 +997,10 @@ def resume():
     are given back (a handler of a signal that came meanwhile runs now, as
     the call's first act: the rollback undoes it with the call)."""
     if PAUSED:
-        import _signal
-        import gc
         mask, collect = PAUSED.pop()
         if collect:
-            gc.enable()
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+            _gc.enable()
+        _sig.pthread_sigmask(_sig.SIG_SETMASK, mask)
 
 
 def checkpoint():
@@ -1000,13 +1008,11 @@ def checkpoint():
     the interpreter (which then holds its signals and collector until
     resume()), (None, reason) when there is no rollback point, and
     ("restored", nonce) in the copy once the host has made it the
-    interpreter."""
-    import _signal as signal  # signal.py imports enum: 4 ms
-    import _thread
-    import gc
+    interpreter: it still holds both, until its next call starts."""
+    signal = _sig
     threading = sys.modules.get("threading")
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
-    count = _thread._count()
+    count = _thr._count()
     if others or count:
         count = max(count, len(others))
         return None, "%d thread%s started by earlier calls %s running (%s)" % (
@@ -1030,23 +1036,34 @@ def checkpoint():
         undumpable()  # again: code may have made this process dumpable
     except OSError as e:
         return None, "the interpreter could not be made private (%s)" % e
-    # Born with every signal held: a signal sent the moment the copy exists
-    # must neither end it nor run a handler in it.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
-    collect = gc.isenabled()
-    gc.disable()
+    # Born with every signal held and the collector off: a signal sent the
+    # moment the copy exists must neither end it nor run a handler in it,
+    # and no collection may call the code's gc.callbacks or finalizers
+    # there. A restored interpreter before its first call holds both since
+    # its own fork.
+    held = bool(PAUSED)
+    if held:
+        mask, collect = PAUSED[-1]
+    else:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
+        collect = _gc.isenabled()
+        _gc.disable()
     pid = _fork()
     if pid < 0:
         import _ctypes
-        if collect:
-            gc.enable()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if not held:
+            if collect:
+                _gc.enable()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return None, "the interpreter could not be copied: %s" % os.strerror(_ctypes.get_errno())
     if pid:
-        PAUSED.append((mask, collect))
+        if not held:
+            PAUSED.append((mask, collect))
         return pid, None
     # The copy: no channels until it is needed. It never returns into the
-    # serve loop unless it became the interpreter.
+    # serve loop unless it became the interpreter, and then keeps its
+    # signals held and its collector off until the next call's code starts
+    # (resume()): until then it runs the worker's code alone.
     try:
         to_dev_null()
         while True:
@@ -1059,9 +1076,8 @@ def checkpoint():
         for sig in signal.sigpending():
             handler = signal.signal(sig, signal.SIG_IGN)
             signal.signal(sig, handler)
-        if collect:
-            gc.enable()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if not held:
+            PAUSED.append((mask, collect))
     except BaseException:
         os._exit(70)
     return "restored", nonce
@@ -1167,8 +1183,13 @@ def serve(gate=None):
         # The last call's objects go now, not between the copy and this
         # call's start (their __del__ would run there).
         rich = value = exception = None
+        # A restored interpreter holds its signals and collector until the
+        # call's code starts, and runs no code of the user before: its
+        # streams were flushed before its fork and have had no writes since.
+        held = bool(PAUSED)
         if request.get("checkpoint") is True and ALL_SIGNALS is not None:
-            flush_streams()  # before the copy: the code's sys.stdout is the code's
+            if not held:
+                flush_streams()  # before the copy: the code's sys.stdout is the code's
             copy, why = checkpoint()
             if copy == "restored":
                 prepare_streams()
@@ -1176,7 +1197,7 @@ def serve(gate=None):
                 continue
         else:
             why = None
-        call_streams(flush=not copy)
+        call_streams(flush=not copy and not held)
         if why is None:
             body = ('{"type":"begin","id":%d,"copy":%s,"why":null}' % (req_id, copy or "null")).encode()
             write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)  # send(), without the JSON encoder
