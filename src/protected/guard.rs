@@ -477,6 +477,15 @@ pub async fn watch(
         .await
         .unwrap_or(Batch::Failed);
         more = matches!(batch, Batch::More { .. });
+        if guard.budget().is_some_and(|b| b.exceeded()) {
+            // The budget stopped the sandbox: its queue is not worth the
+            // host's time any more. One last walk, once its processes had
+            // the time to die, makes inert what it left.
+            tokio::time::sleep(LAST_WALK_AFTER).await;
+            let g = guard.clone();
+            let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            return;
+        }
         if batch == Batch::Failed {
             // The instance failed: the periodic walk goes on alone.
             inotify = None;
@@ -489,6 +498,10 @@ pub async fn watch(
         }
     }
 }
+
+/// How long after the budget stopped a sandbox the guard walks the last
+/// time (a killed process group is gone within milliseconds).
+const LAST_WALK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Reads of the queue in one batch of the guard's reactions.
 const BATCH_READS: usize = 16;
