@@ -11,7 +11,7 @@ import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { INDEX_CJS, jsonOut, lit, makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { hostPidsWithCmdline, INDEX_CJS, jsonOut, lit, makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const EROFS = 30;
 const EBUSY = 16;
@@ -675,5 +675,180 @@ describe("host secrets stay out of the sandbox, also when they appear later", ()
     writeFileSync(file, "3,4\n");
     const later = await sb.execute(`import os\nprint(os.path.exists(${lit(file)}))`);
     assert.match(later.text, /^False$/m, "not mounted again");
+  });
+});
+
+// Alone in its suite and one test at a time: they measure this process's CPU time.
+describe("what the host spends on a sandbox's changes to the project is bounded", { concurrency: 1 }, () => {
+  const withEnv = (t: { after(fn: () => void): void }, vars: Record<string, string | undefined>) => {
+    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
+    for (const [k, v] of Object.entries(vars)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+    t.after(() => {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    });
+  };
+  /**
+   * CPU time (ms) the addon's threads (tokio's, where the watches react) spend over `ms` of wall
+   * time, from each thread's schedstat: the test's own JavaScript and its garbage collection
+   * (the polling below allocates) are not the host's reaction to the sandbox.
+   */
+  async function cpuOver(ms: number): Promise<number> {
+    const addonThreads = (): Map<string, number> => {
+      const out = new Map<string, number>();
+      for (const tid of readdirSync("/proc/self/task")) {
+        try {
+          if (!readFileSync(`/proc/self/task/${tid}/comm`, "utf8").startsWith("tokio")) continue;
+          out.set(tid, Number(readFileSync(`/proc/self/task/${tid}/schedstat`, "utf8").split(" ")[0]));
+        } catch {
+          // The thread ended while we looked.
+        }
+      }
+      return out;
+    };
+    const before = addonThreads();
+    await new Promise((resolve) => setTimeout(resolve, ms));
+    let ns = 0;
+    for (const [tid, now] of addonThreads()) ns += now - (before.get(tid) ?? 0);
+    return ns / 1e6;
+  }
+  /** Inert entries anywhere in `dir` (not entering them). */
+  const inertCount = (dir: string): number => {
+    let n = 0;
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      if (e.name.includes(".pi-inert")) n++;
+      else if (e.isDirectory() && e.name !== ".git") n += inertCount(join(dir, e.name));
+    }
+    return n;
+  };
+  /** A background process, started 1.5 s after its call returned, runs `body` in /workspace for ever. */
+  const background = (body: string) =>
+    [
+      "import os, time",
+      "if os.fork() == 0:",
+      "    try:",
+      "        os.setsid()",
+      '        os.chdir("/workspace")',
+      "        time.sleep(1.5)",
+      "        i = 0",
+      "        while True:",
+      "            try:",
+      ...body.split("\n").map((l) => `                ${l}`),
+      "            except OSError:",
+      "                pass",
+      "            i += 1",
+      "    finally:",
+      "        os._exit(0)",
+      '"started"',
+    ].join("\n");
+  const NAMES_FLOOD = `d = "." if i % 2 else "d%d" % (i % 50)
+os.makedirs(d, exist_ok=True)
+open(d + "/.envrc", "w").close()
+open(d + "/.yarnrc.yml", "w").close()
+os.mkdir(d + "/.git")`;
+  const UNBOUNDED = { PI_PYTHON_TOOL_MAX_INERT: "100000000", PI_PYTHON_TOOL_WATCH_CPU: "100000000" };
+
+  test("a background flood of protected names stops the sandbox; the host's CPU and the inert names stay bounded", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Baseline: the same flood with the bounds out of reach. Before: this is what every
+    // sandbox cost (the guard renamed thousands of names a second, and the project filled).
+    withEnv(t, UNBOUNDED);
+    const base = await makeFixture(t, { prewarm: false });
+    base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal((await base.sb.execute(background(NAMES_FLOOD))).repr, "'started'");
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    const baseline = await cpuOver(1000);
+    const baselineInert = inertCount(base.project);
+    await base.sb.dispose("test");
+
+    withEnv(t, { PI_PYTHON_TOOL_MAX_INERT: undefined, PI_PYTHON_TOOL_WATCH_CPU: undefined });
+    const { sb, project, runtimeRoot } = await makeFixture(t, { prewarm: false });
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal((await sb.execute(background(NAMES_FLOOD))).repr, "'started'");
+    // The flood starts after 1.5 s and is stopped at once (within 20 s on a loaded machine);
+    // what its end costs (the names it left made inert) is over a second after.
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 20_000, 250), "the flood was never stopped");
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const after = await cpuOver(1000);
+    const inert = inertCount(project);
+    t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s, ${inert} inert names; baseline ${baseline.toFixed(1)} ms, ${baselineInert} names`);
+    assert.ok(baseline > 20, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
+    assert.ok(baselineInert > 500, `baseline: the project fills with inert names (${baselineInert})`);
+    // The pacing alone holds the baseline under 100 ms (it was 500-900 ms a second without it).
+    assert.ok(after * 3 < baseline, `after the stop: ${after.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
+    // 256 renames while it ran; then what it left (3 names in each of 51 directories at most).
+    assert.ok(inert <= 256 + 3 * 51, `${inert} inert names in the project`);
+    const next = await sb.execute("1");
+    assert.equal(next.stateLost, true, show(next));
+    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox made more protected names in the project than the host renames for one sandbox: \d+ renamed to inert names \(the last .*\), the most is 256 \(PI_PYTHON_TOOL_MAX_INERT\); it was stopped$/);
+    assert.doesNotMatch(next.stateLostReason ?? "", /\n/);
+    assert.ok(!existsSync(join(project, ".envrc")) && !existsSync(join(project, "d1/.envrc")), "a name stayed active");
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    assert.equal(inertCount(project), inert, "the flood ended with the sandbox");
+  });
+
+  test("a background flood of new names the watches look at stops the sandbox; the host's CPU stays bounded", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const FLOOD = `open("f%d" % (i % 8), "w").close()\nos.unlink("f%d" % (i % 8))`;
+    // Baseline: no bound in reach; before, every sandbox cost this for as long as it flooded.
+    withEnv(t, UNBOUNDED);
+    const base = await makeFixture(t, { prewarm: false });
+    base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal((await base.sb.execute(background(FLOOD))).repr, "'started'");
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    const baseline = await cpuOver(1000);
+    await base.sb.dispose("test");
+
+    // A small budget (10 ms a second, 0.5 s of burst), so that the test is short.
+    withEnv(t, { PI_PYTHON_TOOL_MAX_INERT: undefined, PI_PYTHON_TOOL_WATCH_CPU: "10" });
+    const { sb, runtimeRoot } = await makeFixture(t, { prewarm: false });
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    assert.equal((await sb.execute(background(FLOOD))).repr, "'started'");
+    // Stopped within about 3 s of its start (0.5 s of burst spent at 100 ms a second and more).
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 20_000, 250), "the flood was never stopped");
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const after = await cpuOver(1000);
+    t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s; baseline ${baseline.toFixed(1)} ms`);
+    assert.ok(baseline > 60, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
+    assert.ok(after * 5 < baseline, `after the stop: ${after.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
+    const next = await sb.execute("1");
+    assert.equal(next.stateLost, true, show(next));
+    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox kept the host busy .*: more than 10 ms of CPU a second on average \(over 50 s\), the most for one sandbox \(PI_PYTHON_TOOL_WATCH_CPU\); it was stopped$/);
+  });
+
+  test("ordinary work does not stop the sandbox: a tree like a checkout, packages with .npmrc, 20 protected names", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    withEnv(t, { PI_PYTHON_TOOL_MAX_INERT: undefined, PI_PYTHON_TOOL_WATCH_CPU: undefined });
+    const { sb, project } = await makeFixture(t, { prewarm: false });
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const r = await sb.execute(py`
+      import os
+      for i in range(3000):
+          d = "/workspace/src/p%d/q" % i
+          os.makedirs(d)
+          for j in range(10):
+              open(d + "/f%d.py" % j, "w").close()
+      for i in range(300):
+          d = "/workspace/node_modules/pkg%d" % i
+          os.makedirs(d)
+          open(d + "/.npmrc", "w").close()
+          open(d + "/package.json", "w").close()
+      for i in range(20):
+          os.makedirs("/workspace/x%d" % i)
+          open("/workspace/x%d/.envrc" % i, "w").close()
+      kept = 42
+    `, 60);
+    assert.equal(r.status, "ok", show(r));
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+    const next = await sb.execute("kept");
+    assert.equal(next.stateLost, false, show(next));
+    assert.equal(next.repr, "42");
+    assert.equal(inertCount(join(project, "src")) + inertCount(join(project, "node_modules")), 0);
+    assert.equal(readdirSync(project).filter((n) => n.startsWith("x")).map((x) => inert(join(project, x), ".envrc").length).reduce((a, b) => a + b), 20);
   });
 });

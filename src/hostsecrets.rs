@@ -520,7 +520,10 @@ impl HostSecrets {
 /// Watch `points` until `stop` fires; when a matching name appears, call
 /// `appeared` with its path (once: the sandbox it guards is then killed).
 /// Returns at once when inotify is unavailable (each execution's check of
-/// the masks remains).
+/// the masks remains). Its points are never in a tree the sandbox can
+/// write, so only the host's own programs make its events: it is paced
+/// and reads in bounded batches (see `protected::budget`), and charges
+/// no sandbox.
 pub async fn watch(
     points: Vec<WatchPoint>,
     appeared: impl FnOnce(PathBuf) + Send + 'static,
@@ -539,11 +542,23 @@ pub async fn watch(
         return;
     }
     let Some(inotify) = crate::inotify::Inotified::new(inotify) else { return };
+    // Events were left in the queue by the last batch.
+    let mut more = false;
     loop {
-        tokio::select! {
-            _ = &mut stop => return,
-            events = inotify.events() => {
-                let Some(events) = events else { return };
+        if !more {
+            tokio::select! {
+                _ = &mut stop => return,
+                ready = inotify.wait() => if !ready { return },
+            }
+        }
+        // One bounded batch.
+        let found = (|| {
+            for _ in 0..WATCH_BATCH_READS {
+                let events = match inotify.get().read_events() {
+                    Ok(events) => events,
+                    Err(nix::errno::Errno::EAGAIN) => return Ok(false),
+                    Err(_) => return Ok(false),
+                };
                 for ev in events {
                     // One directory holds several points, all under one watch.
                     let mut here = wds.iter().filter(|(wd, _)| *wd == ev.wd).map(|(_, p)| p);
@@ -551,14 +566,30 @@ pub async fn watch(
                     let overflow = ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW);
                     let hit = here.find(|p| overflow || name.as_deref().is_some_and(|n| glob_match(&p.leaf, n)));
                     if let Some(point) = hit.or(if overflow { wds.first().map(|(_, p)| p) } else { None }) {
-                        appeared(point.dir.join(name.unwrap_or_default()));
-                        return;
+                        return Err(point.dir.join(name.unwrap_or_default()));
                     }
                 }
             }
+            Ok(true)
+        })();
+        match found {
+            Err(path) => {
+                appeared(path);
+                return;
+            }
+            Ok(left) => more = left,
+        }
+        // Paced (see `protected::budget`): what comes meanwhile waits in the
+        // kernel's queue.
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(crate::protected::budget::PACE) => {}
         }
     }
 }
+
+/// Reads of the queue in one batch of the watch's reactions.
+const WATCH_BATCH_READS: usize = 16;
 
 /// `~` and `~/x` with `home`; other paths must be absolute.
 fn expand(raw: &str, home: Option<&Path>) -> Option<PathBuf> {

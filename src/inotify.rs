@@ -23,18 +23,6 @@ impl Inotified {
         unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(inotify)) }.ok().map(Inotified)
     }
 
-    /// The next batch of events; `None` once the instance fails.
-    pub(crate) async fn events(&self) -> Option<Vec<nix::sys::inotify::InotifyEvent>> {
-        loop {
-            let mut ready = self.0.readable().await.ok()?;
-            match self.0.get_ref().0.read_events() {
-                Ok(events) => return Some(events),
-                Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
-                Err(_) => return None,
-            }
-        }
-    }
-
     /// The instance itself (for watches and non-blocking reads).
     pub(crate) fn get(&self) -> &nix::sys::inotify::Inotify {
         &self.0.get_ref().0

@@ -159,6 +159,7 @@ async fn start_once(
     settings.git.untrusted.push(runtime_root.clone());
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
+    let budget = settings.budget;
     let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
     let trees = [project.as_path(), canonical_root.as_path()];
     let secrets = settings.host_secrets(&trees);
@@ -371,6 +372,7 @@ async fn start_once(
         contained,
         inside: crate::inotify::cap_steps(facts.inotify_share),
         watcher,
+        budget,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

@@ -15,7 +15,7 @@ use crate::gitconfig::HostGit;
 use crate::hostsecrets::{HostSecrets, HOST_SECRETS_ENV};
 use crate::limits::{tmpfs_sizes, SettingError, TmpfsSizes, SHM_SIZE_ENV, TMP_SIZE_ENV};
 use crate::permissions::MountConfig;
-use crate::protected::{patterns, Pattern, PROTECTED_ENV};
+use crate::protected::{budget_limits, patterns, BudgetLimits, Pattern, MAX_INERT_ENV, PROTECTED_ENV, WATCH_CPU_ENV};
 use crate::scan::{limits, Limits, DEPTH_ENV, ENTRIES_ENV};
 use crate::scratch::{note_threshold, SCRATCH_NOTE_ENV};
 use crate::secrets::{SecretRules, SECRETS_ENV};
@@ -78,6 +78,9 @@ pub struct Settings {
     /// The secret patterns (see `secrets`), masked in every mode.
     pub secrets: SecretRules,
     pub scan: Limits,
+    /// What the host may spend on one sandbox's changes to the project
+    /// (see `protected::budget`).
+    pub budget: BudgetLimits,
     /// The sizes of /tmp and /dev/shm, or why the setting is not one.
     pub tmpfs: Result<TmpfsSizes, SettingError>,
     /// The caps on one sandbox's tasks and memory, or why the setting is
@@ -119,6 +122,7 @@ impl Settings {
             protected: patterns(get(PROTECTED_ENV).as_deref()),
             secrets: SecretRules::new(get(SECRETS_ENV).as_deref()),
             scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
+            budget: budget_limits(get(MAX_INERT_ENV).as_deref(), get(WATCH_CPU_ENV).as_deref()),
             tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
             caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
             scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
@@ -151,6 +155,8 @@ mod tests {
             (HOST_SECRETS_ENV, "/srv/vault"),
             ("HOME", "/nonexistent-home"),
             (SECRETS_ENV, "*.db"),
+            (MAX_INERT_ENV, "40"),
+            (WATCH_CPU_ENV, "300"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let s = Settings::from_lookup(get, HostGit::default());
@@ -162,11 +168,13 @@ mod tests {
         assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp), Ok(8 << 20));
         assert_eq!(s.caps, Ok(Caps { tasks: 64, memory: crate::contain::DEFAULT_MAX_MEMORY }));
         assert_eq!(s.scratch_note, 10 << 20);
+        assert_eq!(s.budget, BudgetLimits { renames: 40, cpu_per_second: std::time::Duration::from_millis(300) });
         let secrets: Vec<String> = s.host_secrets(&[]).entries.iter().map(|e| e.shown()).collect();
         assert!(secrets.contains(&"/srv/vault".into()) && secrets.contains(&"/nonexistent-home/.ssh".into()));
         assert_eq!(s.secrets.describe(), ["*.db"]);
         let none = Settings::from_lookup(|_| None, HostGit::default());
         assert!(none.prewarm && none.rollback && !none.system_site && none.interpreter.is_none());
+        assert_eq!(none.budget, crate::protected::DEFAULT_BUDGET);
         assert_eq!(none.protected.len(), crate::protected::DEFAULT_PROTECTED.len());
         assert_eq!(none.secrets, SecretRules::new(None));
         let off = Settings::from_lookup(|k| (k == SECRETS_ENV).then(String::new), HostGit::default());

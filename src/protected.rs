@@ -582,6 +582,7 @@ fn guard_of(tree: Tree, rules: Rules, found: Found, summary: Summary, sink: Note
         walking: AtomicBool::new(false),
         again: AtomicBool::new(false),
         armed: parking_lot::Mutex::new(None),
+        budget: parking_lot::Mutex::new(None),
         repairing: parking_lot::Mutex::new(()),
         scan: summary,
     }
@@ -1013,6 +1014,8 @@ fn shell_path(root: &Path, rel: &Path) -> String {
     out
 }
 
+pub mod budget;
+pub use budget::{budget_limits, Budget, BudgetLimits, DEFAULT_BUDGET, MAX_INERT_ENV, WATCH_CPU_ENV};
 mod guard;
 pub use guard::{inotify_init, settle_and_check, watch, Guard, InotifyInit, Watcher, BACKGROUND_CHECK};
 mod secretwatch;

@@ -200,6 +200,9 @@ pub struct Launch {
     /// The guard's inotify instance, made before the sandbox (see
     /// `protected::Watcher`).
     pub watcher: Option<protected::Watcher>,
+    /// What the host may spend on the sandbox's changes to the project
+    /// (see `protected::budget`).
+    pub budget: protected::BudgetLimits,
 }
 
 /// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
@@ -348,6 +351,7 @@ impl Worker {
             mut contained,
             inside,
             watcher,
+            budget,
         } = launch;
         let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
@@ -374,8 +378,11 @@ impl Worker {
         let (tx, rx) = mpsc::channel(2);
         let expecting = Arc::new(AtomicBool::new(true));
         let killed_for: protected::KilledFor = Arc::default();
+        // One budget for every watch on this sandbox: past it, it is stopped.
+        let budget = Arc::new(protected::Budget::new(budget, child.pid, killed_for.clone()));
         if let Some(g) = &guard {
             g.arm(child.pid, killed_for.clone());
+            g.set_budget(budget.clone());
         }
         let reader = tokio::spawn(read_replies(child.replies, tx, expecting.clone(), killed_for.clone(), child.pid));
         let stdout = child.stdout.into_owned_fd().and_then(pipe::Receiver::from_owned_fd).map_err(StartError::Spawn)?;
@@ -458,7 +465,7 @@ impl Worker {
                         tracing::debug!(pid, why, "project secret appeared; sandbox killed");
                         kill_group(pid);
                     };
-                    tokio::spawn(watch.run(stale, stopped));
+                    tokio::spawn(watch.run(stale, budget.clone(), stopped));
                     worker._masks_watch = Some(stop);
                 }
                 tracing::debug!(pid = worker.pid, code = code.as_str(), "sandbox ready");

@@ -26,6 +26,9 @@ pub struct Guard {
     /// a name that cannot be made inert, or a project that outgrew the
     /// walk, ends the sandbox.
     pub(super) armed: parking_lot::Mutex<Option<(i32, KilledFor)>>,
+    /// What the host may spend on the sandbox (its renames and the
+    /// watch's reactions), once armed.
+    pub(super) budget: parking_lot::Mutex<Option<std::sync::Arc<Budget>>>,
     /// One repair at a time, its notes handed over before the next: the
     /// check at the end of an execution then waits for the watch's and
     /// finds its notes already in the sink, instead of finding the repair
@@ -54,6 +57,15 @@ impl Guard {
     /// Let the guard end the sandbox `group`, saying why in `killed_for`.
     pub fn arm(&self, group: i32, killed_for: KilledFor) {
         *self.armed.lock() = Some((group, killed_for));
+    }
+
+    /// Count the renames and the reactions of this guard against `budget`.
+    pub fn set_budget(&self, budget: std::sync::Arc<Budget>) {
+        *self.budget.lock() = Some(budget);
+    }
+
+    fn budget(&self) -> Option<std::sync::Arc<Budget>> {
+        self.budget.lock().clone()
     }
 
     fn present(&self, rel: &Path) -> Option<Ident> {
@@ -153,20 +165,32 @@ impl Guard {
         }
     }
 
-    /// [`Guard::check_all`] into the pending notes; a call while a walk
-    /// runs makes that walk run once more.
+    /// [`Guard::check_all`] into the pending notes, on the host's own
+    /// schedule (the periodic walk, the end of an execution); a call while
+    /// a walk runs makes that walk run once more, charged to the budget.
     pub fn check_all_pending(&self) {
+        self.check_all_pending_as(false);
+    }
+
+    /// [`Guard::check_all_pending`]; `reaction`: a walk the sandbox's
+    /// doing asked for (an overflowed queue), charged to the budget.
+    fn check_all_pending_as(&self, reaction: bool) {
         self.again.store(true, Ordering::Release);
         if self.walking.swap(true, Ordering::AcqRel) {
             return;
         }
+        let mut charged = reaction;
         while self.again.swap(false, Ordering::AcqRel) {
-            self.check_all_into(Some(&self.pending));
+            match self.budget().filter(|_| charged) {
+                Some(b) => drop(b.charge("walking the project again", || self.check_all_into(Some(&self.pending)))),
+                None => drop(self.check_all_into(Some(&self.pending))),
+            }
+            charged = true;
         }
         self.walking.store(false, Ordering::Release);
         // A request that came between the last loop and the release.
         if self.again.load(Ordering::Acquire) {
-            self.check_all_pending();
+            self.check_all_pending_as(true);
         }
     }
 
@@ -290,6 +314,9 @@ impl Guard {
             }
             match tried {
                 Ok(()) => {
+                    if let Some(b) = self.budget() {
+                        b.renamed(rel);
+                    }
                     let moved = rel.with_file_name(&new);
                     notes.push(format!(
                         "{} appeared in the project while the sandbox could write it; host tools could run code from it, \
@@ -370,7 +397,8 @@ impl Watcher {
 /// [`BACKGROUND_CHECK`], always, and in between the new entries of the
 /// holder directories that `watcher` reports (an overflowed queue
 /// triggers the whole check). Without a watcher, or once its instance
-/// fails, the periodic walk goes on alone.
+/// fails, the periodic walk goes on alone. The reactions are charged to
+/// the guard's budget and paced (see `budget`).
 pub async fn watch(
     guard: std::sync::Arc<Guard>,
     watcher: Option<Watcher>,
@@ -378,7 +406,7 @@ pub async fn watch(
 ) {
     use nix::sys::inotify::AddWatchFlags;
     let (inotify, wds) = match watcher {
-        Some(Watcher { inotify, wds }) => (crate::inotify::Inotified::new(inotify), wds),
+        Some(Watcher { inotify, wds }) => (crate::inotify::Inotified::new(inotify).map(std::sync::Arc::new), wds),
         None => (None, Vec::new()),
     };
     if inotify.is_none() {
@@ -387,47 +415,114 @@ pub async fn watch(
     let mut inotify = inotify;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BACKGROUND_CHECK, BACKGROUND_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let wds = std::sync::Arc::new(wds);
+    // Events were left in the queue by the last batch.
+    let mut more = false;
     loop {
-        let woke = tokio::select! {
-            _ = &mut stop => return,
-            _ = tick.tick() => None,
-            events = next_events(inotify.as_ref()) => Some(events),
+        let woke = if more {
+            true
+        } else {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => false,
+                ready = wait_events(inotify.as_deref()) => ready,
+            }
         };
-        let Some(events) = woke else {
+        if !woke {
             let g = guard.clone();
             let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
             continue;
-        };
-        let Some(events) = events else {
-            // The instance failed: the periodic walk goes on alone.
-            inotify = None;
+        }
+        let Some(instance) = inotify.clone() else {
+            more = false;
             continue;
         };
         let (g, wds) = (guard.clone(), wds.clone());
-        // File system work off the runtime's threads.
-        let _ = tokio::task::spawn_blocking(move || {
-            for ev in events {
-                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                    g.check_all_pending();
-                    continue;
+        // The reads and the file system work off the runtime's threads,
+        // measured; a batch is bounded, what is left waits for the next.
+        let batch = tokio::task::spawn_blocking(move || {
+            let react = || {
+                let mut overflow = false;
+                for _ in 0..BATCH_READS {
+                    let events = match instance.get().read_events() {
+                        Ok(events) => events,
+                        Err(nix::errno::Errno::EAGAIN) => return Batch::Done { overflow },
+                        Err(_) => return Batch::Failed,
+                    };
+                    for ev in events {
+                        if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                            overflow = true;
+                            continue;
+                        }
+                        let (Some(name), Some((_, dir))) = (ev.name.as_ref(), wds.iter().find(|(wd, _)| *wd == ev.wd))
+                        else {
+                            continue;
+                        };
+                        if g.matters(dir, name) {
+                            g.check_entry(dir, name);
+                        }
+                    }
                 }
-                let (Some(name), Some((_, dir))) = (ev.name.as_ref(), wds.iter().find(|(wd, _)| *wd == ev.wd)) else {
-                    continue;
-                };
-                if g.matters(dir, name) {
-                    g.check_entry(dir, name);
-                }
+                Batch::More { overflow }
+            };
+            let batch = match g.budget() {
+                Some(b) => b.charge("renaming protected names", react),
+                None => react(),
+            };
+            if matches!(batch, Batch::Done { overflow: true } | Batch::More { overflow: true }) {
+                g.check_all_pending_as(true);
             }
+            batch
         })
-        .await;
+        .await
+        .unwrap_or(Batch::Failed);
+        more = matches!(batch, Batch::More { .. });
+        if guard.budget().is_some_and(|b| b.exceeded()) {
+            // The budget stopped the sandbox: its queue is not worth the
+            // host's time any more. One last walk, once its processes had
+            // the time to die, makes inert what it left.
+            tokio::time::sleep(LAST_WALK_AFTER).await;
+            let g = guard.clone();
+            let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            return;
+        }
+        if batch == Batch::Failed {
+            // The instance failed: the periodic walk goes on alone.
+            inotify = None;
+            continue;
+        }
+        // Paced: what comes meanwhile waits in the kernel's queue.
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(super::budget::PACE) => {}
+        }
     }
 }
 
-/// The next batch of `inotify`'s events; never, without one.
-async fn next_events(inotify: Option<&crate::inotify::Inotified>) -> Option<Vec<nix::sys::inotify::InotifyEvent>> {
+/// How long after the budget stopped a sandbox the guard walks the last
+/// time (a killed process group is gone within milliseconds).
+const LAST_WALK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Reads of the queue in one batch of the guard's reactions.
+const BATCH_READS: usize = 16;
+
+/// How one batch of the guard's reactions ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Batch {
+    /// The queue is empty.
+    Done { overflow: bool },
+    /// Events are left.
+    More { overflow: bool },
+    /// The instance failed.
+    Failed,
+}
+
+/// Wait until `inotify` has events (`true`); never, without one, and
+/// never again once it failed.
+async fn wait_events(inotify: Option<&crate::inotify::Inotified>) -> bool {
     match inotify {
-        Some(i) => i.events().await,
-        None => std::future::pending().await,
+        Some(i) if i.wait().await => true,
+        _ => std::future::pending().await,
     }
 }
 

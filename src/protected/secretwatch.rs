@@ -11,7 +11,11 @@
 //! directory's own fd (a planted link is never followed). Directories that
 //! appear later are watched and listed in turn, up to [`MAX_WATCHES`]; past
 //! that, or when inotify is not available or its queue overflowed, the
-//! check before each execution walks the project again instead.
+//! check before each execution walks the project again instead (and the
+//! watch's own reactions at most every [`BACKGROUND_CHECK`]).
+//!
+//! The reactions are charged to the sandbox's budget (see `budget`): a
+//! sandbox that keeps the watch busy is stopped.
 //!
 //! What is not watched, as the walk does not mask there: dependency trees,
 //! protected directories, and the inside of a masked directory. A
@@ -28,9 +32,17 @@ use super::*;
 /// of the user's budget, `fs.inotify.max_user_watches`).
 pub const MAX_WATCHES: usize = 8192;
 
-/// Most entries the watch lists in new directories over a sandbox's life;
-/// past it the check before each execution walks instead.
+/// Most entries the watch lists in new directories over a sandbox's life
+/// (each directory counts as one more); past it the check before each
+/// execution walks instead.
 pub const MAX_LISTED: usize = 200_000;
+
+/// Reads of the queue in one batch of the watch's reactions.
+const BATCH_READS: usize = 16;
+
+/// Reads of the queue before an execution: a queue that fills faster is
+/// not drained, the project is walked instead.
+const DRAIN_READS: usize = 256;
 
 /// Added through `/proc/self/fd/N` of the directory's own fd (a magic
 /// link to what was opened beneath the project, so it is followed).
@@ -105,6 +117,8 @@ struct State {
     listed: usize,
     /// Why the plan is stale, once it is (it stays so).
     stale: Option<String>,
+    /// When a reaction last walked the project.
+    walked: Option<std::time::Instant>,
 }
 
 /// A running sandbox's watch on the project's secrets.
@@ -128,7 +142,7 @@ impl SecretWatch {
             plan,
             inotify: None,
             raw: inotify,
-            state: parking_lot::Mutex::new(State { wds, complete, listed: 0, stale: None }),
+            state: parking_lot::Mutex::new(State { wds, complete, listed: 0, stale: None, walked: None }),
         }
     }
 
@@ -158,16 +172,64 @@ impl SecretWatch {
 
     /// Blocking: whether the start's masks are stale, and why. Reads what
     /// inotify queued (every name made before this call is in the queue);
-    /// walks the project when the watch does not cover all of it.
+    /// walks the project when the watch does not cover all of it, or when
+    /// the queue fills faster than it is read.
     pub fn stale(&self) -> Option<String> {
         let mut state = self.state.lock();
         if state.stale.is_some() {
             return state.stale.clone();
         }
-        loop {
+        let drained = match self.drain(&mut state, DRAIN_READS) {
+            Err(why) => {
+                state.stale = Some(why);
+                return state.stale.clone();
+            }
+            Ok(drained) => drained,
+        };
+        if !drained || !state.complete {
+            state.stale = self.walk_again();
+        }
+        state.stale.clone()
+    }
+
+    /// Blocking: one batch of the watch's reactions (at most
+    /// [`BATCH_READS`] reads of the queue): why the masks are stale, or
+    /// whether events are left. Where the watch does not cover the whole
+    /// project, the project is walked again at most every
+    /// [`BACKGROUND_CHECK`] (the check before each execution always walks).
+    fn react(&self) -> (Option<String>, bool) {
+        let mut state = self.state.lock();
+        if state.stale.is_some() {
+            return (state.stale.clone(), false);
+        }
+        let drained = match self.drain(&mut state, BATCH_READS) {
+            Err(why) => {
+                state.stale = Some(why);
+                return (state.stale.clone(), false);
+            }
+            Ok(drained) => drained,
+        };
+        let due = state.walked.is_none_or(|at| at.elapsed() >= BACKGROUND_CHECK);
+        if !state.complete && due {
+            state.walked = Some(std::time::Instant::now());
+            drop(state);
+            let found = self.walk_again();
+            let mut state = self.state.lock();
+            if state.stale.is_none() {
+                state.stale = found;
+            }
+            return (state.stale.clone(), !drained);
+        }
+        (None, !drained)
+    }
+
+    /// Read and look at what the queue holds, at most `reads` times:
+    /// whether it is empty now, or why the masks are stale.
+    fn drain(&self, state: &mut State, reads: usize) -> Result<bool, String> {
+        for _ in 0..reads {
             let events = self.read_events();
             if events.is_empty() {
-                break;
+                return Ok(true);
             }
             for ev in events {
                 if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
@@ -180,16 +242,12 @@ impl SecretWatch {
                 }
                 let (Some(dir), Some(name)) = (state.wds.get(&ev.wd).cloned(), ev.name) else { continue };
                 let is_dir = ev.mask.contains(AddWatchFlags::IN_ISDIR);
-                if let Some(why) = self.look(&mut state, &dir.join(&name), is_dir) {
-                    state.stale = Some(why);
-                    return state.stale.clone();
+                if let Some(why) = self.look(state, &dir.join(&name), is_dir) {
+                    return Err(why);
                 }
             }
         }
-        if !state.complete {
-            state.stale = self.walk_again();
-        }
-        state.stale.clone()
+        Ok(false)
     }
 
     /// One new entry `rel` (a directory by the event's word when it is
@@ -239,7 +297,9 @@ impl SecretWatch {
             }
             let room = MAX_LISTED - state.listed;
             let Ok((entries, more)) = p.tree.list(&dir, room) else { continue };
-            state.listed += entries.len();
+            // The directory itself counts: empty ones made and removed
+            // without end are bounded too.
+            state.listed += entries.len() + 1;
             if more {
                 state.complete = false;
             }
@@ -289,27 +349,44 @@ impl SecretWatch {
     }
 
     /// Until `stop` fires: when the plan turns stale, `stale` is called
-    /// once (it kills the sandbox) and the watch ends.
+    /// once (it kills the sandbox) and the watch ends. The reactions are
+    /// charged to `budget` and paced (see `budget`).
     pub async fn run(
         self: std::sync::Arc<Self>,
         stale: impl FnOnce(String) + Send + 'static,
+        budget: std::sync::Arc<Budget>,
         mut stop: tokio::sync::oneshot::Receiver<()>,
     ) {
         let Some(inotify) = &self.inotify else { return };
+        let mut more = false;
         loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                ready = inotify.wait() => {
-                    if !ready {
-                        return;
-                    }
-                    let me = self.clone();
-                    let Ok(found) = tokio::task::spawn_blocking(move || me.stale()).await else { return };
-                    if let Some(why) = found {
-                        stale(why);
-                        return;
+            if !more {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    ready = inotify.wait() => {
+                        if !ready {
+                            return;
+                        }
                     }
                 }
+            }
+            let (me, b) = (self.clone(), budget.clone());
+            let Ok((found, left)) =
+                tokio::task::spawn_blocking(move || b.charge("looking for secrets in new names", || me.react())).await
+            else {
+                return;
+            };
+            if let Some(why) = found {
+                stale(why);
+                return;
+            }
+            if budget.exceeded() {
+                return;
+            }
+            more = left;
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(super::budget::PACE) => {}
             }
         }
     }

@@ -130,11 +130,16 @@ impl Session {
                 // Processes the code started that the memory cap ended.
                 o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));
                 if let Err(why) = done.after {
-                    // The worker misbehaved after its result: keep the result,
-                    // but its interpreter is gone.
+                    // The worker misbehaved after its result (or the host
+                    // stopped the sandbox then, and says why): keep the
+                    // result, but its interpreter is gone.
+                    let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
                     o.state_lost = true;
-                    o.state_lost_reason = Some(format!("the worker failed right after the execution: {why}"));
+                    o.state_lost_reason = Some(match killed_for {
+                        Some(k) => format!("the sandbox was killed right after the execution: {k}"),
+                        None => format!("the worker failed right after the execution: {why}"),
+                    });
                 }
             }
             Err(interrupt) => {
