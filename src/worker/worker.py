@@ -771,7 +771,12 @@ def kill_all(keep=()):
 
 
 def high_dup(fd):
-    new = _fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, 32)
+    # The module bound before any code ran (the rollback copy imports
+    # nothing); without rollback there is no copy, and no binding.
+    f = _fcntl
+    if f is None:
+        import fcntl as f
+    new = f.fcntl(fd, f.F_DUPFD_CLOEXEC, 32)
     os.close(fd)
     return new
 
