@@ -46,6 +46,13 @@ const STORES: Record<string, string> = {
   ".ansible/vault_pass.txt": "hs-ansible-32",
   ".config/filezilla/sitemanager.xml": "hs-filezilla-33",
   ".config/Code/User/globalStorage/state.vscdb": "hs-vscode-34",
+  ".claude/projects/-home-u-app/0a1b.jsonl": "hs-claude-log-40",
+  ".codex/sessions/2026/rollout.jsonl": "hs-codex-log-41",
+  ".gemini/tmp/abc/logs.json": "hs-gemini-log-42",
+  ".config/pnpm/rc": "hs-pnpm-43",
+  ".minikube/profiles/minikube/client.key": "hs-minikube-44",
+  ".cloudflared/cert.pem": "hs-cloudflared-45",
+  ".local/share/Trash/files/.env": "hs-trash-46",
 };
 /** Shell and REPL histories. */
 const HISTORIES: Record<string, string> = {
@@ -59,6 +66,9 @@ const HISTORIES: Record<string, string> = {
   ".ipython/profile_work/history.sqlite": "hs-ipython-hist-37",
   ".local/share/nvim/shada/main.shada": "hs-nvim-hist-38",
   ".bash_sessions/0A1B.history": "hs-bash-sess-39",
+  ".config/zsh/.zsh_history": "hs-zdotdir-hist-47",
+  ".local/state/zsh/history": "hs-zsh-state-hist-48",
+  ".mongodb/mongosh/history": "hs-mongosh-hist-49",
 };
 const MARKER = /hs-[a-z-]+-\d\d/;
 

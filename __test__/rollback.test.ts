@@ -722,6 +722,45 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
     }
   });
 
+  test("a function of the worker the copy calls, replaced through a frame: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // The worker's globals are one frame up from the call's code.
+    const setup = py`
+      import sys
+      W = sys._getframe(1).f_globals
+      counter = 0
+      _real = W["to_dev_null"]
+      def _evil(*a):
+          globals()["counter"] += 1000
+          return _real(*a)
+      W["to_dev_null"] = _evil
+    `;
+    assertOk(await sb.execute(setup));
+    const r = await sb.execute("counter += 1\nimport time\ntime.sleep(5)", 1);
+    assert.equal(r.status, "timeout", show(r));
+    const after = await sb.execute("counter");
+    if (r.rolledBack) {
+      // Baseline (before the check): "rolled back", yet the replaced function ran in the copy.
+      assert.fail(`rolled back with a replaced worker function: counter is ${after.repr} (0 before the call)`);
+    }
+    assert.equal(r.stateLost, true, show(r));
+    assert.match(r.stateLostReason ?? "", /no rollback point: the code replaced the worker's to_dev_null/);
+    // The same through the function's code, in a fresh interpreter.
+    const code = py`
+      import sys
+      W = sys._getframe(1).f_globals
+      counter = 0
+      def _evil():
+          globals()["counter"] += 1000
+      W["kill_now"].__code__ = _evil.__code__
+    `;
+    assertOk(await sb.execute(code));
+    const again = await sb.execute("counter += 1\nimport time\ntime.sleep(5)", 1);
+    assert.equal(again.rolledBack, false, show(again));
+    assert.match(again.stateLostReason ?? "", /no rollback point: the code replaced kill_now \(its code\)/);
+  });
+
   test("a trace or profile function would run on the copy's own lines: no rollback point, and why", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

@@ -931,6 +931,7 @@ def empty_dir(top):
 AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
 PAUSED = []  # (signal mask, collector was on) from the fork until resume()
 PRISTINE = ()  # (module, name, value) as they were before any code ran
+CODES = ()  # (function, code, defaults, keyword defaults) of PRISTINE's functions
 _fork = None
 # The modules the copy uses, bound before any code ran: the copy imports
 # nothing (an import consults the module's __spec__, which code can
@@ -980,18 +981,31 @@ def pristine():
     }
     if hasattr(sys, "monitoring"):
         names[sys.monitoring] = ("get_tool",)
+    # The worker's own functions, classes and modules too: code reaches
+    # this module's globals through its frames (sys._getframe(1)).
+    own = globals()
+    kinds = (type(pristine), type(len), type, type(sys))
     PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
-        (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m)
+        (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m) + tuple(
+        (own, n, v) for n, v in list(own.items()) if isinstance(v, kinds))
+    global CODES
+    CODES = tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__)
+                  for _, _, f in PRISTINE if type(f) is type(pristine))
 
 
 def replaced():
-    """The names of PRISTINE that the code has changed since."""
+    """The names of PRISTINE that the code has changed since, and the
+    functions among them whose code or defaults it changed."""
     ModuleType = type(sys)
-    out = []
+    out = ["%s (its code)" % f.__name__ for f, code, defaults, kw in CODES
+           if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kw]
     for holder, name, value in PRISTINE:
         if holder is sys.modules:
             if sys.modules.get(name) is not value or type(value) is not ModuleType:
                 out.append("sys.modules[%r]" % name)
+        elif type(holder) is dict:
+            if holder.get(name) is not value:
+                out.append("the worker's %s" % name)
         elif holder.__dict__.get(name) is not value:
             out.append("%s.%s" % (holder.__name__, name))
     return out
