@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { link, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
+import { link, mkdir, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -544,6 +544,26 @@ describe("secrets that appear after the sandbox started", () => {
       await sb.dispose();
     }
   });
+
+  for (const mode of [undefined, "yolo"]) {
+    test(`${mode ?? "read-only"}: a masked secret the host renames to a plain name stays masked under it`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, mode);
+        await rename(join(fx.project, ".env"), join(fx.project, "notes.txt"));
+        await rename(join(fx.project, "deploy"), join(fx.project, "stuff"));
+        const r = await exec(catAll(["notes.txt", "stuff/key.pem"]));
+        if (secrets === "") assert.match(seen(r), /root-secret-4f1c/, `baseline: without masks the renamed file reads: ${show(r)}`);
+        else {
+          assert.doesNotMatch(seen(r), /root-secret-4f1c|pem-secret-77d0/, show(r));
+          // And in the sandbox after that one (its plan knows the files by what they are).
+          await sb.reset();
+          assert.doesNotMatch(seen(await exec(catAll(["notes.txt", "stuff/key.pem"]))), /root-secret-4f1c|pem-secret-77d0/);
+        }
+        await sb.dispose();
+      }
+    });
+  }
 
   test("the watch stops an idle sandbox the moment a secret appears (before any execution asks)", async (t) => {
     if (skipWithoutSandbox(t)) return;

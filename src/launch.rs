@@ -217,7 +217,8 @@ async fn start_once(
                 writable,
                 unmasked: &unmasked,
                 sources: Some(&sources),
-                known: &known,
+                known: &known.masks,
+                known_idents: &known.idents,
                 host: &host_list,
             })
         };

@@ -248,13 +248,22 @@ pub type Tainted = std::sync::Arc<parking_lot::Mutex<Vec<PathBuf>>>;
 /// every later start while they exist, whatever a later walk sees (a
 /// writable sandbox could fill the project to push them past the walk's
 /// bound).
-pub type KnownSecrets = std::sync::Arc<parking_lot::Mutex<Vec<Mask>>>;
+pub type KnownSecrets = std::sync::Arc<parking_lot::Mutex<Known>>;
+
+/// What earlier starts masked: the entries, and the (device, inode) of
+/// each masked file, so that a masked file renamed since (`mv .env
+/// notes.txt`) is masked under its new name.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    pub masks: Vec<Mask>,
+    pub idents: HashSet<Ident>,
+}
 
 /// Where a sandbox's reply task, and the guard, say why they killed it.
 pub type KilledFor = std::sync::Arc<parking_lot::Mutex<Option<String>>>;
 
 /// Identity of an entry: (device, inode).
-type Ident = (u64, u64);
+pub type Ident = (u64, u64);
 
 fn ident(st: &nix::sys::stat::FileStat) -> Ident {
     (st.st_dev, st.st_ino)
@@ -606,6 +615,8 @@ pub struct StartRequest<'a> {
     pub sources: Option<&'a MaskSources>,
     /// The secrets earlier starts found (see [`KnownSecrets`]).
     pub known: &'a [Mask],
+    /// The (device, inode) of the files earlier starts masked.
+    pub known_idents: &'a HashSet<(u64, u64)>,
     /// The host-secret list, masked in the project too.
     pub host: &'a HostSecrets,
 }
@@ -699,7 +710,9 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
             .inside
             .iter()
             .filter_map(|rel| rel.ancestors().skip(1).find_map(|a| dirs.get(a)).map(|host| (rel, *host)));
-        let mut linked = false;
+        // A file an earlier start masked, under any name now (renamed).
+        let mut linked = !r.known_idents.is_empty();
+        idents.extend(r.known_idents.iter().copied());
         let mut host_idents = HashSet::new();
         for (rel, host) in files.chain(inside) {
             if let Ok(Some(st)) = tree.lstat(rel) {
@@ -725,6 +738,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         // Nothing inside a masked directory is masked again, except past
         // a path a grant opened alone (see `secrets::holes`).
         out.report = MaskReport::new(&found, r.project, r.unmasked, &survey.secrets_summary, r.limits);
+        out.report.idents = idents.iter().copied().collect();
         // Only a real file or directory is opened (never through a link).
         out.report
             .holes
@@ -1360,6 +1374,7 @@ mod tests {
             unmasked,
             sources: Some(&sources),
             known,
+            known_idents: &HashSet::new(),
             host: &HostSecrets::default(),
         })
         .expect("plan")

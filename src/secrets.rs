@@ -250,6 +250,9 @@ pub struct MaskReport {
     pub entries: usize,
     pub complete: bool,
     pub limits: Option<Limits>,
+    /// The (device, inode) of the masked files, for later starts (see
+    /// `protected::Known`).
+    pub idents: Vec<(u64, u64)>,
 }
 
 impl MaskReport {
@@ -265,6 +268,7 @@ impl MaskReport {
             entries: summary.entries,
             complete: summary.complete,
             limits: Some(limits),
+            idents: Vec::new(),
         }
     }
 

@@ -142,10 +142,11 @@ impl Session {
             sh.report.masks = Some(worker.masks.clone());
             let mut known = self.known_secrets.lock();
             for m in worker.masks.masked.iter().chain(&worker.masks.unmasked) {
-                if !known.contains(m) {
-                    known.push(m.clone());
+                if !known.masks.contains(m) {
+                    known.masks.push(m.clone());
                 }
             }
+            known.idents.extend(worker.masks.idents.iter().copied());
         }
         self.set_active(Some(worker.pid()));
         inner.worker = Some(worker);
