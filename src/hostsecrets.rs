@@ -403,21 +403,19 @@ impl HostSecrets {
     /// list there: it ends with a `~/` entry (any directory may be a home),
     /// or `root.join(rel)` is an absolute entry.
     pub fn matches_in_tree(&self, root: &Path, rel: &Path) -> bool {
-        let names: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        // The leaf first, without allocating: this runs for every name a
+        // watch sees appear, and almost no name is one.
+        let Some(leaf) = rel.file_name() else { return false };
+        let leaf = leaf.to_string_lossy();
         let in_home = self.in_home.iter().any(|parts| {
-            parts.len() <= names.len() && {
-                let tail = &names[names.len() - parts.len()..];
-                let last = parts.len() - 1;
-                parts[..last] == tail[..last] && glob_match(&parts[last], &tail[last])
+            let Some(last) = parts.len().checked_sub(1) else { return false };
+            glob_match(&parts[last], &leaf) && {
+                let mut above = rel.components().rev().skip(1);
+                parts[..last].iter().rev().all(|p| above.next().is_some_and(|c| c.as_os_str() == p.as_str()))
             }
         });
-        in_home || {
-            let path = root.join(rel);
-            self.entries.iter().any(|e| {
-                path.parent() == Some(e.dir.as_path())
-                    && path.file_name().is_some_and(|n| e.matches_leaf(&n.to_string_lossy()))
-            })
-        }
+        in_home
+            || self.entries.iter().any(|e| e.matches_leaf(&leaf) && root.join(rel).parent() == Some(e.dir.as_path()))
     }
 
     /// The entry that `path` (canonical) is or lies under, if any.
