@@ -241,7 +241,7 @@ pub const DEFAULT_HOST_SECRETS: &[(&str, &str)] = &[
     ("~/.local/share/recently-used.xbel", "recently opened files"),
 ];
 /// One entry: a directory and a last component (literal or with `*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Entry {
     pub dir: PathBuf,
     pub leaf: String,
@@ -350,8 +350,9 @@ impl HostSecrets {
             }
         }
         let mut entries: Vec<Entry> = Vec::new();
+        let mut seen: std::collections::HashSet<Entry> = std::collections::HashSet::new();
         let mut add = |entry: Entry| {
-            if !entries.contains(&entry) {
+            if seen.insert(entry.clone()) {
                 entries.push(entry);
             }
         };
