@@ -11,6 +11,7 @@ import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { addonCpuOver } from "./helpers/host-procs.ts";
 import { hostPidsWithCmdline, INDEX_CJS, jsonOut, lit, makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const EROFS = 30;
@@ -693,30 +694,6 @@ describe("what the host spends on a sandbox's changes to the project is bounded"
       }
     });
   };
-  /**
-   * CPU time (ms) the addon's threads (tokio's, where the watches react) spend over `ms` of wall
-   * time, from each thread's schedstat: the test's own JavaScript and its garbage collection
-   * (the polling below allocates) are not the host's reaction to the sandbox.
-   */
-  async function cpuOver(ms: number): Promise<number> {
-    const addonThreads = (): Map<string, number> => {
-      const out = new Map<string, number>();
-      for (const tid of readdirSync("/proc/self/task")) {
-        try {
-          if (!readFileSync(`/proc/self/task/${tid}/comm`, "utf8").startsWith("tokio")) continue;
-          out.set(tid, Number(readFileSync(`/proc/self/task/${tid}/schedstat`, "utf8").split(" ")[0]));
-        } catch {
-          // The thread ended while we looked.
-        }
-      }
-      return out;
-    };
-    const before = addonThreads();
-    await new Promise((resolve) => setTimeout(resolve, ms));
-    let ns = 0;
-    for (const [tid, now] of addonThreads()) ns += now - (before.get(tid) ?? 0);
-    return ns / 1e6;
-  }
   /** Inert entries anywhere in `dir` (not entering them). */
   const inertCount = (dir: string): number => {
     let n = 0;
@@ -762,7 +739,7 @@ os.mkdir(d + "/.git")`;
     base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await base.sb.execute(background(NAMES_FLOOD))).repr, "'started'");
     await new Promise((resolve) => setTimeout(resolve, 2000));
-    const baseline = await cpuOver(1000);
+    const baseline = await addonCpuOver(1000);
     const baselineInert = inertCount(base.project);
     await base.sb.dispose("test");
 
@@ -774,7 +751,7 @@ os.mkdir(d + "/.git")`;
     // what its end costs (the names it left made inert) is over a second after.
     assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 20_000, 250), "the flood was never stopped");
     await new Promise((resolve) => setTimeout(resolve, 1000));
-    const after = await cpuOver(1000);
+    const after = await addonCpuOver(1000);
     const inert = inertCount(project);
     t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s, ${inert} inert names; baseline ${baseline.toFixed(1)} ms, ${baselineInert} names`);
     assert.ok(baseline > 20, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
@@ -801,7 +778,7 @@ os.mkdir(d + "/.git")`;
     base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await base.sb.execute(background(FLOOD))).repr, "'started'");
     await new Promise((resolve) => setTimeout(resolve, 2000));
-    const baseline = await cpuOver(1000);
+    const baseline = await addonCpuOver(1000);
     await base.sb.dispose("test");
 
     // A small budget (10 ms a second, 0.5 s of burst), so that the test is short.
@@ -812,7 +789,7 @@ os.mkdir(d + "/.git")`;
     // Stopped within about 3 s of its start (0.5 s of burst spent at 100 ms a second and more).
     assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 20_000, 250), "the flood was never stopped");
     await new Promise((resolve) => setTimeout(resolve, 1000));
-    const after = await cpuOver(1000);
+    const after = await addonCpuOver(1000);
     t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s; baseline ${baseline.toFixed(1)} ms`);
     assert.ok(baseline > 60, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
     assert.ok(after * 5 < baseline, `after the stop: ${after.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);

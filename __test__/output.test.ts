@@ -9,14 +9,14 @@
  * (makeFixtureWithoutSpare): what a test finds on the host is its own sandbox alone.
  */
 import assert from "node:assert/strict";
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { statSync } from "node:fs";
 import { readdir, readFile } from "node:fs/promises";
 import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { assertOk, lit, makeFixtureWithoutSpare as makeFixture, py, show, sleep } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { fdCount } from "./helpers/host-procs.ts";
+import { addonCpuOver, fdCount } from "./helpers/host-procs.ts";
 
 const CONCURRENCY = 4;
 const MiB = 1024 * 1024;
@@ -196,31 +196,6 @@ describe("host cost of output while idle", () => {
     await sleep(ms);
     const used = process.cpuUsage(before);
     return (used.user + used.system) / 1000;
-  }
-
-  /**
-   * CPU time (ms) the addon's threads (tokio's, where the sandbox's pipes are read) spend over
-   * `ms` of wall time, from each thread's schedstat: the test's own JavaScript and garbage
-   * collection are not the host's work for the sandbox.
-   */
-  async function addonCpuOver(ms: number): Promise<number> {
-    const threads = (): Map<string, number> => {
-      const out = new Map<string, number>();
-      for (const tid of readdirSync("/proc/self/task")) {
-        try {
-          if (!readFileSync(`/proc/self/task/${tid}/comm`, "utf8").startsWith("tokio")) continue;
-          out.set(tid, Number(readFileSync(`/proc/self/task/${tid}/schedstat`, "utf8").split(" ")[0]));
-        } catch {
-          // The thread ended while we looked.
-        }
-      }
-      return out;
-    };
-    const before = threads();
-    await sleep(ms);
-    let ns = 0;
-    for (const [tid, now] of threads()) ns += now - (before.get(tid) ?? 0);
-    return ns / 1e6;
   }
 
   test("a background flood of an earlier call's streams costs the host little while no call runs", async (t) => {

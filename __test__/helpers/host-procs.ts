@@ -127,3 +127,28 @@ export function ownZombies(): string[] {
   }
   return zombies;
 }
+
+/**
+ * CPU time (ms) the addon's threads (tokio's: where the sandbox's pipes are read and the watches
+ * react) spend over `ms` of wall time, from each thread's schedstat. The test's own JavaScript
+ * and garbage collection are not the host's work for the sandbox.
+ */
+export async function addonCpuOver(ms: number): Promise<number> {
+  const threads = (): Map<string, number> => {
+    const out = new Map<string, number>();
+    for (const tid of readdirSync("/proc/self/task")) {
+      try {
+        if (!readFileSync(`/proc/self/task/${tid}/comm`, "utf8").startsWith("tokio")) continue;
+        out.set(tid, Number(readFileSync(`/proc/self/task/${tid}/schedstat`, "utf8").split(" ")[0]));
+      } catch {
+        // The thread ended while we looked.
+      }
+    }
+    return out;
+  };
+  const before = threads();
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  let ns = 0;
+  for (const [tid, now] of threads()) ns += now - (before.get(tid) ?? 0);
+  return ns / 1e6;
+}
