@@ -21,6 +21,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod cache;
+
 /// Extra entries, colon separated, added to [`DEFAULT_HOST_SECRETS`].
 pub const HOST_SECRETS_ENV: &str = "PI_PYTHON_TOOL_HOST_SECRETS";
 
@@ -300,18 +302,17 @@ pub struct Mask {
 
 /// `*` matches any run of characters; everything else matches itself.
 fn glob_match(pattern: &str, name: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == name;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    // Without allocating: this runs for every entry at every name a watch
+    // sees appear.
+    let Some((first, rest)) = pattern.split_once('*') else { return pattern == name };
+    let (middle, last) = rest.rsplit_once('*').unwrap_or(("", rest));
     if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
         return false;
     }
-    let mut rest = &name[first.len()..name.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
+    let mut left = &name[first.len()..name.len() - last.len()];
+    for part in middle.split('*').filter(|p| !p.is_empty()) {
+        match left.find(part) {
+            Some(i) => left = &left[i + part.len()..],
             None => return false,
         }
     }
@@ -337,7 +338,11 @@ impl HostSecrets {
     /// expanded in each (none: only the absolute entries, and the `~/`
     /// entries for walks and granted directories).
     pub fn with_homes(extra: Option<&str>, homes: &[PathBuf], trees: &[&Path]) -> HostSecrets {
-        let resolve = |p: &Path| crate::paths::resolve_avoiding(p, trees);
+        cache::with_homes(extra, homes, trees, cache::RACY).0
+    }
+
+    /// The list built anew; `resolver` records what it looked at.
+    fn build(extra: Option<&str>, homes: &[PathBuf], resolver: &mut crate::paths::Resolver<'_>) -> HostSecrets {
         let extra = extra.unwrap_or("").split(':').map(str::trim).filter(|s| !s.is_empty());
         let raws: Vec<&str> = DEFAULT_HOST_SECRETS.iter().map(|(p, _)| *p).chain(extra).collect();
         let mut in_home: Vec<Vec<String>> = Vec::new();
@@ -360,30 +365,49 @@ impl HostSecrets {
             Some(_) => homes.iter().filter_map(|h| expand(raw, Some(h))).collect::<Vec<_>>(),
             None => expand(raw, None).into_iter().collect(),
         });
+        // Entries share few directories (a home, its `.config`, ...): each
+        // is resolved once, and a match needs resolving only when it is a
+        // link itself (its directory is already canonical).
+        let mut dirs: std::collections::HashMap<PathBuf, Option<PathBuf>> = std::collections::HashMap::new();
         for path in expanded {
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
             let Some(dir) = path.parent().and_then(crate::paths::normalize_path) else { continue };
-            let dir = resolve(&dir).unwrap_or(dir);
-            let entry = Entry { dir, leaf };
-            // Where each existing match really is, when that is elsewhere.
-            let in_tree = trees.iter().any(|t| entry.dir.starts_with(t));
-            let matches: Vec<PathBuf> = if in_tree {
+            let real_dir = match dirs.get(&dir) {
+                Some(known) => known.clone(),
+                None => {
+                    let real = resolver.resolve(&dir).ok();
+                    dirs.insert(dir.clone(), real.clone());
+                    real
+                }
+            };
+            let entry = Entry { dir: real_dir.clone().unwrap_or(dir), leaf };
+            // Where each existing match really is, when that is elsewhere:
+            // none when the directory does not resolve (missing, or through
+            // a tree the sandbox writes) or is in such a tree.
+            let links: Vec<PathBuf> = if resolver.in_tree(&entry.dir) || real_dir.is_none() {
                 Vec::new()
             } else if entry.leaf.contains('*') {
+                resolver.note(&entry.dir);
                 std::fs::read_dir(&entry.dir)
                     .map(|list| {
                         list.flatten()
+                            .filter(|d| d.file_type().is_ok_and(|t| t.is_symlink()))
                             .filter(|d| entry.matches_leaf(&d.file_name().to_string_lossy()))
                             .map(|d| d.path())
                             .collect()
                     })
                     .unwrap_or_default()
             } else {
-                vec![entry.dir.join(&entry.leaf)]
+                let m = entry.dir.join(&entry.leaf);
+                std::fs::symlink_metadata(&m)
+                    .is_ok_and(|meta| meta.file_type().is_symlink())
+                    .then_some(m)
+                    .into_iter()
+                    .collect()
             };
             add(entry);
-            for m in matches {
-                let Ok(real) = resolve(&m) else { continue };
+            for m in links {
+                let Ok(real) = resolver.resolve(&m) else { continue };
                 if real == m {
                     continue;
                 }
