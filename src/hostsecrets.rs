@@ -319,6 +319,63 @@ fn glob_match(pattern: &str, name: &str) -> bool {
     true
 }
 
+/// A build's look at the host: each directory resolved and listed once.
+struct Walk<'r, 'a> {
+    resolver: &'r mut crate::paths::Resolver<'a>,
+    /// Directory as written -> where it resolves (`None`: it does not).
+    real: std::collections::HashMap<PathBuf, Option<PathBuf>>,
+    /// Canonical directory -> the names of the links in it.
+    listed: std::collections::HashMap<PathBuf, std::collections::HashSet<std::ffi::OsString>>,
+}
+
+impl Walk<'_, '_> {
+    /// Where `dir` (absolute, normalised) resolves: its parent's
+    /// resolution and one look at its last component, which is followed
+    /// by the resolver when it is a link (never through a tree the sandbox
+    /// writes, by path or by device and inode).
+    fn real_dir(&mut self, dir: &Path) -> Option<PathBuf> {
+        if let Some(known) = self.real.get(dir) {
+            return known.clone();
+        }
+        let real = match (dir.parent(), dir.file_name()) {
+            (Some(parent), Some(name)) => self.real_dir(parent).and_then(|above| {
+                let next = above.join(name);
+                if self.resolver.in_tree(&next) {
+                    return None;
+                }
+                let meta = self.resolver.lstat(&next).ok()?;
+                if self.resolver.is_tree_root(&meta) {
+                    None
+                } else if meta.file_type().is_symlink() {
+                    self.resolver.resolve(&next).ok()
+                } else {
+                    Some(next)
+                }
+            }),
+            _ => Some(dir.to_path_buf()),
+        };
+        self.real.insert(dir.to_path_buf(), real.clone());
+        real
+    }
+
+    /// The links in `dir` (canonical), listed once.
+    fn links_in(&mut self, dir: &Path) -> &std::collections::HashSet<std::ffi::OsString> {
+        if !self.listed.contains_key(dir) {
+            self.resolver.note(dir);
+            let links = std::fs::read_dir(dir)
+                .map(|list| {
+                    list.flatten()
+                        .filter(|d| d.file_type().is_ok_and(|t| t.is_symlink()))
+                        .map(|d| d.file_name())
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.listed.insert(dir.to_path_buf(), links);
+        }
+        &self.listed[dir]
+    }
+}
+
 impl HostSecrets {
     /// The defaults plus `extra` (the variable's value). `home` expands `~`;
     /// without one, `~` entries are dropped. Entries are canonicalised
@@ -366,48 +423,30 @@ impl HostSecrets {
             None => expand(raw, None).into_iter().collect(),
         });
         // Entries share few directories (a home, its `.config`, ...): each
-        // is resolved once, and a match needs resolving only when it is a
-        // link itself (its directory is already canonical).
-        let mut dirs: std::collections::HashMap<PathBuf, Option<PathBuf>> = std::collections::HashMap::new();
+        // is resolved once, from its parent's resolution, and listed once; a
+        // match needs resolving only when it is a link (its directory is
+        // already canonical).
+        let mut walk = Walk { resolver, real: Default::default(), listed: Default::default() };
         for path in expanded {
             let Some(leaf) = path.file_name().map(|l| l.to_string_lossy().into_owned()) else { continue };
             let Some(dir) = path.parent().and_then(crate::paths::normalize_path) else { continue };
-            let real_dir = match dirs.get(&dir) {
-                Some(known) => known.clone(),
-                None => {
-                    let real = resolver.resolve(&dir).ok();
-                    dirs.insert(dir.clone(), real.clone());
-                    real
-                }
-            };
+            let real_dir = walk.real_dir(&dir);
             let entry = Entry { dir: real_dir.clone().unwrap_or(dir), leaf };
             // Where each existing match really is, when that is elsewhere:
             // none when the directory does not resolve (missing, or through
             // a tree the sandbox writes) or is in such a tree.
-            let links: Vec<PathBuf> = if resolver.in_tree(&entry.dir) || real_dir.is_none() {
+            let links: Vec<PathBuf> = if walk.resolver.in_tree(&entry.dir) || real_dir.is_none() {
                 Vec::new()
             } else if entry.leaf.contains('*') {
-                resolver.note(&entry.dir);
-                std::fs::read_dir(&entry.dir)
-                    .map(|list| {
-                        list.flatten()
-                            .filter(|d| d.file_type().is_ok_and(|t| t.is_symlink()))
-                            .filter(|d| entry.matches_leaf(&d.file_name().to_string_lossy()))
-                            .map(|d| d.path())
-                            .collect()
-                    })
-                    .unwrap_or_default()
+                let names = walk.links_in(&entry.dir);
+                names.iter().filter(|n| entry.matches_leaf(&n.to_string_lossy())).map(|n| entry.dir.join(n)).collect()
             } else {
-                let m = entry.dir.join(&entry.leaf);
-                std::fs::symlink_metadata(&m)
-                    .is_ok_and(|meta| meta.file_type().is_symlink())
-                    .then_some(m)
-                    .into_iter()
-                    .collect()
+                let named = walk.links_in(&entry.dir).contains(std::ffi::OsStr::new(&entry.leaf));
+                named.then(|| entry.dir.join(&entry.leaf)).into_iter().collect()
             };
             add(entry);
             for m in links {
-                let Ok(real) = resolver.resolve(&m) else { continue };
+                let Ok(real) = walk.resolver.resolve(&m) else { continue };
                 if real == m {
                     continue;
                 }

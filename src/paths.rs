@@ -62,9 +62,15 @@ impl<'a> Resolver<'a> {
         self.trees.iter().any(|t| p.starts_with(t))
     }
 
-    fn through(&self, p: &Path, meta: Option<&std::fs::Metadata>) -> std::io::Result<()> {
+    /// Whether `meta` is one of the trees' roots (a bind mount or another
+    /// name of it).
+    pub fn is_tree_root(&self, meta: &std::fs::Metadata) -> bool {
         use std::os::unix::fs::MetadataExt;
-        if self.in_tree(p) || meta.is_some_and(|m| self.roots.contains(&(m.dev(), m.ino()))) {
+        self.roots.contains(&(meta.dev(), meta.ino()))
+    }
+
+    fn through(&self, p: &Path, meta: Option<&std::fs::Metadata>) -> std::io::Result<()> {
+        if self.in_tree(p) || meta.is_some_and(|m| self.is_tree_root(m)) {
             return Err(std::io::Error::other(format!(
                 "it leads through {}, which the sandbox can write",
                 p.display()
