@@ -932,6 +932,7 @@ AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
 PAUSED = []  # (signal mask, collector was on) from the fork until resume()
 PRISTINE = ()  # (module, name, value) as they were before any code ran
 CODES = ()  # (function, code, defaults, keyword defaults) of PRISTINE's functions
+HELD = ()  # (the dict that holds it, name, value) for each of PRISTINE: the fast check
 _fork = None
 # The modules the copy uses, bound before any code ran: the copy imports
 # nothing (an import consults the module's __spec__, which code can
@@ -988,26 +989,33 @@ def pristine():
     PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
         (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m) + tuple(
         (own, n, v) for n, v in list(own.items()) if isinstance(v, kinds))
-    global CODES
+    global CODES, HELD
     CODES = tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__)
                   for _, _, f in PRISTINE if type(f) is type(pristine))
+    # A module's __dict__ is the same dict for the module's life (the
+    # attribute is read-only); sys.modules itself is looked up each time.
+    HELD = tuple((None if m is sys.modules else m if type(m) is dict else m.__dict__, n, v) for m, n, v in PRISTINE)
 
 
 def replaced():
     """The names of PRISTINE that the code has changed since, and the
     functions among them whose code or defaults it changed."""
     ModuleType = type(sys)
+    modules = sys.modules
+    # The common case first, without building anything: nothing changed.
+    if all(f.__code__ is code and f.__defaults__ is defaults and f.__kwdefaults__ is kw
+           for f, code, defaults, kw in CODES) and all(
+            (modules.get(name) is value and type(value) is ModuleType) if held is None else held.get(name) is value
+            for held, name, value in HELD):
+        return []
     out = ["%s (its code)" % f.__name__ for f, code, defaults, kw in CODES
            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kw]
-    for holder, name, value in PRISTINE:
-        if holder is sys.modules:
-            if sys.modules.get(name) is not value or type(value) is not ModuleType:
+    for (holder, name, value), (held, _, _) in zip(PRISTINE, HELD):
+        if held is None:
+            if modules.get(name) is not value or type(value) is not ModuleType:
                 out.append("sys.modules[%r]" % name)
-        elif type(holder) is dict:
-            if holder.get(name) is not value:
-                out.append("the worker's %s" % name)
-        elif holder.__dict__.get(name) is not value:
-            out.append("%s.%s" % (holder.__name__, name))
+        elif held.get(name) is not value:
+            out.append("the worker's %s" % name if held is holder else "%s.%s" % (holder.__name__, name))
     return out
 
 
