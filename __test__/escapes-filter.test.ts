@@ -87,6 +87,12 @@ const PROBES: Probe[] = [
   { title: "io_submit", nr: 209, args: [0, 0, 0], expect: EPERM },
   { title: "io_cancel", nr: 210, args: [0, 0, 0], expect: EPERM },
   { title: "io_pgetevents", nr: 333, args: [0, 0, 0, 0, 0, 0], expect: EPERM },
+  // Host-shared state: a lease on a project file stalls the host's writers (45 s); a directory
+  // notification is a kernel mark outside the inotify limits; a secret memory area stops the
+  // host from hibernating. A bad descriptor (EBADF) or invalid flags (EINVAL) when allowed.
+  { title: "fcntl(F_SETLEASE)", nr: 72, args: [-1, 1024, 0], expect: EPERM },
+  { title: "fcntl(F_NOTIFY)", nr: 72, args: [-1, 1026, 0x80000000], expect: EPERM },
+  { title: "memfd_secret", nr: 447, args: [0xffffffff], expect: EPERM, mayLack: true },
   // prctl(PR_SET_DUMPABLE, 1): the unfiltered process becomes dumpable (0).
   { title: "prctl(PR_SET_DUMPABLE, 1)", nr: 157, args: [4, 1], expect: EPERM },
 ];

@@ -241,7 +241,7 @@ pub fn allowlist() -> Vec<Allowed> {
         allow_optional(
             &[
                 "close_range", "faccessat2", "epoll_pwait2", "pidfd_open", "pidfd_send_signal",
-                "process_mrelease", "memfd_secret", "futex_waitv", "cachestat", "fchmodat2", "map_shadow_stack",
+                "process_mrelease", "futex_waitv", "cachestat", "fchmodat2", "map_shadow_stack",
                 "futex_wake", "futex_wait", "futex_requeue",
             ],
             "calls of Linux 5.1 and later that the C library and Python use when present and do without otherwise (pidfds reach only this PID namespace); older libseccomp releases do not know all of them",
@@ -269,6 +269,9 @@ pub const NAMESPACE_FLAGS: [(&str, u64); 8] = [
     ("CLONE_NEWNET", 0x4000_0000),
 ];
 pub const TIOCSTI: u64 = 0x5412;
+/// fcntl(2) commands.
+pub const F_SETLEASE: u64 = 1024;
+pub const F_NOTIFY: u64 = 1026;
 pub const TIOCLINUX: u64 = 0x541C;
 
 /// The refused calls, each with its answer. The namespaces, the mounts and
@@ -291,6 +294,11 @@ pub fn rules() -> Vec<Rule> {
         shared memory on a default kernel); POSIX shared memory and semaphores live in the sized /dev/shm";
     const MQUEUE: &str = "POSIX message queues outlive the processes that made them, and a reset in the same sandbox \
         could not find them to remove them (listing needs a mounted mqueue file system)";
+    const LEASE: &str = "a lease on a project file makes every host program that opens it for writing (an editor, git, \
+        a build) wait until the sandbox lets go or the kernel's lease-break time (45 s) passes";
+    const DNOTIFY: &str = "directory notifications are kernel marks outside the inotify limits the sandbox is held to; \
+        nothing sandboxed needs them";
+    const SECRETMEM: &str = "while any secret memory area exists the kernel refuses to hibernate the host";
     let mut r = vec![
         eperm("socket", true, NET),
         eperm("socketpair", true, NET),
@@ -337,6 +345,9 @@ pub fn rules() -> Vec<Rule> {
         eperm("fsmount", false, MOUNT),
         eperm("fspick", false, MOUNT),
         eperm("mount_setattr", false, MOUNT),
+        eperm_when("fcntl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: F_SETLEASE }, LEASE),
+        eperm_when("fcntl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: F_NOTIFY }, DNOTIFY),
+        eperm("memfd_secret", false, SECRETMEM),
         eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCSTI }, TTY),
         eperm_when("ioctl", When::ArgMasked { arg: 1, mask: 0xffff_ffff, value: TIOCLINUX }, TTY),
         eperm_when(
@@ -729,7 +740,7 @@ mod tests {
         let rules = rules();
         let conditional: std::collections::BTreeSet<_> =
             rules.iter().filter(|r| r.when != When::Always).map(|r| r.syscall).collect();
-        assert_eq!(conditional.len(), 14, "{conditional:?}");
+        assert_eq!(conditional.len(), 15, "{conditional:?}");
         for call in conditional {
             assert!(allowed.contains(&call), "{call} must be allowed for its other arguments");
             let args: std::collections::HashSet<_> = rules
