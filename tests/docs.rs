@@ -3,6 +3,9 @@
 //! in `docs/architecture.md` names every source file and no other, and
 //! every relative link of README.md and docs/*.md reaches a file and, where
 //! it names one, a heading.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
