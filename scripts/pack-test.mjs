@@ -10,10 +10,10 @@
 //      pi comes from the platform package
 //   4. the root tarball without its optional dependency: the tool says `unavailable` and why;
 //      with NAPI_RS_NATIVE_LIBRARY_PATH it runs
-//   5. when the pi 1.x host is installed (.hosts/pi1): the README's pi 1.x steps verbatim: `pi
-//      install npm:pi-python-sandbox@file:<tarball>` into a temp agent dir (no platform package:
-//      the tool says so), `overrides` added to the npm project pi made, the same install again,
-//      then a run: `result: 2`
+//   5. when the pi 1.x host is installed (.hosts/pi1): the pi 1.x steps of docs/development.md
+//      (installing from local tarballs) verbatim: `pi install npm:pi-python-sandbox@file:<tarball>`
+//      into a temp agent dir (no platform package: the tool says so), `overrides` added to the npm
+//      project pi made, the same install again, then a run: `result: 2`
 //   pi's header must name the package (`pi-python-sandbox`, not `js`) after both installs.
 //
 //   node scripts/pack-test.mjs          (KEEP=1 keeps the temp dir)
@@ -193,8 +193,8 @@ export async function packTest() {
     if (!existsSync(pi1.cli) || !existsSync(pi1.node)) {
       console.log("\n# SKIP pi 1.x `pi install`: the pi 1.x host is not installed (node scripts/pi1-host.mjs)");
     } else {
-      await timed(`pi ${pi1.version()}: the README's \`pi install npm:${ROOT_NAME}@file:<tarball>\`, overrides, the same install again, run 1+1`, async () => {
-        // As the README says it: the install alone brings no platform package (it is not on the
+      await timed(`pi ${pi1.version()}: docs/development.md's \`pi install npm:${ROOT_NAME}@file:<tarball>\`, overrides, the same install again, run 1+1`, async () => {
+        // As docs/development.md says it: the install alone brings no platform package (it is not on the
         // registry, or not this version); `overrides` in the npm project pi made points it at the
         // local tarball, and the same install again brings it.
         const agentDir = join(base, "agent-pi1");
