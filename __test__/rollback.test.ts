@@ -882,6 +882,50 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
     `, "sys.stdout.flush()");
   });
 
+  test("a value of the worker the copy uses, replaced through a frame by one whose type runs code: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // The copy iterates the worker's KEEPER_FDS as it takes over (a tuple; here a subclass
+    // whose iteration records the pid it runs in).
+    const setup = py`
+      import sys, os
+      W = sys._getframe(1).f_globals
+      seen = []
+      class _T(tuple):
+          def __iter__(self):
+              seen.append(os.getpid())
+              return tuple.__iter__(self)
+          def __radd__(self, other):
+              seen.append(os.getpid())
+              return other + tuple(self)
+      W["KEEPER_FDS"] = _T(W["KEEPER_FDS"])
+    `;
+    assertOk(await sb.execute(setup));
+    const r = await sb.execute("import time\ntime.sleep(5)", 1);
+    assert.equal(r.status, "timeout", show(r));
+    if (r.rolledBack) {
+      // Baseline (before the check): "rolled back", yet the copy ran the code's __iter__.
+      const ran = await sb.execute("os.getpid() in seen");
+      assert.fail(`rolled back with a replaced worker value; the copy ran its code: ${ran.repr}`);
+    }
+    assert.equal(r.stateLost, true, show(r));
+    assert.match(r.stateLostReason ?? "", /no rollback point: the code replaced the worker's KEEPER_FDS/);
+    // The same through a container of the worker's, filled in place.
+    const inPlace = py`
+      import sys
+      W = sys._getframe(1).f_globals
+      class _I(int):
+          def __eq__(self, other):
+              return int.__eq__(self, other)
+          __hash__ = int.__hash__
+      W["ALL_SIGNALS"].add(_I(99))
+    `;
+    assertOk(await sb.execute(inPlace));
+    const again = await sb.execute("import time\ntime.sleep(5)", 1);
+    assert.equal(again.rolledBack, false, show(again));
+    assert.match(again.stateLostReason ?? "", /no rollback point: the code replaced the contents of the worker's ALL_SIGNALS/);
+  });
+
   test("a constant the copy uses, replaced by an int subclass that runs code: no rollback point, and why", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

@@ -984,11 +984,14 @@ def pristine():
         names[sys.monitoring] = ("get_tool",)
     # The worker's own functions, classes and modules too: code reaches
     # this module's globals through its frames (sys._getframe(1)).
+    # Its data too, each value as it is now (the worker binds none of them
+    # again but PREPARED, a bool, and these tables): a value in its place
+    # whose type runs code (an int or tuple subclass with an operator of
+    # its own) would run it in the copy.
     own = globals()
-    kinds = (type(pristine), type(len), type, type(sys))
     PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
         (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m) + tuple(
-        (own, n, v) for n, v in list(own.items()) if isinstance(v, kinds))
+        (own, n, v) for n, v in list(own.items()) if n not in REBOUND)
     global CODES, HELD
     CODES = tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__)
                   for _, _, f in PRISTINE if type(f) is type(pristine))
@@ -997,16 +1000,43 @@ def pristine():
     HELD = tuple((None if m is sys.modules else m if type(m) is dict else m.__dict__, n, v) for m, n, v in PRISTINE)
 
 
+# The worker's globals bound again after pristine(); and its containers
+# that it fills as it runs, whose contents must stay plain data.
+REBOUND = ("PRISTINE", "CODES", "HELD", "PREPARED")
+FILLED = ("ALL_SIGNALS", "CONTROL_PICTURES", "PAUSED", "AUDIT_HOOKS", "SOURCE_BYTES", "KEEPER_FDS", "RESERVED",
+          "STREAM_FDS", "NEXT_FDS", "NULL_ID")
+PLAIN = frozenset((int, str, bytes, float, bool, type(None)))
+CONTAINERS = frozenset((tuple, list, set, frozenset, dict))
+
+
+def plain(value, depth=3):
+    """Whether `value` is data of the built-in types alone, which run no
+    code of the user's when the copy compares, hashes or iterates them.
+    (The types of a flat container are read in one pass of C.)"""
+    t = type(value)
+    if t in PLAIN:
+        return True
+    if depth == 0 or t not in CONTAINERS or len(value) > 256:
+        return False
+    for part in (value, value.values()) if t is dict else (value,):
+        kinds = set(map(type, part))
+        if not kinds <= PLAIN and not (kinds <= PLAIN | CONTAINERS and all(plain(v, depth - 1) for v in part)):
+            return False
+    return True
+
+
 def replaced():
     """The names of PRISTINE that the code has changed since, and the
     functions among them whose code or defaults it changed."""
     ModuleType = type(sys)
     modules = sys.modules
     # The common case first, without building anything: nothing changed.
+    own = globals()
     if all(f.__code__ is code and f.__defaults__ is defaults and f.__kwdefaults__ is kw
            for f, code, defaults, kw in CODES) and all(
             (modules.get(name) is value and type(value) is ModuleType) if held is None else held.get(name) is value
-            for held, name, value in HELD):
+            for held, name, value in HELD) and (PREPARED is True or PREPARED is False) and all(
+            plain(own.get(name)) for name in FILLED):
         return []
     out = ["%s (its code)" % f.__name__ for f, code, defaults, kw in CODES
            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kw]
@@ -1016,6 +1046,9 @@ def replaced():
                 out.append("sys.modules[%r]" % name)
         elif held.get(name) is not value:
             out.append("the worker's %s" % name if held is holder else "%s.%s" % (holder.__name__, name))
+    if not (PREPARED is True or PREPARED is False):
+        out.append("the worker's PREPARED")
+    out.extend("the contents of the worker's %s" % name for name in FILLED if not plain(own.get(name)))
     return out
 
 
