@@ -351,8 +351,8 @@ async fn start_once(
         keeper,
         site_dirs: facts.python.site_dirs.clone(),
     };
-    let seccomp =
-        seccomp::bpf_memfd().map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
+    let seccomp = seccomp::bpf_memfd(seccomp::Profile::Python)
+        .map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
     let launch = Launch {
         bwrap: facts.bwrap.path.clone(),
