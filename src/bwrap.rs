@@ -1,16 +1,16 @@
-//! The bubblewrap command line: a pure function from a [`SandboxSpec`] to
-//! argv. Nothing here touches the host; `spawn` applies the result and
-//! `probe` discovers the host facts the spec carries.
+//! The bubblewrap command line: a pure function from a [`Policy`] (what
+//! every sandbox gets) and a [`Payload`] (what a runtime runs in it, see
+//! `runtime`) to argv, in confinement order, tested whole. Nothing here
+//! touches the host or knows what the payload is; `spawn` applies the
+//! result and `probe` discovers the host facts the policy carries.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// Where things appear inside the sandbox.
+/// Where the python tool's policy mounts the project.
 pub const WORKSPACE: &str = "/workspace";
+/// Where every sandbox has its writable home.
 pub const SCRATCH: &str = "/scratch";
-pub const WORKER: &str = "/worker.py";
-/// The worker compiled by a previous sandbox (see `bytecode`).
-pub const WORKER_PYC: &str = "/worker.pyc";
 /// Fixed fd numbers inside the sandbox (set up by `spawn` before exec).
 pub const REQUEST_FD: i32 = 3;
 pub const REPLY_FD: i32 = 4;
@@ -34,7 +34,7 @@ pub struct FdBind {
 }
 
 /// Paths every sandbox mounts itself; a read root may not land on or under
-/// one of them.
+/// one of them (nor on a runtime's own, see `runtime`).
 pub const RESERVED_MOUNTS: &[&str] = &[
     "/workspace",
     "/scratch",
@@ -48,8 +48,6 @@ pub const RESERVED_MOUNTS: &[&str] = &[
     "/libx32",
     "/proc",
     "/dev",
-    "/worker.py",
-    "/worker.pyc",
 ];
 
 /// Kernel interfaces under `/proc` bound read-only onto themselves right
@@ -133,79 +131,91 @@ pub const PROC_MASKS: &[ProcMask] = &[
     file("/proc/ioports", "I/O port layout"),
 ];
 
-/// Which form of the worker a sandbox runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerCode {
-    /// The source (host path), compiled by the interpreter at start; with
-    /// `emit`, the worker sends its compiled form back.
-    Source { path: PathBuf, emit: bool },
-    /// A `.pyc` image (host path) an earlier sandbox compiled.
-    Bytecode(PathBuf),
+/// What a sandbox's network is. Every policy unshares the network
+/// namespace; with `None` it is empty (loopback only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Network {
+    /// Nothing reaches out, and the seccomp profile refuses sockets.
+    #[default]
+    None,
 }
 
-/// Everything that varies between sandboxes.
+/// What every sandbox gets, whatever runs in it: the namespaces (all of
+/// them, always), the mounts and masks, the containment facts the
+/// payload's init applies, the network and the seccomp profile. The
+/// runtime adds its [`Payload`]; [`bwrap_argv`] puts the two together.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxSpec {
-    /// The interpreter, as a resolved host path.
-    pub interpreter: PathBuf,
-    /// Host directories an interpreter outside `/usr` needs (its prefix),
-    /// mounted read-only at the same path.
-    pub interpreter_mounts: Vec<PathBuf>,
+pub struct Policy {
     /// `/bin`, `/lib`, ... are symlinks into `/usr` on this host.
     pub merged_usr: bool,
-    /// The canonical project directory.
+    /// The canonical project directory: one mount of it per sandbox, so
+    /// that the protections and masks are bound once.
     pub project_dir: PathBuf,
+    /// Where the project is mounted (the payload's working directory).
+    pub project_at: PathBuf,
     pub workspace_writable: bool,
+    /// Mounted writable at [`SCRATCH`], the sandbox's home.
     pub scratch_dir: PathBuf,
-    /// The worker to run.
-    pub worker: WorkerCode,
     /// Canonical host directories mounted read-only at their own paths.
     pub read_roots: Vec<PathBuf>,
     /// Paths allowed once: `(source, mount point)`, read-only.
     pub once: Vec<(PathBuf, PathBuf)>,
-    /// Host secrets inside the read roots and allow-once directories,
-    /// hidden under an empty read-only directory or file.
+    /// Host secrets inside the read roots, the allow-once directories and
+    /// the payload's read mounts, hidden under an empty read-only
+    /// directory or file.
     pub host_masks: Vec<crate::hostsecrets::Mask>,
     /// The session's empty file and directory, bound over the kernel
     /// information files and the host masks.
     pub mask_sources: (PathBuf, PathBuf),
     /// The entries of [`PROC_MASKS`] present on this host.
     pub proc_masks: Vec<crate::hostsecrets::Mask>,
-    /// Bound over a writable workspace, in order (see `protected`).
+    /// Bound over a writable project, in order (see `protected`).
     pub protected: Vec<FdBind>,
-    /// Bound over the workspace in every mode, after `protected`: in a
+    /// Bound over the project in every mode, after `protected`: in a
     /// read-only one the directories above the masks (onto themselves),
     /// then the secret masks (see `secrets`).
     pub masks: Vec<FdBind>,
-    /// The masks' sandbox paths, told to the worker (its read hook names
-    /// a read of one as a secret).
-    pub mask_paths: Vec<String>,
     /// The same masks where a read root that contains the project shows
     /// it (at its host path), after the read roots.
     pub root_masks: Vec<FdBind>,
-    /// The user's Python packages: directories mounted read-only at their
-    /// own paths, and the site directories the worker adds.
-    pub python_mounts: Vec<PathBuf>,
-    /// Python package directories inside a tree the sandbox can write,
-    /// mounted read-only from fds at their own paths.
-    pub python_fd_mounts: Vec<FdBind>,
-    /// The open-file limit the worker sets for itself and everything it
-    /// starts, when bubblewrap needed a higher one for its mount fds.
+    /// The open-file limit the payload's init sets for itself and
+    /// everything it starts, when bubblewrap needed a higher one for its
+    /// mount fds.
     pub nofile: Option<u64>,
-    /// The RLIMIT_NPROC the worker sets in the sandbox's user namespace,
-    /// where no cgroup caps its tasks (see `contain`).
+    /// The RLIMIT_NPROC the payload's init sets in the sandbox's user
+    /// namespace, where no cgroup caps its tasks (see `contain`).
     pub nproc: Option<u64>,
-    /// The worker's bounds, `name=value,...` (see `limits::worker_limits`):
-    /// the host's constants are the only source.
-    pub worker_limits: String,
-    /// Run the worker as PID 1 that keeps the sandbox across interpreters
-    /// (rollback and fast reset); off, the worker is the interpreter.
-    pub keeper: bool,
-    pub site_dirs: Vec<PathBuf>,
     /// Sizes of the `/tmp` and `/dev/shm` tmpfs, in bytes (never 0, which
     /// would mean unlimited).
     pub tmp_bytes: u64,
     pub shm_bytes: u64,
+    pub network: Network,
+    /// The system calls the payload may make (see `seccomp`).
+    pub seccomp: crate::seccomp::Profile,
+}
+
+/// What a runtime runs under a [`Policy`]: its own mounts, each at a fixed
+/// place in the confinement order, and its command.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Payload {
+    /// Host directories the runtime itself needs (an interpreter's
+    /// prefix), read-only at their own paths, before the project.
+    pub runtime_mounts: Vec<PathBuf>,
+    /// The runtime's own files, `(host path, sandbox path)`, read-only,
+    /// after the scratch directory.
+    pub code: Vec<(PathBuf, PathBuf)>,
+    /// Host trees the runtime reads (its packages), read-only at their own
+    /// paths together with the read roots, so that the host masks that
+    /// follow cover them too; one that is missing is skipped.
+    pub read_mounts: Vec<PathBuf>,
+    /// Its trees inside a tree the sandbox can write, from fds, last.
+    pub fd_mounts: Vec<FdBind>,
+    /// Variables set after the policy's own.
+    pub env: Vec<(String, String)>,
+    /// The command is the PID namespace's init (`--as-pid-1`): it reaps.
+    pub as_pid_1: bool,
+    /// The command and its arguments.
+    pub argv: Vec<OsString>,
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -226,10 +236,12 @@ fn push_fd_bind(argv: &mut Vec<OsString>, bind: &FdBind) {
 
 /// The full bwrap argv (without the program name), in the order the
 /// confinement is built: namespaces, process hygiene, the filesystem from
-/// the bottom up, the environment, the seccomp filter, then the worker.
-pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
-    let mut a: Vec<OsString> = Vec::with_capacity(96);
+/// the bottom up, the environment, the seccomp filter, then the payload's
+/// command. It knows nothing of what the payload runs.
+pub fn bwrap_argv(policy: &Policy, payload: &Payload) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::with_capacity(96 + payload.argv.len());
     // Namespaces: own user (no nested ones), pid, ipc, uts, network, cgroup.
+    let Network::None = policy.network;
     push(&mut a, &["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc"]);
     push(&mut a, &["--unshare-uts", "--hostname", "pi-sandbox", "--unshare-net", "--unshare-cgroup-try"]);
     // Process hygiene: dies with the host, no capabilities. The new session
@@ -239,26 +251,26 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     // namespace helper has set the sandbox's own limits (see `nshelper`).
     let (info, block) = (INFO_FD.to_string(), BLOCK_FD.to_string());
     push(&mut a, &["--info-fd", &info, "--block-fd", &block]);
-    // Filesystem: kernel views, private temp, the runtime read-only. What
+    // Filesystem: kernel views, private temp, the system read-only. What
     // code leaves in a tmpfs is RAM that outlives its processes, so each
     // one the code can write has a size, and /dev itself is read-only.
     // (They belong to the sandbox's one user: multiprocessing's semaphores
     // in /dev/shm need no sticky world-writable mode.)
     // The kernel's host-wide settings read-only, its information files
     // empty (see READ_ONLY_PROC and PROC_MASKS).
-    let (mask_file, mask_dir) = &spec.mask_sources;
+    let (mask_file, mask_dir) = &policy.mask_sources;
     push(&mut a, &["--proc", "/proc"]);
     for (path, _) in READ_ONLY_PROC {
         push(&mut a, &["--ro-bind-try", path, path]);
     }
-    for mask in &spec.proc_masks {
+    for mask in &policy.proc_masks {
         push_bind(&mut a, "--ro-bind", if mask.is_dir { mask_dir } else { mask_file }, &mask.path);
     }
     push(&mut a, &["--dev", "/dev"]);
-    let (shm, tmp) = (spec.shm_bytes.to_string(), spec.tmp_bytes.to_string());
+    let (shm, tmp) = (policy.shm_bytes.to_string(), policy.tmp_bytes.to_string());
     push(&mut a, &["--size", &shm, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", &tmp, "--tmpfs", "/tmp"]);
     push(&mut a, &["--ro-bind", "/usr", "/usr"]);
-    if spec.merged_usr {
+    if policy.merged_usr {
         for dir in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
             a.push("--symlink".into());
             a.push(format!("usr/{dir}").into());
@@ -274,125 +286,113 @@ pub fn bwrap_argv(spec: &SandboxSpec) -> Vec<OsString> {
     for file in ["/etc/ld.so.cache", "/etc/localtime", "/etc/fonts"] {
         push(&mut a, &["--ro-bind-try", file, file]);
     }
-    for dir in &spec.interpreter_mounts {
+    for dir in &payload.runtime_mounts {
         push_bind(&mut a, "--ro-bind", dir, dir);
     }
-    let workspace_flag = if spec.workspace_writable { "--bind" } else { "--ro-bind" };
-    push_bind(&mut a, workspace_flag, &spec.project_dir, Path::new(WORKSPACE));
-    if spec.workspace_writable {
-        for bind in &spec.protected {
+    // The project, once, with its protections and masks right over it.
+    let workspace_flag = if policy.workspace_writable { "--bind" } else { "--ro-bind" };
+    push_bind(&mut a, workspace_flag, &policy.project_dir, &policy.project_at);
+    if policy.workspace_writable {
+        for bind in &policy.protected {
             push_fd_bind(&mut a, bind);
         }
     }
-    for bind in &spec.masks {
+    for bind in &policy.masks {
         push_fd_bind(&mut a, bind);
     }
-    push_bind(&mut a, "--bind", &spec.scratch_dir, Path::new(SCRATCH));
-    let (worker_host, worker) = match &spec.worker {
-        WorkerCode::Source { path, .. } => (path, WORKER),
-        WorkerCode::Bytecode(path) => (path, WORKER_PYC),
-    };
-    push_bind(&mut a, "--ro-bind", worker_host, Path::new(worker));
-    for root in spec.read_roots.iter().chain(&spec.python_mounts) {
+    push_bind(&mut a, "--bind", &policy.scratch_dir, Path::new(SCRATCH));
+    for (host, at) in &payload.code {
+        push_bind(&mut a, "--ro-bind", host, at);
+    }
+    // Host trees, then what is allowed once, then the host secrets in them
+    // (the payload's read mounts among them) masked.
+    for root in policy.read_roots.iter().chain(&payload.read_mounts) {
         push_bind(&mut a, "--ro-bind-try", root, root);
     }
-    for (source, path) in &spec.once {
+    for (source, path) in &policy.once {
         push_bind(&mut a, "--ro-bind", source, path);
     }
-    for mask in &spec.host_masks {
+    for mask in &policy.host_masks {
         push_bind(&mut a, "--ro-bind", if mask.is_dir { mask_dir } else { mask_file }, &mask.path);
     }
-    for bind in &spec.root_masks {
+    for bind in &policy.root_masks {
         push_fd_bind(&mut a, bind);
     }
-    for bind in &spec.python_fd_mounts {
+    for bind in &payload.fd_mounts {
         push_fd_bind(&mut a, bind);
     }
     // Every mount point is made: the root (bubblewrap's tmpfs) becomes
     // read-only, so nothing in it is the sandbox's to write or fill.
-    push(&mut a, &["--remount-ro", "/", "--chdir", WORKSPACE]);
+    a.push("--remount-ro".into());
+    a.push("/".into());
+    a.push("--chdir".into());
+    a.push(policy.project_at.clone().into());
     // Environment: nothing of the host's.
     push(&mut a, &["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SCRATCH]);
     push(&mut a, &["--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]);
+    for (name, value) in &payload.env {
+        push(&mut a, &["--setenv", name, value]);
+    }
     // The filter is loaded last, right before exec.
     a.push("--seccomp".into());
     a.push(SECCOMP_FD.to_string().into());
-    if spec.keeper {
-        // The worker is the namespace's PID 1 (see `worker`'s rollback).
+    if payload.as_pid_1 {
         a.push("--as-pid-1".into());
     }
     a.push("--".into());
-    a.push(spec.interpreter.clone().into());
-    push(&mut a, &["-I", "-S", "-B", "-u", "-X", "utf8", worker]);
-    if matches!(spec.worker, WorkerCode::Source { emit: true, .. }) {
-        a.push("--emit-code".into());
-    }
-    for dir in &spec.site_dirs {
-        a.push("--site".into());
-        a.push(dir.into());
-    }
-    if !spec.mask_paths.is_empty() {
-        a.push("--masks".into());
-        a.push(serde_json::to_string(&spec.mask_paths).unwrap_or_else(|_| "[]".into()).into());
-    }
-    a.push("--limits".into());
-    a.push(spec.worker_limits.clone().into());
-    if spec.keeper {
-        a.push("--keeper".into());
-    }
-    if let Some(n) = spec.nofile {
-        a.push("--nofile".into());
-        a.push(n.to_string().into());
-    }
-    if let Some(n) = spec.nproc {
-        a.push("--nproc".into());
-        a.push(n.to_string().into());
-    }
+    a.extend(payload.argv.iter().cloned());
     a
+}
+
+/// The policy the tests of argv builders start from: a read-only project,
+/// two kernel information files masked, two protected paths (bound only
+/// when the project is writable).
+#[cfg(test)]
+pub(crate) fn test_policy() -> Policy {
+    Policy {
+        merged_usr: true,
+        project_dir: "/home/u/proj".into(),
+        project_at: WORKSPACE.into(),
+        workspace_writable: false,
+        scratch_dir: "/tmp/s/scratch".into(),
+        read_roots: vec![],
+        once: vec![],
+        host_masks: vec![],
+        mask_sources: ("/tmp/s/mask-file".into(), "/tmp/s/mask-dir".into()),
+        proc_masks: vec![
+            crate::hostsecrets::Mask { path: "/proc/keys".into(), is_dir: false },
+            crate::hostsecrets::Mask { path: "/proc/acpi".into(), is_dir: true },
+        ],
+        protected: vec![
+            FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
+            FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
+        ],
+        masks: vec![],
+        root_masks: vec![],
+        nofile: None,
+        nproc: None,
+        tmp_bytes: 256 << 20,
+        shm_bytes: 64 << 20,
+        network: Network::None,
+        seccomp: crate::seccomp::Profile::Python,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec() -> SandboxSpec {
-        SandboxSpec {
-            interpreter: "/usr/bin/python3.11".into(),
-            interpreter_mounts: vec![],
-            merged_usr: true,
-            project_dir: "/home/u/proj".into(),
-            workspace_writable: false,
-            scratch_dir: "/tmp/s/scratch".into(),
-            worker: WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: false },
-            read_roots: vec![],
-            once: vec![],
-            host_masks: vec![],
-            mask_sources: ("/tmp/s/mask-file".into(), "/tmp/s/mask-dir".into()),
-            proc_masks: vec![
-                crate::hostsecrets::Mask { path: "/proc/keys".into(), is_dir: false },
-                crate::hostsecrets::Mask { path: "/proc/acpi".into(), is_dir: true },
-            ],
-            protected: vec![
-                FdBind { fd: 6, dest: "/workspace/sub".into(), read_only: false },
-                FdBind { fd: 7, dest: "/workspace/sub/.git".into(), read_only: true },
-            ],
-            masks: vec![],
-            mask_paths: vec![],
-            root_masks: vec![],
-            python_mounts: vec![],
-            python_fd_mounts: vec![],
-            nofile: None,
-            nproc: None,
-            worker_limits: "frame=1".into(),
-            keeper: false,
-            site_dirs: vec![],
-            tmp_bytes: 256 << 20,
-            shm_bytes: 64 << 20,
-        }
+    /// A payload with no mounts of its own.
+    fn true_payload() -> Payload {
+        Payload { argv: vec!["/bin/true".into()], ..Payload::default() }
     }
 
     fn strings(argv: &[OsString]) -> Vec<String> {
         argv.iter().map(|s| s.to_string_lossy().into_owned()).collect()
+    }
+
+    fn argv(policy: &Policy) -> Vec<String> {
+        strings(&bwrap_argv(policy, &true_payload()))
     }
 
     fn has_triple(argv: &[String], triple: [&str; 3]) -> bool {
@@ -400,8 +400,7 @@ mod tests {
     }
 
     #[test]
-    fn default_argv_is_exactly_the_documented_confinement() {
-        let argv = strings(&bwrap_argv(&spec()));
+    fn default_policy_with_a_bare_payload_is_exactly_the_documented_confinement() {
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
             --die-with-parent --cap-drop ALL --info-fd 6 --block-fd 7 \
@@ -416,52 +415,65 @@ mod tests {
             --ro-bind-try /etc/ld.so.cache /etc/ld.so.cache --ro-bind-try /etc/localtime /etc/localtime \
             --ro-bind-try /etc/fonts /etc/fonts \
             --ro-bind /home/u/proj /workspace --bind /tmp/s/scratch /scratch \
-            --ro-bind /tmp/s/worker.py /worker.py --remount-ro / --chdir /workspace \
+            --remount-ro / --chdir /workspace \
             --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
-            --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 \
-            -- /usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --limits frame=1";
-        assert_eq!(argv.join(" "), expected);
+            --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 -- /bin/true";
+        assert_eq!(argv(&test_policy()).join(" "), expected);
     }
 
     #[test]
-    fn the_worker_runs_as_source_asked_to_emit_its_code_or_as_bytecode() {
-        let tail = |worker| {
-            let argv = strings(&bwrap_argv(&SandboxSpec { worker, site_dirs: vec!["/v/site".into()], ..spec() }));
-            let bind = argv.iter().position(|a| a.starts_with("/worker")).expect("worker bind");
-            let command = argv.iter().position(|a| a == "--").expect("--");
-            (argv[bind - 2..=bind].join(" "), argv[command + 1..].join(" "))
+    fn the_project_is_mounted_once_where_the_policy_says_and_is_the_working_directory() {
+        let policy = Policy { project_at: "/home/u/proj".into(), ..test_policy() };
+        let argv = argv(&policy);
+        let mounts = argv.windows(2).filter(|w| w[1] == "/home/u/proj" && w[0].ends_with("bind")).count();
+        assert_eq!(mounts, 1, "{argv:?}");
+        assert!(has_triple(&argv, ["--ro-bind", "/home/u/proj", "/home/u/proj"]));
+        assert!(argv.windows(2).any(|w| w == ["--chdir", "/home/u/proj"]));
+        assert!(!argv.iter().any(|a| a == WORKSPACE));
+    }
+
+    #[test]
+    fn a_payload_s_mounts_env_and_command_go_where_the_confinement_order_puts_them() {
+        let payload = Payload {
+            runtime_mounts: vec!["/opt/rt".into()],
+            code: vec![("/tmp/s/init".into(), "/init".into())],
+            read_mounts: vec!["/opt/pkgs".into()],
+            fd_mounts: vec![FdBind { fd: 9, dest: "/home/u/proj/.pkgs".into(), read_only: true }],
+            env: vec![("TERM".into(), "dumb".into())],
+            as_pid_1: true,
+            argv: vec!["/init".into(), "--flag".into()],
         };
-        let emit = WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: true };
-        assert_eq!(
-            tail(emit),
-            (
-                "--ro-bind /tmp/s/worker.py /worker.py".into(),
-                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.py --emit-code --site /v/site --limits frame=1".into()
-            )
-        );
-        let pyc = WorkerCode::Bytecode("/rt/.worker-code/worker-00ff.pyc".into());
-        assert_eq!(
-            tail(pyc),
-            (
-                "--ro-bind /rt/.worker-code/worker-00ff.pyc /worker.pyc".into(),
-                "/usr/bin/python3.11 -I -S -B -u -X utf8 /worker.pyc --site /v/site --limits frame=1".into()
-            )
-        );
-    }
-
-    #[test]
-    fn the_worker_is_told_its_open_file_and_task_limits_last() {
-        let argv = strings(&bwrap_argv(&SandboxSpec { nofile: Some(128), nproc: Some(256), ..spec() }));
-        assert_eq!(argv[argv.len() - 6..], ["--limits", "frame=1", "--nofile", "128", "--nproc", "256"]);
-        // As PID 1 (rollback), the worker sets both before it forks the first
-        // interpreter (see worker.py's main), so every process has them.
-        let keeper = strings(&bwrap_argv(&SandboxSpec { keeper: true, nproc: Some(64), ..spec() }));
-        assert_eq!(keeper[keeper.len() - 5..], ["--limits", "frame=1", "--keeper", "--nproc", "64"]);
+        let policy = Policy {
+            read_roots: vec!["/etc".into()],
+            host_masks: vec![crate::hostsecrets::Mask { path: "/opt/pkgs/.netrc".into(), is_dir: false }],
+            root_masks: vec![FdBind { fd: 8, dest: "/home/u/proj/key.pem".into(), read_only: true }],
+            ..test_policy()
+        };
+        let joined = strings(&bwrap_argv(&policy, &payload)).join(" ");
+        let at = |s: &str| joined.find(s).unwrap_or_else(|| panic!("{s} missing in {joined}"));
+        let order = [
+            "--ro-bind-try /etc/fonts /etc/fonts",
+            "--ro-bind /opt/rt /opt/rt",
+            "--ro-bind /home/u/proj /workspace",
+            "--bind /tmp/s/scratch /scratch",
+            "--ro-bind /tmp/s/init /init",
+            "--ro-bind-try /etc /etc",
+            "--ro-bind-try /opt/pkgs /opt/pkgs",
+            "--ro-bind /tmp/s/mask-file /opt/pkgs/.netrc",
+            "--ro-bind-fd 8 /home/u/proj/key.pem",
+            "--ro-bind-fd 9 /home/u/proj/.pkgs",
+            "--remount-ro / ",
+            "--setenv LANG C.UTF-8 --setenv TERM dumb --seccomp 5 --as-pid-1 -- /init --flag",
+        ];
+        for pair in order.windows(2) {
+            assert!(at(pair[0]) < at(pair[1]), "{} before {}", pair[0], pair[1]);
+        }
+        assert!(joined.ends_with("-- /init --flag"), "{joined}");
     }
 
     #[test]
     fn writable_workspace_uses_bind_and_never_ro_bind() {
-        let argv = strings(&bwrap_argv(&SandboxSpec { workspace_writable: true, ..spec() }));
+        let argv = argv(&Policy { workspace_writable: true, ..test_policy() });
         assert!(has_triple(&argv, ["--bind", "/home/u/proj", "/workspace"]));
         assert!(!has_triple(&argv, ["--ro-bind", "/home/u/proj", "/workspace"]));
         // Protected paths come right after, so they cover the writable bind.
@@ -476,15 +488,18 @@ mod tests {
     #[test]
     fn allow_once_paths_and_host_secret_masks_come_after_the_read_roots() {
         use crate::hostsecrets::Mask;
-        let argv = bwrap_argv(&SandboxSpec {
-            read_roots: vec!["/etc".into()],
-            once: vec![("/srv/real.csv".into(), "/srv/link.csv".into())],
-            host_masks: vec![
-                Mask { path: "/etc/shadow".into(), is_dir: false },
-                Mask { path: "/etc/sudoers.d".into(), is_dir: true },
-            ],
-            ..spec()
-        });
+        let argv = bwrap_argv(
+            &Policy {
+                read_roots: vec!["/etc".into()],
+                once: vec![("/srv/real.csv".into(), "/srv/link.csv".into())],
+                host_masks: vec![
+                    Mask { path: "/etc/shadow".into(), is_dir: false },
+                    Mask { path: "/etc/sudoers.d".into(), is_dir: true },
+                ],
+                ..test_policy()
+            },
+            &true_payload(),
+        );
         let joined = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         let at = |s: &str| joined.find(s).unwrap_or_else(|| panic!("{s} missing in {joined}"));
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /srv/real.csv /srv/link.csv"));
@@ -493,81 +508,15 @@ mod tests {
     }
 
     #[test]
-    fn secret_masks_cover_the_workspace_in_every_mode_and_are_named_to_the_worker() {
-        let masks = vec![
-            FdBind { fd: 8, dest: "/workspace/deploy".into(), read_only: true },
-            FdBind { fd: 9, dest: "/workspace/deploy/key.pem".into(), read_only: true },
-        ];
-        let paths = vec!["/workspace/deploy/key.pem".to_string()];
-        for writable in [false, true] {
-            let argv = strings(&bwrap_argv(&SandboxSpec {
-                workspace_writable: writable,
-                masks: masks.clone(),
-                mask_paths: paths.clone(),
-                ..spec()
-            }));
-            let at = argv.iter().position(|a| a == "/workspace/deploy/key.pem").expect("mask");
-            let scratch = argv.iter().position(|a| a == "/scratch").expect("scratch");
-            assert!(at < scratch);
-            assert_eq!(
-                argv[at - 5..=at],
-                ["--ro-bind-fd", "8", "/workspace/deploy", "--ro-bind-fd", "9", "/workspace/deploy/key.pem"]
-            );
-            let protected = argv.iter().position(|a| a == "/workspace/sub/.git");
-            assert_eq!(protected.is_some(), writable);
-            assert!(protected.is_none_or(|p| p < at), "masks come after protected binds");
-            assert_eq!(argv[argv.len() - 4..], ["--masks", r#"["/workspace/deploy/key.pem"]"#, "--limits", "frame=1"]);
-        }
-    }
-
-    #[test]
-    fn read_roots_and_interpreter_prefix_are_mounted_read_only_at_their_paths() {
-        let argv = strings(&bwrap_argv(&SandboxSpec {
-            read_roots: vec!["/data/a".into(), "/etc".into()],
-            interpreter: "/opt/py/bin/python3".into(),
-            interpreter_mounts: vec!["/opt/py".into()],
-            ..spec()
-        }));
-        assert!(has_triple(&argv, ["--ro-bind-try", "/data/a", "/data/a"]));
-        assert!(has_triple(&argv, ["--ro-bind-try", "/etc", "/etc"]));
-        assert!(has_triple(&argv, ["--ro-bind", "/opt/py", "/opt/py"]));
-        assert_eq!(argv[argv.len() - 10], "/opt/py/bin/python3");
-    }
-
-    #[test]
-    fn a_user_venv_is_mounted_read_only_and_named_to_the_worker() {
-        let argv = strings(&bwrap_argv(&SandboxSpec {
-            python_mounts: vec!["/home/u/venv".into()],
-            site_dirs: vec!["/home/u/venv/lib/python3.11/site-packages".into()],
-            ..spec()
-        }));
-        assert!(has_triple(&argv, ["--ro-bind-try", "/home/u/venv", "/home/u/venv"]));
-        assert_eq!(
-            argv[argv.len() - 5..argv.len() - 2],
-            ["/worker.py", "--site", "/home/u/venv/lib/python3.11/site-packages"]
-        );
-    }
-
-    #[test]
-    fn a_venv_inside_the_project_is_mounted_from_an_fd() {
-        let argv = strings(&bwrap_argv(&SandboxSpec {
-            python_fd_mounts: vec![FdBind { fd: 8, dest: "/home/u/proj/.venv".into(), read_only: true }],
-            ..spec()
-        }));
-        assert!(has_triple(&argv, ["--ro-bind-fd", "8", "/home/u/proj/.venv"]));
-        assert!(!argv.iter().any(|a| a == "/workspace/sub"), "protected binds only in a writable workspace");
-    }
-
-    #[test]
     fn split_usr_binds_the_top_level_dirs_when_present() {
-        let argv = strings(&bwrap_argv(&SandboxSpec { merged_usr: false, ..spec() }));
+        let argv = argv(&Policy { merged_usr: false, ..test_policy() });
         assert!(has_triple(&argv, ["--ro-bind-try", "/lib64", "/lib64"]));
         assert!(!argv.iter().any(|a| a == "--symlink"));
     }
 
     #[test]
     fn nothing_from_the_host_environment_or_home_is_named() {
-        let argv = strings(&bwrap_argv(&spec()));
+        let argv = argv(&test_policy());
         assert!(argv.contains(&"--clearenv".to_string()));
         for forbidden in ["/home/u/.ssh", "/run", "/var/run", "/root", "SSH_AUTH_SOCK"] {
             assert!(!argv.iter().any(|a| a.starts_with(forbidden)), "{forbidden}");

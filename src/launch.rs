@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::beneath::Tree;
-use crate::bwrap::{bwrap_argv, FdBind, SandboxSpec, WorkerCode, MOUNT_FD_BASE, WORKSPACE};
+use crate::bwrap::{bwrap_argv, FdBind, Network, Policy, MOUNT_FD_BASE, WORKSPACE};
 use crate::limits::{worker_limits, RLIMIT_NOFILE, STARTUP_DEADLINE};
 use crate::options::{SessionOptions, Settings};
 use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::protected;
 use crate::rundir::Dirs;
+use crate::runtime::python::{self, Python, WorkerCode};
 use crate::seccomp;
 use crate::worker::{CodeForm, Launch, Ready, StartError, Stop, Worker};
 
@@ -324,43 +325,48 @@ async fn start_once(
     // The sandbox's own cgroups (or RLIMIT_NPROC), made before it starts
     // so that its first process joins them before it forks.
     let contained = crate::contain::for_sandbox(&caps, &mut plan_notes)?;
-    let spec = SandboxSpec {
-        tmp_bytes: sizes.tmp,
-        shm_bytes: sizes.shm,
-        protected: protected_binds,
-        masks: mask_binds,
-        mask_paths: masks.worker_paths(),
-        root_masks,
-        project_dir: project.to_path_buf(),
-        interpreter: facts.interpreter.path.clone(),
-        interpreter_mounts: facts.interpreter.mounts.clone(),
+    let policy = Policy {
         merged_usr: facts.merged_usr,
+        project_dir: project.to_path_buf(),
+        project_at: WORKSPACE.into(),
         workspace_writable: writable,
         scratch_dir: dirs.scratch.clone(),
-        worker: code.clone(),
         read_roots: start.mounts.read_roots.clone(),
         once: start.mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
         host_masks,
         mask_sources,
         proc_masks: facts.proc_masks.clone(),
-        python_mounts,
-        python_fd_mounts,
+        protected: protected_binds,
+        masks: mask_binds,
+        root_masks,
         nofile: (crate::spawn::nofile_for(mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE),
         nproc: contained.nproc(),
+        tmp_bytes: sizes.tmp,
+        shm_bytes: sizes.shm,
+        network: Network::None,
+        seccomp: seccomp::Profile::Python,
+    };
+    let python = Python {
+        interpreter: facts.interpreter.path.clone(),
+        interpreter_mounts: facts.interpreter.mounts.clone(),
+        worker: code.clone(),
+        package_mounts: python_mounts,
+        package_fd_mounts: python_fd_mounts,
+        site_dirs: facts.python.site_dirs.clone(),
+        mask_paths: masks.worker_paths(),
         worker_limits: worker_limits(),
         keeper,
-        site_dirs: facts.python.site_dirs.clone(),
     };
-    let seccomp =
-        seccomp::bpf_memfd().map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
+    let seccomp = seccomp::bpf_memfd(policy.seccomp)
+        .map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
     let launch = Launch {
         bwrap: facts.bwrap.path.clone(),
-        argv: bwrap_argv(&spec),
+        argv: bwrap_argv(&policy, &python::payload(&policy, &python)),
         seccomp,
         mount_fds,
         mounts: mounts.clone(),
-        host_masks: spec.host_masks.clone(),
+        host_masks: policy.host_masks.clone(),
         host_secrets: secrets,
         secret_watch,
         masks_watch,

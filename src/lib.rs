@@ -30,6 +30,7 @@ pub mod permissions;
 pub mod probe;
 pub mod protected;
 pub mod rundir;
+pub mod runtime;
 pub mod scan;
 pub mod scratch;
 pub mod seccomp;

@@ -249,6 +249,67 @@ pub fn allowlist() -> Vec<Allowed> {
     ]
 }
 
+/// The system calls a payload may make, by what it runs. [`allowlist`] and
+/// [`rules`] are the python profile; every other profile is named by how
+/// it differs from them ([`allowlist_for`], [`rules_for`]). No profile has
+/// network sockets: they belong to a policy whose network is a host proxy
+/// (`socket(AF_INET)` in the sandbox's empty network namespace), and there
+/// is none yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The python tool: no sockets of any kind.
+    #[default]
+    Python,
+    /// A shell: also a connected pair of Unix sockets.
+    Shell,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 2] = [Profile::Python, Profile::Shell];
+
+    fn index(self) -> usize {
+        match self {
+            Profile::Python => 0,
+            Profile::Shell => 1,
+        }
+    }
+}
+
+/// `socketpair`'s domain for a pair of Unix sockets.
+pub const AF_UNIX: u64 = 1;
+
+const SOCKETPAIR_UNIX: &str = "a shell's pipelines and tools it runs (sort, coprocesses, some C libraries' helpers) \
+    make a connected pair of Unix sockets: a channel between two of the sandbox's own processes, which reaches \
+    nothing outside it";
+
+/// The calls `profile` allows: the python profile's, and for a shell
+/// `socketpair` (refused below for every domain but `AF_UNIX`).
+pub fn allowlist_for(profile: Profile) -> Vec<Allowed> {
+    let mut allowed = allowlist();
+    if profile == Profile::Shell {
+        allowed.push(allow(&["socketpair"], SOCKETPAIR_UNIX));
+    }
+    allowed
+}
+
+/// The refusals of `profile`: the python profile's, and for a shell the
+/// refusal of `socketpair` narrowed to every domain but `AF_UNIX`.
+pub fn rules_for(profile: Profile) -> Vec<Rule> {
+    let mut rules = rules();
+    if profile == Profile::Shell {
+        for rule in rules.iter_mut().filter(|r| r.syscall == "socketpair") {
+            *rule = Rule {
+                syscall: "socketpair",
+                action: Action::Eperm,
+                when: When::ArgNot { arg: 0, value: AF_UNIX },
+                required: true,
+                reason: "no socket pair but a Unix one: the other domains are network protocols",
+            };
+        }
+    }
+    rules
+}
+
 const fn eperm(syscall: &'static str, required: bool, reason: &'static str) -> Rule {
     Rule { syscall, action: Action::Eperm, when: When::Always, required, reason }
 }
@@ -675,14 +736,16 @@ pub enum FilterError {
     Memfd(#[from] std::io::Error),
 }
 
-/// The compiled program of [`rules`], built once per process.
-fn program() -> Result<&'static [u8], FilterError> {
-    static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, std::sync::Arc<SeccompError>>> = std::sync::OnceLock::new();
-    PROGRAM
+/// The compiled program of `profile`, built once per process.
+fn program(profile: Profile) -> Result<&'static [u8], FilterError> {
+    type Built = std::sync::OnceLock<Result<Vec<u8>, std::sync::Arc<SeccompError>>>;
+    static PROGRAMS: [Built; Profile::ALL.len()] = [const { std::sync::OnceLock::new() }; Profile::ALL.len()];
+    PROGRAMS[profile.index()]
         .get_or_init(|| {
             use std::io::Read;
             let mut bytes = Vec::new();
-            File::from(export_bpf(&allowlist(), &rules())?).read_to_end(&mut bytes).map_err(SeccompError::Memfd)?;
+            let fd = export_bpf(&allowlist_for(profile), &rules_for(profile))?;
+            File::from(fd).read_to_end(&mut bytes).map_err(SeccompError::Memfd)?;
             Ok(bytes)
         })
         .as_ref()
@@ -696,10 +759,11 @@ fn memfd() -> std::io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// A fresh memfd holding the policy, at offset 0, for one sandbox start.
-pub fn bpf_memfd() -> Result<OwnedFd, FilterError> {
+/// A fresh memfd holding `profile`'s program, at offset 0, for one sandbox
+/// start.
+pub fn bpf_memfd(profile: Profile) -> Result<OwnedFd, FilterError> {
     use std::io::Write;
-    let bytes = program()?;
+    let bytes = program(profile)?;
     let mut file = memfd()?;
     file.write_all(bytes)?;
     file.seek(SeekFrom::Start(0))?;
@@ -1105,6 +1169,86 @@ mod tests {
         }
         for name in ["kcmp", "vhangup", "reboot", "swapon", "init_module", "settimeofday", "get_mempolicy"] {
             assert_eq!(run(&program, AUDIT_ARCH, nr(name), [0; 6]), ENOSYS, "{name}");
+        }
+    }
+    // ---------------------------------------------------------------------
+    // The profiles.
+
+    fn profile_program(profile: Profile) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let fd = export_bpf(&allowlist_for(profile), &rules_for(profile)).expect("export");
+        File::from(fd).read_to_end(&mut bytes).expect("read");
+        bytes
+    }
+
+    #[test]
+    fn the_python_profile_is_the_recorded_one() {
+        let mut listed = String::new();
+        for group in allowlist_for(Profile::Python) {
+            listed.push_str(&format!("{group:?}\n"));
+        }
+        for rule in rules_for(Profile::Python) {
+            listed.push_str(&format!("{rule:?}\n"));
+        }
+        assert_eq!(listed, include_str!("seccomp/python-profile.txt"));
+    }
+
+    #[test]
+    fn the_shell_profile_differs_from_python_s_by_socketpair_of_unix_sockets_alone() {
+        let (python, shell) = (allowlist_for(Profile::Python), allowlist_for(Profile::Shell));
+        assert_eq!(shell[..python.len()], python[..]);
+        assert_eq!(shell.len(), python.len() + 1);
+        let added = shell[python.len()];
+        assert_eq!((added.names, added.required), (&["socketpair"][..], true));
+        assert!(!added.reason.is_empty());
+        let (python, shell) = (rules_for(Profile::Python), rules_for(Profile::Shell));
+        assert_eq!(python.len(), shell.len());
+        let differ: Vec<_> = python.iter().zip(&shell).filter(|(p, s)| p != s).collect();
+        assert_eq!(differ.len(), 1, "{differ:?}");
+        let (was, is) = differ[0];
+        assert_eq!((was.syscall, was.when), ("socketpair", When::Always));
+        assert_eq!(
+            (is.syscall, is.action, is.when),
+            ("socketpair", Action::Eperm, When::ArgNot { arg: 0, value: AF_UNIX })
+        );
+        assert!(is.required && !is.reason.is_empty());
+    }
+
+    #[test]
+    fn every_profile_keeps_the_lists_consistent() {
+        for profile in Profile::ALL {
+            let allowed: Vec<_> = allowlist_for(profile).iter().flat_map(|g| g.names).copied().collect();
+            let unique: std::collections::HashSet<_> = allowed.iter().collect();
+            assert_eq!(unique.len(), allowed.len(), "{profile:?}: a call listed twice");
+            let rules = rules_for(profile);
+            for rule in &rules {
+                assert!(!rule.reason.is_empty());
+                let allowed_too = allowed.contains(&rule.syscall);
+                assert_eq!(allowed_too, rule.when != When::Always, "{profile:?}: {}", rule.syscall);
+            }
+        }
+    }
+
+    #[test]
+    fn the_shell_filter_allows_unix_socket_pairs_and_no_other_socket() {
+        const AF_INET: u64 = 2;
+        const AF_INET6: u64 = 10;
+        const AF_NETLINK: u64 = 16;
+        const SOCK_STREAM: u64 = 1;
+        let shell = profile_program(Profile::Shell);
+        let python = profile_program(Profile::Python);
+        let answer = |program: &[u8], name: &str, args: [u64; 6]| run(program, AUDIT_ARCH, nr(name), args);
+        assert_eq!(answer(&shell, "socketpair", [AF_UNIX, SOCK_STREAM, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(answer(&python, "socketpair", [AF_UNIX, SOCK_STREAM, 0, 0, 0, 0]), EPERM);
+        for program in [&shell, &python] {
+            for domain in [AF_INET, AF_INET6, AF_NETLINK, 1 << 32 | AF_UNIX] {
+                assert_eq!(answer(program, "socketpair", [domain, SOCK_STREAM, 0, 0, 0, 0]), EPERM, "{domain:#x}");
+            }
+            // No network without a proxy in the policy, and no Unix socket
+            // to connect to a host one bound into a mount.
+            for domain in [AF_UNIX, AF_INET, AF_INET6, AF_NETLINK] {
+                assert_eq!(answer(program, "socket", [domain, SOCK_STREAM, 0, 0, 0, 0]), EPERM, "{domain}");
+            }
         }
     }
 }

@@ -31,6 +31,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::Stdio;
 
+use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
@@ -221,6 +222,42 @@ pub fn spawn_sandbox(
         info: info_read,
         release,
     })
+}
+
+/// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
+/// helper's `steps` in its user namespace, then release the payload
+/// through `release`. The caller kills the sandbox on an error before it
+/// drops `release`.
+pub async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
+    let began = std::time::Instant::now();
+    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
+    let mut text = Vec::new();
+    let mut bounded = info.take(4096);
+    match tokio::time::timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("bubblewrap's info pipe: {e}")),
+        Err(_) => return Err("bubblewrap did not say the sandbox's pid in time".into()),
+    }
+    let pid = serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "bubblewrap did not say the sandbox's pid".to_string())?;
+    if !steps.is_empty() {
+        let ns = [crate::nshelper::Namespace::User];
+        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    match nix::unistd::write(release, b"1") {
+        Ok(1) => {}
+        Ok(_) => return Err("the payload could not be released".into()),
+        Err(e) => return Err(format!("the payload could not be released: {e}")),
+    }
+    tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
+    Ok(())
 }
 
 /// SIGKILL the sandbox's process group: bwrap, the namespace's init and

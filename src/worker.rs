@@ -32,7 +32,7 @@ use crate::limits::{
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
 use crate::secrets::MaskReport;
-use crate::spawn::{kill_group, spawn_sandbox, take_fds};
+use crate::spawn::{kill_group, prepare_inside, spawn_sandbox, take_fds};
 
 mod rollback;
 pub use rollback::{RecoverError, Recovery};
@@ -203,42 +203,6 @@ pub struct Launch {
     /// What the host may spend on the sandbox's changes to the project
     /// (see `protected::budget`).
     pub budget: protected::BudgetLimits,
-}
-
-/// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
-/// helper's `steps` in its user namespace, then release the payload
-/// through `release`. The caller kills the sandbox on an error before it
-/// drops `release`.
-async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
-    let began = std::time::Instant::now();
-    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
-    let mut text = Vec::new();
-    let mut bounded = info.take(4096);
-    match timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(format!("bubblewrap's info pipe: {e}")),
-        Err(_) => return Err("bubblewrap did not say the sandbox's pid in time".into()),
-    }
-    let pid = serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
-        .and_then(|p| i32::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .ok_or_else(|| "bubblewrap did not say the sandbox's pid".to_string())?;
-    if !steps.is_empty() {
-        let ns = [crate::nshelper::Namespace::User];
-        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-    }
-    match nix::unistd::write(release, b"1") {
-        Ok(1) => {}
-        Ok(_) => return Err("the payload could not be released".into()),
-        Err(e) => return Err(format!("the payload could not be released: {e}")),
-    }
-    tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
-    Ok(())
 }
 
 /// Kills a worker's whole process tree, without the worker.

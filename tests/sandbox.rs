@@ -822,3 +822,138 @@ async fn a_sandbox_cannot_raise_its_own_inotify_cap() {
     }
     f.session.dispose("test").await;
 }
+
+// ---------------------------------------------------------------------------
+// A payload that is not Python, under the full policy, started the way the
+// engine starts every sandbox: bubblewrap with the policy's argv, the
+// profile's seccomp program, the rlimits and a session of its own
+// (`spawn`), the sandbox's cgroups or task limit (`contain`), and the
+// namespace helper's inotify limits before the payload is released.
+
+mod bare {
+    use std::path::PathBuf;
+    use std::process::ExitStatus;
+    use std::time::Duration;
+
+    use pi_python_sandbox::bwrap::{bwrap_argv, Network, Payload, Policy, WORKSPACE};
+    use pi_python_sandbox::seccomp::Profile;
+    use pi_python_sandbox::{contain, inotify, limits, probe, seccomp, secrets, spawn};
+    use tokio::io::AsyncReadExt;
+
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Exit status and stdout of `argv` run under `profile`, or None
+    /// (the reason printed) where bubblewrap cannot run.
+    pub async fn run(name: &str, profile: Profile, argv: &[&str]) -> Option<(ExitStatus, String)> {
+        if let Err(why) = super::can_sandbox() {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+            eprintln!("SKIP {name}: {why}");
+            return None;
+        }
+        let dir = Dir(std::env::temp_dir().join(format!("pps-rs-bare-{name}-{}", std::process::id())));
+        let (project, scratch, session) = (dir.0.join("project"), dir.0.join("scratch"), dir.0.join("session"));
+        for d in [&project, &scratch, &session] {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        std::fs::write(project.join("data.txt"), "fixture-content\n").expect("fixture");
+        let sources = secrets::MaskSources::in_dir(&session).expect("mask sources");
+        let mut notes = Vec::new();
+        let mut contained = contain::for_sandbox(&contain::caps(None, None), &mut notes).expect("containment");
+        let policy = Policy {
+            merged_usr: probe::merged_usr(),
+            project_dir: std::fs::canonicalize(&project).expect("project"),
+            project_at: WORKSPACE.into(),
+            workspace_writable: false,
+            scratch_dir: scratch,
+            read_roots: vec![],
+            once: vec![],
+            host_masks: vec![],
+            mask_sources: (sources.file.clone(), sources.dir.clone()),
+            proc_masks: probe::proc_masks_of_host(),
+            protected: vec![],
+            masks: vec![],
+            root_masks: vec![],
+            nofile: None,
+            nproc: contained.nproc(),
+            tmp_bytes: limits::DEFAULT_TMP_BYTES,
+            shm_bytes: limits::DEFAULT_SHM_BYTES,
+            network: Network::None,
+            seccomp: profile,
+        };
+        let payload = Payload { argv: argv.iter().map(Into::into).collect(), ..Payload::default() };
+        let bwrap = probe::probe_bwrap().await.expect("bwrap");
+        let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
+        let args = bwrap_argv(&policy, &payload);
+        let mut child = spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join()).expect("spawn");
+        let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
+        if let Err(why) = spawn::prepare_inside(child.info, &child.release, steps).await {
+            spawn::kill_group(child.pid);
+            let _ = child.child.wait().await;
+            panic!("the payload was not released: {why}");
+        }
+        let mut out = String::new();
+        let waited = tokio::time::timeout(Duration::from_secs(20), async {
+            child.stdout.read_to_string(&mut out).await.expect("stdout");
+            child.child.wait().await.expect("wait")
+        })
+        .await;
+        let status = waited.unwrap_or_else(|_| {
+            spawn::kill_group(child.pid);
+            panic!("{name}: the payload did not end");
+        });
+        drop(contained);
+        Some((status, out))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_true_runs_under_the_full_policy() {
+    let Some((status, out)) = bare::run("true", pi_python_sandbox::seccomp::Profile::Python, &["/bin/true"]).await
+    else {
+        return;
+    };
+    assert_eq!((status.code(), out.as_str()), (Some(0), ""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_s_exit_status_comes_back_from_under_the_full_policy() {
+    // The filter is in force (mode 2), the project is the working
+    // directory, read-only, and the shell's status is bubblewrap's.
+    let script = "grep ^Seccomp: /proc/self/status; pwd; cat data.txt; touch x 2>/dev/null || echo read-only; exit 3";
+    let Some((status, out)) =
+        bare::run("sh", pi_python_sandbox::seccomp::Profile::Shell, &["/bin/sh", "-c", script]).await
+    else {
+        return;
+    };
+    assert_eq!(status.code(), Some(3), "{out}");
+    assert_eq!(out, "Seccomp:\t2\n/workspace\nfixture-content\nread-only\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_profile_gives_a_payload_unix_socket_pairs_and_no_network_socket() {
+    let probe = "import socket\n\
+        def try_(f):\n\
+        \x20   try:\n\
+        \x20       f()\n\
+        \x20       return 'ok'\n\
+        \x20   except OSError as e:\n\
+        \x20       return e.strerror\n\
+        print(try_(lambda: socket.socketpair(socket.AF_UNIX)))\n\
+        print(try_(lambda: socket.socket(socket.AF_INET)))\n\
+        print(try_(lambda: socket.socket(socket.AF_UNIX)))";
+    let argv = ["/usr/bin/python3", "-I", "-S", "-c", probe];
+    use pi_python_sandbox::seccomp::Profile;
+    let Some((shell, shell_out)) = bare::run("socket-shell", Profile::Shell, &argv).await else { return };
+    assert_eq!((shell.code(), shell_out.as_str()), (Some(0), "ok\nOperation not permitted\nOperation not permitted\n"));
+    let Some((python, python_out)) = bare::run("socket-python", Profile::Python, &argv).await else { return };
+    assert_eq!(
+        (python.code(), python_out.as_str()),
+        (Some(0), "Operation not permitted\nOperation not permitted\nOperation not permitted\n")
+    );
+}
