@@ -355,9 +355,11 @@ pub fn rules() -> Vec<Rule> {
         shared memory on a default kernel); POSIX shared memory and semaphores live in the sized /dev/shm";
     const MQUEUE: &str = "POSIX message queues outlive the processes that made them, and a reset in the same sandbox \
         could not find them to remove them (listing needs a mounted mqueue file system)";
-    const LEASE: &str = "a lease on a project file makes every host program that opens it for writing (an editor, git, \
+    const LEASE: &str =
+        "a lease on a project file makes every host program that opens it for writing (an editor, git, \
         a build) wait until the sandbox lets go or the kernel's lease-break time (45 s) passes";
-    const DNOTIFY: &str = "directory notifications are kernel marks outside the inotify limits the sandbox is held to; \
+    const DNOTIFY: &str =
+        "directory notifications are kernel marks outside the inotify limits the sandbox is held to; \
         nothing sandboxed needs them";
     const SECRETMEM: &str = "while any secret memory area exists the kernel refuses to hibernate the host";
     let mut r = vec![
