@@ -264,7 +264,7 @@ test("agent turn: the model sees the output; failures are isError, successes are
   assert.equal(failed.isError, true);
   assert.match(messageText(failed), /--- exception: ValueError ---/);
   assert.match(messageText(failed), /boom/);
-  assert.match(messageText(failed), /Interpreter state preserved/, "after an error the model learns what stayed");
+  assert.match(messageText(failed), /Interpreter state kept: what ran before the error remains/, "after an error the model learns what stayed");
   assert.doesNotMatch(messageText(fine), /Interpreter state/);
   assert.equal(fine.isError, false);
   assert.match(messageText(fine), /result: 'still here'/);
@@ -656,7 +656,7 @@ test("tool_result marks every failure status as isError for the model, ok as not
   assert.match(messageText(runtimeError), /^status: runtime_error/);
   assert.equal(timeout.isError, true);
   assert.match(messageText(timeout), /^status: timeout/);
-  assert.match(messageText(timeout), /Interpreter state was LOST \(timeout\)/);
+  assert.match(messageText(timeout), /Interpreter state was LOST \(timeout; rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)\)/);
   assert.equal(ok.isError, false);
   assert.match(messageText(ok), /^status: ok/);
 

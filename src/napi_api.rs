@@ -18,7 +18,7 @@ use crate::display::{displayed, displayed_line};
 use crate::grants::{Answer, Grants, Next};
 use crate::limits::*;
 use crate::options::Settings;
-use crate::outcome::{render, Outcome};
+use crate::outcome::{closing, render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
 use crate::session::{Availability, Session, SessionOptions, SpareState, StatusReport};
 
@@ -299,6 +299,7 @@ fn path_str(p: &std::path::Path) -> String {
 fn to_js(o: Outcome) -> ExecResult {
     use base64::Engine;
     let text = render(&o);
+    let diagnostic = closing(&o);
     let join = |s: &crate::outcome::StreamText| {
         if s.omitted == 0 {
             format!("{}{}", s.head, s.tail)
@@ -312,9 +313,9 @@ fn to_js(o: Outcome) -> ExecResult {
         text,
         duration_ms: o.duration_ms as f64,
         generation: o.generation as f64,
-        state_lost: o.state_lost,
+        state_lost: o.state_lost(),
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
-        rolled_back: o.rolled_back,
+        rolled_back: o.rolled_back(),
         lost_before: o.lost_before.clone().map(displayed),
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
@@ -337,7 +338,7 @@ fn to_js(o: Outcome) -> ExecResult {
             stderr: o.log_paths.stderr.as_deref().map(path_str),
         },
         log_complete: o.log_complete,
-        diagnostic: o.diagnostic.map(displayed),
+        diagnostic: diagnostic.map(displayed),
         images: o
             .images
             .iter()
@@ -929,17 +930,14 @@ impl PythonSandbox {
                 }
                 self.session.mark_replay(format!(
                     "Read access to {shown}, which looks like a secret, was allowed once: the sandbox restarted with \
-                     just that path unmasked, and this call ran again on the fresh interpreter, whose state is kept. \
-                     It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
+                     just that path unmasked, and this call ran again. It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
                      rolled back) and is masked again after that."
                 ));
                 ReadAnswer { replay: true, diagnostic: None }
             }
             Next::Replay => {
                 self.session.mark_replay(format!(
-                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again on \
-                     the fresh interpreter; its state from this run is kept (the state from before the grant was \
-                     discarded)."
+                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again."
                 ));
                 ReadAnswer { replay: true, diagnostic: None }
             }
@@ -957,7 +955,7 @@ impl PythonSandbox {
                 }
                 self.session.mark_replay(format!(
                     "Read access to {shown} was allowed once: the sandbox restarted with just that {what} mounted \
-                     read-only, and this call ran again on the fresh interpreter, whose state is kept. The {what} \
+                     read-only, and this call ran again. The {what} \
                      stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
                      rolled back) and is not mounted again after that."
                 ));

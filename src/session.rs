@@ -23,8 +23,8 @@ use crate::launch::{Facts, Start};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, OomKill, Outcome,
-    ResetReason, Status, StreamText,
+    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome,
+    ResetReason, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -207,8 +207,8 @@ impl Session {
         let _span = self.span().entered();
         tracing::debug!(
             status = ?outcome.status,
-            state_lost = outcome.state_lost,
-            rolled_back = outcome.rolled_back,
+            state_lost = outcome.state_lost(),
+            rolled_back = outcome.rolled_back(),
             ms = outcome.duration_ms,
             "execution ended"
         );
@@ -264,7 +264,6 @@ impl Session {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                outcome.state_lost = true;
                 outcome.lost_before = Some(loss.clone());
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
                     Some(now) => format!("{loss}; then {now}"),
