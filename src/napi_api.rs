@@ -363,6 +363,28 @@ pub fn sandbox_limits() -> Limits {
     limits(&Settings::from_env())
 }
 
+/// What the tool's description tells the model about the settings a new
+/// sandbox starts with (read from the environment now).
+#[napi(object)]
+pub struct ToolSettings {
+    /// Failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`).
+    pub rollback: bool,
+    /// Packages beyond the standard library are mounted
+    /// (`PI_PYTHON_TOOL_VENV`, `PI_PYTHON_TOOL_SYSTEM_SITE`).
+    pub python_packages: bool,
+}
+
+/// The settings the tool's description is built from.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn tool_settings() -> ToolSettings {
+    let s = Settings::from_env();
+    ToolSettings {
+        rollback: s.rollback,
+        python_packages: s.venv.is_some_and(|v| !v.trim().is_empty()) || s.system_site,
+    }
+}
+
 fn limits(settings: &Settings) -> Limits {
     Limits {
         max_code_bytes: MAX_CODE_BYTES as u32,
