@@ -135,3 +135,26 @@ for (const rollback of [true, false]) {
     });
   });
 }
+
+for (const rollback of [true, false]) {
+  describe(`a crash keeps its cause, rollback ${rollback ? "on" : "off"}`, { concurrency: 2 }, () => {
+    test("os._exit(3) says the exit code", async (t) => {
+      const sb = await setup(t, rollback);
+      if (!sb) return;
+      const r = await sb.execute("import os\nos._exit(3)");
+      assert.equal(r.status, "worker_error", show(r));
+      assert.match(r.diagnostic ?? "", /exited with code 3\b/, show(r));
+      assert.equal(said(r), rollback ? "rolled back" : "lost");
+    });
+
+    test("a segfault names the signal", async (t) => {
+      const sb = await setup(t, rollback);
+      if (!sb) return;
+      const r = await sb.execute("import ctypes\nctypes.string_at(0)");
+      assert.equal(r.status, "worker_error", show(r));
+      assert.match(r.diagnostic ?? "", /killed by signal 11 \(SIGSEGV/, show(r));
+      assert.equal(said(r), rollback ? "rolled back" : "lost");
+      assert.equal(await survived(sb), rollback, "the statement is true");
+    });
+  });
+}

@@ -278,6 +278,20 @@ pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
     }
 }
 
+/// How a process ended, from its own wait status (no shell's 128 + n).
+pub fn death_text(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => {
+            let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("?");
+            let core = if status.core_dumped() { ", core dumped" } else { "" };
+            format!("was killed by signal {sig} ({name}{core})")
+        }
+        (None, None) => "ended".into(),
+    }
+}
+
 /// Why the session's interpreter was last discarded (`status` shows it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResetReason {
@@ -452,7 +466,14 @@ pub struct Recovered {
 /// The words for a failed call whose interpreter was rolled back or
 /// replaced in the same sandbox: the one table of the rollback cases.
 /// `oom` is what the sandbox's memory cap did during the call.
-pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, oom: Option<&OomKill>) -> Recovered {
+/// `death` is how the interpreter ended, where PID 1 recorded it.
+pub fn recovered_text(
+    i: &Interrupt,
+    timeout_seconds: u32,
+    recovery: &Recovery,
+    oom: Option<&OomKill>,
+    death: Option<std::process::ExitStatus>,
+) -> Recovered {
     let (status, reason, _) = interruption(i, timeout_seconds, None, None);
     let (reason, died_of, also) = match oom {
         Some(OomKill::Interpreter(oom)) => (oom.clone(), format!(" ({oom})"), String::new()),
@@ -466,7 +487,10 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, 
             "Output exceeded the {} KiB per-execution capture budget (the saved log is partial){died_of}",
             OUTPUT_BUDGET_BYTES / 1024
         ),
-        Interrupt::Died => format!("The interpreter died{died_of}"),
+        Interrupt::Died => match death.filter(|_| died_of.is_empty()) {
+            Some(status) => format!("The interpreter {}", death_text(status)),
+            None => format!("The interpreter died{died_of}"),
+        },
         Interrupt::Violation(m) => format!("Protocol violation: {m}{died_of}"),
     };
     let diagnostic = format!("{what}; every process of the sandbox was killed.{also}");
@@ -1018,7 +1042,7 @@ mod tests {
 
     #[test]
     fn a_rollback_keeps_state_and_says_files_are_not_rolled_back() {
-        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, None);
+        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, None, None);
         assert_eq!(r.status, Status::Timeout);
         assert_eq!(r.state, StateFate::RolledBack { fresh: false });
         let o = Outcome { status: r.status, state: r.state, diagnostic: Some(r.diagnostic), ..ok() };
@@ -1026,10 +1050,10 @@ mod tests {
         assert!(closing.contains("rolled back to its state before this call"), "{closing}");
         assert!(closing.contains("files in /workspace and /scratch keep what the call wrote"), "{closing}");
         let lost =
-            recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None);
+            recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None, None);
         assert_eq!(lost.state, StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())));
         assert_eq!(lost.state_lost_reason.as_deref(), Some("worker_error; no rollback point had been taken"));
-        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None);
+        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None, None);
         assert_eq!(fresh.status, Status::OutputLimit);
         assert_eq!(fresh.state, StateFate::RolledBack { fresh: true });
     }
@@ -1064,24 +1088,44 @@ mod tests {
     }
 
     #[test]
+    fn a_death_under_rollback_names_its_exit_code_or_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let exited = std::process::ExitStatus::from_raw(3 << 8);
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, Some(exited));
+        assert!(r.diagnostic.starts_with("The interpreter exited with code 3; every process"), "{}", r.diagnostic);
+        let segv = std::process::ExitStatus::from_raw(11);
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, Some(segv));
+        assert!(r.diagnostic.starts_with("The interpreter was killed by signal 11 (SIGSEGV);"), "{}", r.diagnostic);
+        assert_eq!(
+            death_text(std::process::ExitStatus::from_raw(0x80 | 6)),
+            "was killed by signal 6 (SIGABRT, core dumped)"
+        );
+        // An exit code above 128 is a code, not a signal: the status is the process's own.
+        assert_eq!(death_text(std::process::ExitStatus::from_raw(139 << 8)), "exited with code 139");
+        // Unrecorded: the words of old.
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, None);
+        assert!(r.diagnostic.starts_with("The interpreter died; every process"), "{}", r.diagnostic);
+    }
+
+    #[test]
     fn an_oom_kill_is_the_cause_of_a_death_and_a_sentence_otherwise() {
         let oom = "out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 64 MiB \
                    (cgroup-v1 memory) was reached";
         let ended = OomKill::Interpreter(oom.into());
-        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, Some(&ended));
+        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, Some(&ended), None);
         assert_eq!(died.state, StateFate::RolledBack { fresh: false });
         let every = format!("The interpreter died ({oom}); every process");
         assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
         let gone = Recovery::Lost("no rollback point had been taken".into());
-        let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended));
+        let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended), None);
         assert_eq!(lost.state_lost_reason, Some(format!("{oom}; no rollback point had been taken")));
         let child = "out of memory: the cap was reached; the kernel's OOM killer ended 1 process(es) the code started";
         let others = OomKill::Others(child.into());
-        let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others));
+        let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others), None);
         assert!(timeout.diagnostic.starts_with("Execution exceeded the 3s deadline;"), "{}", timeout.diagnostic);
         assert!(timeout.diagnostic.ends_with(&format!(" Also, {child}.")), "{}", timeout.diagnostic);
         // Processes it started held the pipe: the death shows at the deadline.
-        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, Some(&ended));
+        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, Some(&ended), None);
         let deadline = format!("Execution exceeded the 3s deadline ({oom}); ");
         assert!(late.diagnostic.starts_with(&deadline), "{}", late.diagnostic);
         let (reason, diagnostic) = with_oom("worker_error".into(), "The worker died.".into(), Some(&ended));

@@ -144,6 +144,30 @@ async fn a_timeout_rolls_back_and_leaves_only_the_interpreter() {
     f.session.dispose("test").await;
 }
 
+/// An interpreter's death says how it ended, with rollback on (PID 1
+/// records it) and off (the sandbox's own exit), and the state statement
+/// after it is true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_names_its_exit_code_or_signal_with_rollback_on_and_off() {
+    for rollback in [true, false] {
+        let Some(f) = fixture_with(&format!("crash-{rollback}"), Some(rollback)) else { return };
+        f.session.execute("y = 1".into(), 30, None).await;
+        f.session.execute("z = 2".into(), 30, None).await;
+        let exited = f.session.execute("import os\nos._exit(3)".into(), 30, None).await;
+        let text = render(&exited);
+        assert_eq!(exited.status, Status::WorkerError, "{text}");
+        assert!(text.contains("exited with code 3"), "rollback {rollback}: {text}");
+        let crashed = f.session.execute("import ctypes\nctypes.string_at(0)".into(), 30, None).await;
+        let text = render(&crashed);
+        assert_eq!(crashed.status, Status::WorkerError, "{text}");
+        assert!(text.contains("killed by signal 11 (SIGSEGV"), "rollback {rollback}: {text}");
+        assert_eq!(crashed.rolled_back(), rollback, "{text}");
+        let after = f.session.execute("'y' in globals()".into(), 30, None).await;
+        assert_eq!(after.repr.as_deref(), Some(if rollback { "True" } else { "False" }), "{}", render(&after));
+        f.session.dispose("test").await;
+    }
+}
+
 /// Run `code` and return its stdout, asserting the call succeeded.
 async fn stdout_of(f: &Fixture, code: &str) -> String {
     let o = f.session.execute(code.into(), 30, None).await;

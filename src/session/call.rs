@@ -158,6 +158,12 @@ impl Session {
                     let note = w.oom_note(died)?;
                     Some(if died { OomKill::Interpreter(note) } else { OomKill::Others(note) })
                 });
+                // How the interpreter ended, recorded by the sandbox's PID 1
+                // (the host cannot wait for a process it did not start).
+                let death = match inner.worker.as_mut() {
+                    Some(w) if interrupt == Interrupt::Died => w.interpreter_death().await,
+                    _ => None,
+                };
                 let mut rollback_failed = None;
                 let keeper = inner.worker.as_ref().is_some_and(|w| w.keeper());
                 let recovered = match inner.worker.as_mut() {
@@ -168,7 +174,7 @@ impl Session {
                 };
                 match recovered {
                     Some(Ok(recovery)) => {
-                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref());
+                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref(), death);
                         if matches!(r.state, StateFate::Lost(_)) {
                             self.shared.lock().report.generation += 1;
                             o.generation = generation();
