@@ -845,7 +845,7 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
   assert.match(status, /^✓ python status\npython tool: not started yet/, "the report's first line is shown");
   assert.match(status, /more lines?, ctrl\+o to expand\)/);
   assert.match(render(statusResult, true), /hardening: default-deny seccomp/);
-  assert.match(render(await tool.execute("r", { action: "reset" }, undefined, undefined), false), /^✓ python reset\nInterpreter reset: sandbox killed/);
+  assert.match(render(await tool.execute("r", { action: "reset" }, undefined, undefined), false), /^✓ python reset\nInterpreter reset: no interpreter was running;/);
 
   const quiet = await tool.execute("q", { code: "x = 1" }, undefined, undefined);
   assert.match(render(quiet, false), /^✓ python ok \d+\.\ds$/);

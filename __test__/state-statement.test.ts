@@ -158,3 +158,48 @@ for (const rollback of [true, false]) {
     });
   });
 }
+
+for (const rollback of [true, false]) {
+  describe(`status and reset say what happened, rollback ${rollback ? "on" : "off"}`, { concurrency: 2 }, () => {
+    test("after a timeout, status names a reset only when there was one", async (t) => {
+      const sb = await setup(t, rollback);
+      if (!sb) return;
+      const r = await sb.execute("while True: pass", 1);
+      assert.equal(r.status, "timeout", show(r));
+      const text = sb.status().text;
+      if (rollback) {
+        assert.doesNotMatch(text, /last reset reason/, text);
+        assert.match(text, /^last failed call: timeout, rolled back \(the interpreter kept its state from before that call\)$/m, text);
+      } else {
+        assert.match(text, /^last reset reason: timeout$/m, text);
+        assert.doesNotMatch(text, /rolled back/, text);
+      }
+    });
+
+    test("a reset says whether the sandbox was killed", async (t) => {
+      const sb = await setup(t, rollback);
+      if (!sb) return;
+      const reset = await sb.reset();
+      if (rollback) {
+        assert.doesNotMatch(reset.text, /sandbox killed/, reset.text);
+        assert.match(reset.text, /^Interpreter reset: interpreter state discarded; a fresh interpreter is ready in the same sandbox\./, reset.text);
+      } else {
+        assert.match(reset.text, /^Interpreter reset: sandbox killed, interpreter state discarded\./, reset.text);
+      }
+      const again = await sb.reset();
+      if (rollback) assert.match(again.text, /^Interpreter reset: interpreter state discarded; a fresh interpreter is ready/, again.text);
+      else assert.match(again.text, /^Interpreter reset: no interpreter was running;/, again.text);
+      assert.equal(await survived(sb), false, "the reset discarded the state");
+    });
+
+    test("status names the permission mode", async (t) => {
+      const sb = await setup(t, rollback);
+      if (!sb) return;
+      assert.match(sb.status().text, /^permission mode: none announced \(no tool-permissions:mode event\) \(\/workspace read-only\)$/m);
+      sb.applyModeEvent({ mode: "edits", readRoots: [] });
+      assert.match(sb.status().text, /^permission mode: edits \(\/workspace read-write\)$/m);
+      sb.applyModeEvent({ mode: "manual", readRoots: [] });
+      assert.match(sb.status().text, /^permission mode: manual \(\/workspace read-only\)$/m);
+    });
+  });
+}

@@ -1001,8 +1001,8 @@ impl PythonSandbox {
     /// The next `execute` starts a fresh interpreter.
     #[napi]
     pub async fn reset(&self) -> Result<ResetResult> {
-        let (dirs, notes) = self.session.reset().await;
-        let text = displayed(crate::outcome::reset_text(dirs.as_ref(), &notes));
+        let (dirs, done, notes) = self.session.reset().await;
+        let text = displayed(crate::outcome::reset_text(dirs.as_ref(), done, &notes));
         Ok(ResetResult { scratch_dir: dirs.map(|d| path_str(&d.scratch)), text })
     }
 
@@ -1011,6 +1011,7 @@ impl PythonSandbox {
     pub fn status(&self) -> StatusResult {
         let mut report = self.session.status();
         report.denied_reads = self.grants.denied();
+        report.permission_mode = self.grants.mode().and_then(|m| m.mode);
         status_to_js(report)
     }
 

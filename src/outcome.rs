@@ -53,7 +53,7 @@ use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
-pub use status::{reset_text, status_text, Availability, SpareState, StatusReport};
+pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
 
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -965,8 +965,27 @@ mod tests {
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
         assert!(text.contains("\ncontainment: ") && text.contains("PI_PYTHON_TOOL_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
-        let reset = reset_text(None, &["x was renamed".into()]);
+        assert!(text
+            .contains("\npermission mode: none announced (no tool-permissions:mode event) (/workspace read-only)\n"));
+        assert!(!text.contains("last reset reason") && !text.contains("last failed call"), "{text}");
+        let rolled = StatusReport {
+            last_rollback: Some(ResetReason::Timeout),
+            permission_mode: Some("edits".into()),
+            mounts: MountConfig { workspace_writable: true, ..MountConfig::default() },
+            ..report
+        };
+        let text = status_text(&rolled, &settings);
+        assert!(text.contains("\nlast failed call: timeout, rolled back (the interpreter kept its state"), "{text}");
+        assert!(!text.contains("last reset reason"), "a rollback resets nothing: {text}");
+        assert!(text.contains("\npermission mode: edits (/workspace read-write)\n"), "{text}");
+        let reset = reset_text(None, ResetDone::Killed, &["x was renamed".into()]);
         assert!(reset.contains("no scratch directory was allocated yet") && reset.ends_with("\n\nnote: x was renamed"));
+        assert!(reset.starts_with("Interpreter reset: sandbox killed, interpreter state discarded."), "{reset}");
+        for done in [ResetDone::Fresh, ResetDone::Idle] {
+            let reset = reset_text(None, done, &[]);
+            assert!(!reset.contains("sandbox killed"), "{done:?}: {reset}");
+        }
+        assert!(reset_text(None, ResetDone::Fresh, &[]).contains("a fresh interpreter is ready in the same sandbox"));
     }
 
     #[test]

@@ -179,7 +179,15 @@ impl Session {
                             self.shared.lock().report.generation += 1;
                             o.generation = generation();
                         }
-                        self.shared.lock().report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                        // Only a loss resets anything; a rollback is the last failure.
+                        {
+                            let mut sh = self.shared.lock();
+                            if matches!(r.state, StateFate::Lost(_)) {
+                                sh.report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                            } else {
+                                sh.report.last_rollback = Some(ResetReason::from(&interrupt));
+                            }
+                        }
                         o.status = r.status;
                         o.state = r.state;
                         o.state_lost_reason = r.state_lost_reason;
