@@ -831,6 +831,32 @@ test("renderCall: the first lines of the code, highlighted, how many more; expan
   assert.match(plain(hostile), /␛\]52;c;aGk=␇<U\+202E>/);
 });
 
+test("refused parameters render as an error with its status word, in pi's own tool row", async (t) => {
+  setupTui();
+  const h = await setup(t);
+  // pi's schema refuses one; the tool's own check (which throws) the other.
+  const refused = await turn(h, [{ code: "1", timeoutSeconds: 500 }, { code: "" }]);
+  const def = (h.session as never as { extensionRunner: { getToolDefinition(n: string): unknown } }).extensionRunner.getToolDefinition("python");
+  const Row = (piAgent as unknown as {
+    ToolExecutionComponent: new (...a: unknown[]) => { updateResult(r: unknown, p: boolean): void; render(w: number): string[] };
+  }).ToolExecutionComponent;
+  const { renderResult } = pythonRenderers(h);
+  for (const [i, message] of [/timeoutSeconds: (must be|expected) <= 120/, /requires `code` \(a non-empty string\)/].entries()) {
+    const r = refused[i];
+    assert.equal(r.isError, true, messageText(r));
+    assert.match(messageText(r), message);
+    const row = new Row("python", `refused-${i}`, {}, { showImages: false }, def, { requestRender() {} }, process.cwd());
+    row.updateResult({ content: r.content, details: r.details, isError: true }, false);
+    const drawn = row.render(100).map((l) => plain(l).trimEnd()).join("\n");
+    assert.match(drawn, /✗ python refused/, drawn);
+    assert.doesNotMatch(drawn, /✓/, drawn);
+    assert.match(drawn, message, "the reason is shown");
+    // Whatever pi passes as the context, the result's own fields say it failed.
+    const bare = shownResult(renderResult({ content: r.content, details: r.details }, { expanded: false, isPartial: false }, theme(), context({ isError: false })));
+    assert.match(bare, /^✗ python refused\n/, bare);
+  }
+});
+
 test("renderResult: never drops the first line; collapsed, the tail with counts and the log; expanded, every line", async (t) => {
   if (skipWithoutSandbox(t)) return;
   setupTui();
