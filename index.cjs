@@ -841,3 +841,4 @@ module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
+module.exports.toolSettings = nativeBinding.toolSettings

@@ -466,3 +466,20 @@ export interface StatusResult {
   /** The report as text for the model. */
   text: string
 }
+
+/** The settings the tool's description is built from. */
+export declare function toolSettings(): ToolSettings
+
+/**
+ * What the tool's description tells the model about the settings a new
+ * sandbox starts with (read from the environment now).
+ */
+export interface ToolSettings {
+  /** Failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`). */
+  rollback: boolean
+  /**
+   * Packages beyond the standard library are mounted
+   * (`PI_PYTHON_TOOL_VENV`, `PI_PYTHON_TOOL_SYSTEM_SITE`).
+   */
+  pythonPackages: boolean
+}

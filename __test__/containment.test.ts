@@ -259,7 +259,7 @@ describe("containment", { concurrency: 1 }, () => {
     assert.equal(r.stateLost, false, show(r));
     assert.match(
       r.diagnostic ?? "",
-      /^The interpreter died \(out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 256 MiB \(cgroup-v\d memory\) was reached\); every process of the sandbox was killed and the interpreter was rolled back/,
+      /^The interpreter died \(out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 256 MiB \(cgroup-v\d memory\) was reached\); every process of the sandbox was killed\. The interpreter was rolled back to its state before this call/,
       show(r),
     );
     assert.match(r.text, /out of memory/);

@@ -264,7 +264,7 @@ test("agent turn: the model sees the output; failures are isError, successes are
   assert.equal(failed.isError, true);
   assert.match(messageText(failed), /--- exception: ValueError ---/);
   assert.match(messageText(failed), /boom/);
-  assert.match(messageText(failed), /Interpreter state preserved/, "after an error the model learns what stayed");
+  assert.match(messageText(failed), /Interpreter state kept: what ran before the error remains/, "after an error the model learns what stayed");
   assert.doesNotMatch(messageText(fine), /Interpreter state/);
   assert.equal(fine.isError, false);
   assert.match(messageText(fine), /result: 'still here'/);
@@ -656,7 +656,7 @@ test("tool_result marks every failure status as isError for the model, ok as not
   assert.match(messageText(runtimeError), /^status: runtime_error/);
   assert.equal(timeout.isError, true);
   assert.match(messageText(timeout), /^status: timeout/);
-  assert.match(messageText(timeout), /Interpreter state was LOST \(timeout\)/);
+  assert.match(messageText(timeout), /Interpreter state was LOST \(timeout; rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)\)/);
   assert.equal(ok.isError, false);
   assert.match(messageText(ok), /^status: ok/);
 
@@ -831,6 +831,32 @@ test("renderCall: the first lines of the code, highlighted, how many more; expan
   assert.match(plain(hostile), /␛\]52;c;aGk=␇<U\+202E>/);
 });
 
+test("refused parameters render as an error with its status word, in pi's own tool row", async (t) => {
+  setupTui();
+  const h = await setup(t);
+  // pi's schema refuses one; the tool's own check (which throws) the other.
+  const refused = await turn(h, [{ code: "1", timeoutSeconds: 500 }, { code: "" }]);
+  const def = (h.session as never as { extensionRunner: { getToolDefinition(n: string): unknown } }).extensionRunner.getToolDefinition("python");
+  const Row = (piAgent as unknown as {
+    ToolExecutionComponent: new (...a: unknown[]) => { updateResult(r: unknown, p: boolean): void; render(w: number): string[] };
+  }).ToolExecutionComponent;
+  const { renderResult } = pythonRenderers(h);
+  for (const [i, message] of [/timeoutSeconds: (must be|expected) <= 120/, /requires `code` \(a non-empty string\)/].entries()) {
+    const r = refused[i];
+    assert.equal(r.isError, true, messageText(r));
+    assert.match(messageText(r), message);
+    const row = new Row("python", `refused-${i}`, {}, { showImages: false }, def, { requestRender() {} }, process.cwd());
+    row.updateResult({ content: r.content, details: r.details, isError: true }, false);
+    const drawn = row.render(100).map((l) => plain(l).trimEnd()).join("\n");
+    assert.match(drawn, /✗ python refused/, drawn);
+    assert.doesNotMatch(drawn, /✓/, drawn);
+    assert.match(drawn, message, "the reason is shown");
+    // Whatever pi passes as the context, the result's own fields say it failed.
+    const bare = shownResult(renderResult({ content: r.content, details: r.details }, { expanded: false, isPartial: false }, theme(), context({ isError: false })));
+    assert.match(bare, /^✗ python refused\n/, bare);
+  }
+});
+
 test("renderResult: never drops the first line; collapsed, the tail with counts and the log; expanded, every line", async (t) => {
   if (skipWithoutSandbox(t)) return;
   setupTui();
@@ -845,7 +871,7 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
   assert.match(status, /^✓ python status\npython tool: not started yet/, "the report's first line is shown");
   assert.match(status, /more lines?, ctrl\+o to expand\)/);
   assert.match(render(statusResult, true), /hardening: default-deny seccomp/);
-  assert.match(render(await tool.execute("r", { action: "reset" }, undefined, undefined), false), /^✓ python reset\nInterpreter reset: sandbox killed/);
+  assert.match(render(await tool.execute("r", { action: "reset" }, undefined, undefined), false), /^✓ python reset\nInterpreter reset: no interpreter was running;/);
 
   const quiet = await tool.execute("q", { code: "x = 1" }, undefined, undefined);
   assert.match(render(quiet, false), /^✓ python ok \d+\.\ds$/);

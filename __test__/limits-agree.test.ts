@@ -14,7 +14,13 @@ const addon = createRequire(import.meta.url)("../index.cjs") as { sandboxLimits(
 
 test("the wrapper's limits are the addon's, and its fallback agrees with them", () => {
   const l = addon.sandboxLimits();
-  const fromAddon = { maxCodeBytes: l.maxCodeBytes, defaultTimeoutSeconds: l.defaultTimeoutSeconds, maxTimeoutSeconds: l.maxTimeoutSeconds };
+  const fromAddon = {
+    maxCodeBytes: l.maxCodeBytes,
+    defaultTimeoutSeconds: l.defaultTimeoutSeconds,
+    maxTimeoutSeconds: l.maxTimeoutSeconds,
+    outputBudgetBytes: l.outputBudgetBytes,
+    rlimitAsBytes: l.rlimitAsBytes,
+  };
   assert.deepEqual(toolLimits(), fromAddon);
   assert.deepEqual(FALLBACK_LIMITS, fromAddon, "js/params.ts's fallback differs from the addon");
 });

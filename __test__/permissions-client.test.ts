@@ -185,7 +185,7 @@ test("a session grant: the editor's raw text (relative, /**) is normalised and m
   assert.equal(s.log.answers[0].modeEvent, true);
   const note = s.h.notifications.at(-1)?.message ?? "";
   assert.match(note, new RegExp(`read roots mounted read-only: ${s.outside} \\(requested as \\.\\./\\.\\./${basename(s.outside)}/\\*\\*\\)`));
-  assert.match(r.text, /this call ran again on the fresh interpreter; its state from this run is kept/);
+  assert.match(r.text, /so the sandbox restarted with it and this call ran again\.\n\nEarlier interpreter state was discarded before this call \([^)]+\); this call ran on a fresh interpreter\./);
   assert.doesNotMatch(r.text, /Interpreter state was LOST|A fresh interpreter starts on the next execution/);
   const next = await s.run({ code: "print(len(kept))" });
   assert.match(next.text, /^8$/m);

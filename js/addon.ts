@@ -12,6 +12,7 @@ import type {
   PythonSandbox as PythonSandboxClass,
   SandboxOptions,
   ToolPermissions as ToolPermissionsClass,
+  ToolSettings,
 } from "../index.d.ts";
 
 export type PythonSandbox = PythonSandboxClass;
@@ -21,6 +22,7 @@ type Binding = {
   ToolPermissions: new () => ToolPermissionsClass;
   cleanupAll(): void;
   sandboxLimits?(): Limits;
+  toolSettings?(): ToolSettings;
   displayText(text: string): string;
   displayLine?(text: string): string;
 };

@@ -17,18 +17,11 @@ import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { displayLine, displayText } from "./display.ts";
-import { ACTIONS, parseParams } from "./params.ts";
+import { toolWords } from "./describe.ts";
+import { ACTIONS, parseParams, toolFacts } from "./params.ts";
 import { hostImagePath, renderCall, renderResult } from "./render.ts";
 
 const TOOL = "python";
-
-const DESCRIPTION = `Run Python code in a persistent, sandboxed interpreter (Linux, bubblewrap + seccomp).
-- State (variables, imports, functions, classes) persists across calls until a reset, a timeout, a cancel, an output overflow or a crash; ordinary exceptions keep it (execution is not transactional).
-- The project is mounted at /workspace (read-only unless the permission mode allows edits); /scratch is writable and kept across calls and resets; /tmp is private.
-- Standard library only; no network and no sockets; input() gets EOF; no top-level await.
-- The final expression's repr is shown automatically; print json.dumps(...) for JSON.
-- Limits: 64 KiB of code, timeoutSeconds 1-120 (default 30), 1 MiB of output per call, 512 MiB address space per process.
-- action "reset" discards interpreter state (scratch is kept); action "status" reports the sandbox without starting it.`;
 
 const MODE_CHANNEL = "tool-permissions:mode";
 const PROMPT_CHANNEL = "tool-permissions:prompt";
@@ -143,15 +136,15 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     return sandbox;
   }
 
+  // What the model is told follows the settings and limits in force at registration.
+  const facts = toolFacts();
+  const words = toolWords(facts);
   pi.registerTool({
     name: TOOL,
     label: "Python (sandboxed)",
-    description: DESCRIPTION,
-    promptSnippet: "python: run Python in a persistent sandboxed interpreter (state persists; /workspace, /scratch)",
-    promptGuidelines: [
-      "Write files to /scratch; /workspace is read-only unless the permission mode allows edits.",
-      "Keep long-running work under timeoutSeconds (max 120); a timeout loses interpreter state.",
-    ],
+    description: words.description,
+    promptSnippet: words.promptSnippet,
+    promptGuidelines: words.promptGuidelines,
     executionMode: "sequential",
     parameters: Type.Object({
       action: Type.Optional(
@@ -162,10 +155,14 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         }),
       ),
       code: Type.Optional(
-        Type.String({ description: "Python source to run. Required for action=execute; at most 64 KiB UTF-8." }),
+        Type.String({ description: `Python source to run. Required for action=execute; at most ${facts.maxCodeBytes / 1024} KiB UTF-8.` }),
       ),
       timeoutSeconds: Type.Optional(
-        Type.Integer({ minimum: 1, maximum: 120, description: "Wall-time limit for execute (1 to 120 seconds). Default 30." }),
+        Type.Integer({
+          minimum: 1,
+          maximum: facts.maxTimeoutSeconds,
+          description: `Wall-time limit for execute (1 to ${facts.maxTimeoutSeconds} seconds). Default ${facts.defaultTimeoutSeconds}.`,
+        }),
       ),
     }),
 

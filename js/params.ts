@@ -5,18 +5,41 @@
  */
 
 import { loadAddon } from "./addon.ts";
+import type { ToolFacts } from "./describe.ts";
 
 /**
  * The addon's limits are the source (`sandboxLimits()`); these are used where it does not load
  * (and for the schema, built before it is loaded), and a test pins that they agree.
  */
-export const FALLBACK_LIMITS = { maxCodeBytes: 64 * 1024, defaultTimeoutSeconds: 30, maxTimeoutSeconds: 120 };
+export const FALLBACK_LIMITS = {
+  maxCodeBytes: 64 * 1024,
+  defaultTimeoutSeconds: 30,
+  maxTimeoutSeconds: 120,
+  outputBudgetBytes: 1024 * 1024,
+  rlimitAsBytes: 512 * 1024 * 1024,
+};
 
 /** The limits in force: the addon's when it loads. */
 export function toolLimits(): typeof FALLBACK_LIMITS {
   const l = loadAddon().binding?.sandboxLimits?.();
   if (!l) return FALLBACK_LIMITS;
-  return { maxCodeBytes: l.maxCodeBytes, defaultTimeoutSeconds: l.defaultTimeoutSeconds, maxTimeoutSeconds: l.maxTimeoutSeconds };
+  return {
+    maxCodeBytes: l.maxCodeBytes,
+    defaultTimeoutSeconds: l.defaultTimeoutSeconds,
+    maxTimeoutSeconds: l.maxTimeoutSeconds,
+    outputBudgetBytes: l.outputBudgetBytes,
+    rlimitAsBytes: l.rlimitAsBytes,
+  };
+}
+
+/**
+ * What the tool's description is built from: the addon's settings (read from the environment
+ * now) and limits. Without the addon the tool is unavailable whatever it says; the defaults
+ * are then the documented ones.
+ */
+export function toolFacts(): ToolFacts {
+  const settings = loadAddon().binding?.toolSettings?.();
+  return { rollback: settings?.rollback ?? true, pythonPackages: settings?.pythonPackages ?? false, ...toolLimits() };
 }
 
 export const MAX_CODE_BYTES = FALLBACK_LIMITS.maxCodeBytes;

@@ -26,6 +26,8 @@ export interface RenderContext {
   expanded?: boolean;
   showImages?: boolean;
   state?: Record<string, unknown>;
+  /** pi's own verdict on the result (pi 0.73 passes it). */
+  isError?: boolean;
 }
 
 /** `1 line`, `2 lines`. */
@@ -248,9 +250,13 @@ export function renderResult(
   const text = displayText(first?.text ?? "");
   if (options.isPartial || d.status === "running" || d.status === "waiting") return renderPartial(text, d, theme);
 
-  const mark = d.isError ? theme.fg("error", "✗") : theme.fg("success", "✓");
+  // Every result the tool returns says its status; one without is pi's own error result: the
+  // arguments were refused (by pi's schema, or by the tool's checks, which throw).
+  const refused = d.status === undefined && d.action === undefined;
+  const failed = d.isError === true || context?.isError === true || refused;
+  const mark = failed ? theme.fg("error", "✗") : theme.fg("success", "✓");
   const report = d.action === "status" || d.action === "reset";
-  const label = report ? d.action! : displayText(d.status === "runtime_error" ? "error" : (d.status ?? ""));
+  const label = report ? d.action! : refused ? "refused" : displayText(d.status === "runtime_error" ? "error" : (d.status ?? ""));
   const secs = !report && typeof d.durationMs === "number" ? theme.fg("muted", ` ${(d.durationMs / 1000).toFixed(1)}s`) : "";
   const header = `${mark} ${theme.fg("toolTitle", "python")} ${label}${secs}`;
 
@@ -284,6 +290,6 @@ export function renderResult(
   }
   const note = cutNote(d, text, context?.state);
   if (note) after.push(theme.fg("warning", note));
-  const body = lines.map((l) => theme.fg("toolOutput", l)).join("\n");
+  const body = lines.map((l) => theme.fg(refused ? "error" : "toolOutput", l)).join("\n");
   return new ResultView(header, body, expanded ? "none" : report ? "head" : "tail", after, theme);
 }

@@ -335,3 +335,18 @@ mod tests {
         assert!(!holds_stand_in("/srv/日本/<Ux>"));
     }
 }
+
+/// `1 entry`, `2 entries`: `n` and the noun in the number it takes.
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod count_tests {
+    #[test]
+    fn one_is_singular() {
+        assert_eq!(super::count(1, "entry", "entries"), "1 entry");
+        assert_eq!(super::count(0, "entry", "entries"), "0 entries");
+        assert_eq!(super::count(2, "entry", "entries"), "2 entries");
+    }
+}

@@ -18,7 +18,7 @@ use crate::display::{displayed, displayed_line};
 use crate::grants::{Answer, Grants, Next};
 use crate::limits::*;
 use crate::options::Settings;
-use crate::outcome::{render, Outcome};
+use crate::outcome::{closing, render, Outcome};
 use crate::permissions::{self, MountConfig, ReadDecision};
 use crate::session::{Availability, Session, SessionOptions, SpareState, StatusReport};
 
@@ -299,6 +299,7 @@ fn path_str(p: &std::path::Path) -> String {
 fn to_js(o: Outcome) -> ExecResult {
     use base64::Engine;
     let text = render(&o);
+    let diagnostic = closing(&o);
     let join = |s: &crate::outcome::StreamText| {
         if s.omitted == 0 {
             format!("{}{}", s.head, s.tail)
@@ -312,9 +313,9 @@ fn to_js(o: Outcome) -> ExecResult {
         text,
         duration_ms: o.duration_ms as f64,
         generation: o.generation as f64,
-        state_lost: o.state_lost,
+        state_lost: o.state_lost(),
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
-        rolled_back: o.rolled_back,
+        rolled_back: o.rolled_back(),
         lost_before: o.lost_before.clone().map(displayed),
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
@@ -337,7 +338,7 @@ fn to_js(o: Outcome) -> ExecResult {
             stderr: o.log_paths.stderr.as_deref().map(path_str),
         },
         log_complete: o.log_complete,
-        diagnostic: o.diagnostic.map(displayed),
+        diagnostic: diagnostic.map(displayed),
         images: o
             .images
             .iter()
@@ -360,6 +361,28 @@ fn to_js(o: Outcome) -> ExecResult {
 #[allow(dead_code)] // called from JS only
 pub fn sandbox_limits() -> Limits {
     limits(&Settings::from_env())
+}
+
+/// What the tool's description tells the model about the settings a new
+/// sandbox starts with (read from the environment now).
+#[napi(object)]
+pub struct ToolSettings {
+    /// Failed calls roll back (`PI_PYTHON_TOOL_ROLLBACK`).
+    pub rollback: bool,
+    /// Packages beyond the standard library are mounted
+    /// (`PI_PYTHON_TOOL_VENV`, `PI_PYTHON_TOOL_SYSTEM_SITE`).
+    pub python_packages: bool,
+}
+
+/// The settings the tool's description is built from.
+#[napi]
+#[allow(dead_code)] // called from JS only
+pub fn tool_settings() -> ToolSettings {
+    let s = Settings::from_env();
+    ToolSettings {
+        rollback: s.rollback,
+        python_packages: s.venv.is_some_and(|v| !v.trim().is_empty()) || s.system_site,
+    }
 }
 
 fn limits(settings: &Settings) -> Limits {
@@ -929,17 +952,14 @@ impl PythonSandbox {
                 }
                 self.session.mark_replay(format!(
                     "Read access to {shown}, which looks like a secret, was allowed once: the sandbox restarted with \
-                     just that path unmasked, and this call ran again on the fresh interpreter, whose state is kept. \
-                     It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
+                     just that path unmasked, and this call ran again. It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
                      rolled back) and is masked again after that."
                 ));
                 ReadAnswer { replay: true, diagnostic: None }
             }
             Next::Replay => {
                 self.session.mark_replay(format!(
-                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again on \
-                     the fresh interpreter; its state from this run is kept (the state from before the grant was \
-                     discarded)."
+                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again."
                 ));
                 ReadAnswer { replay: true, diagnostic: None }
             }
@@ -957,7 +977,7 @@ impl PythonSandbox {
                 }
                 self.session.mark_replay(format!(
                     "Read access to {shown} was allowed once: the sandbox restarted with just that {what} mounted \
-                     read-only, and this call ran again on the fresh interpreter, whose state is kept. The {what} \
+                     read-only, and this call ran again. The {what} \
                      stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
                      rolled back) and is not mounted again after that."
                 ));
@@ -981,8 +1001,8 @@ impl PythonSandbox {
     /// The next `execute` starts a fresh interpreter.
     #[napi]
     pub async fn reset(&self) -> Result<ResetResult> {
-        let (dirs, notes) = self.session.reset().await;
-        let text = displayed(crate::outcome::reset_text(dirs.as_ref(), &notes));
+        let (dirs, done, notes) = self.session.reset().await;
+        let text = displayed(crate::outcome::reset_text(dirs.as_ref(), done, &notes));
         Ok(ResetResult { scratch_dir: dirs.map(|d| path_str(&d.scratch)), text })
     }
 
@@ -991,6 +1011,7 @@ impl PythonSandbox {
     pub fn status(&self) -> StatusResult {
         let mut report = self.session.status();
         report.denied_reads = self.grants.denied();
+        report.permission_mode = self.grants.mode().and_then(|m| m.mode);
         status_to_js(report)
     }
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use crate::display::{display_line, display_text, format_size};
 use crate::frame::{ExecReport, WorkerStatus};
 use crate::limits::*;
-use crate::options::Settings;
+use crate::options::{Settings, ROLLBACK_ENV};
 use crate::permissions::MountConfig;
 use crate::probe::Bwrap;
 use crate::rundir::Dirs;
@@ -53,7 +53,7 @@ use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
-pub use status::{reset_text, status_text, Availability, SpareState, StatusReport};
+pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
 
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,8 +92,9 @@ pub struct Outcome {
     pub duration_ms: u64,
     /// Worker generation that ran (or would have run) the code.
     pub generation: u64,
-    /// Interpreter state from before this call is gone.
-    pub state_lost: bool,
+    /// What became of the interpreter's state (the one statement about it).
+    pub state: StateFate,
+    /// Why the state is gone (a loss by this call, one before it, or both).
     pub state_lost_reason: Option<String>,
     /// The earlier state was discarded before this call ran (a mode
     /// change, a death while idle): this call's own state is kept.
@@ -118,20 +119,62 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// The code was handed to an interpreter.
     pub started: bool,
-    /// The call failed and the interpreter is back where it was before it.
-    pub rolled_back: bool,
     pub log_complete: bool,
     pub diagnostic: Option<String>,
 }
 
+/// What became of the interpreter's state in one call. A result states
+/// this once, worded by [`state_statement`] from this value alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateFate {
+    /// No interpreter was reached (refused, cancelled or failed before
+    /// the code ran).
+    Untouched,
+    /// The code ran to its end: what it did stays, and an error keeps
+    /// what ran before it (execution is not transactional).
+    Kept,
+    /// The call failed and was undone: the interpreter is as before the
+    /// call. `fresh`: it was a fresh interpreter (the call was its first).
+    RolledBack { fresh: bool },
+    /// The state is gone; a fresh interpreter takes the next call.
+    Lost(Loss),
+}
+
+/// Why a call lost the interpreter's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loss {
+    /// Rollback is off: the failure killed the sandbox.
+    RollbackOff,
+    /// The sandbox was kept but had no rollback point to return to (why).
+    NoPoint(String),
+    /// The rollback itself failed (why): the sandbox was killed instead.
+    RollbackFailed(String),
+    /// The host stopped the sandbox for a cause of its own (a mode change,
+    /// a dispose, a breach of a limit), whether or not rollback is on.
+    Stopped,
+    /// The call's result came, then the worker failed or was stopped.
+    AfterResult,
+}
+
 impl Outcome {
+    /// Interpreter state from before this call is gone (lost by the call,
+    /// or discarded before it ran).
+    pub fn state_lost(&self) -> bool {
+        matches!(self.state, StateFate::Lost(_)) || self.lost_before.is_some()
+    }
+
+    /// The call failed and the interpreter is back where it was before it.
+    pub fn rolled_back(&self) -> bool {
+        matches!(self.state, StateFate::RolledBack { .. })
+    }
+
     /// A result for a call that never reached an interpreter.
     pub fn static_result(status: Status, generation: u64, diagnostic: String) -> Self {
         Outcome {
             status,
             duration_ms: 0,
             generation,
-            state_lost: false,
+            state: StateFate::Untouched,
             state_lost_reason: None,
             lost_before: None,
             replay: None,
@@ -148,7 +191,6 @@ impl Outcome {
             images: Vec::new(),
             notes: Vec::new(),
             started: false,
-            rolled_back: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
         }
@@ -233,6 +275,20 @@ pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
             }
             (None, None) => "ended".into(),
         },
+    }
+}
+
+/// How a process ended, from its own wait status (no shell's 128 + n).
+pub fn death_text(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => {
+            let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("?");
+            let core = if status.core_dumped() { ", core dumped" } else { "" };
+            format!("was killed by signal {sig} ({name}{core})")
+        }
+        (None, None) => "ended".into(),
     }
 }
 
@@ -401,16 +457,23 @@ pub fn with_oom(reason: String, diagnostic: String, oom: Option<&OomKill>) -> (S
 /// A failed call whose sandbox was kept (see [`Recovery`]).
 pub struct Recovered {
     pub status: Status,
+    /// What happened (the state is [`Recovered::state`]'s to say).
     pub diagnostic: String,
-    pub rolled_back: bool,
-    pub state_lost: bool,
+    pub state: StateFate,
     pub state_lost_reason: Option<String>,
 }
 
 /// The words for a failed call whose interpreter was rolled back or
 /// replaced in the same sandbox: the one table of the rollback cases.
 /// `oom` is what the sandbox's memory cap did during the call.
-pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, oom: Option<&OomKill>) -> Recovered {
+/// `death` is how the interpreter ended, where PID 1 recorded it.
+pub fn recovered_text(
+    i: &Interrupt,
+    timeout_seconds: u32,
+    recovery: &Recovery,
+    oom: Option<&OomKill>,
+    death: Option<std::process::ExitStatus>,
+) -> Recovered {
     let (status, reason, _) = interruption(i, timeout_seconds, None, None);
     let (reason, died_of, also) = match oom {
         Some(OomKill::Interpreter(oom)) => (oom.clone(), format!(" ({oom})"), String::new()),
@@ -424,47 +487,88 @@ pub fn recovered_text(i: &Interrupt, timeout_seconds: u32, recovery: &Recovery, 
             "Output exceeded the {} KiB per-execution capture budget (the saved log is partial){died_of}",
             OUTPUT_BUDGET_BYTES / 1024
         ),
-        Interrupt::Died => format!("The interpreter died{died_of}"),
+        Interrupt::Died => match death.filter(|_| died_of.is_empty()) {
+            Some(status) => format!("The interpreter {}", death_text(status)),
+            None => format!("The interpreter died{died_of}"),
+        },
         Interrupt::Violation(m) => format!("Protocol violation: {m}{died_of}"),
     };
-    let killed = "every process of the sandbox was killed";
-    let files = "files in /workspace and /scratch keep what the call wrote";
-    match recovery {
-        Recovery::Restored => {
-            let mut diagnostic = format!(
-                "{what}; {killed} and the interpreter was rolled back to its state before this call (variables, \
-                 imports and definitions are as they were; {files})."
-            );
-            diagnostic.push_str(&also);
-            Recovered { status, diagnostic, rolled_back: true, state_lost: false, state_lost_reason: None }
+    let diagnostic = format!("{what}; every process of the sandbox was killed.{also}");
+    let (state, state_lost_reason) = match recovery {
+        Recovery::Restored => (StateFate::RolledBack { fresh: false }, None),
+        Recovery::Fresh => (StateFate::RolledBack { fresh: true }, None),
+        Recovery::Lost(why) => (StateFate::Lost(Loss::NoPoint(why.clone())), Some(format!("{reason}; {why}"))),
+        Recovery::Reset => (StateFate::Lost(Loss::Stopped), Some(reason)),
+    };
+    Recovered { status, diagnostic, state, state_lost_reason }
+}
+
+/// What the interpreter's files keep after a rollback.
+const FILES_KEPT: &str = "files in /workspace and /scratch keep what the call wrote";
+
+/// The one sentence a result says about interpreter state, from its
+/// [`StateFate`] and what was discarded before the call ran. None where
+/// there is nothing to say (a clean result, a call that never ran).
+pub fn state_statement(o: &Outcome) -> Option<String> {
+    let before = o.lost_before.as_deref().map(display_text);
+    let failed = o.status.is_failure();
+    match (&o.state, before) {
+        (StateFate::Lost(loss), _) => {
+            let reason = display_text(o.state_lost_reason.as_deref().unwrap_or("the sandbox was stopped"));
+            let why = match loss {
+                Loss::RollbackOff => format!("; rollback is off ({ROLLBACK_ENV}=0)"),
+                Loss::RollbackFailed(e) => {
+                    format!("; the rollback failed ({}), so the sandbox was killed", display_text(e))
+                }
+                Loss::NoPoint(_) | Loss::Stopped | Loss::AfterResult => String::new(),
+            };
+            Some(format!(
+                "Interpreter state was LOST ({reason}{why}). A fresh interpreter starts on the next execution."
+            ))
         }
-        Recovery::Fresh => Recovered {
-            status,
-            diagnostic: format!(
-                "{what}; {killed} and the interpreter was rolled back to its state before this call (a fresh \
-                 interpreter: this was its first call; {files}).{also}"
-            ),
-            rolled_back: true,
-            state_lost: false,
-            state_lost_reason: None,
-        },
-        Recovery::Lost(why) => Recovered {
-            status,
-            diagnostic: format!(
-                "{what}; {killed} and a fresh interpreter replaces it: {why}. Interpreter state was lost; {files}.{also}"
-            ),
-            rolled_back: false,
-            state_lost: true,
-            state_lost_reason: Some(format!("{reason}; {why}")),
-        },
-        Recovery::Reset => Recovered {
-            status,
-            diagnostic: format!("{what}; {killed} and a fresh interpreter replaces it.{also}"),
-            rolled_back: false,
-            state_lost: true,
-            state_lost_reason: Some(reason),
-        },
+        (StateFate::RolledBack { fresh }, None) => Some(if *fresh {
+            format!(
+                "The interpreter was rolled back to its state before this call (a fresh interpreter: this was its \
+                 first call; {FILES_KEPT})."
+            )
+        } else {
+            format!(
+                "The interpreter was rolled back to its state before this call (variables, imports and definitions \
+                 are as they were; {FILES_KEPT})."
+            )
+        }),
+        (StateFate::RolledBack { .. }, Some(before)) => Some(format!(
+            "Earlier interpreter state was discarded before this call ({before}); the call was rolled back to the \
+             fresh interpreter it ran on ({FILES_KEPT})."
+        )),
+        (StateFate::Kept | StateFate::Untouched, Some(before)) => Some(format!(
+            "Earlier interpreter state was discarded before this call ({before}); this call ran on a fresh \
+             interpreter{}.",
+            if failed { ", and what ran before the error remains" } else { "" }
+        )),
+        (StateFate::Kept, None) if failed => {
+            Some("Interpreter state kept: what ran before the error remains (execution is not transactional).".into())
+        }
+        (StateFate::Kept | StateFate::Untouched, None) => None,
     }
+}
+
+/// The closing paragraph of a failed call: what happened and, when the
+/// failure decided it, what became of the state. The addon's `diagnostic`
+/// field is this paragraph.
+pub fn closing(o: &Outcome) -> Option<String> {
+    let d = display_text(o.diagnostic.as_deref()?);
+    Some(match state_statement(o).filter(|_| state_closes(o)) {
+        Some(state) if d.is_empty() => state,
+        Some(state) => format!("{d} {state}"),
+        None => d.into_owned(),
+    })
+}
+
+/// The failure that has a diagnostic decided the state: the statement
+/// closes the diagnostic rather than standing apart.
+fn state_closes(o: &Outcome) -> bool {
+    o.diagnostic.is_some() && matches!(o.state, StateFate::RolledBack { .. } | StateFate::Lost(_))
 }
 
 /// Fill `o` from the worker's report. The worker bounds every field; they
@@ -570,24 +674,12 @@ pub fn render(o: &Outcome) -> String {
     }
     if let Some(replay) = &o.replay {
         let _ = write!(tail, "\n\n{}", display_text(replay));
-    } else if let Some(before) = &o.lost_before {
-        let _ = write!(
-            tail,
-            "\n\nEarlier interpreter state was discarded before this call ({}); this call ran on a fresh interpreter.",
-            display_text(before)
-        );
     }
-    if o.state_lost && (o.lost_before.is_none() || o.state_lost_reason.as_deref() != o.lost_before.as_deref()) {
-        let reason = display_text(o.state_lost_reason.as_deref().unwrap_or("sandbox killed"));
-        let _ = write!(
-            tail,
-            "\n\nInterpreter state was LOST ({reason}). A fresh interpreter starts on the next execution."
-        );
-    } else if o.status.is_failure() && o.status != Status::Unavailable {
-        // Said only where it informs: after a failure, what ran before it stays.
-        tail.push_str(
-            "\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain).",
-        );
+    // One statement of state: in the closing paragraph when the failure
+    // decided it, else here.
+    let closing = closing(o);
+    if let Some(state) = state_statement(o).filter(|_| !state_closes(o)) {
+        let _ = write!(tail, "\n\n{state}");
     }
     if o.output_limit_exceeded {
         let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
@@ -605,8 +697,8 @@ pub fn render(o: &Outcome) -> String {
         }
     };
     let mut after_logs = String::new();
-    if let Some(d) = &o.diagnostic {
-        let _ = write!(after_logs, "\n\n{}", display_text(d));
+    if let Some(d) = &closing {
+        let _ = write!(after_logs, "\n\n{d}");
     }
     let lines = |s: &str| s.matches('\n').count() + 1;
     let reserve = 200; // section headers
@@ -648,7 +740,12 @@ mod tests {
     use super::*;
 
     fn ok() -> Outcome {
-        Outcome { duration_ms: 123, diagnostic: None, ..Outcome::static_result(Status::Ok, 1, String::new()) }
+        Outcome {
+            duration_ms: 123,
+            diagnostic: None,
+            state: StateFate::Kept,
+            ..Outcome::static_result(Status::Ok, 1, String::new())
+        }
     }
 
     #[test]
@@ -687,7 +784,7 @@ mod tests {
             ..ok()
         };
         assert!(render(&o).ends_with(
-            "\n\nInterpreter state preserved (execution is not transactional: mutations before an error remain)."
+            "\n\nInterpreter state kept: what ran before the error remains (execution is not transactional)."
         ));
         let cut = Outcome {
             stdout: StreamText { head: "a\n".repeat(100), omitted: 5000, tail: "z\n".repeat(100), total: 5400 },
@@ -701,9 +798,15 @@ mod tests {
 
     #[test]
     fn lost_state_names_its_reason() {
-        let o =
-            Outcome { status: Status::Timeout, state_lost: true, state_lost_reason: Some("timeout".into()), ..ok() };
-        assert!(render(&o).contains("Interpreter state was LOST (timeout)."));
+        let o = Outcome {
+            status: Status::Timeout,
+            state: StateFate::Lost(Loss::RollbackOff),
+            state_lost_reason: Some("timeout".into()),
+            ..ok()
+        };
+        assert!(
+            render(&o).contains("Interpreter state was LOST (timeout; rollback is off (PI_PYTHON_TOOL_ROLLBACK=0)).")
+        );
     }
 
     #[test]
@@ -728,7 +831,7 @@ mod tests {
         let h = |what: &str| format!("{what}{HOSTILE}");
         Outcome {
             status: Status::PermissionNeeded,
-            state_lost: true,
+            state: StateFate::Lost(Loss::Stopped),
             state_lost_reason: Some(h("reason")),
             repr: Some(h("repr")),
             stdout: StreamText { head: h("out-head"), omitted: 10, tail: h("out-tail"), total: 100 },
@@ -751,6 +854,53 @@ mod tests {
 
     fn inert(text: &str) -> bool {
         text.chars().all(|c| c == '\t' || c == '\n' || !(c.is_control() || crate::display::is_bidi_control(c)))
+    }
+
+    /// How many sentences of `text` speak of the interpreter's state.
+    fn statements(text: &str) -> usize {
+        let t = text.to_lowercase();
+        ["interpreter state", "interpreter was rolled back"].iter().map(|m| t.matches(m).count()).sum()
+    }
+
+    #[test]
+    fn every_result_states_its_state_once_and_truly() {
+        let timeout = |state: StateFate, reason: Option<&str>| Outcome {
+            status: Status::Timeout,
+            state,
+            state_lost_reason: reason.map(String::from),
+            diagnostic: Some("Execution exceeded the 3s deadline; every process of the sandbox was killed.".into()),
+            ..ok()
+        };
+        let error = Outcome { status: Status::RuntimeError, ..ok() };
+        let mode = "the sandbox was restarted because the permission mode or read roots changed";
+        let cases: Vec<(&str, Outcome, Option<&str>)> = vec![
+            ("ok", ok(), None),
+            ("never ran", Outcome::static_result(Status::Cancelled, 1, "Cancelled before execution; the interpreter was not touched.".into()), None),
+            ("error", error.clone(), Some("Interpreter state kept: what ran before the error remains")),
+            ("rolled back", timeout(StateFate::RolledBack { fresh: false }, None), Some("every process of the sandbox was killed. The interpreter was rolled back to its state before this call (variables")),
+            ("rolled back, first call", timeout(StateFate::RolledBack { fresh: true }, None), Some("The interpreter was rolled back to its state before this call (a fresh interpreter")),
+            ("rollback off", timeout(StateFate::Lost(Loss::RollbackOff), Some("timeout")), Some("Interpreter state was LOST (timeout; rollback is off (PI_PYTHON_TOOL_ROLLBACK=0))")),
+            ("no point", timeout(StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())), Some("timeout; no rollback point had been taken")), Some("Interpreter state was LOST (timeout; no rollback point had been taken)")),
+            ("rollback failed", timeout(StateFate::Lost(Loss::RollbackFailed("the sandbox's PID 1 is gone".into())), Some("timeout")), Some("LOST (timeout; the rollback failed (the sandbox's PID 1 is gone), so the sandbox was killed)")),
+            ("mode change, ok", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..ok() }, Some("Earlier interpreter state was discarded before this call (the sandbox was restarted because the permission mode or read roots changed); this call ran on a fresh interpreter.")),
+            ("mode change, error", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..error }, Some("this call ran on a fresh interpreter, and what ran before the error remains.")),
+            ("mode change, rolled back", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..timeout(StateFate::RolledBack { fresh: true }, None) }, Some("the call was rolled back to the fresh interpreter it ran on")),
+            ("after the result", Outcome { state: StateFate::Lost(Loss::AfterResult), state_lost_reason: Some("the worker failed right after the execution: x".into()), ..ok() }, Some("Interpreter state was LOST (the worker failed right after the execution: x)")),
+        ];
+        for (what, o, want) in cases {
+            let text = render(&o);
+            match want {
+                None => assert_eq!(statements(&text), 0, "{what}: {text}"),
+                Some(want) => {
+                    assert_eq!(statements(&text), 1, "{what}: {text}");
+                    assert!(text.contains(want), "{what}: {text}");
+                }
+            }
+            // The addon's diagnostic is the closing paragraph of the text.
+            if let Some(c) = closing(&o) {
+                assert!(text.ends_with(&c), "{what}: {text}");
+            }
+        }
     }
 
     #[test]
@@ -792,7 +942,7 @@ mod tests {
         assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
         assert!(inert(&text));
-        assert!(text.ends_with("mutations before an error remain)."), "the state line is kept");
+        assert!(text.ends_with("(execution is not transactional)."), "the state line is kept");
     }
 
     #[test]
@@ -815,8 +965,27 @@ mod tests {
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
         assert!(text.contains("\ncontainment: ") && text.contains("PI_PYTHON_TOOL_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
-        let reset = reset_text(None, &["x was renamed".into()]);
+        assert!(text
+            .contains("\npermission mode: none announced (no tool-permissions:mode event) (/workspace read-only)\n"));
+        assert!(!text.contains("last reset reason") && !text.contains("last failed call"), "{text}");
+        let rolled = StatusReport {
+            last_rollback: Some(ResetReason::Timeout),
+            permission_mode: Some("edits".into()),
+            mounts: MountConfig { workspace_writable: true, ..MountConfig::default() },
+            ..report
+        };
+        let text = status_text(&rolled, &settings);
+        assert!(text.contains("\nlast failed call: timeout, rolled back (the interpreter kept its state"), "{text}");
+        assert!(!text.contains("last reset reason"), "a rollback resets nothing: {text}");
+        assert!(text.contains("\npermission mode: edits (/workspace read-write)\n"), "{text}");
+        let reset = reset_text(None, ResetDone::Killed, &["x was renamed".into()]);
         assert!(reset.contains("no scratch directory was allocated yet") && reset.ends_with("\n\nnote: x was renamed"));
+        assert!(reset.starts_with("Interpreter reset: sandbox killed, interpreter state discarded."), "{reset}");
+        for done in [ResetDone::Fresh, ResetDone::Idle] {
+            let reset = reset_text(None, done, &[]);
+            assert!(!reset.contains("sandbox killed"), "{done:?}: {reset}");
+        }
+        assert!(reset_text(None, ResetDone::Fresh, &[]).contains("a fresh interpreter is ready in the same sandbox"));
     }
 
     #[test]
@@ -892,25 +1061,27 @@ mod tests {
 
     #[test]
     fn a_rollback_keeps_state_and_says_files_are_not_rolled_back() {
-        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, None);
+        let r = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, None, None);
         assert_eq!(r.status, Status::Timeout);
-        assert!(r.rolled_back && !r.state_lost);
-        assert!(r.diagnostic.contains("rolled back to its state before this call"));
-        assert!(r.diagnostic.contains("files in /workspace and /scratch keep what the call wrote"));
+        assert_eq!(r.state, StateFate::RolledBack { fresh: false });
+        let o = Outcome { status: r.status, state: r.state, diagnostic: Some(r.diagnostic), ..ok() };
+        let closing = closing(&o).expect("a diagnostic");
+        assert!(closing.contains("rolled back to its state before this call"), "{closing}");
+        assert!(closing.contains("files in /workspace and /scratch keep what the call wrote"), "{closing}");
         let lost =
-            recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None);
-        assert!(lost.state_lost && !lost.rolled_back);
+            recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None, None);
+        assert_eq!(lost.state, StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())));
         assert_eq!(lost.state_lost_reason.as_deref(), Some("worker_error; no rollback point had been taken"));
-        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None);
+        let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None, None);
         assert_eq!(fresh.status, Status::OutputLimit);
-        assert!(fresh.rolled_back && !fresh.state_lost);
+        assert_eq!(fresh.state, StateFate::RolledBack { fresh: true });
     }
 
     #[test]
     fn state_discarded_before_a_call_is_not_a_loss_by_the_call() {
         let before = "the sandbox was restarted because the permission mode or read roots changed";
         let o = Outcome {
-            state_lost: true,
+            state: StateFate::Kept,
             state_lost_reason: Some(before.into()),
             lost_before: Some(before.into()),
             ..Outcome::static_result(Status::Ok, 2, String::new())
@@ -921,9 +1092,38 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("was LOST"), "{text}");
-        let both = Outcome { status: Status::Timeout, state_lost_reason: Some(format!("{before}; then timeout")), ..o };
+        let both = Outcome {
+            status: Status::Timeout,
+            state: StateFate::Lost(Loss::RollbackOff),
+            state_lost_reason: Some(format!("{before}; then timeout")),
+            ..o
+        };
         let text = render(&both);
-        assert!(text.contains("discarded before this call") && text.contains("was LOST"), "{text}");
+        assert!(
+            text.contains(&format!("Interpreter state was LOST ({before}; then timeout; rollback is off")),
+            "{text}"
+        );
+        assert_eq!(statements(&text), 1, "{text}");
+    }
+
+    #[test]
+    fn a_death_under_rollback_names_its_exit_code_or_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let exited = std::process::ExitStatus::from_raw(3 << 8);
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, Some(exited));
+        assert!(r.diagnostic.starts_with("The interpreter exited with code 3; every process"), "{}", r.diagnostic);
+        let segv = std::process::ExitStatus::from_raw(11);
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, Some(segv));
+        assert!(r.diagnostic.starts_with("The interpreter was killed by signal 11 (SIGSEGV);"), "{}", r.diagnostic);
+        assert_eq!(
+            death_text(std::process::ExitStatus::from_raw(0x80 | 6)),
+            "was killed by signal 6 (SIGABRT, core dumped)"
+        );
+        // An exit code above 128 is a code, not a signal: the status is the process's own.
+        assert_eq!(death_text(std::process::ExitStatus::from_raw(139 << 8)), "exited with code 139");
+        // Unrecorded: the words of old.
+        let r = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, None, None);
+        assert!(r.diagnostic.starts_with("The interpreter died; every process"), "{}", r.diagnostic);
     }
 
     #[test]
@@ -931,20 +1131,20 @@ mod tests {
         let oom = "out of memory: the kernel's OOM killer ended the interpreter: the sandbox's memory cap of 64 MiB \
                    (cgroup-v1 memory) was reached";
         let ended = OomKill::Interpreter(oom.into());
-        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, Some(&ended));
-        assert!(died.rolled_back && !died.state_lost);
+        let died = recovered_text(&Interrupt::Died, 3, &Recovery::Restored, Some(&ended), None);
+        assert_eq!(died.state, StateFate::RolledBack { fresh: false });
         let every = format!("The interpreter died ({oom}); every process");
         assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
         let gone = Recovery::Lost("no rollback point had been taken".into());
-        let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended));
+        let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended), None);
         assert_eq!(lost.state_lost_reason, Some(format!("{oom}; no rollback point had been taken")));
         let child = "out of memory: the cap was reached; the kernel's OOM killer ended 1 process(es) the code started";
         let others = OomKill::Others(child.into());
-        let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others));
+        let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others), None);
         assert!(timeout.diagnostic.starts_with("Execution exceeded the 3s deadline;"), "{}", timeout.diagnostic);
         assert!(timeout.diagnostic.ends_with(&format!(" Also, {child}.")), "{}", timeout.diagnostic);
         // Processes it started held the pipe: the death shows at the deadline.
-        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, Some(&ended));
+        let late = recovered_text(&Interrupt::Timeout, 3, &Recovery::Restored, Some(&ended), None);
         let deadline = format!("Execution exceeded the 3s deadline ({oom}); ");
         assert!(late.diagnostic.starts_with(&deadline), "{}", late.diagnostic);
         let (reason, diagnostic) = with_oom("worker_error".into(), "The worker died.".into(), Some(&ended));

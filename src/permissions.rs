@@ -66,6 +66,8 @@ pub struct ModeEvent {
     pub writable: bool,
     /// Root strings as given (validated later by [`plan_mounts`]).
     pub read_roots: Vec<String>,
+    /// The mode's name as given (at most 64 bytes), for `status`.
+    pub mode: Option<String>,
 }
 
 /// Parse a mode payload. Anything unexpected falls to the safe side: an
@@ -80,7 +82,8 @@ pub fn parse_mode_event(payload: &Value) -> Option<ModeEvent> {
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
         .unwrap_or_default();
-    Some(ModeEvent { writable, read_roots })
+    let mode = obj.get("mode").and_then(Value::as_str).filter(|m| !m.is_empty() && m.len() <= 64).map(str::to_string);
+    Some(ModeEvent { writable, read_roots, mode })
 }
 
 /// What planning read roots needs besides the roots: the canonical project

@@ -321,9 +321,9 @@ impl MaskReport {
         }
         let limits = self.limits.unwrap_or(crate::scan::DEFAULT_LIMITS);
         Some(format!(
-            "The secret scan was incomplete: it stopped after {} entries (bounds: {} entries, depth {}), so \
+            "The secret scan was incomplete: it stopped after {} (bounds: {} entries, depth {}), so \
              secrets past that point are NOT masked; {} were masked. Raise {ENTRIES_ENV} (or {}) to scan further.",
-            self.entries,
+            crate::display::count(self.entries, "entry", "entries"),
             limits.max_entries,
             limits.max_depth,
             self.masked.len(),
@@ -352,7 +352,10 @@ impl MaskReport {
         }
         match self.incomplete_note() {
             Some(n) => line.push_str(&format!("; {n}")),
-            None => line.push_str(&format!("; the scan read {} entries, all of the project", self.entries)),
+            None => line.push_str(&format!(
+                "; the scan read {}, all of the project",
+                crate::display::count(self.entries, "entry", "entries")
+            )),
         }
         line
     }
@@ -593,5 +596,7 @@ mod tests {
         let done = MaskReport { complete: true, ..r };
         assert_eq!(done.incomplete_note(), None);
         assert!(done.describe().ends_with("the scan read 7 entries, all of the project"), "{}", done.describe());
+        let one = MaskReport { entries: 1, ..done };
+        assert!(one.describe().ends_with("the scan read 1 entry, all of the project"), "{}", one.describe());
     }
 }

@@ -23,8 +23,8 @@ use crate::launch::{Facts, Start};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, OomKill, Outcome,
-    ResetReason, Status, StreamText,
+    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome,
+    ResetDone, ResetReason, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -207,8 +207,8 @@ impl Session {
         let _span = self.span().entered();
         tracing::debug!(
             status = ?outcome.status,
-            state_lost = outcome.state_lost,
-            rolled_back = outcome.rolled_back,
+            state_lost = outcome.state_lost(),
+            rolled_back = outcome.rolled_back(),
             ms = outcome.duration_ms,
             "execution ended"
         );
@@ -264,7 +264,6 @@ impl Session {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                outcome.state_lost = true;
                 outcome.lost_before = Some(loss.clone());
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
                     Some(now) => format!("{loss}; then {now}"),
@@ -466,11 +465,11 @@ impl Session {
 
     /// Kill the sandbox and discard interpreter state; scratch is kept.
     /// Returns the session directories and notes for the user.
-    pub async fn reset(&self) -> (Option<Dirs>, Vec<String>) {
+    pub async fn reset(&self) -> (Option<Dirs>, ResetDone, Vec<String>) {
         self.reset_now().instrument(self.span()).await
     }
 
-    async fn reset_now(&self) -> (Option<Dirs>, Vec<String>) {
+    async fn reset_now(&self) -> (Option<Dirs>, ResetDone, Vec<String>) {
         let mut inner = self.ops.lock().await;
         // In a keeper layout: a fresh interpreter in the same sandbox.
         // A sandbox with an allow-once path is replaced: the path goes with it.
@@ -482,19 +481,26 @@ impl Session {
             }
             _ => false,
         };
-        if fast {
+        let done = if fast {
             let mut sh = self.shared.lock();
             sh.report.generation += 1;
             sh.report.last_reset_reason = Some(ResetReason::Explicit);
+            ResetDone::Fresh
         } else {
+            let running = inner.worker.is_some();
             self.drop_worker(&mut inner, ResetReason::Explicit).await;
-        }
+            if running {
+                ResetDone::Killed
+            } else {
+                ResetDone::Idle
+            }
+        };
         inner.pending_loss = None;
         // An allow-once path whose sandbox never started goes too.
         let mounts = self.shared.lock().report.mounts.clone();
         self.forget_once(&mounts);
         self.refill_spare(&inner);
-        (inner.dirs.clone(), self.notes.lock().take())
+        (inner.dirs.clone(), done, self.notes.lock().take())
     }
 
     /// Kill the sandbox and delete the session's directories. Idempotent;

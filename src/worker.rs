@@ -264,6 +264,8 @@ pub struct Worker {
     keeper: bool,
     /// The interpreter's host pid (in a keeper layout), once looked up.
     interp: Option<i32>,
+    /// Its pid in the sandbox, as PID 1's record of deaths names it.
+    interp_ns: Option<u32>,
     /// Executions the current interpreter started: the first needs no
     /// rollback point (a fresh interpreter is where it was).
     execs: u64,
@@ -380,6 +382,7 @@ impl Worker {
             code,
             keeper,
             interp: None,
+            interp_ns: None,
             execs: 0,
             point: None,
             point_taken: false,

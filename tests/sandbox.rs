@@ -97,7 +97,7 @@ async fn timeout_kills_and_next_call_is_fresh() {
     f.session.execute("y = 1".into(), 30, None).await;
     let t = f.session.execute("while True: pass".into(), 1, None).await;
     assert_eq!(t.status, Status::Timeout, "{}", render(&t));
-    assert!(t.state_lost);
+    assert!(t.state_lost());
     let n = f.session.execute("y".into(), 30, None).await;
     assert_eq!(n.status, Status::RuntimeError, "{}", render(&n));
     assert_eq!(n.generation, 2);
@@ -112,7 +112,7 @@ async fn a_timeout_rolls_back_and_leaves_only_the_interpreter() {
     let code = "import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nz.append(3)\ny = 2\nwhile True: pass";
     let t = f.session.execute(code.into(), 1, None).await;
     assert_eq!(t.status, Status::Timeout, "{}", render(&t));
-    assert!(t.rolled_back && !t.state_lost, "{}", render(&t));
+    assert!(t.rolled_back() && !t.state_lost(), "{}", render(&t));
     let n = f.session.execute("(y, z)".into(), 30, None).await;
     assert_eq!(n.repr.as_deref(), Some("(1, [1, 2])"), "{}", render(&n));
     assert_eq!(n.generation, t.generation);
@@ -142,6 +142,30 @@ async fn a_timeout_rolls_back_and_leaves_only_the_interpreter() {
     let left = f.session.execute(others.into(), 30, None).await;
     assert_eq!(left.repr.as_deref(), Some("[]"), "{}", render(&left));
     f.session.dispose("test").await;
+}
+
+/// An interpreter's death says how it ended, with rollback on (PID 1
+/// records it) and off (the sandbox's own exit), and the state statement
+/// after it is true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_names_its_exit_code_or_signal_with_rollback_on_and_off() {
+    for rollback in [true, false] {
+        let Some(f) = fixture_with(&format!("crash-{rollback}"), Some(rollback)) else { return };
+        f.session.execute("y = 1".into(), 30, None).await;
+        f.session.execute("z = 2".into(), 30, None).await;
+        let exited = f.session.execute("import os\nos._exit(3)".into(), 30, None).await;
+        let text = render(&exited);
+        assert_eq!(exited.status, Status::WorkerError, "{text}");
+        assert!(text.contains("exited with code 3"), "rollback {rollback}: {text}");
+        let crashed = f.session.execute("import ctypes\nctypes.string_at(0)".into(), 30, None).await;
+        let text = render(&crashed);
+        assert_eq!(crashed.status, Status::WorkerError, "{text}");
+        assert!(text.contains("killed by signal 11 (SIGSEGV"), "rollback {rollback}: {text}");
+        assert_eq!(crashed.rolled_back(), rollback, "{text}");
+        let after = f.session.execute("'y' in globals()".into(), 30, None).await;
+        assert_eq!(after.repr.as_deref(), Some(if rollback { "True" } else { "False" }), "{}", render(&after));
+        f.session.dispose("test").await;
+    }
 }
 
 /// Run `code` and return its stdout, asserting the call succeeded.
@@ -202,7 +226,7 @@ async fn reads_outside_the_mounts_become_permission_needed() {
         assert_eq!(o.status, Status::PermissionNeeded, "{code}: {}", render(&o));
         assert_eq!(o.permission_path.as_deref(), Some(path), "{code}");
         assert_eq!(o.permission_is_dir, is_dir, "{code}");
-        assert!(!o.state_lost);
+        assert!(!o.state_lost());
     }
     // Runtime paths, the scratch and stat-like probes pass; state survived.
     let fine = s
@@ -239,7 +263,7 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     assert_eq!(changed, Some(true), "a running interpreter was discarded");
     let second = s.execute("open('/workspace/w.txt', 'w').write('hi')\n'v' in globals()".into(), 30, None).await;
     assert_eq!(second.repr.as_deref(), Some("False"), "{}", render(&second));
-    assert!(second.state_lost);
+    assert!(second.state_lost());
     assert!(second.state_lost_reason.as_deref().unwrap_or("").contains("permission mode"));
     assert_eq!(std::fs::read_to_string(f.dir.join("project/w.txt")).expect("written"), "hi");
     assert_eq!(
@@ -532,7 +556,7 @@ async fn a_memory_bomb_of_several_processes_is_capped_where_a_cgroup_is() {
     let text = render(&o);
     assert!(text.contains("out of memory: the sandbox's memory cap of 2 GiB"), "{text}");
     assert!(text.contains("the interpreter was not one of them"), "{text}");
-    assert!(!o.state_lost, "{text}");
+    assert!(!o.state_lost(), "{text}");
     f.session.dispose("test").await;
 }
 

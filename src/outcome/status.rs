@@ -20,7 +20,14 @@ pub struct StatusReport {
     pub generation: u64,
     pub executions: u64,
     pub runtime_version: Option<String>,
+    /// Why the interpreter's state was last discarded (a reset, a failure
+    /// that was not rolled back, a restart).
     pub last_reset_reason: Option<ResetReason>,
+    /// The last failed call that was rolled back, and why it failed (the
+    /// state was kept: nothing was reset).
+    pub last_rollback: Option<ResetReason>,
+    /// The permission mode the last mode event named, if any.
+    pub permission_mode: Option<String>,
     pub disposed: bool,
     pub project_dir: PathBuf,
     pub mounts: MountConfig,
@@ -67,6 +74,8 @@ impl StatusReport {
             executions: 0,
             runtime_version: None,
             last_reset_reason: None,
+            last_rollback: None,
+            permission_mode: None,
             disposed: false,
             project_dir,
             mounts,
@@ -139,6 +148,19 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     if let Some(reason) = &r.last_reset_reason {
         text.push_str(&format!("last reset reason: {}\n", crate::display::one_line(&reason.to_string())));
     }
+    if let Some(reason) = &r.last_rollback {
+        text.push_str(&format!(
+            "last failed call: {}, rolled back (the interpreter kept its state from before that call)\n",
+            crate::display::one_line(&reason.to_string())
+        ));
+    }
+    text.push_str(&format!(
+        "permission mode: {} (/workspace {mode})\n",
+        match &r.permission_mode {
+            Some(m) => crate::display::one_line(m).to_string(),
+            None => "none announced (no tool-permissions:mode event)".to_string(),
+        }
+    ));
     if !r.site_dirs.is_empty() {
         let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
         text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
@@ -250,13 +272,35 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text
 }
 
+/// What a reset did to the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetDone {
+    /// A fresh interpreter replaced the old one in the same sandbox.
+    Fresh,
+    /// The sandbox was killed; the next execution starts another.
+    Killed,
+    /// No sandbox was running.
+    Idle,
+}
+
 /// The text of a reset: what was kept, and notes of what the last checks
 /// of the project did.
-pub fn reset_text(dirs: Option<&Dirs>, notes: &[String]) -> String {
+pub fn reset_text(dirs: Option<&Dirs>, done: ResetDone, notes: &[String]) -> String {
     let scratch = dirs.map(|d| d.scratch.display().to_string());
+    let what = match done {
+        ResetDone::Fresh => {
+            "Interpreter reset: interpreter state discarded; a fresh interpreter is ready in the same sandbox."
+        }
+        ResetDone::Killed => {
+            "Interpreter reset: sandbox killed, interpreter state discarded. A fresh interpreter starts on the next \
+             execution."
+        }
+        ResetDone::Idle => {
+            "Interpreter reset: no interpreter was running; a fresh interpreter starts on the next execution."
+        }
+    };
     let mut text = format!(
-        "Interpreter reset: sandbox killed, interpreter state discarded. Scratch files are preserved ({}). \
-         A fresh interpreter starts on the next execution.",
+        "{what} Scratch files are preserved ({}).",
         scratch.as_deref().unwrap_or("no scratch directory was allocated yet")
     );
     for note in notes {

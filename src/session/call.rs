@@ -127,6 +127,7 @@ impl Session {
         match result {
             Ok(done) => {
                 apply_report(&mut o, done.report, &dirs.scratch);
+                o.state = StateFate::Kept;
                 // Processes the code started that the memory cap ended.
                 o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));
                 if let Err(why) = done.after {
@@ -135,7 +136,7 @@ impl Session {
                     // result, but its interpreter is gone.
                     let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
-                    o.state_lost = true;
+                    o.state = StateFate::Lost(Loss::AfterResult);
                     o.state_lost_reason = Some(match killed_for {
                         Some(k) => format!("the sandbox was killed right after the execution: {k}"),
                         None => format!("the worker failed right after the execution: {why}"),
@@ -157,6 +158,14 @@ impl Session {
                     let note = w.oom_note(died)?;
                     Some(if died { OomKill::Interpreter(note) } else { OomKill::Others(note) })
                 });
+                // How the interpreter ended, recorded by the sandbox's PID 1
+                // (the host cannot wait for a process it did not start).
+                let death = match inner.worker.as_mut() {
+                    Some(w) if interrupt == Interrupt::Died => w.interpreter_death().await,
+                    _ => None,
+                };
+                let mut rollback_failed = None;
+                let keeper = inner.worker.as_ref().is_some_and(|w| w.keeper());
                 let recovered = match inner.worker.as_mut() {
                     Some(w) if kept && killed_for.is_none() && w.keeper() => {
                         Some(w.recover(Some(&mut capture), false).await)
@@ -165,16 +174,23 @@ impl Session {
                 };
                 match recovered {
                     Some(Ok(recovery)) => {
-                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref());
-                        if r.state_lost {
+                        let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref(), death);
+                        if matches!(r.state, StateFate::Lost(_)) {
                             self.shared.lock().report.generation += 1;
                             o.generation = generation();
                         }
-                        self.shared.lock().report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                        // Only a loss resets anything; a rollback is the last failure.
+                        {
+                            let mut sh = self.shared.lock();
+                            if matches!(r.state, StateFate::Lost(_)) {
+                                sh.report.last_reset_reason = Some(ResetReason::from(&interrupt));
+                            } else {
+                                sh.report.last_rollback = Some(ResetReason::from(&interrupt));
+                            }
+                        }
                         o.status = r.status;
-                        o.state_lost = r.state_lost;
+                        o.state = r.state;
                         o.state_lost_reason = r.state_lost_reason;
-                        o.rolled_back = r.rolled_back;
                         o.diagnostic = Some(r.diagnostic);
                         o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
                         o.log_complete = !o.output_limit_exceeded;
@@ -189,9 +205,7 @@ impl Session {
                     }
                     Some(Err(e)) => {
                         tracing::warn!("rollback failed: {e}");
-                        o.notes.push(format!(
-                            "The interpreter could not be rolled back ({e}); the sandbox was killed instead."
-                        ));
+                        rollback_failed = Some(e.to_string());
                     }
                     None => {}
                 }
@@ -203,13 +217,18 @@ impl Session {
                         exit = w.wait_exit(DEATH_GRACE).await;
                     }
                 }
+                let loss = match rollback_failed {
+                    Some(e) => Loss::RollbackFailed(e),
+                    None if kept && killed_for.is_none() && !keeper => Loss::RollbackOff,
+                    None => Loss::Stopped,
+                };
                 let reason = ResetReason::from(&interrupt);
                 let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
                 let (status, reason, diagnostic) =
                     interruption(&interrupt, timeout_seconds, killed_for, exit.or(killed));
                 let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
-                o.state_lost = true;
+                o.state = StateFate::Lost(loss);
                 o.state_lost_reason = Some(reason);
                 o.diagnostic = Some(diagnostic);
                 o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;

@@ -67,8 +67,31 @@ impl Worker {
         if self.interp.is_none() {
             let keeper = self.init_pid?;
             self.interp = children(keeper).into_iter().next();
+            self.interp_ns = self.interp.and_then(super::ns_pid_of);
         }
         self.interp
+    }
+
+    /// How the interpreter that just died ended (an exit code or a
+    /// signal), from PID 1's record of deaths (see the worker's
+    /// DEATHS_FD); None outside a keeper layout, or when PID 1 did not
+    /// record it within a moment (it reaps on SIGCHLD, right after the
+    /// death the host noticed).
+    pub async fn interpreter_death(&mut self) -> Option<std::process::ExitStatus> {
+        let (true, Some(keeper), Some(ns)) = (self.keeper, self.init_pid, self.interp_ns) else {
+            return None;
+        };
+        let [fd] = take_fds(keeper, [DEATHS_FD]).ok()?;
+        let until = Instant::now() + DEATH_RECORD_WAIT;
+        loop {
+            if let Some(status) = read_deaths(&fd, ns) {
+                return Some(status);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Replace a failed call's interpreter in the same sandbox: with its
@@ -196,12 +219,33 @@ impl Worker {
             return Err(RecoverError::Survivors(others));
         }
         self.interp = Some(pid);
+        self.interp_ns = super::ns_pid_of(pid);
         if !matches!(recovery, Recovery::Restored) {
             self.execs = 0;
         }
         tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
         Ok(recovery)
     }
+}
+
+/// Where PID 1 keeps the read end of its record of deaths.
+const DEATHS_FD: i32 = 18;
+
+/// How long PID 1 may take to record a death the host noticed.
+const DEATH_RECORD_WAIT: Duration = Duration::from_millis(200);
+
+/// The last record for sandbox pid `ns` among those waiting in `fd` (a
+/// non-blocking pipe of 8-byte records: pid, wait status), as a wait
+/// status. Reads at most 64 KiB: PID 1 is the only writer, and it drops
+/// its oldest records rather than block.
+fn read_deaths(fd: &std::os::fd::OwnedFd, ns: u32) -> Option<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = nix::unistd::read(fd, &mut buf).ok()?;
+    buf[..n - n % 8]
+        .chunks_exact(8)
+        .rfind(|r| u32::from_le_bytes([r[0], r[1], r[2], r[3]]) == ns)
+        .map(|r| std::process::ExitStatus::from_raw(i32::from_le_bytes([r[4], r[5], r[6], r[7]])))
 }
 
 /// Where a new interpreter leaves the host's ends of its fresh channels

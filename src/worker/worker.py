@@ -735,14 +735,62 @@ def from_host(info):
     return info.si_code == 0 and info.si_pid == 0  # SI_USER, from outside
 
 
+# PID 1 tells the host how each process it reaps ended (the interpreter's
+# exit code or signal is the cause of its death): 8-byte records (pid,
+# wait status) in a pipe whose read end waits at DEATHS_FD for the host to
+# take it with pidfd_getfd. Only PID 1 holds the write end; no process it
+# forks keeps either end.
+DEATHS_FD = 18
+DEATHS = None  # PID 1's write end
+
+
 def reap():
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if DEATHS is not None:
+            record_death(pid, status)
+
+
+def record_death(pid, status):
+    """One record for the host; when it has not read for long, the oldest
+    make room (reads of 4096 bytes keep the 8-byte records whole)."""
+    record = pid.to_bytes(4, "little") + (status & 0xFFFFFFFF).to_bytes(4, "little")
+    for _ in range(2):
+        try:
+            os.write(DEATHS, record)
+            return
+        except BlockingIOError:
+            try:
+                os.read(DEATHS_FD, 4096)
+            except OSError:
+                return
+        except OSError:
+            return
+
+
+def open_deaths():
+    """PID 1's record of deaths (see DEATHS_FD)."""
+    global DEATHS
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.dup2(r, DEATHS_FD, inheritable=False)
+    os.close(r)
+    DEATHS = high_dup(w)
+
+
+def close_deaths():
+    """In a process PID 1 forked: neither end of the record."""
+    global DEATHS
+    for fd in (DEATHS_FD, DEATHS):
+        try:
+            os.close(fd)
+        except (OSError, TypeError):
+            pass
+    DEATHS = None
 
 
 def kill_now():
@@ -845,6 +893,7 @@ def keeper(gate):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     to_dev_null()
     undumpable()
+    open_deaths()
     os.write(gate, b"1")
     os.close(gate)
     wanted = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2}
@@ -864,6 +913,7 @@ def keeper(gate):
         child = os.fork()
         if child == 0:
             os.close(done_w)
+            close_deaths()
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             nonce = fresh_channels(lambda: os.read(done_r, 1))
             os.close(done_r)
