@@ -124,7 +124,7 @@ export interface Containment {
   /** What caps its memory: `cgroup-v2`, `cgroup-v1` or `none`. */
   memory: string
   /**
-   * The caps (`PI_PYTHON_TOOL_MAX_TASKS`, `PI_PYTHON_TOOL_MAX_MEMORY`);
+   * The caps (`PI_SANDBOX_MAX_TASKS`, `PI_SANDBOX_MAX_MEMORY`);
    * absent when the setting is not one.
    */
   maxTasks?: number
@@ -277,8 +277,8 @@ export interface Limits {
   rlimitNofile: number
   /**
    * Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
-   * process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
-   * `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+   * process's life); absent when `PI_SANDBOX_TMP_SIZE` or
+   * `PI_SANDBOX_SHM_SIZE` is not a size.
    */
   tmpSizeBytes?: number
   shmSizeBytes?: number
@@ -359,7 +359,7 @@ export interface SandboxOptions {
   /**
    * After the first execution keep a started spare sandbox, so that a
    * reset, timeout or crash hands over to a ready interpreter. Default:
-   * on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
+   * on, unless `PI_SANDBOX_PREWARM` is `0`, `false`, `off` or `no`.
    */
   prewarm?: boolean
   /**

@@ -203,5 +203,5 @@ test("status says which hardening is active and what is not contained", async (t
     else process.env.PI_PYTHON_TOOL_PROTECTED = saved;
   });
   assert.deepEqual(sb.status().protectedPaths, []);
-  assert.match(sb.status().text, /protected paths when \/workspace is writable: none \(PI_PYTHON_TOOL_PROTECTED is empty\)/);
+  assert.match(sb.status().text, /protected paths when \/workspace is writable: none \(PI_SANDBOX_PROTECTED is empty\)/);
 });

@@ -336,7 +336,7 @@ describe("containment", { concurrency: 1 }, () => {
     const noted = await sb.execute("pass");
     const note = noted.notes.find((n) => n.startsWith("/scratch now holds"));
     assert.ok(note, show(noted));
-    assert.match(note, /2 MiB on the host's disk, past the 1 MiB this tool notes \(PI_PYTHON_TOOL_SCRATCH_NOTE\)/);
+    assert.match(note, /2 MiB on the host's disk, past the 1 MiB this tool notes \(PI_SANDBOX_SCRATCH_NOTE\)/);
     assert.match(sb.status().text, /scratch disk use: 2 MiB at the last check \(PAST THE THRESHOLD\)/);
     const again = await sb.execute("pass");
     assert.ok(!again.notes.some((n) => n.startsWith("/scratch now holds")), "said once per crossing");

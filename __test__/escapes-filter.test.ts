@@ -312,7 +312,7 @@ describe("memory the sandbox can hold beyond a process", { concurrency: 1 }, () 
     assert.deepEqual([shm.size, shm.errno], [4 * MiB, ENOSPC], JSON.stringify(shm));
     const st = sb.status();
     assert.deepEqual([st.limits.tmpSizeBytes, st.limits.shmSizeBytes], [8 * MiB, 4 * MiB]);
-    assert.match(st.text, /memory file systems: \/tmp 8 MiB, \/dev\/shm 4 MiB in all \(PI_PYTHON_TOOL_TMP_SIZE, PI_PYTHON_TOOL_SHM_SIZE\); writes past them fail with ENOSPC/);
+    assert.match(st.text, /memory file systems: \/tmp 8 MiB, \/dev\/shm 4 MiB in all \(PI_SANDBOX_TMP_SIZE, PI_SANDBOX_SHM_SIZE\); writes past them fail with ENOSPC/);
   });
 
   test("a size that is not one is a clear error, and the next start after fixing it works", async (t) => {

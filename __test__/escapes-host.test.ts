@@ -762,7 +762,7 @@ os.mkdir(d + "/.git")`;
     assert.ok(inert <= 256 + 3 * 51, `${inert} inert names in the project`);
     const next = await sb.execute("1");
     assert.equal(next.stateLost, true, show(next));
-    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox made more protected names in the project than the host renames for one sandbox: \d+ renamed to inert names \(the last .*\), the most is 256 \(PI_PYTHON_TOOL_MAX_INERT\); it was stopped$/);
+    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox made more protected names in the project than the host renames for one sandbox: \d+ renamed to inert names \(the last .*\), the most is 256 \(PI_SANDBOX_MAX_INERT\); it was stopped$/);
     assert.doesNotMatch(next.stateLostReason ?? "", /\n/);
     assert.ok(!existsSync(join(project, ".envrc")) && !existsSync(join(project, "d1/.envrc")), "a name stayed active");
     await new Promise((resolve) => setTimeout(resolve, 500));
@@ -795,7 +795,7 @@ os.mkdir(d + "/.git")`;
     assert.ok(after * 5 < baseline, `after the stop: ${after.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
     const next = await sb.execute("1");
     assert.equal(next.stateLost, true, show(next));
-    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox kept the host busy .*: more than 10 ms of CPU a second on average \(over 50 s\), the most for one sandbox \(PI_PYTHON_TOOL_WATCH_CPU\); it was stopped$/);
+    assert.match(next.stateLostReason ?? "", /^the sandbox was killed between executions: the sandbox kept the host busy .*: more than 10 ms of CPU a second on average \(over 50 s\), the most for one sandbox \(PI_SANDBOX_WATCH_CPU\); it was stopped$/);
   });
 
   test("ordinary work does not stop the sandbox: a tree like a checkout, packages with .npmrc, 20 protected names", async (t) => {

@@ -236,7 +236,7 @@ for p in ["/workspace/.env", "/workspace/sub/.env.production"]:
     const verdict = fx.sb.readDecision("/workspace/.env", true);
     assert.equal(verdict.prompt, false);
     assert.match(verdict.diagnostic ?? "", /looks like a secret .* no permission extension/);
-    assert.match(verdict.diagnostic ?? "", /PI_PYTHON_TOOL_SECRETS/);
+    assert.match(verdict.diagnostic ?? "", /PI_SANDBOX_SECRETS/);
     assert.ok(verdict.diagnostic?.includes(fx.project), verdict.diagnostic ?? "");
     // A read outside the mounts keeps its own wording.
     const outside = await fx.sb.execute("open('/etc/hostname').read()");
@@ -367,7 +367,7 @@ describe("the scan's bound and the unmask set", () => {
     `));
     assert.equal(r.repr, "''", show(r));
     assert.match(r.text, /The secret scan was incomplete: it stopped after 20 entries/);
-    assert.match(r.text, /Raise PI_PYTHON_TOOL_SCAN_ENTRIES/);
+    assert.match(r.text, /Raise PI_SANDBOX_SCAN_ENTRIES/);
     const s = fx.sb.status();
     assert.equal(s.secretScanComplete, false);
     assert.match(s.text, /secret scan was incomplete: it stopped after 20 entries/);

@@ -41,9 +41,9 @@ use crate::limits::{describe_size, parse_size, SettingError};
 
 /// Most tasks (processes and threads) of one sandbox, bubblewrap's own
 /// included.
-pub const MAX_TASKS_ENV: &str = "PI_PYTHON_TOOL_MAX_TASKS";
+pub const MAX_TASKS_ENV: &str = "PI_SANDBOX_MAX_TASKS";
 /// Most memory of one sandbox in all (bytes, or a number with K, M or G).
-pub const MAX_MEMORY_ENV: &str = "PI_PYTHON_TOOL_MAX_MEMORY";
+pub const MAX_MEMORY_ENV: &str = "PI_SANDBOX_MAX_MEMORY";
 pub const DEFAULT_MAX_TASKS: u64 = 256;
 pub const DEFAULT_MAX_MEMORY: u64 = 2 << 30;
 /// Below these, not even the interpreter starts.

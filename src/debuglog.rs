@@ -1,4 +1,4 @@
-//! The debug log a user can switch on: `PI_PYTHON_TOOL_LOG=debug` (or
+//! The debug log a user can switch on: `PI_SANDBOX_LOG=debug` (or
 //! `info`, `warn`, `error`, `trace`) writes the engine's `tracing` events
 //! to `debug.log` in each session's log directory: sandbox starts, kills,
 //! rollbacks, protocol decisions. Off by default, and then nothing is
@@ -24,7 +24,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
 /// `error`, `warn`, `info`, `debug` or `trace` (case-insensitive).
-pub const LOG_ENV: &str = "PI_PYTHON_TOOL_LOG";
+pub const LOG_ENV: &str = "PI_SANDBOX_LOG";
 
 /// The level a value asks for; anything else is off.
 pub fn level(value: Option<&str>) -> Option<Level> {

@@ -16,7 +16,7 @@
 //! to every home: the process's, `/root`, every directory under `/home`,
 //! every home in `/etc/passwd`, a granted directory itself (it may be a
 //! home), and any directory of a walked tree. The last component may hold
-//! `*` (any run of characters but `/`). `PI_PYTHON_TOOL_HOST_SECRETS` adds
+//! `*` (any run of characters but `/`). `PI_SANDBOX_HOST_SECRETS` adds
 //! entries (colon separated).
 
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 mod cache;
 
 /// Extra entries, colon separated, added to [`DEFAULT_HOST_SECRETS`].
-pub const HOST_SECRETS_ENV: &str = "PI_PYTHON_TOOL_HOST_SECRETS";
+pub const HOST_SECRETS_ENV: &str = "PI_SANDBOX_HOST_SECRETS";
 
 /// What no grant mounts, on any host, each with why. An entry under `~/`
 /// is a path inside a home directory: it applies to every home (see

@@ -87,8 +87,8 @@ pub const DEFAULT_TMP_BYTES: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_SHM_BYTES: u64 = 64 * 1024 * 1024;
 /// Environment variables that change those sizes (bytes, or a whole number
 /// with a K, M or G suffix).
-pub const TMP_SIZE_ENV: &str = "PI_PYTHON_TOOL_TMP_SIZE";
-pub const SHM_SIZE_ENV: &str = "PI_PYTHON_TOOL_SHM_SIZE";
+pub const TMP_SIZE_ENV: &str = "PI_SANDBOX_TMP_SIZE";
+pub const SHM_SIZE_ENV: &str = "PI_SANDBOX_SHM_SIZE";
 
 /// The sizes of the sandbox's memory-backed file systems, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +134,17 @@ pub enum SettingError {
     TooFew { name: &'static str, value: String, min: u64 },
     #[error("{name}={value:?} is not a size of at least {} (bytes, or a number with K, M or G)", describe_size(*min))]
     TooSmall { name: &'static str, value: String, min: u64 },
+}
+
+impl SettingError {
+    /// The same error, naming its variable as `f` says.
+    pub fn renamed(self, f: impl Fn(&'static str) -> &'static str) -> SettingError {
+        match self {
+            SettingError::Size { name, value, default } => SettingError::Size { name: f(name), value, default },
+            SettingError::TooFew { name, value, min } => SettingError::TooFew { name: f(name), value, min },
+            SettingError::TooSmall { name, value, min } => SettingError::TooSmall { name: f(name), value, min },
+        }
+    }
 }
 
 /// The sizes set by the two environment values (`None` or blank: the
@@ -203,13 +214,13 @@ mod tests {
         let err = tmpfs_sizes(Some("lots"), None).unwrap_err().to_string();
         assert_eq!(
             err,
-            "PI_PYTHON_TOOL_TMP_SIZE=\"lots\" is not a size: set it to a number of bytes, or a whole number with \
+            "PI_SANDBOX_TMP_SIZE=\"lots\" is not a size: set it to a number of bytes, or a whole number with \
              K, M or G (such as 256M), or unset it for the default of 256 MiB"
         );
         assert!(tmpfs_sizes(None, Some("0"))
             .unwrap_err()
             .to_string()
-            .starts_with("PI_PYTHON_TOOL_SHM_SIZE=\"0\" is not a size"));
+            .starts_with("PI_SANDBOX_SHM_SIZE=\"0\" is not a size"));
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub struct SandboxOptions {
     pub read_roots: Option<Vec<String>>,
     /// After the first execution keep a started spare sandbox, so that a
     /// reset, timeout or crash hands over to a ready interpreter. Default:
-    /// on, unless `PI_PYTHON_TOOL_PREWARM` is `0`, `false`, `off` or `no`.
+    /// on, unless `PI_SANDBOX_PREWARM` is `0`, `false`, `off` or `no`.
     pub prewarm: Option<bool>,
     /// Roll a failed call (timeout, cancel, output flood, the interpreter's
     /// death, a protocol violation) back to the interpreter's state from
@@ -160,8 +160,8 @@ pub struct Limits {
     pub rlimit_fsize_bytes: f64,
     pub rlimit_nofile: u32,
     /// Sizes of `/tmp` and `/dev/shm` (RAM the sandbox can hold beyond one
-    /// process's life); absent when `PI_PYTHON_TOOL_TMP_SIZE` or
-    /// `PI_PYTHON_TOOL_SHM_SIZE` is not a size.
+    /// process's life); absent when `PI_SANDBOX_TMP_SIZE` or
+    /// `PI_SANDBOX_SHM_SIZE` is not a size.
     pub tmp_size_bytes: Option<f64>,
     pub shm_size_bytes: Option<f64>,
     pub core_dumps: String,
@@ -176,7 +176,7 @@ pub struct Containment {
     pub tasks: String,
     /// What caps its memory: `cgroup-v2`, `cgroup-v1` or `none`.
     pub memory: String,
-    /// The caps (`PI_PYTHON_TOOL_MAX_TASKS`, `PI_PYTHON_TOOL_MAX_MEMORY`);
+    /// The caps (`PI_SANDBOX_MAX_TASKS`, `PI_SANDBOX_MAX_MEMORY`);
     /// absent when the setting is not one.
     pub max_tasks: Option<f64>,
     pub max_memory_bytes: Option<f64>,

@@ -1,5 +1,11 @@
-//! Every `PI_PYTHON_TOOL_*` setting, read in this one place into one
-//! resolved struct.
+//! Every setting, read in this one place into one resolved struct.
+//!
+//! The engine's settings (what every sandbox gets: sizes, caps, masks,
+//! protected names, budgets, the spare, the log) are `PI_SANDBOX_*`; the
+//! Python runtime's are `PI_PYTHON_TOOL_*` (the interpreter, its packages,
+//! rollback). Each engine setting is also read under its earlier name,
+//! `PI_PYTHON_TOOL_` and the same suffix; where both are set, the engine
+//! name wins and `status` names the other as ignored.
 //!
 //! The settings are read when they are used: once per session for the
 //! interpreter, the Python packages and the spare, once per sandbox start
@@ -27,7 +33,7 @@ pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
 /// `1` adds the system's dist-packages.
 pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
 /// `0`, `false`, `off` or `no` turns the spare sandbox off.
-pub const PREWARM_ENV: &str = "PI_PYTHON_TOOL_PREWARM";
+pub const PREWARM_ENV: &str = "PI_SANDBOX_PREWARM";
 
 #[derive(Debug, Clone, Default)]
 /// What the caller of a session decides (the rest comes from [`Settings`]).
@@ -45,7 +51,7 @@ pub struct SessionOptions {
     pub python_packages: Option<String>,
     /// Add the system's dist-packages; default `$PI_PYTHON_TOOL_SYSTEM_SITE` = 1.
     pub system_site_packages: Option<bool>,
-    /// Keep a spare sandbox ready (default: `$PI_PYTHON_TOOL_PREWARM`,
+    /// Keep a spare sandbox ready (default: `$PI_SANDBOX_PREWARM`,
     /// on unless it is `0`, `false`, `off` or `no`).
     pub prewarm: Option<bool>,
     /// Roll failed calls back (default: `$PI_PYTHON_TOOL_ROLLBACK`, on
@@ -95,6 +101,32 @@ pub struct Settings {
     pub home: Option<PathBuf>,
     /// The level of the debug log (see `debuglog`), when it is on.
     pub log: Option<tracing::Level>,
+    /// Earlier names set alongside their engine name, and so ignored.
+    pub shadowed: Vec<&'static str>,
+}
+
+/// The engine's settings, each with the name it had when the engine ran
+/// only Python (still read; see the module's documentation).
+pub const ENGINE_SETTINGS: [(&str, &str); 14] = [
+    (PREWARM_ENV, "PI_PYTHON_TOOL_PREWARM"),
+    (PROTECTED_ENV, "PI_PYTHON_TOOL_PROTECTED"),
+    (SECRETS_ENV, "PI_PYTHON_TOOL_SECRETS"),
+    (ENTRIES_ENV, "PI_PYTHON_TOOL_SCAN_ENTRIES"),
+    (DEPTH_ENV, "PI_PYTHON_TOOL_SCAN_DEPTH"),
+    (MAX_INERT_ENV, "PI_PYTHON_TOOL_MAX_INERT"),
+    (WATCH_CPU_ENV, "PI_PYTHON_TOOL_WATCH_CPU"),
+    (TMP_SIZE_ENV, "PI_PYTHON_TOOL_TMP_SIZE"),
+    (SHM_SIZE_ENV, "PI_PYTHON_TOOL_SHM_SIZE"),
+    (MAX_TASKS_ENV, "PI_PYTHON_TOOL_MAX_TASKS"),
+    (MAX_MEMORY_ENV, "PI_PYTHON_TOOL_MAX_MEMORY"),
+    (SCRATCH_NOTE_ENV, "PI_PYTHON_TOOL_SCRATCH_NOTE"),
+    (HOST_SECRETS_ENV, "PI_PYTHON_TOOL_HOST_SECRETS"),
+    (crate::debuglog::LOG_ENV, "PI_PYTHON_TOOL_LOG"),
+];
+
+/// The earlier name of an engine setting.
+pub fn earlier_name(name: &str) -> Option<&'static str> {
+    ENGINE_SETTINGS.iter().find(|(n, _)| *n == name).map(|(_, e)| *e)
 }
 
 impl Settings {
@@ -113,23 +145,39 @@ impl Settings {
     /// The settings from `get` (a variable's value by name).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>, git: HostGit) -> Settings {
         let home = get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+        let python = &get;
+        // An engine setting under its name, else under its earlier one.
+        let mut shadowed = Vec::new();
+        let mut by_earlier = Vec::new();
+        for (name, earlier) in ENGINE_SETTINGS {
+            match (get(name).is_some(), get(earlier).is_some()) {
+                (true, true) => shadowed.push(name),
+                (false, true) => by_earlier.push(name),
+                _ => {}
+            }
+        }
+        let get = |name: &str| get(name).or_else(|| earlier_name(name).and_then(&get));
+        // A value that is not one names the variable it came from.
+        let named =
+            |e: SettingError| e.renamed(|n| if by_earlier.contains(&n) { earlier_name(n).unwrap_or(n) } else { n });
         Settings {
-            interpreter: get(INTERPRETER_ENV),
-            venv: get(VENV_ENV),
-            system_site: get(SYSTEM_SITE_ENV).is_some_and(|v| v.trim() == "1"),
+            interpreter: python(INTERPRETER_ENV),
+            venv: python(VENV_ENV),
+            system_site: python(SYSTEM_SITE_ENV).is_some_and(|v| v.trim() == "1"),
             prewarm: !is_off(get(PREWARM_ENV)),
-            rollback: !is_off(get(ROLLBACK_ENV)),
+            rollback: !is_off(python(ROLLBACK_ENV)),
             protected: patterns(get(PROTECTED_ENV).as_deref()),
             secrets: SecretRules::new(get(SECRETS_ENV).as_deref()),
             scan: limits(get(ENTRIES_ENV).as_deref(), get(DEPTH_ENV).as_deref()),
             budget: budget_limits(get(MAX_INERT_ENV).as_deref(), get(WATCH_CPU_ENV).as_deref()),
-            tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()),
-            caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()),
+            tmpfs: tmpfs_sizes(get(TMP_SIZE_ENV).as_deref(), get(SHM_SIZE_ENV).as_deref()).map_err(named),
+            caps: caps(get(MAX_TASKS_ENV).as_deref(), get(MAX_MEMORY_ENV).as_deref()).map_err(named),
             scratch_note: note_threshold(get(SCRATCH_NOTE_ENV).as_deref()),
             host_secrets_extra: get(HOST_SECRETS_ENV),
             home,
             log: crate::debuglog::level(get(crate::debuglog::LOG_ENV).as_deref()),
             git,
+            shadowed,
         }
     }
 }
@@ -137,6 +185,35 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_settings_are_read_under_their_earlier_names_too_and_their_own_wins() {
+        let vars = [
+            ("PI_PYTHON_TOOL_MAX_TASKS", "64"),
+            ("PI_PYTHON_TOOL_TMP_SIZE", "8M"),
+            ("PI_SANDBOX_TMP_SIZE", "16M"),
+            ("PI_SANDBOX_PROTECTED", ".x"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let s = Settings::from_lookup(get, HostGit::default());
+        assert_eq!(s.caps.as_ref().map(|c| c.tasks).ok(), Some(64), "the earlier name alone is read");
+        assert_eq!(s.tmpfs.as_ref().map(|t| t.tmp).ok(), Some(16 << 20), "the engine name wins");
+        assert_eq!(s.shadowed, [TMP_SIZE_ENV]);
+        assert_eq!(s.protected.len(), 1);
+        // The Python runtime's own settings have no other name.
+        let py = Settings::from_lookup(|k| (k == "PI_SANDBOX_ROLLBACK").then(|| "0".to_string()), HostGit::default());
+        assert!(py.rollback);
+        for (name, earlier) in ENGINE_SETTINGS {
+            assert!(name.starts_with("PI_SANDBOX_"), "{name}");
+            assert_eq!(earlier, name.replace("PI_SANDBOX_", "PI_PYTHON_TOOL_"));
+        }
+        // A bad value names the variable it was read from.
+        let bad =
+            Settings::from_lookup(|k| (k == "PI_PYTHON_TOOL_TMP_SIZE").then(|| "lots".into()), HostGit::default());
+        assert!(bad.tmpfs.unwrap_err().to_string().starts_with("PI_PYTHON_TOOL_TMP_SIZE=\"lots\" is not a size"));
+        let bad = Settings::from_lookup(|k| (k == "PI_SANDBOX_MAX_TASKS").then(|| "2".into()), HostGit::default());
+        assert!(bad.caps.unwrap_err().to_string().starts_with("PI_SANDBOX_MAX_TASKS=\"2\""));
+    }
 
     #[test]
     fn settings_come_from_the_named_variables() {

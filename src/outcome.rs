@@ -960,10 +960,10 @@ mod tests {
         let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&report, &settings);
         assert!(text.starts_with("python tool: not started yet (no execution so far)\n"), "{text}");
-        assert!(text.contains("spare sandbox: off (PI_PYTHON_TOOL_PREWARM)"), "{text}");
+        assert!(text.contains("spare sandbox: off (PI_SANDBOX_PREWARM)"), "{text}");
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
-        assert!(text.contains("\ncontainment: ") && text.contains("PI_PYTHON_TOOL_MAX_TASKS"), "{text}");
+        assert!(text.contains("\ncontainment: ") && text.contains("PI_SANDBOX_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
         assert!(text
             .contains("\npermission mode: none announced (no tool-permissions:mode event) (/workspace read-only)\n"));

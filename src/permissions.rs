@@ -706,14 +706,14 @@ mod tests {
                 panic!("a secret with nobody to ask was prompted")
             };
             assert!(d.starts_with("/workspace/sub/.env.production looks like a secret"), "{d}");
-            assert!(d.contains(why) && d.contains("/home/u/proj/sub (") && d.contains("PI_PYTHON_TOOL_SECRETS"), "{d}");
+            assert!(d.contains(why) && d.contains("/home/u/proj/sub (") && d.contains("PI_SANDBOX_SECRETS"), "{d}");
             assert!(!d.contains("outside the sandbox mounts"), "{d}");
         }
         assert_eq!(read_decision("/workspace/.env", &[], true, true, Some(Path::new("/p/.env"))), ReadDecision::Prompt);
         let denied = [PathBuf::from("/workspace")];
         assert!(matches!(
             read_decision("/workspace/.env", &denied, true, true, Some(Path::new("/p/.env"))),
-            ReadDecision::Deny(d) if d.contains("denied earlier") && d.contains("PI_PYTHON_TOOL_SECRETS")
+            ReadDecision::Deny(d) if d.contains("denied earlier") && d.contains("PI_SANDBOX_SECRETS")
         ));
     }
 

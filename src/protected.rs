@@ -114,7 +114,7 @@ pub const SKILLS: &str = "skills";
 /// Replaces [`DEFAULT_PROTECTED`]: a colon-separated list; an entry with a
 /// `/` is a path relative to the project, any other a name matched at any
 /// depth (empty: protect nothing).
-pub const PROTECTED_ENV: &str = "PI_PYTHON_TOOL_PROTECTED";
+pub const PROTECTED_ENV: &str = "PI_SANDBOX_PROTECTED";
 
 /// The inert name's mark: `NAME.pi-inert`, `NAME.pi-inert-2`, ...
 pub const INERT_MARK: &str = ".pi-inert";
@@ -430,7 +430,7 @@ impl Rules {
         if !summary.complete {
             return Err(PlanError::Unprotectable(format!(
                 "the project has more than {} entries or is deeper than {} (outside dependency trees), so its protected \
-                 names are not all known; raise PI_PYTHON_TOOL_SCAN_ENTRIES or PI_PYTHON_TOOL_SCAN_DEPTH",
+                 names are not all known; raise PI_SANDBOX_SCAN_ENTRIES or PI_SANDBOX_SCAN_DEPTH",
                 self.limits.max_entries, self.limits.max_depth
             )));
         }
@@ -648,7 +648,7 @@ pub enum MaskError {
     Open(std::io::Error),
     #[error(
         "the project has {0} entries that look like secrets, more than the {MAX_MASKS} that can be masked; narrow \
-         PI_PYTHON_TOOL_SECRETS or move them out of the project"
+         PI_SANDBOX_SECRETS or move them out of the project"
     )]
     TooMany(usize),
     #[error("{rel} looks like a secret but could not be masked: {source}")]

@@ -38,8 +38,8 @@ pub struct Limits {
 
 pub const DEFAULT_LIMITS: Limits = Limits { max_entries: 50_000, max_depth: 24 };
 /// Override the bounds (whole numbers; anything else keeps the default).
-pub const ENTRIES_ENV: &str = "PI_PYTHON_TOOL_SCAN_ENTRIES";
-pub const DEPTH_ENV: &str = "PI_PYTHON_TOOL_SCAN_DEPTH";
+pub const ENTRIES_ENV: &str = "PI_SANDBOX_SCAN_ENTRIES";
+pub const DEPTH_ENV: &str = "PI_SANDBOX_SCAN_DEPTH";
 
 /// The bounds in force: `entries` and `depth` as given in the environment.
 pub fn limits(entries: Option<&str>, depth: Option<&str>) -> Limits {

@@ -19,7 +19,7 @@ use crate::protected::Notes;
 use crate::scan::{walk, Limits, Visit};
 
 /// The size of /scratch past which results and `status` say so.
-pub const SCRATCH_NOTE_ENV: &str = "PI_PYTHON_TOOL_SCRATCH_NOTE";
+pub const SCRATCH_NOTE_ENV: &str = "PI_SANDBOX_SCRATCH_NOTE";
 pub const DEFAULT_SCRATCH_NOTE: u64 = 1 << 30;
 /// Walks of /scratch start at most this often.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -72,7 +72,7 @@ struct State {
 #[derive(Debug, Default)]
 pub struct ScratchWatch {
     state: parking_lot::Mutex<State>,
-    /// The size past which results say so (`PI_PYTHON_TOOL_SCRATCH_NOTE`,
+    /// The size past which results say so (`PI_SANDBOX_SCRATCH_NOTE`,
     /// read when the session was made).
     threshold: u64,
 }

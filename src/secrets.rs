@@ -34,7 +34,7 @@ use crate::scan::{Limits, Summary, ENTRIES_ENV};
 /// Replaces [`DEFAULT_SECRETS`]: a colon-separated list of name patterns
 /// (`*` and `?` as in a shell; a trailing `/` matches directories only; a
 /// leading `!` makes an exception). Empty: nothing is masked.
-pub const SECRETS_ENV: &str = "PI_PYTHON_TOOL_SECRETS";
+pub const SECRETS_ENV: &str = "PI_SANDBOX_SECRETS";
 
 /// The default patterns, matched against entry names at any depth.
 pub const DEFAULT_SECRETS: &[&str] = &[

@@ -82,7 +82,7 @@ export class RpcPi {
   }
 
   /** The first line matching `pred`; throws after `timeoutMs` or when pi exits first. */
-  async waitFor(pred, what, timeoutMs = 30_000) {
+  async waitFor(pred, what, timeoutMs = 60_000) {
     const end = Date.now() + timeoutMs;
     for (;;) {
       const found = this.lines.find(pred);
@@ -101,7 +101,7 @@ export class RpcPi {
   }
 
   /** Sends a prompt and resolves to the first python tool_execution_end line. */
-  async runPrompt(message, timeoutMs = 30_000) {
+  async runPrompt(message, timeoutMs = 60_000) {
     const id = `prompt-${this.lines.length}`;
     this.send({ id, type: "prompt", message });
     const accepted = await this.waitFor((l) => l.type === "response" && l.id === id, "the prompt response", timeoutMs);

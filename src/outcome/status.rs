@@ -172,12 +172,20 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text.push_str(&format!(
         "spare sandbox: {}\n",
         match (r.prewarm, r.spare) {
-            (false, _) => "off (PI_PYTHON_TOOL_PREWARM)",
+            (false, _) => "off (PI_SANDBOX_PREWARM)",
             (true, SpareState::None) => "none yet",
             (true, SpareState::Starting) => "starting",
             (true, SpareState::Ready) => "ready",
         }
     ));
+    if !settings.shadowed.is_empty() {
+        let list: Vec<String> = settings
+            .shadowed
+            .iter()
+            .map(|name| format!("{} ({name} is set)", crate::options::earlier_name(name).unwrap_or(name)))
+            .collect();
+        text.push_str(&format!("settings ignored: {}\n", list.join(", ")));
+    }
     text.push_str(&format!(
         "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
         crate::display::one_line(&r.project_dir),
@@ -263,11 +271,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
          all capabilities dropped; new session; protected paths when /workspace is writable: {}.",
         crate::seccomp::allowed_here(),
         seccomp_rules,
-        if protected.is_empty() {
-            "none (PI_PYTHON_TOOL_PROTECTED is empty)".to_string()
-        } else {
-            protected.join(", ")
-        }
+        if protected.is_empty() { "none (PI_SANDBOX_PROTECTED is empty)".to_string() } else { protected.join(", ") }
     ));
     text
 }

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use super::KilledFor;
 
 /// Most inert renames in one sandbox's life (`0` or nothing: the default).
-pub const MAX_INERT_ENV: &str = "PI_PYTHON_TOOL_MAX_INERT";
+pub const MAX_INERT_ENV: &str = "PI_SANDBOX_MAX_INERT";
 pub const DEFAULT_MAX_INERT: usize = 256;
 /// Milliseconds of host CPU a second that the watches may spend on one
 /// sandbox's changes, on average (`0` or nothing: the default).
-pub const WATCH_CPU_ENV: &str = "PI_PYTHON_TOOL_WATCH_CPU";
+pub const WATCH_CPU_ENV: &str = "PI_SANDBOX_WATCH_CPU";
 pub const DEFAULT_WATCH_CPU: Duration = Duration::from_millis(100);
 /// The CPU budget holds this many seconds of its rate: a burst (a
 /// checkout that makes thousands of directories) draws on it.
@@ -89,7 +89,7 @@ impl Budget {
         if n > self.limits.renames {
             self.stop(format!(
                 "the sandbox made more protected names in the project than the host renames for one sandbox: {n} \
-                 renamed to inert names (the last {}), the most is {} (PI_PYTHON_TOOL_MAX_INERT); it was stopped",
+                 renamed to inert names (the last {}), the most is {} (PI_SANDBOX_MAX_INERT); it was stopped",
                 crate::display::one_line(&rel),
                 self.limits.renames
             ));
@@ -118,7 +118,7 @@ impl Budget {
         if over {
             self.stop(format!(
                 "the sandbox kept the host busy {what}: more than {} ms of CPU a second on average (over {} s), the \
-                 most for one sandbox (PI_PYTHON_TOOL_WATCH_CPU); it was stopped",
+                 most for one sandbox (PI_SANDBOX_WATCH_CPU); it was stopped",
                 self.limits.cpu_per_second.as_millis(),
                 BURST_SECONDS
             ));
