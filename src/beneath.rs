@@ -459,7 +459,7 @@ fn remove_tree_within(path: &Path, max_entries: u64) -> io::Result<()> {
         root: root.0,
         left: max_entries,
         max: max_entries,
-        tag: crate::rundir::random_u64(),
+        tag: crate::random::random_u64(),
         seq: 0,
     };
     loop {
@@ -704,7 +704,7 @@ mod tests {
         let p = std::env::temp_dir().join(format!(
             "pps-beneath-{tag}-{}-{:x}",
             std::process::id(),
-            crate::rundir::random_u64()
+            crate::random::random_u64()
         ));
         std::fs::create_dir_all(p.join("a/b")).expect("mkdir");
         std::fs::write(p.join("a/b/f"), "inside").expect("write");

@@ -87,7 +87,7 @@ pub fn store(runtime_root: &Path, key: u64, image: &[u8]) -> Result<PathBuf, Cod
     let final_path = path(runtime_root, key);
     let dir = final_path.parent().unwrap_or(runtime_root);
     crate::rundir::private_dir(dir)?;
-    let tmp = dir.join(format!(".tmp-{:016x}", crate::rundir::random_u64()));
+    let tmp = dir.join(format!(".tmp-{:016x}", crate::random::random_u64()));
     let written = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
         f.write_all(image)?;

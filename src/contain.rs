@@ -389,7 +389,7 @@ pub fn describe(plan: &Plan, caps: &Result<Caps, SettingError>) -> String {
 /// This process's cgroups are named `pi-python-sandbox.<token>.<n>`.
 fn name_prefix() -> &'static str {
     static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PREFIX.get_or_init(|| format!("pi-python-sandbox.{:08x}.", crate::rundir::random_u64() as u32))
+    PREFIX.get_or_init(|| format!("pi-python-sandbox.{:08x}.", crate::random::random_u64() as u32))
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(1);

@@ -1007,7 +1007,7 @@ mod tests {
         let p = std::env::temp_dir().join(format!(
             "pps-git-{tag}-{}-{:x}",
             std::process::id(),
-            crate::rundir::random_u64()
+            crate::random::random_u64()
         ));
         std::fs::create_dir_all(p.join("project")).expect("mkdir");
         Tmp(p.canonicalize().expect("canonical"))

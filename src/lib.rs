@@ -29,6 +29,7 @@ pub mod paths;
 pub mod permissions;
 pub mod probe;
 pub mod protected;
+pub mod random;
 pub mod rundir;
 pub mod runtime;
 pub mod scan;

@@ -1044,7 +1044,7 @@ mod tests {
         let p = std::env::temp_dir().join(format!(
             "pps-protected-{}-{:x}",
             std::process::id(),
-            crate::rundir::random_u64()
+            crate::random::random_u64()
         ));
         std::fs::create_dir_all(&p).expect("mkdir");
         std::fs::canonicalize(&p).expect("canonical")

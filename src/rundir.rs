@@ -11,6 +11,7 @@ use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::random::random_u64;
 use crate::spawn::kill_group;
 
 /// Paths of a session's private directory.
@@ -30,19 +31,6 @@ pub enum DirError {
     Create { path: PathBuf, source: std::io::Error },
     #[error("cannot prepare the session directory {path}: {source}")]
     Prepare { path: PathBuf, source: std::io::Error },
-}
-
-/// An unpredictable 64-bit number (for directory names and nonces).
-pub fn random_u64() -> u64 {
-    let mut buf = [0u8; 8];
-    // SAFETY: getrandom writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n == buf.len() as isize {
-        return u64::from_ne_bytes(buf);
-    }
-    // Never reached on Linux 3.17+; still unpredictable enough for names.
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    t.as_nanos() as u64 ^ (std::process::id() as u64).rotate_left(32)
 }
 
 /// The default parent of session directories: private to this user.

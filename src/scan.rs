@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn walks_breadth_first_with_dependency_trees_last_and_stops_at_its_bounds() {
         let root =
-            std::env::temp_dir().join(format!("pps-scan-{}-{:x}", std::process::id(), crate::rundir::random_u64()));
+            std::env::temp_dir().join(format!("pps-scan-{}-{:x}", std::process::id(), crate::random::random_u64()));
         for d in ["node_modules/pkg/deep", "src/a/b", "docs"] {
             std::fs::create_dir_all(root.join(d)).expect("mkdir");
         }

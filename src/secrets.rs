@@ -405,7 +405,7 @@ impl MaskSources {
     pub fn shaped(&self, holes: &[(PathBuf, bool)]) -> std::io::Result<OwnedFd> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         let root = self.dir.parent().unwrap_or(&self.dir);
-        let shape = root.join(format!("mask-shape-{:x}", crate::rundir::random_u64()));
+        let shape = root.join(format!("mask-shape-{:x}", crate::random::random_u64()));
         std::fs::DirBuilder::new().mode(0o700).create(&shape)?;
         for (rel, dir) in holes {
             if !plain(rel) {

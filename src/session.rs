@@ -38,7 +38,8 @@ pub fn cleanup_all() {
     crate::rundir::cleanup_all();
     crate::contain::cleanup_all();
 }
-use crate::rundir::{live_update, random_u64};
+use crate::random::random_u64;
+use crate::rundir::live_update;
 use crate::spare::Spare;
 use crate::spawn::kill_group;
 use crate::worker::{Call, Halt, Interrupt, Stop, Worker};

@@ -296,7 +296,7 @@ impl Guard {
             let mut new = name.clone();
             new.push(INERT_MARK);
             if n > 0 {
-                new.push(format!("-{:08x}", crate::rundir::random_u64() as u32));
+                new.push(format!("-{:08x}", crate::random::random_u64() as u32));
             }
             new
         });

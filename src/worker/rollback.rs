@@ -187,7 +187,7 @@ impl Worker {
         self.requests = requests;
         // Frames that something left in the new channels before the host
         // took them do not pass: the answer must echo this.
-        let nonce = format!("{:016x}", crate::rundir::random_u64());
+        let nonce = format!("{:016x}", crate::random::random_u64());
         let resume = frame::encode(&Request::Resume { nonce: nonce.clone() })
             .map_err(|e| RecoverError::Unexpected(e.to_string()))?;
         let reply = timeout(until.saturating_duration_since(Instant::now()), async {
