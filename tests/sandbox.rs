@@ -851,15 +851,17 @@ mod bare {
     /// Exit status and stdout of `argv` run under `profile`, or None
     /// (the reason printed) where bubblewrap cannot run.
     pub async fn run(name: &str, profile: Profile, argv: &[&str]) -> Option<(ExitStatus, String)> {
-        run_capped(name, profile, argv, contain::caps(None, None).expect("default caps")).await
+        run_capped(name, profile, argv, contain::caps(None, None).expect("default caps"), None).await
     }
 
-    /// [`run`] with the containment caps `caps`.
+    /// [`run`] with the containment caps `caps` and the policy's
+    /// open-file limit `nofile`.
     pub async fn run_capped(
         name: &str,
         profile: Profile,
         argv: &[&str],
         caps: contain::Caps,
+        nofile: Option<u64>,
     ) -> Option<(ExitStatus, String)> {
         if let Err(why) = super::can_sandbox() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
@@ -889,7 +891,7 @@ mod bare {
             protected: vec![],
             masks: vec![],
             root_masks: vec![],
-            nofile: None,
+            nofile,
             nproc: contained.nproc(),
             tmp_bytes: limits::DEFAULT_TMP_BYTES,
             shm_bytes: limits::DEFAULT_SHM_BYTES,
@@ -994,7 +996,8 @@ impl Drop for HostProcesses {
 async fn a_shell_payload_forks_no_more_than_the_task_cap() {
     // The cap is the engine's, whatever the payload: a shell (no worker
     // of the tool's) sees it and is refused past it, while this user has
-    // more processes on the host than the cap (they do not count).
+    // more processes on the host than the cap (they do not count). The
+    // policy's open-file limit is set the same way.
     use pi_python_sandbox::contain::{caps, describe, host_plan, Cap};
     const CAP: u64 = 16;
     let plan = host_plan();
@@ -1005,22 +1008,29 @@ async fn a_shell_payload_forks_no_more_than_the_task_cap() {
     // a shell cannot go on without a fork), at most 64; then, one task
     // short of the cap, `timeout` forks the one that is one too many and
     // says why it could not.
-    let script = "grep '^Max processes' /proc/self/limits; \
+    let script = "grep -e '^Max processes' -e '^Max open files' /proc/self/limits; \
         (i=0; while [ $i -lt 64 ]; do sleep 60 </dev/null >/dev/null 2>&1 & i=$((i+1)); echo forked $i; done); \
         timeout 5 true 2>&1; echo timeout $?";
-    let Some((status, out)) =
-        bare::run_capped("taskcap", pi_python_sandbox::seccomp::Profile::Shell, &["/bin/sh", "-c", script], caps).await
+    let Some((status, out)) = bare::run_capped(
+        "taskcap",
+        pi_python_sandbox::seccomp::Profile::Shell,
+        &["/bin/sh", "-c", script],
+        caps,
+        Some(100),
+    )
+    .await
     else {
         return;
     };
     assert_eq!(status.code(), Some(0), "{out}");
-    let limits: Vec<&str> = out.lines().next().unwrap_or("").split_whitespace().collect();
+    let limit = |n: usize| out.lines().nth(n).unwrap_or("").split_whitespace().collect::<Vec<_>>();
+    assert_eq!(limit(1), ["Max", "open", "files", "100", "100", "files"], "{out}");
     let forked = out.lines().filter(|l| l.starts_with("forked ")).count() as u64;
     // Tasks besides the sleepers: bubblewrap's init, the shell and its
     // subshell; a cgroup also counts bubblewrap's own process outside.
     let others = match plan.tasks {
         Cap::Nproc => {
-            assert_eq!(limits, ["Max", "processes", "16", "16", "processes"], "{out}");
+            assert_eq!(limit(0), ["Max", "processes", "16", "16", "processes"], "{out}");
             3
         }
         Cap::CgroupV1(_) | Cap::CgroupV2(_) => 4,
