@@ -178,12 +178,13 @@ pub struct Policy {
     /// The same masks where a read root that contains the project shows
     /// it (at its host path), after the read roots.
     pub root_masks: Vec<FdBind>,
-    /// The open-file limit the payload's init sets for itself and
-    /// everything it starts, when bubblewrap needed a higher one for its
-    /// mount fds.
+    /// The open-file limit of the payload and everything it starts, when
+    /// bubblewrap needed a higher one for its mount fds (see
+    /// [`Policy::held_rlimits`]).
     pub nofile: Option<u64>,
-    /// The RLIMIT_NPROC the payload's init sets in the sandbox's user
-    /// namespace, where no cgroup caps its tasks (see `contain`).
+    /// The RLIMIT_NPROC of the payload and everything it starts, counted
+    /// in the sandbox's user namespace, where no cgroup caps its tasks
+    /// (see `contain` and [`Policy::held_rlimits`]).
     pub nproc: Option<u64>,
     /// Sizes of the `/tmp` and `/dev/shm` tmpfs, in bytes (never 0, which
     /// would mean unlimited).
@@ -232,6 +233,19 @@ fn push_fd_bind(argv: &mut Vec<OsString>, bind: &FdBind) {
     argv.push(if bind.read_only { "--ro-bind-fd" } else { "--bind-fd" }.into());
     argv.push(bind.fd.to_string().into());
     argv.push(bind.dest.clone().into());
+}
+
+impl Policy {
+    /// The rlimits (soft = hard) the host sets on the sandbox's first
+    /// process while bubblewrap holds it, before the payload exists (see
+    /// `spawn::prepare_inside`): not part of the argv, and the same for
+    /// every payload.
+    pub fn held_rlimits(&self) -> Vec<(nix::sys::resource::Resource, u64)> {
+        use nix::sys::resource::Resource;
+        let nproc = self.nproc.map(|n| (Resource::RLIMIT_NPROC, n));
+        let nofile = self.nofile.map(|n| (Resource::RLIMIT_NOFILE, n));
+        nproc.into_iter().chain(nofile).collect()
+    }
 }
 
 /// The full bwrap argv (without the program name), in the order the
@@ -397,6 +411,15 @@ mod tests {
 
     fn has_triple(argv: &[String], triple: [&str; 3]) -> bool {
         argv.windows(3).any(|w| w == triple)
+    }
+
+    #[test]
+    fn the_policy_s_task_and_file_limits_are_the_host_s_to_set_and_not_in_the_argv() {
+        use nix::sys::resource::Resource;
+        assert_eq!(test_policy().held_rlimits(), []);
+        let limited = Policy { nofile: Some(128), nproc: Some(256), ..test_policy() };
+        assert_eq!(limited.held_rlimits(), [(Resource::RLIMIT_NPROC, 256), (Resource::RLIMIT_NOFILE, 128)]);
+        assert_eq!(argv(&limited), argv(&test_policy()));
     }
 
     #[test]

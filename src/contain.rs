@@ -15,10 +15,12 @@
 //! 2. cgroup v1 `pids` and `memory` children of the cgroups the pi process
 //!    is in, where those hierarchies are writable (as root on hosts that
 //!    mount them);
-//! 3. for tasks only, `RLIMIT_NPROC`, set by the worker inside the
-//!    sandbox's own user namespace (the kernel counts it per user
-//!    namespace there, so the user's other processes do not count). Root
-//!    is exempt from it, capabilities dropped or not;
+//! 3. for tasks only, `RLIMIT_NPROC`, set by the host on the sandbox's
+//!    first process while bubblewrap holds it, so that every process of
+//!    the payload, whatever it is, inherits it (see `spawn`); the kernel
+//!    counts it in the sandbox's own user namespace, so the user's other
+//!    processes do not count. Root is exempt from it, capabilities
+//!    dropped or not;
 //! 4. nothing: `status` says "not contained" and why.
 //!
 //! Only cgroups this module made are written to or removed, always below
@@ -495,7 +497,7 @@ pub fn oom_kills(text: &str) -> Option<u64> {
 }
 
 /// One sandbox's containment: the cgroups made for it (removed on drop),
-/// what its first process joins, and what the worker sets itself.
+/// what its first process joins, and the task limit the host sets on it.
 pub struct Contained {
     pub caps: Caps,
     tasks: Cap,
@@ -644,7 +646,7 @@ impl Contained {
         std::mem::take(&mut self.join)
     }
 
-    /// The RLIMIT_NPROC the worker sets in the sandbox's user namespace.
+    /// The RLIMIT_NPROC of the sandbox's processes (see `Policy::nproc`).
     pub fn nproc(&self) -> Option<u64> {
         (self.tasks == Cap::Nproc).then_some(self.caps.tasks)
     }

@@ -362,7 +362,7 @@ async fn start_once(
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
     let launch = Launch {
         bwrap: facts.bwrap.path.clone(),
-        argv: bwrap_argv(&policy, &python::payload(&policy, &python)),
+        argv: bwrap_argv(&policy, &python::payload(&python)),
         seccomp,
         mount_fds,
         mounts: mounts.clone(),
@@ -377,6 +377,7 @@ async fn start_once(
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
         keeper,
         contained,
+        limits: policy.held_rlimits(),
         inside: crate::inotify::cap_steps(facts.inotify_share),
         watcher,
         budget,

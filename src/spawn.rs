@@ -7,7 +7,11 @@
 //! at their fixed fd numbers, marks every other inherited fd
 //! close-on-exec, applies the rlimits (inherited by everything in the
 //! sandbox) and makes bwrap the leader of a new session, so that the host's
-//! controlling terminal stays out of reach. Before anything else it joins
+//! controlling terminal stays out of reach. [`prepare_inside`] then sets
+//! the policy's own rlimits (the task cap where no cgroup is writable, the
+//! open-file limit bubblewrap needed raised) on the held sandbox's first
+//! process, from the host, before it releases the payload: every process
+//! of every payload inherits them, whatever runs there. Before anything else it joins
 //! the sandbox's cgroups (see `contain`), so that everything bubblewrap
 //! starts is counted from its first fork. The child runs with an empty
 //! environment. Nothing here decides what the sandbox contains.
@@ -138,8 +142,8 @@ fn child_parent_death_signal() -> io::Result<()> {
 
 /// The open-file limit bubblewrap starts with: room for the mount-source
 /// fds it holds during setup and the files it opens itself. Above
-/// `RLIMIT_NOFILE`, the worker lowers it again before any code runs (see
-/// `SandboxSpec::nofile`).
+/// `RLIMIT_NOFILE`, the host lowers it again on the held sandbox, before
+/// the payload runs (see `Policy::nofile`).
 pub fn nofile_for(mount_fds: usize) -> u64 {
     RLIMIT_NOFILE.max(MOUNT_FD_BASE as u64 + mount_fds as u64 + 64)
 }
@@ -224,37 +228,99 @@ pub fn spawn_sandbox(
     })
 }
 
-/// Read the sandbox's pid from bubblewrap's info pipe, run the namespace
-/// helper's `steps` in its user namespace, then release the payload
-/// through `release`. The caller kills the sandbox on an error before it
-/// drops `release`.
-pub async fn prepare_inside(info: OwnedFd, release: &OwnedFd, steps: Vec<crate::nshelper::Step>) -> Result<(), String> {
+/// Why a held sandbox was not released.
+#[derive(Debug, thiserror::Error)]
+pub enum Unprepared {
+    #[error("{0}")]
+    Bubblewrap(String),
+    /// An rlimit of the policy's could not be set on the held process.
+    #[error("{resource} of the sandbox's first process (pid {pid}) could not be set: {source}")]
+    Limit { resource: &'static str, pid: i32, source: io::Error },
+    #[error("{0}")]
+    Helper(#[from] crate::nshelper::HelperError),
+}
+
+/// The name of an rlimit the host sets on a held sandbox.
+fn limit_name(resource: Resource) -> &'static str {
+    match resource {
+        Resource::RLIMIT_NPROC => "RLIMIT_NPROC",
+        Resource::RLIMIT_NOFILE => "RLIMIT_NOFILE",
+        _ => "an rlimit",
+    }
+}
+
+/// Set each of `limits` (soft = hard) on process `pid` with prlimit(2).
+/// The kernel lets a process of the same user (real, effective and saved
+/// ids) do it, in a child user namespace too, and root any process; a
+/// limit can only be lowered this way (raising a hard one takes
+/// CAP_SYS_RESOURCE, which nothing in a sandbox has).
+pub fn set_limits_of(pid: i32, limits: &[(Resource, u64)]) -> Result<(), Unprepared> {
+    /// The kernel's `struct rlimit64`.
+    #[repr(C)]
+    struct Rlimit64 {
+        cur: u64,
+        max: u64,
+    }
+    for &(resource, value) in limits {
+        let new = Rlimit64 { cur: value, max: value };
+        // SAFETY: prlimit64 reads one struct rlimit64 and, with a null
+        // old limit, writes nothing.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_prlimit64,
+                pid,
+                resource as libc::c_int,
+                &new as *const Rlimit64,
+                std::ptr::null_mut::<Rlimit64>(),
+            )
+        };
+        if r != 0 {
+            return Err(Unprepared::Limit { resource: limit_name(resource), pid, source: io::Error::last_os_error() });
+        }
+    }
+    Ok(())
+}
+
+/// Read the sandbox's pid from bubblewrap's info pipe, set `limits` on
+/// that process (held at `--block-fd`: bubblewrap has made the mounts and
+/// dropped its capabilities, and has not yet forked the payload, so
+/// everything in the sandbox inherits them), run the namespace helper's
+/// `steps` in its user namespace, then release the payload through
+/// `release`. The caller kills the sandbox on an error before it drops
+/// `release`.
+pub async fn prepare_inside(
+    info: OwnedFd,
+    release: &OwnedFd,
+    limits: &[(Resource, u64)],
+    steps: Vec<crate::nshelper::Step>,
+) -> Result<(), Unprepared> {
     let began = std::time::Instant::now();
-    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| format!("bubblewrap's info pipe: {e}"))?;
+    let said = |e: String| Unprepared::Bubblewrap(e);
+    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| said(format!("bubblewrap's info pipe: {e}")))?;
     let mut text = Vec::new();
     let mut bounded = info.take(4096);
     match tokio::time::timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(format!("bubblewrap's info pipe: {e}")),
-        Err(_) => return Err("bubblewrap did not say the sandbox's pid in time".into()),
+        Ok(Err(e)) => return Err(said(format!("bubblewrap's info pipe: {e}"))),
+        Err(_) => return Err(said("bubblewrap did not say the sandbox's pid in time".into())),
     }
     let pid = serde_json::from_slice::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
         .and_then(|p| i32::try_from(p).ok())
         .filter(|p| *p > 0)
-        .ok_or_else(|| "bubblewrap did not say the sandbox's pid".to_string())?;
+        .ok_or_else(|| said("bubblewrap did not say the sandbox's pid".to_string()))?;
+    set_limits_of(pid, limits)?;
     if !steps.is_empty() {
         let ns = [crate::nshelper::Namespace::User];
         tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| said(e.to_string()))??;
     }
     match nix::unistd::write(release, b"1") {
         Ok(1) => {}
-        Ok(_) => return Err("the payload could not be released".into()),
-        Err(e) => return Err(format!("the payload could not be released: {e}")),
+        Ok(_) => return Err(said("the payload could not be released".into())),
+        Err(e) => return Err(said(format!("the payload could not be released: {e}"))),
     }
     tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
     Ok(())
@@ -322,5 +388,25 @@ mod tests {
         let pid = child.id() as i32;
         child.wait().unwrap();
         assert!(exited(pid));
+    }
+
+    #[test]
+    fn the_host_sets_a_process_s_task_and_file_limits() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let set = set_limits_of(pid, &[(Resource::RLIMIT_NPROC, 40), (Resource::RLIMIT_NOFILE, 50)]);
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        set.unwrap();
+        let line = |name: &str| {
+            let l = limits.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+            l.split_whitespace().rev().skip(1).take(2).collect::<Vec<_>>()
+        };
+        assert_eq!(line("Max processes"), ["40", "40"], "{limits}");
+        assert_eq!(line("Max open files"), ["50", "50"], "{limits}");
+        // No pid is that high (pid_max is at most 2^22).
+        let gone = set_limits_of(i32::MAX, &[(Resource::RLIMIT_NPROC, 40)]).unwrap_err();
+        assert!(matches!(gone, Unprepared::Limit { resource: "RLIMIT_NPROC", .. }), "{gone}");
     }
 }

@@ -194,6 +194,9 @@ pub struct Launch {
     pub keeper: bool,
     /// The caps on the sandbox's tasks and memory (see `contain`).
     pub contained: Contained,
+    /// The rlimits the host sets on the held sandbox before the payload
+    /// runs (see `Policy::held_rlimits`).
+    pub limits: Vec<(nix::sys::resource::Resource, u64)>,
     /// What the namespace helper does in the sandbox's user namespace
     /// before the payload runs (its own inotify limits).
     pub inside: Vec<crate::nshelper::Step>,
@@ -315,16 +318,18 @@ impl Worker {
             emit_code,
             keeper,
             mut contained,
+            limits,
             inside,
             watcher,
             budget,
         } = launch;
         let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
-        // Nothing of the payload runs before its namespaces are prepared.
-        // The payload is released only by the byte the helper's success
-        // writes: on a failure it is killed before its pipe closes.
-        if let Err(why) = prepare_inside(child.info, &child.release, inside).await {
+        // Nothing of the payload runs before its limits are set and its
+        // namespaces prepared. The payload is released only by the byte
+        // written after both: on a failure it is killed before its pipe
+        // closes.
+        if let Err(why) = prepare_inside(child.info, &child.release, &limits, inside).await {
             // A bubblewrap that failed on its own (a mount source gone, say)
             // has ended or ends at once, and its own words on stderr are
             // what the start reports, as for any bubblewrap failure. One
@@ -333,10 +338,16 @@ impl Worker {
             if !ended {
                 kill_group(child.pid);
                 let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
-                return Err(StartError::Prepare(format!(
-                    "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it \
-                 could take every inotify instance of your user, the guard's among them"
-                )));
+                return Err(StartError::Prepare(match why {
+                    crate::spawn::Unprepared::Limit { .. } => format!(
+                        "No sandbox was started: its own task and open-file limits could not be set ({why}); without \
+                         them code in it could start more tasks or hold more files than its caps allow"
+                    ),
+                    _ => format!(
+                        "No sandbox was started: its own inotify limits could not be set ({why}); without them code \
+                         in it could take every inotify instance of your user, the guard's among them"
+                    ),
+                }));
             }
         }
         // Two frames in flight at most: a flood waits on the pipe. A frame

@@ -875,6 +875,18 @@ mod bare {
     /// Exit status and stdout of `argv` run under `profile`, or None
     /// (the reason printed) where bubblewrap cannot run.
     pub async fn run(name: &str, profile: Profile, argv: &[&str]) -> Option<(ExitStatus, String)> {
+        run_capped(name, profile, argv, contain::caps(None, None).expect("default caps"), None).await
+    }
+
+    /// [`run`] with the containment caps `caps` and the policy's
+    /// open-file limit `nofile`.
+    pub async fn run_capped(
+        name: &str,
+        profile: Profile,
+        argv: &[&str],
+        caps: contain::Caps,
+        nofile: Option<u64>,
+    ) -> Option<(ExitStatus, String)> {
         if let Err(why) = super::can_sandbox() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
             eprintln!("SKIP {name}: {why}");
@@ -888,7 +900,7 @@ mod bare {
         std::fs::write(project.join("data.txt"), "fixture-content\n").expect("fixture");
         let sources = secrets::MaskSources::in_dir(&session).expect("mask sources");
         let mut notes = Vec::new();
-        let mut contained = contain::for_sandbox(&contain::caps(None, None), &mut notes).expect("containment");
+        let mut contained = contain::for_sandbox(&Ok(caps), &mut notes).expect("containment");
         let policy = Policy {
             merged_usr: probe::merged_usr(),
             project_dir: std::fs::canonicalize(&project).expect("project"),
@@ -903,7 +915,7 @@ mod bare {
             protected: vec![],
             masks: vec![],
             root_masks: vec![],
-            nofile: None,
+            nofile,
             nproc: contained.nproc(),
             tmp_bytes: limits::DEFAULT_TMP_BYTES,
             shm_bytes: limits::DEFAULT_SHM_BYTES,
@@ -916,7 +928,7 @@ mod bare {
         let args = bwrap_argv(&policy, &payload);
         let mut child = spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join()).expect("spawn");
         let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
-        if let Err(why) = spawn::prepare_inside(child.info, &child.release, steps).await {
+        if let Err(why) = spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), steps).await {
             spawn::kill_group(child.pid);
             let _ = child.child.wait().await;
             panic!("the payload was not released: {why}");
@@ -980,4 +992,80 @@ async fn the_shell_profile_gives_a_payload_unix_socket_pairs_and_no_network_sock
         (python.code(), python_out.as_str()),
         (Some(0), "Operation not permitted\nOperation not permitted\nOperation not permitted\n")
     );
+}
+
+/// Processes of this user's on the host, killed and reaped on drop.
+struct HostProcesses(Vec<std::process::Child>);
+
+impl HostProcesses {
+    fn start(n: u64) -> HostProcesses {
+        let mut all = HostProcesses(Vec::new());
+        for _ in 0..n {
+            all.0.push(std::process::Command::new("sleep").arg("120").spawn().expect("a host process"));
+        }
+        all
+    }
+}
+
+impl Drop for HostProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_payload_forks_no_more_than_the_task_cap() {
+    // The cap is the engine's, whatever the payload: a shell (no worker
+    // of the tool's) sees it and is refused past it, while this user has
+    // more processes on the host than the cap (they do not count). The
+    // policy's open-file limit is set the same way.
+    use pi_python_sandbox::contain::{caps, describe, host_plan, Cap};
+    const CAP: u64 = 16;
+    let plan = host_plan();
+    let caps = caps(Some(&CAP.to_string()), None).expect("caps");
+    eprintln!("uid {}: tasks capped by {}", uid(), plan.tasks.name());
+    let _host = HostProcesses::start(2 * CAP);
+    // A subshell forks sleepers until a fork is refused (it ends there:
+    // a shell cannot go on without a fork), at most 64; then, one task
+    // short of the cap, `timeout` forks the one that is one too many and
+    // says why it could not.
+    let script = "grep -e '^Max processes' -e '^Max open files' /proc/self/limits; \
+        (i=0; while [ $i -lt 64 ]; do sleep 60 </dev/null >/dev/null 2>&1 & i=$((i+1)); echo forked $i; done); \
+        timeout 5 true 2>&1; echo timeout $?";
+    let Some((status, out)) = bare::run_capped(
+        "taskcap",
+        pi_python_sandbox::seccomp::Profile::Shell,
+        &["/bin/sh", "-c", script],
+        caps,
+        Some(100),
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(status.code(), Some(0), "{out}");
+    let limit = |n: usize| out.lines().nth(n).unwrap_or("").split_whitespace().collect::<Vec<_>>();
+    assert_eq!(limit(1), ["Max", "open", "files", "100", "100", "files"], "{out}");
+    let forked = out.lines().filter(|l| l.starts_with("forked ")).count() as u64;
+    // Tasks besides the sleepers: bubblewrap's init, the shell and its
+    // subshell; a cgroup also counts bubblewrap's own process outside.
+    let others = match plan.tasks {
+        Cap::Nproc => {
+            assert_eq!(limit(0), ["Max", "processes", "16", "16", "processes"], "{out}");
+            3
+        }
+        Cap::CgroupV1(_) | Cap::CgroupV2(_) => 4,
+        Cap::None => {
+            // Only as root, whom RLIMIT_NPROC exempts, where no cgroup is writable.
+            assert_eq!(uid(), 0, "an unprivileged user always has RLIMIT_NPROC");
+            let text = describe(plan, &Ok(caps));
+            assert!(text.contains("tasks NOT contained") && text.contains("exempts"), "{text}");
+            return;
+        }
+    };
+    assert_eq!(forked + others, CAP, "{out}");
+    assert!(out.contains("timeout: fork system call failed: Resource temporarily unavailable\ntimeout 125\n"), "{out}");
 }

@@ -1,11 +1,12 @@
 //! The python tool's payload: the interpreter, its packages and the worker
-//! (see `worker.py`), run under the engine's [`Policy`]. Everything the
-//! sandbox's command line says about Python is made here.
+//! (see `worker.py`), run under the engine's
+//! [`Policy`](crate::bwrap::Policy). Everything the sandbox's command line
+//! says about Python is made here.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::bwrap::{FdBind, Payload, Policy};
+use crate::bwrap::{FdBind, Payload};
 
 /// Where the worker appears inside the sandbox.
 pub const WORKER: &str = "/worker.py";
@@ -53,10 +54,10 @@ pub struct Python {
     pub keeper: bool,
 }
 
-/// The payload that runs `py` under `policy`: the worker reads the
-/// policy's open-file and task limits from its command line and sets them
-/// before any code runs.
-pub fn payload(policy: &Policy, py: &Python) -> Payload {
+/// The payload that runs `py`. The policy's open-file and
+/// task limits are not the worker's to set: the host sets them on the held
+/// sandbox before the worker exists (see `Policy::held_rlimits`).
+pub fn payload(py: &Python) -> Payload {
     let (host, worker) = match &py.worker {
         WorkerCode::Source { path, .. } => (path, WORKER),
         WorkerCode::Bytecode(path) => (path, WORKER_PYC),
@@ -77,12 +78,6 @@ pub fn payload(policy: &Policy, py: &Python) -> Payload {
     if py.keeper {
         argv.push("--keeper".into());
     }
-    if let Some(n) = policy.nofile {
-        argv.extend(["--nofile".into(), n.to_string().into()]);
-    }
-    if let Some(n) = policy.nproc {
-        argv.extend(["--nproc".into(), n.to_string().into()]);
-    }
     Payload {
         runtime_mounts: py.interpreter_mounts.clone(),
         code: vec![(host.clone(), worker.into())],
@@ -97,7 +92,7 @@ pub fn payload(policy: &Policy, py: &Python) -> Payload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bwrap::{bwrap_argv, test_policy};
+    use crate::bwrap::{bwrap_argv, test_policy, Policy};
     use crate::hostsecrets::Mask;
 
     fn python() -> Python {
@@ -115,7 +110,7 @@ mod tests {
     }
 
     fn argv(policy: &Policy, py: &Python) -> Vec<String> {
-        bwrap_argv(policy, &payload(policy, py)).iter().map(|s| s.to_string_lossy().into_owned()).collect()
+        bwrap_argv(policy, &payload(py)).iter().map(|s| s.to_string_lossy().into_owned()).collect()
     }
 
     fn has_triple(argv: &[String], triple: [&str; 3]) -> bool {
@@ -171,7 +166,8 @@ mod tests {
 
     /// The argv of every part in use, argument for argument as the python
     /// tool has always built it (recorded from the builder before the
-    /// policy and the payload were apart).
+    /// policy and the payload were apart), less the open-file and task
+    /// limits the worker was once told: the host sets those now.
     #[test]
     fn the_full_python_sandbox_argv_is_the_recorded_one() {
         let (policy, py) = full();
@@ -233,14 +229,17 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_is_told_its_open_file_and_task_limits_last() {
-        let argv_of = |policy: &Policy, py: &Python| argv(policy, py);
-        let argv = argv_of(&Policy { nofile: Some(128), nproc: Some(256), ..test_policy() }, &python());
-        assert_eq!(argv[argv.len() - 6..], ["--limits", "frame=1", "--nofile", "128", "--nproc", "256"]);
-        // As PID 1 (rollback), the worker sets both before it forks the first
-        // interpreter (see worker.py's main), so every process has them.
-        let keeper = argv_of(&Policy { nproc: Some(64), ..test_policy() }, &Python { keeper: true, ..python() });
-        assert_eq!(keeper[keeper.len() - 5..], ["--limits", "frame=1", "--keeper", "--nproc", "64"]);
+    fn the_worker_is_told_no_limit_of_the_policy_s_the_host_sets_them() {
+        let limited = Policy { nofile: Some(128), nproc: Some(256), ..test_policy() };
+        for keeper in [false, true] {
+            let py = Python { keeper, ..python() };
+            assert_eq!(argv(&limited, &py), argv(&test_policy(), &py), "keeper {keeper}");
+        }
+        let plain = argv(&limited, &python());
+        assert_eq!(plain[plain.len() - 2..], ["--limits", "frame=1"]);
+        // As PID 1 (rollback), the worker is the process bubblewrap holds,
+        // on which the host sets the limits before it execs.
+        let keeper = argv(&limited, &Python { keeper: true, ..python() });
         let command = keeper.iter().position(|a| a == "--").expect("--");
         assert_eq!(keeper[command - 1], "--as-pid-1");
     }

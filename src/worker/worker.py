@@ -1413,21 +1413,9 @@ def main():
     if "--emit-code" in sys.argv[1:]:
         send_code()
     site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
-    nofile = [int(sys.argv[i + 1]) for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--nofile"]
-    if nofile:
-        # bubblewrap needed more open files for its mount fds; everything
-        # from here on gets the sandbox's own limit.
-        import resource
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[0], nofile[0]))
-    nproc = [int(sys.argv[i + 1]) for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--nproc"]
-    if nproc:
-        # No cgroup caps this sandbox's tasks: RLIMIT_NPROC does, set here
-        # because this is the sandbox's own user namespace, where the kernel
-        # counts only the sandbox's tasks (see contain.rs). With --keeper
-        # this is PID 1 before it forks the first interpreter (below), so
-        # the keeper, every interpreter and every rollback copy have it.
-        import resource
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc[0], nproc[0]))
+    # The open-file and task limits are the host's: it sets them on the
+    # held sandbox before this process exists (see spawn.rs), so every
+    # process here, PID 1 first, has them.
     site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
