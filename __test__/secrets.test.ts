@@ -7,12 +7,12 @@
  * Run: PI_PYTHON_TOOL_ROLLBACK=0 node --import tsx --test __test__/secrets.test.ts
  */
 import assert from "node:assert/strict";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { link, mkdir, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { type ExecResult, type Fixture, jsonOut, lit, makeFixture, makeFixtureWithoutSpare, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { type ExecResult, type Fixture, jsonOut, lit, makeFixture, makeFixtureWithoutSpare, type PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const SECRETS: Record<string, string> = {
   ".env": "TOKEN=root-secret-4f1c\n",
@@ -656,3 +656,233 @@ describe("secrets that appear after the sandbox started", () => {
     }
   });
 });
+
+/**
+ * What a sandbox wrote after a secret appeared. A process already in the sandbox can win the race
+ * with the watch that stops it: here a background process started by the first call waits on
+ * inotify for the secret's name and copies the file to /scratch the moment it appears, before the
+ * host's kill lands (usually; an attempt it loses is run again). /scratch outlives the sandbox, so
+ * without more the next sandbox reads the copy back. The guarantee: the stopped sandbox's scratch
+ * is moved aside on the host, never mounted again, before the next sandbox starts; the next one
+ * gets an empty /scratch, and its result (and `status`) says where the old files are.
+ * Baseline: on the engine before this, the next sandbox's /scratch holds the copy.
+ */
+describe("what a sandbox wrote after a secret appeared is set aside", () => {
+  const SECRET = "realsecret-5c1d9e\n";
+  /** A background process: waits on inotify in `dir` for `name`, appends its content to /scratch/stolen. */
+  const thief = (dir: string, name: string) => py`
+    import subprocess, sys, time, os
+    src = ${lit(THIEF)}
+    open("/tmp/thief.py", "w").write(src)
+    subprocess.Popen([sys.executable, "/tmp/thief.py", ${lit(dir)}, ${lit(name)}], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if os.path.exists("/scratch/armed"): break
+        time.sleep(0.025)
+    print("armed" if os.path.exists("/scratch/armed") else "not armed")
+  `;
+  const look = py`
+    import json, os
+    p = "/scratch/stolen"
+    print(json.dumps({"stolen": open(p).read() if os.path.exists(p) else None, "listing": sorted(os.listdir("/scratch"))}))
+  `;
+  /** The note that names the set-aside scratch, and the path it names. */
+  function setAside(r: ExecResult): string | undefined {
+    const note = [...r.notes, r.text].join("\n").match(/\/scratch was set aside because a secret appeared[^\n]* at (\/[^ ]+) \(never mounted/);
+    return note?.[1];
+  }
+  /**
+   * One attempt: arm the thief, make the secret appear (`appear`), wait for the stop, run the next
+   * call. Returns that call, and whether the thief copied the secret before the stop (seen in the
+   * next /scratch, or in the set-aside scratch).
+   */
+  async function attempt(sb: PythonSandbox, dir: string, name: string, appear: () => void) {
+    const armed = await sb.execute(thief(dir, name));
+    assert.match(armed.stdout, /^armed$/m, `setup: the background watch runs: ${show(armed)}`);
+    const scratchDir = sb.status().paths.scratchDir!;
+    appear();
+    // The watch stops it within milliseconds (the next result says so).
+    await sleep(500);
+    const next = await sb.execute(look);
+    const moved = setAside(next);
+    const copied = jsonOut(next).stolen !== null || (moved !== undefined && existsSync(join(moved, "stolen")));
+    return { next, moved, copied, scratchDir };
+  }
+  /** Up to 10 attempts (each a new session) until the thief wins one; every attempt is checked. */
+  async function untilCopied(t: TestContext, setup: () => Promise<{ sb: PythonSandbox; dir: string; name: string; appear: () => void }>) {
+    for (let i = 0; i < 10; i++) {
+      const { sb, dir, name, appear } = await setup();
+      const a = await attempt(sb, dir, name, appear);
+      const seenNext = jsonOut(a.next);
+      assert.equal(seenNext.stolen, null, `the next sandbox's /scratch holds what the stopped one copied: ${show(a.next)}`);
+      assert.deepEqual(seenNext.listing, [], "the next sandbox's /scratch is empty");
+      assert.ok(a.moved, `the result names the set-aside scratch: ${show(a.next)}`);
+      assert.ok(a.moved.startsWith(join(dirname(a.scratchDir), "quarantine") + "/"), `inside the session directory: ${a.moved}`);
+      assert.ok(existsSync(join(a.moved, "armed")), "the old scratch is there, whole");
+      assert.match(a.next.stateLostReason ?? "", /secret appeared|\.env\.local|\.vault-token/, show(a.next));
+      const status = sb.status().text;
+      assert.match(status, /scratch set aside 1 time because a secret appeared/, status);
+      assert.ok(status.includes(a.moved), status);
+      if (a.copied) {
+        t.diagnostic(`the background process copied the secret before the stop in attempt ${i + 1}`);
+        assert.equal(readFileSync(join(a.moved, "stolen"), "utf8"), SECRET, "the set-aside scratch holds the copy");
+        // The next sandbox after that one mounts the new scratch, not the set-aside one.
+        assert.equal(jsonOut(await sb.execute(look)).stolen, null);
+        await sb.dispose();
+        return;
+      }
+      await sb.dispose();
+    }
+    assert.fail("the background process never copied the secret before the stop in 10 attempts: nothing was shown");
+  }
+
+  test("read-only: a project secret a background process copied to /scratch is set aside, not shown to the next sandbox", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    await untilCopied(t, async () => {
+      const fx = await makeFixtureWithoutSpare(t);
+      await put(fx.project, PLAIN);
+      const sb = fx.open();
+      return {
+        sb,
+        dir: "/workspace",
+        name: ".env.local",
+        // Filled outside, then moved in (as `mv` or an editor's save does): it appears whole.
+        appear: () => {
+          writeFileSync(join(fx.base, "staged"), SECRET);
+          renameSync(join(fx.base, "staged"), join(fx.project, ".env.local"));
+        },
+      };
+    });
+  });
+
+  test("a host secret that appears in a read root, copied to /scratch, is set aside", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const stage = mkdtempSync("/var/tmp/pps-secret-stage-");
+    const old = process.env.PI_PYTHON_TOOL_HOST_SECRETS;
+    t.after(() => {
+      rmSync(stage, { recursive: true, force: true });
+      if (old === undefined) delete process.env.PI_PYTHON_TOOL_HOST_SECRETS;
+      else process.env.PI_PYTHON_TOOL_HOST_SECRETS = old;
+    });
+    await untilCopied(t, async () => {
+      // A read root per attempt (not under /tmp, a reserved mount), its secret on the list.
+      const root = mkdtempSync("/var/tmp/pps-secret-root-");
+      t.after(() => rmSync(root, { recursive: true, force: true }));
+      process.env.PI_PYTHON_TOOL_HOST_SECRETS = join(root, ".vault-token");
+      const fx = await makeFixtureWithoutSpare(t);
+      const sb = fx.open();
+      sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+      return {
+        sb,
+        dir: root,
+        name: ".vault-token",
+        appear: () => {
+          writeFileSync(join(stage, "staged"), SECRET);
+          renameSync(join(stage, "staged"), join(root, ".vault-token"));
+        },
+      };
+    });
+  });
+
+  test("links planted in /scratch make the host move or touch nothing outside the session directory", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const fx = await makeFixtureWithoutSpare(t);
+    const outside = join(fx.base, "outside");
+    await mkdir(outside);
+    writeFileSync(join(outside, "canary"), "canary\n");
+    const sb = fx.open();
+    const planted = await sb.execute(py`
+      import os
+      os.symlink(${lit(outside)}, "/scratch/out")
+      os.symlink(${lit(fx.runtimeRoot)}, "/scratch/runtime")
+      os.symlink("..", "/scratch/up")
+      os.makedirs("/scratch/d")
+      os.symlink("/", "/scratch/d/root")
+      open("/scratch/kept.txt", "w").write("kept\n")
+      print(sorted(os.listdir("/scratch")))
+    `);
+    assert.equal(planted.status, "ok", show(planted));
+    const runtimeBefore = readdirSync(fx.runtimeRoot).sort();
+    const session = dirname(sb.status().paths.scratchDir!);
+    writeFileSync(join(fx.project, ".env.local"), SECRET);
+    // The watch stops it within milliseconds (the next result says so).
+    await sleep(500);
+    const next = await sb.execute(py`
+      import json, os
+      print(json.dumps(sorted(os.listdir("/scratch"))))
+    `);
+    assert.deepEqual(jsonOut(next), [], show(next));
+    const moved = setAside(next);
+    assert.equal(moved, join(session, "quarantine", "scratch-1"), show(next));
+    // Outside the session directory: nothing moved, nothing touched.
+    assert.deepEqual(readdirSync(outside), ["canary"]);
+    assert.equal(readFileSync(join(outside, "canary"), "utf8"), "canary\n");
+    assert.deepEqual(readdirSync(fx.runtimeRoot).sort(), runtimeBefore);
+    assert.deepEqual(readdirSync(fx.project).sort(), [".env.local", "data.txt"]);
+    // The links moved as links, with their targets; the files with them.
+    assert.equal(readlinkSync(join(moved, "out")), outside);
+    assert.equal(readlinkSync(join(moved, "runtime")), fx.runtimeRoot);
+    assert.equal(readlinkSync(join(moved, "up")), "..");
+    assert.equal(readlinkSync(join(moved, "d", "root")), "/");
+    assert.equal(readFileSync(join(moved, "kept.txt"), "utf8"), "kept\n");
+    assert.ok(lstatSync(join(session, "scratch")).isDirectory() && !lstatSync(join(session, "scratch")).isSymbolicLink());
+    assert.ok(lstatSync(join(session, "quarantine")).isDirectory());
+  });
+});
+
+describe("a grant that shows the session directory", () => {
+  test("a read root holding the runtime root shows the set-aside scratches masked", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Not under /tmp (a reserved mount): the root must be mountable.
+    const root = mkdtempSync("/var/tmp/pps-rt-root-");
+    t.after(() => rmSync(root, { recursive: true, force: true }));
+    const fx = await makeFixtureWithoutSpare(t, { runtimeRoot: join(root, "runtime") });
+    const sb = fx.open();
+    const first = await sb.execute(py`open("/scratch/stolen", "w").write("copied-3e7f\n")`);
+    assert.equal(first.status, "ok", show(first));
+    writeFileSync(join(fx.project, ".env.local"), "TOKEN=x\n");
+    await sleep(500);
+    assert.equal((await sb.execute("1")).status, "ok");
+    const session = dirname(sb.status().paths.scratchDir!);
+    const quarantine = join(session, "quarantine");
+    assert.equal(readFileSync(join(quarantine, "scratch-1", "stolen"), "utf8"), "copied-3e7f\n", "setup: set aside on the host");
+    const change = sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+    assert.deepEqual(change.readRoots, [root], "setup: the root is mounted");
+    const r = await sb.execute(py`
+      import json, os
+      q = ${lit(quarantine)}
+      print(json.dumps({"session": sorted(os.listdir(${lit(session)})), "quarantine": sorted(os.listdir(q))}))
+    `);
+    const seenIn = jsonOut(r);
+    assert.ok(seenIn.session.includes("quarantine"), `setup: the session directory shows: ${show(r)}`);
+    assert.deepEqual(seenIn.quarantine, [], `the set-aside scratches read as an empty directory: ${show(r)}`);
+  });
+});
+
+/** The background thief: inotify on a directory, the named file's content appended to /scratch/stolen. */
+const THIEF = String.raw`
+import ctypes, os, struct, sys
+where, name = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
+if fd < 0 or libc.inotify_add_watch(fd, where.encode(), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE) < 0:
+    sys.exit(1)
+open("/scratch/armed", "w").close()
+while True:
+    buf, off, hit = os.read(fd, 65536), 0, False
+    while off < len(buf):
+        _, _, _, size = struct.unpack_from("iIII", buf, off)
+        hit = hit or buf[off + 16:off + 16 + size].rstrip(b"\0").decode(errors="replace") == name
+        off += 16 + size
+    if not hit:
+        continue
+    try:
+        data = open(os.path.join(where, name), "rb").read()
+    except OSError:
+        continue
+    if data:
+        with open("/scratch/stolen", "ab") as out:
+            out.write(data)
+        sys.exit(0)
+`;

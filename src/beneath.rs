@@ -350,6 +350,18 @@ pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &OsStr, to: &OsStr) -> io::Re
     nix::fcntl::renameat2(dir, from, dir, to, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(errno)
 }
 
+/// Move the entry `from` of `from_dir` to `to` in `to_dir` (both held
+/// directories of one file system), never replacing an existing `to`: the
+/// entry itself moves, whatever it is (a link is moved, never followed).
+pub fn move_noreplace(from_dir: BorrowedFd<'_>, from: &OsStr, to_dir: BorrowedFd<'_>, to: &OsStr) -> io::Result<()> {
+    nix::fcntl::renameat2(from_dir, from, to_dir, to, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(errno)
+}
+
+/// `mkdirat(dir, name, mode)`.
+pub fn make_dir_in(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {
+    nix::sys::stat::mkdirat(dir, name, Mode::from_bits_truncate(mode)).map_err(errno)
+}
+
 /// Open the entry `name` of `dir` as a directory without following a link
 /// (one component: nothing else to resolve).
 pub fn open_child_dir(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {

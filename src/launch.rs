@@ -145,6 +145,25 @@ pub fn host_masks(
     masks
 }
 
+/// The masks over this session's set-aside scratches (`quarantine`, a
+/// canonical host path; see `scratch::set_aside`) where a read root or an
+/// allow-once directory holds them: such a grant shows the session
+/// directory at its host path, and they may hold a secret.
+pub fn quarantine_masks(quarantine: &Path, mounts: &MountConfig) -> Vec<crate::hostsecrets::Mask> {
+    let roots = mounts.read_roots.iter().map(|r| (r, r));
+    let once_dirs = mounts.once.iter().filter(|m| m.is_dir).map(|m| (&m.source, &m.path));
+    let mut masks: Vec<crate::hostsecrets::Mask> = Vec::new();
+    for (source, at) in roots.chain(once_dirs) {
+        if let Ok(rel) = quarantine.strip_prefix(source) {
+            let m = crate::hostsecrets::Mask { path: at.join(rel), is_dir: true };
+            if !masks.contains(&m) {
+                masks.push(m);
+            }
+        }
+    }
+    masks
+}
+
 /// Start one sandbox running `code` and wait for it to report ready.
 async fn start_once(
     start: &Start<'_>,
@@ -169,6 +188,15 @@ async fn start_once(
     // host directory shown to the sandbox like a read root.
     for dir in facts.python.mounts.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)) {
         for m in secrets.masks_under(dir, &trees) {
+            if !host_masks.contains(&m) {
+                host_masks.push(m);
+            }
+        }
+    }
+    // The scratches set aside, where a grant shows the session directory.
+    let quarantine = dirs.root.file_name().map(|n| canonical_root.join(n).join(crate::scratch::QUARANTINE));
+    if let Some(q) = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir())) {
+        for m in quarantine_masks(&q, mounts) {
             if !host_masks.contains(&m) {
                 host_masks.push(m);
             }
@@ -389,4 +417,25 @@ async fn start_once(
         }
     }
     Ok((worker, ready))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::permissions::OnceMount;
+
+    #[test]
+    fn set_aside_scratches_are_masked_where_a_grant_shows_them() {
+        let q = Path::new("/var/rt/0123/quarantine");
+        let mut mounts = MountConfig { read_roots: vec!["/srv".into(), "/var".into()], ..MountConfig::default() };
+        mounts.once.push(OnceMount { path: "/link/rt".into(), source: "/var/rt".into(), is_dir: true });
+        mounts.once.push(OnceMount { path: "/f".into(), source: "/var/rt/0123/logs/x".into(), is_dir: false });
+        let masks = quarantine_masks(q, &mounts);
+        let paths: Vec<&Path> = masks.iter().map(|m| m.path.as_path()).collect();
+        assert_eq!(paths, [Path::new("/var/rt/0123/quarantine"), Path::new("/link/rt/0123/quarantine")]);
+        assert!(masks.iter().all(|m| m.is_dir));
+        assert!(
+            quarantine_masks(q, &MountConfig { read_roots: vec!["/srv".into()], ..MountConfig::default() }).is_empty()
+        );
+    }
 }

@@ -8,12 +8,22 @@
 //! A walk runs on a blocking thread, after an execution's result is out, at
 //! most every [`CHECK_EVERY`]: never on the warm path. What the note says
 //! reaches the result after the one that triggered the walk.
+//!
+//! When a sandbox is stopped because a secret appeared while it ran, what
+//! its processes wrote to /scratch since may hold the secret, and /scratch
+//! outlives the sandbox. [`set_aside`] moves that scratch, whole and
+//! untouched, into the session's `quarantine/` directory (inside the
+//! session directory, which no sandbox can reach) before the next sandbox
+//! starts, and makes a fresh empty scratch. Nothing is deleted: the
+//! quarantines are kept until the session's directory is removed.
 
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::beneath::{Kind, Tree};
+use crate::beneath::{make_dir_in, move_noreplace, open_child_dir, Kind, Tree};
 use crate::limits::{describe_size, parse_size};
 use crate::protected::Notes;
 use crate::scan::{walk, Limits, Visit};
@@ -56,6 +66,73 @@ pub fn measure(root: &Path, limits: Limits) -> std::io::Result<Measure> {
         }
     });
     Ok(Measure { bytes, complete: summary.complete })
+}
+
+/// The directory of the session directory that holds set-aside scratches.
+pub const QUARANTINE: &str = "quarantine";
+
+/// Move `scratch` (an entry of the session directory `root`) aside into
+/// `root/quarantine/scratch-N` (the first free `N` from `first`) and make
+/// a new empty scratch in its place; returns where the old one is now, or
+/// `None` when there was none.
+///
+/// What the sandbox could have made scratch hold does not matter: the
+/// entry moves as it is (`renameat2` acts on the entry itself, on one file
+/// system, within the session directory), and nothing inside it is opened,
+/// followed or changed. The session directory and `quarantine/` are the
+/// host's (no sandbox mounts them); both are held by fd, and a
+/// `quarantine` that is not a plain directory is refused.
+pub fn set_aside(root: &Path, scratch: &OsStr, first: usize) -> std::io::Result<Option<PathBuf>> {
+    let session = Tree::open(root)?;
+    let dir = session.root_fd();
+    match make_dir_in(dir, OsStr::new(QUARANTINE), 0o700) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    let quarantine = open_child_dir(dir, OsStr::new(QUARANTINE))?;
+    let mut moved = None;
+    for n in first.max(1)..first.max(1) + 1000 {
+        let name = format!("scratch-{n}");
+        match move_noreplace(dir, scratch, quarantine.as_fd(), OsStr::new(&name)) {
+            Ok(()) => {
+                moved = Some(root.join(QUARANTINE).join(name));
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if moved.is_none() && crate::beneath::stat_in(dir, scratch)?.is_some() {
+        return Err(std::io::Error::other("no free name in the quarantine directory"));
+    }
+    make_dir_in(dir, scratch, 0o700)?;
+    Ok(moved)
+}
+
+/// What the next result says after [`set_aside`] moved scratch to `moved`.
+pub fn set_aside_note(moved: &Path) -> String {
+    format!(
+        "/scratch was set aside because a secret appeared while this session's sandbox could write it: its files are \
+         on the host at {} (never mounted in a sandbox; removed with the session) and may contain the secret; \
+         /scratch is empty now",
+        crate::display::one_line(&moved)
+    )
+}
+
+/// The `status` line for the scratches set aside so far.
+pub fn set_aside_line(moved: &[PathBuf]) -> Option<String> {
+    (!moved.is_empty()).then(|| {
+        let paths: Vec<String> = moved.iter().map(|p| crate::display::one_line(&p).to_string()).collect();
+        format!(
+            "scratch set aside {} time{} because a secret appeared while a sandbox could write it; kept (never \
+             mounted, not counted in the disk use; they may contain the secret) at: {}",
+            moved.len(),
+            if moved.len() == 1 { "" } else { "s" },
+            paths.join(", ")
+        )
+    })
 }
 
 #[derive(Debug, Default)]
@@ -143,6 +220,15 @@ impl ScratchWatch {
     pub fn last(&self) -> Option<Measure> {
         self.state.lock().measured
     }
+
+    /// Scratch was replaced by an empty one: the last measurement is gone
+    /// with it (a walk still running measures whichever it opened).
+    pub fn forget(&self) {
+        let mut st = self.state.lock();
+        st.measured = None;
+        st.over = false;
+        st.last_start = None;
+    }
 }
 
 /// The `status` line for a measurement.
@@ -179,6 +265,53 @@ mod tests {
         assert!((256 * 1024..1 << 20).contains(&m.bytes), "{m:?}");
         let bounded = measure(root, Limits { max_entries: 2, max_depth: 32 }).unwrap();
         assert!(!bounded.complete);
+    }
+
+    #[test]
+    fn set_aside_moves_scratch_whole_and_follows_no_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, outside) = (tmp.path().join("session"), tmp.path().join("outside"));
+        std::fs::create_dir_all(root.join("scratch/sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("canary"), "canary").unwrap();
+        std::fs::write(root.join("scratch/stolen"), "secret").unwrap();
+        // What a sandbox could plant: links out of scratch, and out of the session.
+        std::os::unix::fs::symlink(&outside, root.join("scratch/out")).unwrap();
+        std::os::unix::fs::symlink("../..", root.join("scratch/sub/up")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("scratch/quarantine")).unwrap();
+        let moved = set_aside(&root, OsStr::new("scratch"), 1).unwrap().unwrap();
+        assert_eq!(moved, root.join("quarantine/scratch-1"));
+        assert_eq!(std::fs::read_to_string(moved.join("stolen")).unwrap(), "secret");
+        assert_eq!(std::fs::read_link(moved.join("out")).unwrap(), outside);
+        assert_eq!(std::fs::read_link(moved.join("sub/up")).unwrap(), Path::new("../.."));
+        assert_eq!(std::fs::read_dir(root.join("scratch")).unwrap().count(), 0, "a fresh, empty scratch");
+        let names: Vec<_> = std::fs::read_dir(&outside).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["canary"], "nothing outside the session was touched");
+        // A taken name is skipped, never replaced.
+        std::fs::create_dir(root.join("quarantine/scratch-2")).unwrap();
+        assert_eq!(set_aside(&root, OsStr::new("scratch"), 2).unwrap().unwrap(), root.join("quarantine/scratch-3"));
+        assert!(root.join("quarantine/scratch-1/stolen").exists());
+        // A quarantine that is a link is refused, and scratch stays.
+        let other = tmp.path().join("other");
+        std::fs::create_dir_all(other.join("scratch")).unwrap();
+        std::os::unix::fs::symlink(&outside, other.join("quarantine")).unwrap();
+        assert!(set_aside(&other, OsStr::new("scratch"), 1).is_err());
+        assert!(other.join("scratch").is_dir());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+        // No scratch: a fresh one, nothing set aside.
+        std::fs::remove_dir(root.join("scratch")).unwrap();
+        assert_eq!(set_aside(&root, OsStr::new("scratch"), 1).unwrap(), None);
+        assert!(root.join("scratch").is_dir());
+    }
+
+    #[test]
+    fn the_set_aside_note_names_the_place_on_one_line() {
+        let note = set_aside_note(Path::new("/tmp/s/quarantine/scratch-1\n\u{1b}[2J"));
+        assert!(!note.contains('\n') && !note.contains('\u{1b}'), "{note}");
+        assert!(note.contains("/tmp/s/quarantine/scratch-1") && note.contains("may contain the secret"), "{note}");
+        assert_eq!(set_aside_line(&[]), None);
+        let line = set_aside_line(&["/a".into(), "/b".into()]).unwrap();
+        assert!(line.starts_with("scratch set aside 2 times") && line.ends_with("at: /a, /b"), "{line}");
     }
 
     #[test]

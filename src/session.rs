@@ -79,6 +79,9 @@ struct Inner {
     pending_loss: Option<String>,
     /// The last sandbox start failed: no spare with the same setup.
     start_failed: bool,
+    /// A sandbox was stopped because a secret appeared while it could
+    /// write /scratch: the next start sets that scratch aside first.
+    scratch_suspect: bool,
 }
 
 pub struct Session {
@@ -133,6 +136,7 @@ impl Session {
                 exec_seq: 0,
                 pending_loss: None,
                 start_failed: false,
+                scratch_suspect: false,
             }),
             shared: parking_lot::Mutex::new(Shared {
                 report,
@@ -296,6 +300,9 @@ impl Session {
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
         tracing::debug!(pid = w.pid(), %reason, "killing the sandbox");
+        if w.secret_appeared() {
+            inner.scratch_suspect = true;
+        }
         self.forget_once(&w.mounts);
         let (exit, dead) = w.kill(capture).await;
         if let Some(guard) = dead.guard {
@@ -482,6 +489,11 @@ impl Session {
             }
             _ => false,
         };
+        // A sandbox that ran while a project secret appeared could write it
+        // to /scratch.
+        if stale.is_some() && inner.worker.is_some() {
+            inner.scratch_suspect = true;
+        }
         let done = if fast {
             let mut sh = self.shared.lock();
             sh.report.generation += 1;

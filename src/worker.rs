@@ -236,6 +236,10 @@ pub struct Worker {
     reader: tokio::task::JoinHandle<()>,
     /// Why the reply task or the guard killed the sandbox, when one did.
     killed_for: protected::KilledFor,
+    /// A watch stopped the sandbox because a secret appeared (a host
+    /// secret in a read root, or one in the project): what its processes
+    /// wrote since may hold it (see `scratch::set_aside`).
+    secret_appeared: Arc<AtomicBool>,
     stdout: Option<pipe::Receiver>,
     stderr: Option<pipe::Receiver>,
     out_buf: Vec<u8>,
@@ -372,6 +376,7 @@ impl Worker {
             expecting,
             reader,
             killed_for,
+            secret_appeared: Arc::default(),
             stdout: Some(stdout),
             stderr: Some(stderr),
             out_buf: vec![0; 64 * 1024],
@@ -416,7 +421,9 @@ impl Worker {
                     // at once: nothing in it may read (or keep) it.
                     let (stop, stopped) = tokio::sync::oneshot::channel();
                     let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
+                    let secret = worker.secret_appeared.clone();
                     let appeared = move |path: std::path::PathBuf| {
+                        secret.store(true, Ordering::Release);
                         *killed_for.lock() = Some(format!(
                             "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
                              it could read it, and the next one masks it",
@@ -433,7 +440,9 @@ impl Worker {
                     // once; the next one masks it.
                     let (stop, stopped) = tokio::sync::oneshot::channel();
                     let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
+                    let secret = worker.secret_appeared.clone();
                     let stale = move |why: String| {
+                        secret.store(true, Ordering::Release);
                         killed_for.lock().get_or_insert_with(|| {
                             format!(
                                 "{why}; the sandbox was stopped so that nothing in it could read it, and the next one \
@@ -487,6 +496,11 @@ impl Worker {
     /// Why the reply task or the guard killed this sandbox, once.
     pub fn take_killed_for(&self) -> Option<String> {
         self.killed_for.lock().take()
+    }
+
+    /// Whether a watch stopped this sandbox because a secret appeared.
+    pub fn secret_appeared(&self) -> bool {
+        self.secret_appeared.load(Ordering::Acquire)
     }
 
     /// The sandbox's exit status, if it has ended.

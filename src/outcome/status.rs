@@ -59,6 +59,8 @@ pub struct StatusReport {
     pub rollback: bool,
     /// How much /scratch held at the last check (see `scratch`).
     pub scratch: Option<crate::scratch::Measure>,
+    /// Where the scratches set aside because a secret appeared are.
+    pub set_aside: Vec<PathBuf>,
     /// What the running (or last) sandbox masks; none before a start.
     pub masks: Option<crate::secrets::MaskReport>,
 }
@@ -94,6 +96,7 @@ impl StatusReport {
             last_rollback_point: None,
             rollback: true,
             scratch: None,
+            set_aside: Vec::new(),
             masks: None,
         }
     }
@@ -240,6 +243,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text.push_str(&crate::contain::describe(crate::contain::host_plan(), &settings.caps));
     text.push('\n');
     text.push_str(&crate::scratch::describe(r.scratch, settings.scratch_note));
+    if let Some(line) = crate::scratch::set_aside_line(&r.set_aside) {
+        text.push('\n');
+        text.push_str(&line);
+    }
     if let Some(b) = &r.bwrap {
         let (x, y, z) = b.version;
         text.push_str(&format!(

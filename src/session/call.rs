@@ -36,6 +36,8 @@ impl Session {
         // started is not masked in it (the watch stops it at once where
         // inotify works; this is the check that always runs).
         if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
+            // It could read the secret, and write it to /scratch.
+            inner.scratch_suspect = true;
             inner.pending_loss = Some(format!(
                 "the sandbox was restarted because a host secret appeared in a read root ({})",
                 crate::display::one_line(&path)
@@ -69,6 +71,7 @@ impl Session {
         // masked in it: a new sandbox, planned now, masks it (the watch
         // stops it at once; this reads the watch's queue, or walks).
         if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
+            inner.scratch_suspect = true;
             inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }

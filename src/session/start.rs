@@ -49,6 +49,38 @@ impl Session {
             self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
             Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
         })?;
+        // A sandbox stopped because a secret appeared could have written it
+        // to /scratch: that scratch is set aside before any sandbox mounts
+        // scratch again (a spare has the old one mounted).
+        if inner.scratch_suspect {
+            self.discard_spare();
+            let first = self.shared.lock().report.set_aside.len() + 1;
+            let name = dirs.scratch.file_name().unwrap_or(std::ffi::OsStr::new("scratch")).to_owned();
+            let root = dirs.root.clone();
+            let moved = tokio::task::spawn_blocking(move || crate::scratch::set_aside(&root, &name, first))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            match moved {
+                Ok(moved) => {
+                    inner.scratch_suspect = false;
+                    self.scratch.forget();
+                    if let Some(moved) = moved {
+                        tracing::debug!(to = %moved.display(), "scratch set aside");
+                        self.notes.lock().push(crate::scratch::set_aside_note(&moved));
+                        self.shared.lock().report.set_aside.push(moved);
+                    }
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "No sandbox was started: a secret appeared while the last sandbox could write /scratch, and \
+                         /scratch could not be set aside ({e}); it is not mounted again until it is. Move {} out of \
+                         the way and run again.",
+                        crate::display::one_line(&dirs.scratch)
+                    );
+                    return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, msg)));
+                }
+            }
+        }
         let mounts = self.shared.lock().report.mounts.clone();
         let bump = || {
             let mut sh = self.shared.lock();
@@ -213,7 +245,7 @@ impl Session {
     /// Start a spare in the background if prewarming is on and none exists.
     pub(super) fn refill_spare(&self, inner: &Inner) {
         let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
-        if inner.start_failed {
+        if inner.start_failed || inner.scratch_suspect {
             return;
         }
         {
