@@ -590,21 +590,30 @@ impl HostSecrets {
     /// Nothing at or under `skip` (trees the sandbox writes).
     pub fn watch_points(&self, roots: &[&Path], skip: &[&Path]) -> Vec<WatchPoint> {
         let mut out: Vec<WatchPoint> = Vec::new();
-        for e in &self.entries {
-            let Some(root) = roots.iter().find(|r| e.dir.starts_with(r)) else { continue };
-            let mut dir = e.dir.clone();
-            let mut leaf = e.leaf.clone();
+        let mut add = |root: &Path, mut dir: PathBuf, mut leaf: String| {
             while !dir.is_dir() {
                 let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else { break };
                 leaf = name.to_string_lossy().into_owned();
                 dir = parent.to_path_buf();
             }
             if !dir.starts_with(root) || skip.iter().any(|t| dir.starts_with(t)) {
-                continue;
+                return;
             }
             let point = WatchPoint { dir, leaf };
             if !out.contains(&point) {
                 out.push(point);
+            }
+        };
+        for e in &self.entries {
+            let Some(root) = roots.iter().find(|r| e.dir.starts_with(r)) else { continue };
+            add(root, e.dir.clone(), e.leaf.clone());
+        }
+        // A granted directory may itself be a home: its `~/` entries may
+        // appear there as well (as `masks_under` masks them).
+        for root in roots {
+            for parts in &self.in_home {
+                let Some((leaf, dirs)) = parts.split_last() else { continue };
+                add(root, dirs.iter().fold(root.to_path_buf(), |d, c| d.join(c)), leaf.clone());
             }
         }
         out
@@ -786,6 +795,24 @@ mod tests {
         assert!(has(&home, ".cargo"));
         assert!(!points.iter().any(|p| p.dir.starts_with(home.join("proj"))), "not in a tree the sandbox writes");
         assert!(s.watch_points(&[&home.join("proj")], &[]).iter().all(|p| p.dir.starts_with(home.join("proj"))));
+    }
+
+    #[test]
+    fn a_home_s_secret_that_may_appear_in_a_granted_directory_is_watched_there() {
+        // The granted directory is no home of this host's, but may be one
+        // (a copy, another disk): its `~/` entries are watched in it.
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let data = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir_all(data.join(".config")).unwrap();
+        let s = HostSecrets::with_homes(None, &[], &[]);
+        let points = s.watch_points(&[&data], &[]);
+        let has = |dir: &Path, leaf: &str| points.contains(&WatchPoint { dir: dir.to_path_buf(), leaf: leaf.into() });
+        assert!(has(&data, ".vault-token"), "{points:?}");
+        assert!(has(&data, ".ssh"));
+        assert!(has(&data.join(".config"), "gh"));
+        // Missing directories: their creation in the root is watched for.
+        assert!(has(&data, ".aws") && has(&data, ".cargo"));
+        assert!(points.iter().all(|p| p.dir.starts_with(&data)));
     }
 
     #[tokio::test]
