@@ -179,8 +179,10 @@ pub struct Policy {
     /// it (at its host path), after the read roots.
     pub root_masks: Vec<FdBind>,
     /// The open-file limit of the payload and everything it starts, when
-    /// bubblewrap needed a higher one for its mount fds (see
-    /// [`Policy::held_rlimits`]).
+    /// bubblewrap needed a higher one for its mount fds. The payload sets
+    /// it, once bubblewrap has closed them: the host cannot (the pid it
+    /// learns is bubblewrap's while it still mounts from those fds, and a
+    /// lower limit then fails the start).
     pub nofile: Option<u64>,
     /// The RLIMIT_NPROC of the payload and everything it starts, counted
     /// in the sandbox's user namespace, where no cgroup caps its tasks
@@ -237,14 +239,13 @@ fn push_fd_bind(argv: &mut Vec<OsString>, bind: &FdBind) {
 
 impl Policy {
     /// The rlimits (soft = hard) the host sets on the sandbox's first
-    /// process while bubblewrap holds it, before the payload exists (see
+    /// process before bubblewrap lets the payload run (see
     /// `spawn::prepare_inside`): not part of the argv, and the same for
-    /// every payload.
+    /// every payload. Only the task cap: the process may still be making
+    /// its mounts, which an open-file limit could fail (see `nofile`).
     pub fn held_rlimits(&self) -> Vec<(nix::sys::resource::Resource, u64)> {
         use nix::sys::resource::Resource;
-        let nproc = self.nproc.map(|n| (Resource::RLIMIT_NPROC, n));
-        let nofile = self.nofile.map(|n| (Resource::RLIMIT_NOFILE, n));
-        nproc.into_iter().chain(nofile).collect()
+        self.nproc.map(|n| (Resource::RLIMIT_NPROC, n)).into_iter().collect()
     }
 }
 
@@ -414,11 +415,13 @@ mod tests {
     }
 
     #[test]
-    fn the_policy_s_task_and_file_limits_are_the_host_s_to_set_and_not_in_the_argv() {
+    fn the_policy_s_task_cap_is_the_host_s_to_set_and_no_limit_is_in_the_argv() {
         use nix::sys::resource::Resource;
         assert_eq!(test_policy().held_rlimits(), []);
         let limited = Policy { nofile: Some(128), nproc: Some(256), ..test_policy() };
-        assert_eq!(limited.held_rlimits(), [(Resource::RLIMIT_NPROC, 256), (Resource::RLIMIT_NOFILE, 128)]);
+        // The open-file limit is the payload's: bubblewrap may still be
+        // mounting from its fds when the host sets the task cap.
+        assert_eq!(limited.held_rlimits(), [(Resource::RLIMIT_NPROC, 256)]);
         assert_eq!(argv(&limited), argv(&test_policy()));
     }
 

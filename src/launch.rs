@@ -384,6 +384,7 @@ async fn start_once(
         mask_paths: masks.worker_paths(),
         worker_limits: worker_limits(),
         keeper,
+        nofile: policy.nofile,
     };
     let seccomp = seccomp::bpf_memfd(policy.seccomp)
         .map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;

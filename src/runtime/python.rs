@@ -52,11 +52,14 @@ pub struct Python {
     /// Run the worker as PID 1 that keeps the sandbox across interpreters
     /// (rollback and fast reset); off, the worker is the interpreter.
     pub keeper: bool,
+    /// The policy's open-file limit, which the worker sets first thing
+    /// (see `Policy::nofile`).
+    pub nofile: Option<u64>,
 }
 
-/// The payload that runs `py`. The policy's open-file and
-/// task limits are not the worker's to set: the host sets them on the held
-/// sandbox before the worker exists (see `Policy::held_rlimits`).
+/// The payload that runs `py`. The policy's task cap is not the worker's
+/// to set: the host sets it before the worker exists (see
+/// `Policy::held_rlimits`); its open-file limit is (see `Policy::nofile`).
 pub fn payload(py: &Python) -> Payload {
     let (host, worker) = match &py.worker {
         WorkerCode::Source { path, .. } => (path, WORKER),
@@ -77,6 +80,9 @@ pub fn payload(py: &Python) -> Payload {
     argv.extend(["--limits".into(), py.worker_limits.clone().into()]);
     if py.keeper {
         argv.push("--keeper".into());
+    }
+    if let Some(n) = py.nofile {
+        argv.extend(["--nofile".into(), n.to_string().into()]);
     }
     Payload {
         runtime_mounts: py.interpreter_mounts.clone(),
@@ -106,6 +112,7 @@ mod tests {
             mask_paths: vec![],
             worker_limits: "frame=1".into(),
             keeper: false,
+            nofile: None,
         }
     }
 
@@ -156,6 +163,7 @@ mod tests {
             mask_paths: vec!["/workspace/deploy/key.pem".into()],
             worker_limits: "frame=1,stream=2".into(),
             keeper: true,
+            nofile: Some(4096),
         };
         (policy, py)
     }
@@ -166,14 +174,18 @@ mod tests {
 
     /// The argv of every part in use, argument for argument as the python
     /// tool has always built it (recorded from the builder before the
-    /// policy and the payload were apart), less the open-file and task
-    /// limits the worker was once told: the host sets those now.
+    /// policy and the payload were apart), less the task cap the worker was
+    /// once told: the host sets it now.
     #[test]
     fn the_full_python_sandbox_argv_is_the_recorded_one() {
         let (policy, py) = full();
         assert_eq!(argv(&policy, &py), recorded(include_str!("python-argv-full.json")));
-        let bytecode =
-            Python { worker: WorkerCode::Bytecode("/rt/.worker-code/worker-00ff.pyc".into()), keeper: false, ..py };
+        let bytecode = Python {
+            worker: WorkerCode::Bytecode("/rt/.worker-code/worker-00ff.pyc".into()),
+            keeper: false,
+            nofile: None,
+            ..py
+        };
         let read_only = Policy { merged_usr: false, workspace_writable: false, nofile: None, ..policy };
         assert_eq!(argv(&read_only, &bytecode), recorded(include_str!("python-argv-bytecode.json")));
     }
@@ -229,16 +241,21 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_is_told_no_limit_of_the_policy_s_the_host_sets_them() {
+    fn the_worker_is_told_its_open_file_limit_last_and_never_its_task_cap() {
         let limited = Policy { nofile: Some(128), nproc: Some(256), ..test_policy() };
         for keeper in [false, true] {
             let py = Python { keeper, ..python() };
-            assert_eq!(argv(&limited, &py), argv(&test_policy(), &py), "keeper {keeper}");
+            assert_eq!(
+                argv(&limited, &py),
+                argv(&test_policy(), &py),
+                "keeper {keeper}: the policy alone adds nothing"
+            );
         }
-        let plain = argv(&limited, &python());
-        assert_eq!(plain[plain.len() - 2..], ["--limits", "frame=1"]);
+        let told = argv(&limited, &Python { nofile: Some(128), ..python() });
+        assert_eq!(told[told.len() - 4..], ["--limits", "frame=1", "--nofile", "128"]);
+        assert!(!told.iter().any(|a| a == "--nproc"), "the host sets the task cap");
         // As PID 1 (rollback), the worker is the process bubblewrap holds,
-        // on which the host sets the limits before it execs.
+        // on which the host sets the task cap before it execs.
         let keeper = argv(&limited, &Python { keeper: true, ..python() });
         let command = keeper.iter().position(|a| a == "--").expect("--");
         assert_eq!(keeper[command - 1], "--as-pid-1");

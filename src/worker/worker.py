@@ -1413,9 +1413,14 @@ def main():
     if "--emit-code" in sys.argv[1:]:
         send_code()
     site_dirs = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--site"]
-    # The open-file and task limits are the host's: it sets them on the
-    # held sandbox before this process exists (see spawn.rs), so every
-    # process here, PID 1 first, has them.
+    # The task cap is the host's: it sets it on the held sandbox before
+    # this process exists (see spawn.rs), so every process here has it.
+    nofile = [int(sys.argv[i + 1]) for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--nofile"]
+    if nofile:
+        # bubblewrap needed more open files for its mount fds; everything
+        # from here on gets the sandbox's own limit.
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[0], nofile[0]))
     site_notes = setup_site(site_dirs) if site_dirs else []
     # bwrap exports PWD after --chdir; the environment is PATH, HOME,
     # TMPDIR and LANG only.
