@@ -1036,14 +1036,9 @@ async fn a_shell_payload_forks_no_more_than_the_task_cap() {
     let script = "grep -e '^Max processes' -e '^Max open files' /proc/self/limits; \
         (i=0; while [ $i -lt 64 ]; do sleep 60 </dev/null >/dev/null 2>&1 & i=$((i+1)); echo forked $i; done); \
         timeout 5 true 2>&1; echo timeout $?";
-    let Some((status, out)) = bare::run_capped(
-        "taskcap",
-        pi_python_sandbox::seccomp::Profile::Shell,
-        &["/bin/sh", "-c", script],
-        caps,
-        None,
-    )
-    .await
+    let Some((status, out)) =
+        bare::run_capped("taskcap", pi_python_sandbox::seccomp::Profile::Shell, &["/bin/sh", "-c", script], caps, None)
+            .await
     else {
         return;
     };
