@@ -41,6 +41,7 @@ use crate::gitconfig::inside;
 pub use crate::gitconfig::HostGit;
 use crate::hostsecrets::HostSecrets;
 use crate::scan::{self, Limits, Summary, Visit};
+pub use crate::secrets::INERT_MARK;
 use crate::secrets::{Mask, MaskReport, MaskSources, SecretRules, MAX_MASKS};
 
 /// At most this many read-only binds; a project with more protected
@@ -571,7 +572,7 @@ fn shell_path(root: &Path, rel: &Path) -> String {
 }
 
 mod rules;
-pub use rules::{describe, patterns, Pattern, Rule, DEFAULT_PROTECTED, INERT_MARK, PROTECTED_ENV, SKILLS};
+pub use rules::{describe, patterns, Pattern, Rule, DEFAULT_PROTECTED, PROTECTED_ENV, SKILLS};
 mod start;
 use start::mask_list;
 pub use start::{plan_start, MaskError, StartPlan, StartRequest};

@@ -78,9 +78,6 @@ pub const SKILLS: &str = "skills";
 /// depth (empty: protect nothing).
 pub const PROTECTED_ENV: &str = "PI_SANDBOX_PROTECTED";
 
-/// The inert name's mark: `NAME.pi-inert`, `NAME.pi-inert-2`, ...
-pub const INERT_MARK: &str = ".pi-inert";
-
 /// What is protected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pattern {
