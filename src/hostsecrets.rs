@@ -686,7 +686,7 @@ pub async fn watch(
         // kernel's queue.
         tokio::select! {
             _ = &mut stop => return,
-            _ = tokio::time::sleep(crate::protected::budget::PACE) => {}
+            _ = tokio::time::sleep(crate::inotify::PACE) => {}
         }
     }
 }

@@ -3,6 +3,10 @@
 //! `hostsecrets`); and one sandbox's share of its user's inotify budget,
 //! written into the sandbox's own user namespace by `nshelper`.
 
+/// At most one batch of a watch's events this often while they keep
+/// coming (the kernel queues what comes meanwhile).
+pub const PACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The inotify instance, as tokio wants it.
 struct InotifyFd(nix::sys::inotify::Inotify);
 

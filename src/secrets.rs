@@ -143,10 +143,15 @@ impl SecretRules {
     }
 }
 
+/// The inert name's mark: `NAME.pi-inert`, `NAME.pi-inert-2`, ... (the
+/// guard of `protected` renames a protected name so; a secret made inert
+/// is still masked as the secret it was).
+pub const INERT_MARK: &str = ".pi-inert";
+
 /// The name a protected entry had before the guard made it inert:
 /// `NAME` of `NAME.pi-inert` and `NAME.pi-inert-N`.
 fn inert_base(name: &[u8]) -> Option<&[u8]> {
-    let mark = crate::protected::INERT_MARK.as_bytes();
+    let mark = INERT_MARK.as_bytes();
     let at = name.windows(mark.len()).rposition(|w| w == mark).filter(|&at| at > 0)?;
     let rest = &name[at + mark.len()..];
     let numbered = rest.first() == Some(&b'-') && rest.len() > 1 && rest[1..].iter().all(u8::is_ascii_digit);

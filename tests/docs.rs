@@ -36,7 +36,7 @@ fn security_md_holds_the_seccomp_table_rendered_from_the_rules() {
     };
     if table.trim() != fresh.trim() {
         panic!(
-            "docs/security.md's seccomp table differs from the rules in src/seccomp.rs; paste this between its \
+            "docs/security.md's seccomp table differs from the lists in src/seccomp/; paste this between its \
              markers:\n\n{fresh}"
         );
     }

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::KilledFor;
+pub use crate::inotify::PACE;
 
 /// Most inert renames in one sandbox's life (`0` or nothing: the default).
 pub const MAX_INERT_ENV: &str = "PI_SANDBOX_MAX_INERT";
@@ -31,9 +32,6 @@ pub const DEFAULT_WATCH_CPU: Duration = Duration::from_millis(100);
 /// The CPU budget holds this many seconds of its rate: a burst (a
 /// checkout that makes thousands of directories) draws on it.
 pub const BURST_SECONDS: u32 = 50;
-/// At most one batch of a watch's events this often while they keep
-/// coming.
-pub const PACE: Duration = Duration::from_millis(10);
 
 /// The bounds of one sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
