@@ -256,6 +256,41 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(next.generation, 1);
   });
 
+  test("a cancel as the call starts: its code was stopped (as the setting says) or never reached the interpreter", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("kept = 1"));
+    // A queued call is cancelled the moment the call before it returns: some cancels land while
+    // it starts, before its request reached the interpreter, which then ran nothing and has
+    // nothing to roll back, lose or kill.
+    const CALLS = 12;
+    let untouched = 0;
+    for (let i = 0; i < CALLS; i++) {
+      const before = sb.execute("import time\ntime.sleep(0.05)", 10, 500 + i);
+      assert.ok(await waitUntil(() => sb.status().busy, 5000, 1), `call ${i} never became busy`);
+      const queued = sb.execute("import time\ntime.sleep(30)", 60, 900 + i);
+      assertOk(await before);
+      sb.cancel(900 + i);
+      const r = await queued;
+      assert.equal(r.status, "cancelled", `call ${i}: ${show(r)}`);
+      if (r.diagnostic === "Cancelled before execution; the interpreter was not touched.") {
+        untouched++;
+        assert.equal(r.stateLost, false, show(r));
+        assert.equal(r.rolledBack, false, show(r));
+      } else {
+        assertFailedCallState(r, { reason: "cancelled" });
+      }
+    }
+    t.diagnostic(`${untouched} of ${CALLS} cancels landed before the request`);
+    // A call that never reached the interpreter is not counted as an execution.
+    assert.equal(sb.status().executions, 1 + CALLS * 2 - untouched);
+    if (ROLLBACK) {
+      const kept = await sb.execute("kept");
+      assert.equal(kept.repr, "1", "a cancel lost the state");
+      assert.equal(kept.generation, 1);
+    }
+  });
+
   test("cancel of a queued call leaves the running call alone", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t);
