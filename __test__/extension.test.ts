@@ -15,6 +15,9 @@
  *   "/worker.py", which "/worker.pyc" contains too (bwrap's argv mounts the worker there and the
  *   sandboxed interpreter runs it); one session's sandboxes are those whose bwrap command line
  *   names `<session dir>/scratch`.
+ * - The file runs with rollback on (the default) and off (PI_PYTHON_TOOL_ROLLBACK=0); where the two
+ *   differ (an abort rolled back or its state lost, a reset in the same sandbox or a new one), a
+ *   test asserts the exact behaviour of the setting in force (ROLLBACK).
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
@@ -28,7 +31,7 @@ import * as piAgent from "@mariozechner/pi-coding-agent";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { descendantsOf, parentOf } from "./helpers/host-procs.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { waitUntil } from "./helpers/sandbox-fixture.ts";
 import { context, plain, pythonRenderers, screen, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
 
@@ -365,7 +368,7 @@ test("model turn: pi's schema rejects timeoutSeconds 500 and no sandbox work hap
 
 // --- 6. abort -------------------------------------------------------------------------------------
 
-test("abort: a running call is cancelled promptly and loses state", async (t) => {
+test("abort: a running call is cancelled promptly and rolled back (rollback on) or loses state (off)", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const h = await setup(t);
   assert.equal((await call(h, { code: "kept = 1" })).details.status, "ok");
@@ -389,8 +392,21 @@ test("abort: a running call is cancelled promptly and loses state", async (t) =>
   assert.ok(returnedAt - started < 5500);
   assert.equal(r.details.status, "cancelled");
   assert.equal(r.details.isError, true);
+  if (ROLLBACK) {
+    // Every process of the sandbox but its PID 1 was killed, and the rollback point carries on
+    // in the same sandbox; the spare is not needed.
+    assert.equal(r.details.stateLost, false);
+    assert.equal(r.details.rolledBack, true);
+    assert.match(r.text, /The interpreter was rolled back to its state before this call \(variables, imports and definitions are as they were;/);
+    assert.deepEqual(sandboxes(sessionRoot), sandboxesBefore, "the sandbox and its spare are kept");
+    const next = await call(h, { code: "kept" });
+    assert.equal(next.details.status, "ok", next.text);
+    assert.match(next.text, /result: 1/);
+    assert.equal(next.details.generation, 1);
+    return;
+  }
   assert.equal(r.details.stateLost, true);
-  assert.match(r.text, /Interpreter state was LOST/);
+  assert.match(r.text, /Interpreter state was LOST \(cancelled; rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)\)/);
   await assertInterpreterGone(sessionRoot, sandboxesBefore, h, "after cancel");
 
   // The next call gets a fresh interpreter.
@@ -440,7 +456,9 @@ test("reset discards state and keeps scratch; status reports mode, limits and pa
   assert.match(reset.text, /[Ss]cratch files are preserved/);
   assert.equal(reset.details.scratchDir, report.paths.scratchDir);
   assert.ok(reset.text.includes(report.paths.scratchDir), "reset names the scratch dir");
-  await assertInterpreterGone(dirname(report.paths.scratchDir), resetBefore, h, "after reset");
+  // With rollback on a reset is a fresh interpreter in the same sandbox (the spare waits).
+  if (ROLLBACK) assert.deepEqual(sandboxes(dirname(report.paths.scratchDir)), resetBefore, "after reset: the sandbox and its spare are kept");
+  else await assertInterpreterGone(dirname(report.paths.scratchDir), resetBefore, h, "after reset");
 
   const lost = await call(h, { code: "v" });
   assert.equal(lost.details.exceptionType, "NameError");
@@ -656,7 +674,12 @@ test("tool_result marks every failure status as isError for the model, ok as not
   assert.match(messageText(runtimeError), /^status: runtime_error/);
   assert.equal(timeout.isError, true);
   assert.match(messageText(timeout), /^status: timeout/);
-  assert.match(messageText(timeout), /Interpreter state was LOST \(timeout; rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)\)/);
+  assert.match(
+    messageText(timeout),
+    ROLLBACK
+      ? /The interpreter was rolled back to its state before this call \(variables, imports and definitions are as they were;/
+      : /Interpreter state was LOST \(timeout; rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)\)/,
+  );
   assert.equal(ok.isError, false);
   assert.match(messageText(ok), /^status: ok/);
 

@@ -11,6 +11,8 @@
  * of newlines, code over 64 KiB, bad timeouts, concurrent calls on one session, calls after
  * dispose (api.test.ts). Unknown tool actions are in extension.test.ts. The long soak is
  * `npm run soak` (scripts/soak.mjs).
+ * The suite runs with rollback on (the default) and off (PI_PYTHON_TOOL_ROLLBACK=0); where the two
+ * differ, a test asserts the exact behaviour of the setting in force (ROLLBACK).
  */
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
@@ -20,8 +22,9 @@ import { rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { assertNoProcess, describeProcess, fdDiff, fdTable, ownZombies, parentOf, workerPids } from "./helpers/host-procs.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import {
+  assertFailedCallState,
   assertOk,
   assertRecovers,
   type ExecResult,
@@ -31,6 +34,7 @@ import {
   lit,
   makeFixture,
   py,
+  replaceSandbox,
   sessionDirs,
   show,
   sleep,
@@ -61,7 +65,7 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     process.kill(worker, "SIGKILL");
     const r = await pending;
     assert.equal(r.status, "worker_error", show(r));
-    assert.equal(r.stateLost, true);
+    assertFailedCallState(r);
     assert.equal(r.stdout, "before\n", "output written before the kill is kept");
     assert.match(r.diagnostic ?? "", /signal 9 \(SIGKILL\)/);
     await assertNoProcess(marker);
@@ -109,7 +113,7 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     await sb.dispose();
   });
 
-  test("bubblewrap, the namespace's init and the worker are all in the process group a kill signals", async (t) => {
+  test("bubblewrap, the namespace's init and the interpreter are all in the process group a kill signals", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t, { prewarm: false });
     assertOk(await sb.execute("1"));
@@ -117,15 +121,18 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     const bwraps = hostPidsWithCmdline(scratch);
     const outer = bwraps.find((pid) => parentOf(pid) === process.pid);
     assert.ok(outer, `no bubblewrap child of this process among ${bwraps.map(describeProcess).join("; ")}`);
-    const [worker] = workerPids(scratch);
-    assert.ok(worker, "the worker was not found on the host");
+    // With rollback off the worker runs under bubblewrap's init (a second bwrap process); with
+    // it on, PID 1 is the worker's keeper and the interpreter its child.
+    const workers = workerPids(scratch);
+    assert.equal(workers.length, ROLLBACK ? 2 : 1, `workers: ${workers.map(describeProcess).join("; ")}`);
     const group = (pid: number) => {
       const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
       const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
       return { pgid: Number(fields[2]), sid: Number(fields[3]) };
     };
-    const members = [...new Set([...bwraps, worker])];
-    assert.equal(members.length, 3, `expected bubblewrap, its init and the worker: ${members.map(describeProcess).join("; ")}`);
+    const members = [...new Set([...bwraps, ...workers])];
+    assert.equal(bwraps.length, ROLLBACK ? 1 : 2, `bubblewrap processes: ${bwraps.map(describeProcess).join("; ")}`);
+    assert.equal(members.length, 3, `expected bubblewrap, its init and the interpreter: ${members.map(describeProcess).join("; ")}`);
     for (const pid of members) {
       assert.deepEqual(group(pid), { pgid: outer, sid: outer }, describeProcess(pid));
     }
@@ -135,7 +142,7 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     if (skipWithoutSandbox(t)) return;
     const { sb, project, base } = await makeFixture(t);
     assertOk(await sb.execute("kept = 1"));
-    await sb.reset();
+    await replaceSandbox(sb);
     await rename(project, join(base, "moved-away"));
     const r = await sb.execute("1");
     assert.equal(r.status, "unavailable", show(r));
@@ -170,7 +177,7 @@ describe("worker faults", { concurrency: CONCURRENCY }, () => {
     const sb = fx.open({ interpreter, prewarm: false });
     assertOk(await sb.execute("kept = 1"));
     await rename(prefix, `${prefix}-gone`);
-    await sb.reset();
+    await replaceSandbox(sb);
     const r = await sb.execute("1");
     assert.equal(r.status, "worker_error", show(r));
     assert.match(r.diagnostic ?? "", new RegExp(`bwrap: Can't find source path ${prefix}`));
@@ -241,8 +248,11 @@ describe("resource bombs stay contained", { concurrency: CONCURRENCY }, () => {
     assertOk(await fx.sb.execute("sum(p.poll() is None for p in procs)"));
     await fx.sb.reset();
     await assertNoProcess(marker);
-    const fresh = await fx.sb.execute("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())");
-    assert.equal(fresh.repr, "[1, 2]");
+    // PID 1 and the interpreter alone: with rollback off the worker of a new sandbox (pid 2); with
+    // it on, the fresh interpreter the sandbox's PID 1 forked.
+    const fresh = await fx.sb.execute("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid()");
+    if (ROLLBACK) assert.match(fresh.repr ?? "", /^\(\[1, (\d+)\], \1\)$/);
+    else assert.equal(fresh.repr, "([1, 2], 2)");
   });
 
   test("deep recursion that overflows the C stack is a worker_error naming SIGSEGV; the next call works", async (t) => {
@@ -259,7 +269,7 @@ describe("resource bombs stay contained", { concurrency: CONCURRENCY }, () => {
       Deep().anything
     `);
     assert.equal(r.status, "worker_error", show(r));
-    assert.equal(r.stateLost, true);
+    assertFailedCallState(r);
     assert.match(r.diagnostic ?? "", /signal 11 \(SIGSEGV\)/);
     await assertRecovers(sb, r);
   });

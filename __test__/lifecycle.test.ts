@@ -9,7 +9,19 @@
  * Independent tests run concurrently inside each suite. Its sandboxes keep no spare
  * (makeFixtureWithoutSpare): what a test finds on the host is its own sandbox alone.
  * The spare has its own suite, with makeFixtureWithSpare.
+ * The suite runs with rollback on (the default) and off (PI_PYTHON_TOOL_ROLLBACK=0); where the two
+ * differ (a failed call rolled back or its state lost, a reset in the same sandbox or a new one),
+ * a test asserts the exact behaviour of the setting in force (ROLLBACK).
  */
+
+/** What `sorted(pids of /proc), os.getpid()` shows right after a reset: PID 1 and the
+ * interpreter alone (with rollback off the worker is pid 2 of a new sandbox; with it on, the
+ * fresh interpreter PID 1 forked, at whatever pid the namespace gave it). */
+const PROCS_AND_ME = "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid()";
+function assertOnlyInitAndInterpreter(repr: string | undefined): void {
+  if (ROLLBACK) assert.match(repr ?? "", /^\(\[1, (\d+)\], \1\)$/);
+  else assert.equal(repr, "([1, 2], 2)");
+}
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
@@ -18,6 +30,7 @@ import { chmod, mkdir, readdir, readFile, stat, writeFile } from "node:fs/promis
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import {
+  assertFailedCallState,
   assertOk,
   INDEX_CJS,
   lit,
@@ -25,13 +38,14 @@ import {
   makeFixture as makeFixtureWithSpare,
   makeFixtureWithoutSpare as makeFixture,
   py,
+  replaceSandbox,
   sessionDirs,
   show,
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-import { assertNoProcess, parentOf } from "./helpers/host-procs.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { assertNoProcess, interpreterPids, parentOf } from "./helpers/host-procs.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const CONCURRENCY = 4;
 
@@ -75,13 +89,25 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     const scratchDir = sb.status().paths.scratchDir;
     assert.ok(scratchDir);
     assert.equal(await readFile(join(scratchDir, "keep.txt"), "utf8"), "kept");
+    const sandbox = hostPidsWithCmdline(runtimeRoot);
+    const interpreter = interpreterPids(scratchDir);
     const reset = await sb.reset();
     assert.equal(reset.scratchDir, scratchDir);
     const s = sb.status();
-    assert.equal(s.workerRunning, false);
+    assert.equal(s.rollback, ROLLBACK, "the tests read the setting as the addon does");
     assert.equal(s.lastResetReason, "explicit_reset");
-    assert.equal(s.generation, 1);
-    await assertNoProcess(runtimeRoot);
+    if (ROLLBACK) {
+      // The same sandbox: its PID 1 forked a fresh interpreter at once.
+      assert.equal(interpreter.length, 1, `one interpreter before the reset: ${interpreter}`);
+      assert.equal(s.workerRunning, true);
+      assert.equal(s.generation, 2);
+      assert.deepEqual(hostPidsWithCmdline(runtimeRoot), sandbox, "the sandbox is kept");
+      assert.ok(await waitUntil(() => !interpreterPids(scratchDir).includes(interpreter[0]), 3000), "the old interpreter is gone");
+    } else {
+      assert.equal(s.workerRunning, false);
+      assert.equal(s.generation, 1);
+      await assertNoProcess(runtimeRoot);
+    }
     assert.equal(await readFile(join(scratchDir, "keep.txt"), "utf8"), "kept", "scratch survives reset (host)");
     const gone = await sb.execute("x");
     assert.equal(gone.status, "runtime_error", show(gone));
@@ -102,11 +128,12 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     );
     assert.equal(r.repr, "20", show(r));
     assert.equal(hostPidsWithCmdline(marker).length, 20);
+    const sandbox = hostPidsWithCmdline(runtimeRoot).filter((pid) => !hostPidsWithCmdline(marker).includes(pid));
     await sb.reset();
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 5000), "background processes survived reset");
-    await assertNoProcess(runtimeRoot);
-    const after = await sb.execute("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())");
-    assert.equal(after.repr, "[1, 2]");
+    if (ROLLBACK) assert.deepEqual(hostPidsWithCmdline(runtimeRoot), sandbox, "the sandbox is kept");
+    else await assertNoProcess(runtimeRoot);
+    assertOnlyInitAndInterpreter((await sb.execute(PROCS_AND_ME)).repr);
   });
 
   test("cancel() without an id cancels the running call", async (t) => {
@@ -122,7 +149,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(sb.cancel(), false, "nothing is running any more");
   });
 
-  test("timeout kills the interpreter and the next call starts a fresh one", async (t) => {
+  test("timeout: rolled back (rollback on) or the interpreter killed and the next call on a fresh one (off)", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t);
     assertOk(await sb.execute("x = 1"));
@@ -131,13 +158,12 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     const took = Date.now() - started;
     assert.equal(r.status, "timeout", show(r));
     assert.equal(r.isError, true);
-    assert.equal(r.stateLost, true);
-    assert.equal(r.stateLostReason, "timeout");
+    assertFailedCallState(r, { reason: "timeout" });
     assert.ok(took >= 900 && took < 6000, `timeout result after ${took} ms`);
     const next = await sb.execute("'x' in globals()");
     assertOk(next);
-    assert.equal(next.repr, "False");
-    assert.equal(next.generation, r.generation + 1);
+    assert.equal(next.repr, ROLLBACK ? "True" : "False");
+    assert.equal(next.generation, r.generation + (ROLLBACK ? 0 : 1));
   });
 
   test("a timeout and a cancel keep the output printed before the kill; the code never runs again", async (t) => {
@@ -156,6 +182,8 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(timedOut.status, "timeout", show(timedOut));
     assert.equal(timedOut.stdout, "before-timeout out 1\n");
     assert.equal(timedOut.stderr, "before-timeout err\n");
+    assertFailedCallState(timedOut, { reason: "timeout", fresh: true });
+    const sandbox = hostPidsWithCmdline(runtimeRoot);
     const pending = sb.execute(code("before-cancel"), 60, 77);
     assert.ok(await waitUntil(() => sb.status().busy && sb.status().workerRunning, 5000));
     await sleep(500);
@@ -164,7 +192,9 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(cancelled.status, "cancelled", show(cancelled));
     assert.equal(cancelled.stdout, "before-cancel out 2\n");
     assert.equal(cancelled.stderr, "before-cancel err\n");
-    await assertNoProcess(runtimeRoot);
+    assertFailedCallState(cancelled, { reason: "cancelled", fresh: true });
+    if (ROLLBACK) assert.deepEqual(hostPidsWithCmdline(runtimeRoot), sandbox, "the sandbox is kept");
+    else await assertNoProcess(runtimeRoot);
     const scratch = sb.status().paths.scratchDir as string;
     assert.equal(readFileSync(join(scratch, "runs"), "utf8"), "2", "a killed call was run again");
     assertOk(await sb.execute("1"));
@@ -179,7 +209,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length > 0, 5000), "grandchild never appeared");
     const r = await pending;
     assert.equal(r.status, "timeout", show(r));
-    assert.equal(r.stateLost, true);
+    assertFailedCallState(r, { reason: "timeout", fresh: true });
     const scratchDir = sb.status().paths.scratchDir;
     assert.ok(scratchDir);
     await assertGrandchildGone(marker, scratchDir);
@@ -199,14 +229,13 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     const r = await pending;
     assert.ok(Date.now() - cancelledAt < 3000, `cancel settled after ${Date.now() - cancelledAt} ms`);
     assert.equal(r.status, "cancelled", show(r));
-    assert.equal(r.stateLost, true);
-    assert.equal(r.stateLostReason, "cancelled");
+    assertFailedCallState(r, { reason: "cancelled" });
     const scratchDir = sb.status().paths.scratchDir;
     assert.ok(scratchDir);
     await assertGrandchildGone(marker, scratchDir);
     const next = await sb.execute("'x' in globals()");
-    assert.equal(next.repr, "False");
-    assert.equal(next.generation, r.generation + 1);
+    assert.equal(next.repr, ROLLBACK ? "True" : "False");
+    assert.equal(next.generation, r.generation + (ROLLBACK ? 0 : 1));
   });
 
   test("cancel before execute returns cancelled without starting a sandbox", async (t) => {
@@ -225,6 +254,41 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     const next = await sb.execute("1", 5, 77);
     assertOk(next);
     assert.equal(next.generation, 1);
+  });
+
+  test("a cancel as the call starts: its code was stopped (as the setting says) or never reached the interpreter", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("kept = 1"));
+    // A queued call is cancelled the moment the call before it returns: some cancels land while
+    // it starts, before its request reached the interpreter, which then ran nothing and has
+    // nothing to roll back, lose or kill.
+    const CALLS = 12;
+    let untouched = 0;
+    for (let i = 0; i < CALLS; i++) {
+      const before = sb.execute("import time\ntime.sleep(0.05)", 10, 500 + i);
+      assert.ok(await waitUntil(() => sb.status().busy, 5000, 1), `call ${i} never became busy`);
+      const queued = sb.execute("import time\ntime.sleep(30)", 60, 900 + i);
+      assertOk(await before);
+      sb.cancel(900 + i);
+      const r = await queued;
+      assert.equal(r.status, "cancelled", `call ${i}: ${show(r)}`);
+      if (r.diagnostic === "Cancelled before execution; the interpreter was not touched.") {
+        untouched++;
+        assert.equal(r.stateLost, false, show(r));
+        assert.equal(r.rolledBack, false, show(r));
+      } else {
+        assertFailedCallState(r, { reason: "cancelled" });
+      }
+    }
+    t.diagnostic(`${untouched} of ${CALLS} cancels landed before the request`);
+    // A call that never reached the interpreter is not counted as an execution.
+    assert.equal(sb.status().executions, 1 + CALLS * 2 - untouched);
+    if (ROLLBACK) {
+      const kept = await sb.execute("kept");
+      assert.equal(kept.repr, "1", "a cancel lost the state");
+      assert.equal(kept.generation, 1);
+    }
   });
 
   test("cancel of a queued call leaves the running call alone", async (t) => {
@@ -247,19 +311,20 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assert.equal(after.generation, 1);
   });
 
-  test("worker death mid-call is a worker_error with partial output; the next call is fresh", async (t) => {
+  test("worker death mid-call is a worker_error with partial output; rolled back (on) or the next call fresh (off)", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t);
     assertOk(await sb.execute("kept = 1"));
     const r = await sb.execute("print('partial')\nimport os\nos._exit(7)");
     assert.equal(r.status, "worker_error", show(r));
-    assert.equal(r.stateLost, true);
+    assertFailedCallState(r);
     assert.equal(r.stdout, "partial\n");
-    assert.match(r.diagnostic ?? "", /worker died/);
+    // With rollback on PID 1 recorded how the interpreter ended.
+    assert.match(r.diagnostic ?? "", ROLLBACK ? /^The interpreter exited with code 7; every process of the sandbox was killed\./ : /worker died/);
     const next = await sb.execute("'kept' in globals()");
     assertOk(next);
-    assert.equal(next.repr, "False");
-    assert.equal(next.generation, r.generation + 1);
+    assert.equal(next.repr, ROLLBACK ? "True" : "False");
+    assert.equal(next.generation, r.generation + (ROLLBACK ? 0 : 1));
   });
 
   test(
@@ -279,15 +344,24 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
   test("a worker killed while idle is reported by the next result, which still runs", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb, runtimeRoot } = await makeFixture(t);
-    // pid 2 in the sandbox's pid namespace is the worker (pid 1 is bwrap's init). The killer
-    // outlives the 1 s drain window, so the kill lands after the result, while idle.
+    // pid 2 in the sandbox's pid namespace is the worker (pid 1 is bwrap's init, or with rollback
+    // on the keeper). The killer outlives the 1 s drain window, so the kill lands after the
+    // result, while idle.
     const first = await sb.execute(
       "import os, subprocess\nx = 41\nsubprocess.Popen(['sh', '-c', 'sleep 1.5; kill -9 2'])\nos.getpid()",
       10,
     );
     assertOk(first);
     assert.equal(first.repr, "2");
-    await assertNoProcess(runtimeRoot, 8000);
+    if (ROLLBACK) {
+      // The interpreter dies; the sandbox and its PID 1 stay.
+      const scratchDir = sb.status().paths.scratchDir as string;
+      const sandbox = hostPidsWithCmdline(runtimeRoot);
+      assert.ok(await waitUntil(() => interpreterPids(scratchDir).length === 0, 8000), "the interpreter was not killed");
+      assert.deepEqual(hostPidsWithCmdline(runtimeRoot), sandbox, "the sandbox is kept");
+    } else {
+      await assertNoProcess(runtimeRoot, 8000);
+    }
     const next = await sb.execute("'x' in globals()");
     assertOk(next);
     assert.equal(next.repr, "False");
@@ -420,24 +494,33 @@ describe("host process lifetime", { concurrency: CONCURRENCY }, () => {
 });
 
 describe("spare sandbox", () => {
-  test("a ready spare takes over after a reset and a timeout, and never carries state", async (t) => {
+  // With rollback on, a reset and a timeout stay in the sandbox (a fresh interpreter from its
+  // PID 1, a rollback): the spare waits, untouched, for a mode change.
+  test("a reset and a timeout: a ready spare takes over (rollback off) or waits (on); no state is carried", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb, runtimeRoot } = await makeFixtureWithSpare(t);
     assert.equal(sb.status().spare, "none", "nothing starts before the first execution");
     assertOk(await sb.execute("secret = 'first'"));
     assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000), "the spare became ready");
-    const spareAndActive = hostPidsWithCmdline(runtimeRoot).length;
+    const spareAndActive = hostPidsWithCmdline(runtimeRoot);
     await sb.reset();
     const afterReset = await sb.execute("'secret' in globals()");
     assert.equal(afterReset.repr, "False");
     assert.equal(afterReset.generation, 2);
     assert.ok(await waitUntil(() => sb.status().spare === "ready", 5000), "a new spare was started");
+    if (ROLLBACK) assert.deepEqual(hostPidsWithCmdline(runtimeRoot), spareAndActive, "the sandbox and its spare are kept");
     const timedOut = await sb.execute("secret = 'second'\nwhile True: pass", 1);
     assert.equal(timedOut.status, "timeout");
+    assertFailedCallState(timedOut, { reason: "timeout" });
     const afterTimeout = await sb.execute("'secret' in globals()");
     assert.equal(afterTimeout.repr, "False");
-    assert.equal(afterTimeout.generation, 3);
-    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length <= spareAndActive, 5000), "no sandbox piles up");
+    assert.equal(afterTimeout.generation, ROLLBACK ? 2 : 3);
+    if (ROLLBACK) {
+      assert.equal(sb.status().spare, "ready");
+      assert.deepEqual(hostPidsWithCmdline(runtimeRoot), spareAndActive, "the sandbox and its spare are kept");
+    } else {
+      assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length <= spareAndActive.length, 5000), "no sandbox piles up");
+    }
   });
 
   test("mode changes racing the spare's start leave one ready spare that status reports", async (t) => {
@@ -505,7 +588,7 @@ describe("worker bytecode", () => {
     const versionMagic = await sb.execute("import importlib.util\nimportlib.util.MAGIC_NUMBER.hex()");
     assert.equal(versionMagic.repr, `'${magic.toString("hex")}'`, "the image carries this interpreter's magic number");
 
-    await sb.reset();
+    await replaceSandbox(sb);
     const second = await sb.execute(failing);
     assert.equal(sb.status().workerCode, "bytecode");
     // Tracebacks still hide the worker's frames and show the user's.
@@ -530,12 +613,12 @@ describe("worker bytecode", () => {
     const image = await storedImage(runtimeRoot);
     await chmod(image, 0o600);
     await writeFile(image, Buffer.concat([Buffer.from([0, 0, 13, 10]), Buffer.alloc(64, 0x2a)]));
-    await sb.reset();
+    await replaceSandbox(sb);
     const r = await sb.execute("'fresh'");
     assert.equal(r.repr, "'fresh'", show(r));
     assert.equal(sb.status().workerCode, "source");
     assert.equal((await stat(image)).mode & 0o777, 0o400, "a new image replaced the broken one");
-    await sb.reset();
+    await replaceSandbox(sb);
     assertOk(await sb.execute("1"));
     assert.equal(sb.status().workerCode, "bytecode");
   });

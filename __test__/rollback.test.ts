@@ -1,6 +1,7 @@
 /**
- * Rollback (the default; PI_PYTHON_TOOL_ROLLBACK=0 gives the spec's kill-and-restart, which the
- * rest of the suite runs with): a failed call returns the interpreter to its state from right
+ * Rollback (the default; PI_PYTHON_TOOL_ROLLBACK=0 gives the spec's kill-and-restart, which
+ * every other suite runs with, and the lifecycle, fault, permission and pi end-to-end suites with
+ * rollback on too, asserting the setting in force): a failed call returns the interpreter to its state from right
  * before it, every other process of the sandbox is killed, and a reset is a fresh interpreter in
  * the same sandbox. Also the attempts of a failed call to reach its rollback point or the
  * sandbox's PID 1, each with a baseline that shows the attempt works where the defence is absent.
@@ -26,9 +27,9 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { assertNoProcess } from "./helpers/host-procs.ts";
 import { createPiHarness, messageText } from "./helpers/pi-session.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
-if (/^(0|false|off|no)$/i.test(process.env.PI_PYTHON_TOOL_ROLLBACK?.trim() ?? "")) {
+if (!ROLLBACK) {
   throw new Error("rollback.test.ts tests rollback: run it without PI_PYTHON_TOOL_ROLLBACK=0");
 }
 

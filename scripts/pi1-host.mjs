@@ -5,6 +5,8 @@
 //
 //   node scripts/pi1-host.mjs                    install (if needed) and print the paths
 //   node scripts/pi1-host.mjs --test [FILE...]   install (if needed) and run the pi 1.x e2e tests
+//                                                (with rollback as PI_PYTHON_TOOL_ROLLBACK says:
+//                                                on unless it is 0, false, off or no)
 import { spawnSync } from "node:child_process";
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -58,17 +60,27 @@ export function ensurePi1Host() {
   return paths;
 }
 
-/** Runs the shared e2e files under pi 1.x and Node 22 (type stripping, no tsx). */
-export function runPi1Tests(files = PI1_TEST_FILES) {
+/** Whether a PI_PYTHON_TOOL_ROLLBACK value leaves rollback on (as the addon reads it). */
+export const rollbackOn = (value) => !/^(0|false|off|no)$/i.test(value?.trim() ?? "");
+
+/**
+ * Runs the shared e2e files under pi 1.x and Node 22 (type stripping, no tsx), with rollback on
+ * (the default users get: PI_PYTHON_TOOL_ROLLBACK unset) or off (PI_PYTHON_TOOL_ROLLBACK=0).
+ */
+export function runPi1Tests(files = PI1_TEST_FILES, { rollback = true } = {}) {
   const paths = ensurePi1Host();
   const nodeVersion = spawnSync(paths.node, ["--version"], { encoding: "utf8" }).stdout.trim();
-  console.log(`\n# end-to-end tests under pi ${paths.version()} (@earendil-works) on Node ${nodeVersion}`);
+  const setting = rollback ? "rollback on" : "PI_PYTHON_TOOL_ROLLBACK=0";
+  console.log(`\n# end-to-end tests under pi ${paths.version()} (@earendil-works) on Node ${nodeVersion}, ${setting}`);
+  const env = { ...process.env, PI_HOST: "pi1" };
+  if (rollback) delete env.PI_PYTHON_TOOL_ROLLBACK;
+  else env.PI_PYTHON_TOOL_ROLLBACK = "0";
   run(
     paths.node,
     ["--experimental-strip-types", "--no-warnings=ExperimentalWarning", "--import", "./__test__/helpers/pi1-host.mjs",
      "--test", "--test-concurrency=1", ...files],
-    // These suites assert the spec's kill-and-restart recovery (as under pi 0.73).
-    { env: { ...process.env, PI_HOST: "pi1", PI_PYTHON_TOOL_ROLLBACK: "0" } },
+    // The suites assert the behaviour of the setting in force (__test__/helpers/sandbox-env.ts).
+    { env },
   );
 }
 
@@ -76,7 +88,7 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   try {
     if (process.argv.includes("--test")) {
       const files = process.argv.slice(2).filter((a) => a !== "--test");
-      runPi1Tests(files.length > 0 ? files : undefined);
+      runPi1Tests(files.length > 0 ? files : undefined, { rollback: rollbackOn(process.env.PI_PYTHON_TOOL_ROLLBACK) });
     } else {
       const p = ensurePi1Host();
       console.log(`pi ${p.version()}: ${p.cli}\nnode: ${p.node}`);

@@ -1,6 +1,8 @@
 // The whole test suite: Rust lints, the TypeScript type check, Rust unit and
 // engine tests, the engine tests again as an unprivileged user (when run as
-// root), then the addon integration and pi end-to-end tests under node:test.
+// root), then the addon integration and pi end-to-end tests under node:test:
+// every suite with rollback off, and the rollback suite and the suites whose
+// behaviour depends on the setting with rollback on (the default users get).
 // Under CI=true a sandbox test that would skip fails instead.
 import { spawnSync } from "node:child_process";
 import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
@@ -45,10 +47,11 @@ function engineTestsUnprivileged() {
 }
 
 /**
- * The pi end-to-end files again under pi 1.x on Node 22 (scripts/pi1-host.mjs). The host is
- * installed from the registry on first use; if that fails, the run is skipped, except under CI.
+ * The pi end-to-end files again under pi 1.x on Node 22 (scripts/pi1-host.mjs), with rollback on
+ * or off. The host is installed from the registry on first use; if that fails, the run is
+ * skipped, except under CI.
  */
-function pi1EndToEnd() {
+function pi1EndToEnd(rollback) {
   try {
     ensurePi1Host();
   } catch (err) {
@@ -56,13 +59,15 @@ function pi1EndToEnd() {
     console.log(`\n# SKIP pi 1.x end-to-end tests: the pi 1.x host could not be installed (${err.message.split("\n")[0]})`);
     return;
   }
-  runPi1Tests();
+  runPi1Tests(undefined, { rollback });
 }
 
 const steps = [];
 async function step(name, fn) {
   console.log(`\n# step: ${name}`);
+  const started = Date.now();
   await fn();
+  console.log(`# step done in ${((Date.now() - started) / 1000).toFixed(1)} s: ${name}`);
   steps.push(name);
 }
 
@@ -87,19 +92,32 @@ try {
     .map((f) => join("__test__", f));
   // Node 20 cannot strip types and `node --test DIR` finds no .ts files:
   // the list is explicit.
-  // The spec's recovery (kill, state lost, fresh interpreter) is what these
-  // suites assert: they run with rollback off; rollback has its own suite.
+  // Every suite but the rollback suite runs with rollback off (the spec's
+  // recovery: kill, state lost, fresh interpreter). The rollback suite, and
+  // the suites whose behaviour depends on the setting (lifecycle, faults,
+  // permissions, pi end-to-end), run again with rollback on, the default:
+  // those assert the exact behaviour of the setting in force
+  // (__test__/helpers/sandbox-env.ts). The rest (escapes, limits, output,
+  // secrets, ...) either behave the same in both or set it per test.
   const rollbackSuite = join("__test__", "rollback.test.ts");
-  const spec = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
+  const onDefault = ["lifecycle", "faults", "permissions", "permissions-client", "extension", "rpc"].map((name) =>
+    join("__test__", `${name}.test.ts`),
+  );
+  const rollbackOff = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
+  const rollbackOn = { ...process.env };
+  delete rollbackOn.PI_PYTHON_TOOL_ROLLBACK;
   await step("addon, escape, fault and pi 0.73 suites (PI_PYTHON_TOOL_ROLLBACK=0)", () =>
     run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", ...files.filter((f) => f !== rollbackSuite)], {
-      env: spec,
+      env: rollbackOff,
     }),
   );
-  await step("rollback suite (the default)", () =>
-    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", rollbackSuite]),
+  await step("rollback, lifecycle, fault, permission and pi 0.73 end-to-end suites (rollback on, the default)", () =>
+    run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", rollbackSuite, ...onDefault], {
+      env: rollbackOn,
+    }),
   );
-  await step("pi 1.x suites (PI_PYTHON_TOOL_ROLLBACK=0)", pi1EndToEnd);
+  await step("pi 1.x suites (PI_PYTHON_TOOL_ROLLBACK=0)", () => pi1EndToEnd(false));
+  await step("pi 1.x suites (rollback on, the default)", () => pi1EndToEnd(true));
   // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).
   await step("packed install", packTest);
   console.log(`\n${steps.map((s) => `# ok: ${s}`).join("\n")}\nsummary: ${steps.length} passed, 0 failed`);

@@ -111,6 +111,8 @@ fn log_paths(dirs: &Dirs, seq: u64) -> (PathBuf, PathBuf) {
 }
 
 const DISPOSED: &str = "The python session was disposed; no interpreter is available.";
+/// A call cancelled before its code reached the interpreter.
+const NOT_TOUCHED: &str = "Cancelled before execution; the interpreter was not touched.";
 const REMOUNT_REASON: &str = "the sandbox was restarted because the permission mode or read roots changed";
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -241,18 +243,14 @@ impl Session {
                 if self.is_disposed() {
                     return self.finish_static(call, Status::Unavailable, DISPOSED.into());
                 }
-                return self.finish_static(call, Status::Cancelled, "Cancelled before execution; the interpreter was not touched.".into());
+                return self.finish_static(call, Status::Cancelled, NOT_TOUCHED.into());
             }
         };
         if self.is_disposed() {
             return self.finish_static(call, Status::Unavailable, DISPOSED.into());
         }
         if self.is_cancelled(call) {
-            return self.finish_static(
-                call,
-                Status::Cancelled,
-                "Cancelled before execution; the interpreter was not touched.".into(),
-            );
+            return self.finish_static(call, Status::Cancelled, NOT_TOUCHED.into());
         }
         {
             let mut sh = self.shared.lock();

@@ -281,6 +281,9 @@ pub struct Worker {
     /// why there is none.
     point: Option<Result<i32, NoPoint>>,
     point_taken: bool,
+    /// The last execution's request reached the interpreter (the pipe
+    /// took its first bytes): one halted before that never touched it.
+    sent: bool,
     /// The idle interpreter said that the next call's output pipes wait
     /// at fds 14 and 15 (only then are those numbers ours to take).
     streams_ready: bool,
@@ -402,6 +405,7 @@ impl Worker {
             execs: 0,
             point: None,
             point_taken: false,
+            sent: false,
             streams_ready: false,
             begin_check: None,
             retired: Default::default(),
@@ -579,13 +583,29 @@ impl Worker {
         capture: &mut Capture,
         stop: &mut Stop<'_>,
     ) -> Result<ExecDone, Interrupt> {
+        self.sent = false;
+        let execs = self.execs;
         let done = self.run(call, capture, stop).await;
+        if !self.sent {
+            // Halted before the request went out: the interpreter ran
+            // nothing, its next call is still the one it counts, and a
+            // frame from it now is one while no execution runs.
+            self.execs = execs;
+            self.expecting.store(false, Ordering::Release);
+        }
         self.point_taken = matches!(self.point, Some(Ok(_)));
         if done.is_ok() {
             // The worker discards the copy once the call succeeded.
             self.point = None;
         }
         done
+    }
+
+    /// Whether the last execution's request reached the interpreter: a
+    /// call halted before that left it untouched (no code ran, nothing
+    /// needs to be rolled back or killed).
+    pub fn request_sent(&self) -> bool {
+        self.sent
     }
 
     /// Whether the last execution took a rollback point.
@@ -653,6 +673,7 @@ impl Worker {
             point,
             streams_ready,
             begin_check,
+            sent,
             ..
         } = self;
         expecting.store(true, Ordering::Release);
@@ -682,7 +703,8 @@ impl Worker {
                     if changed.is_err() { return Err(Interrupt::Halted(Halt::Disposed)); }
                     if let Some(halt) = (stop.check)() { return Err(Interrupt::Halted(halt)); }
                 }
-                r = requests.write_all(&request), if !written => {
+                // From its first poll on, the request may be partly in the pipe.
+                r = async { *sent = true; requests.write_all(&request).await }, if !written => {
                     if r.is_err() { return Err(Interrupt::Died); }
                     written = true;
                 }

@@ -84,6 +84,16 @@ export function workerPids(needle: string): number[] {
   return [...found];
 }
 
+/**
+ * In a keeper layout (rollback on): host pids of the interpreter of the sandboxes whose
+ * bubblewrap command line contains `needle` (and, during a call, its rollback copy): the workers
+ * whose parent is a worker, PID 1 being the one whose parent is bubblewrap.
+ */
+export function interpreterPids(needle: string): number[] {
+  const workers = workerPids(needle);
+  return workers.filter((pid) => workers.includes(parentOf(pid) ?? -1));
+}
+
 /** Number of open descriptors of this process. */
 export function fdCount(): number {
   return readdirSync("/proc/self/fd").length;

@@ -32,3 +32,11 @@ export function skipWithoutSandbox(t: TestContext): boolean {
   t.skip(reason);
   return true;
 }
+
+/**
+ * Whether failed calls roll back in this run: PI_PYTHON_TOOL_ROLLBACK unset (the default users
+ * get) or anything but `0`, `false`, `off` and `no`, read as the addon reads it. The suites run
+ * in both settings (scripts/test.mjs); a test whose expectation depends on it asserts the exact
+ * behaviour of the one in force (and `status().rollback` says the addon agrees).
+ */
+export const ROLLBACK: boolean = !/^(0|false|off|no)$/i.test(process.env.PI_PYTHON_TOOL_ROLLBACK?.trim() ?? "");

@@ -14,6 +14,7 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { ExecResult, PythonSandbox as PythonSandboxClass, SandboxOptions } from "../../index.d.ts";
+import { ROLLBACK } from "./sandbox-env.ts";
 
 export type { ExecResult, StatusResult } from "../../index.d.ts";
 
@@ -105,13 +106,64 @@ export function jsonOut<T = any>(r: ExecResult): T {
   return JSON.parse(lines[lines.length - 1]);
 }
 
-/** After a failure that killed the sandbox: the next call runs in a fresh interpreter (the
- * code that failed had set `kept`). */
+/**
+ * What a failed call (a timeout, a cancel, a death, a broken frame) did to the interpreter state,
+ * for the setting in force: with rollback on it was rolled back (`fresh`: to the fresh
+ * interpreter of the call that was its first) and the result says so; with rollback off it was
+ * lost, for `reason` when given, and the result says that rollback is off.
+ */
+export function assertFailedCallState(r: ExecResult, opts: { reason?: string; fresh?: boolean } = {}): void {
+  if (ROLLBACK) {
+    assert.equal(r.rolledBack, true, show(r));
+    assert.equal(r.stateLost, false, show(r));
+    assert.equal(r.stateLostReason, undefined, show(r));
+    const kept = opts.fresh
+      ? "a fresh interpreter: this was its first call; "
+      : "variables, imports and definitions are as they were; ";
+    assert.ok(
+      r.text.includes(`The interpreter was rolled back to its state before this call (${kept}files in /workspace and /scratch keep what the call wrote).`),
+      r.text,
+    );
+  } else {
+    assert.equal(r.rolledBack, false, show(r));
+    assert.equal(r.stateLost, true, show(r));
+    if (opts.reason !== undefined) assert.equal(r.stateLostReason, opts.reason, show(r));
+    assert.ok(
+      r.text.includes(`Interpreter state was LOST (${r.stateLostReason}; rollback is off (PI_PYTHON_TOOL_ROLLBACK=0)).`),
+      r.text,
+    );
+  }
+}
+
+/**
+ * After a failure of a call that ran after `kept = 1`: with rollback on the next call has `kept`
+ * (the same interpreter generation); with rollback off the sandbox was killed and the next call
+ * runs in a fresh interpreter (the next generation).
+ */
 export async function assertRecovers(sb: { execute(code: string): Promise<ExecResult> }, failed: ExecResult): Promise<void> {
   const next = await sb.execute("'kept' in globals()");
   assertOk(next);
-  assert.equal(next.repr, "False", "interpreter state survived a fault that killed the sandbox");
-  assert.equal(next.generation, failed.generation + 1);
+  if (ROLLBACK) {
+    assert.equal(next.repr, "True", "the failed call was not rolled back");
+    assert.equal(next.generation, failed.generation);
+  } else {
+    assert.equal(next.repr, "False", "interpreter state survived a fault that killed the sandbox");
+    assert.equal(next.generation, failed.generation + 1);
+  }
+}
+
+/**
+ * Makes the next call start a new sandbox, in either setting: with rollback off a reset does;
+ * with rollback on a reset keeps the sandbox (its PID 1 forks a fresh interpreter), and a
+ * permission-mode change (new mounts) is what replaces it.
+ */
+export async function replaceSandbox(sb: PythonSandbox): Promise<void> {
+  if (!ROLLBACK) {
+    await sb.reset();
+    return;
+  }
+  const mode = sb.status().workspaceMode === "read-only" ? "yolo" : "manual";
+  assert.equal(sb.applyModeEvent({ mode, readRoots: [] }).changed, true, `a change to ${mode}`);
 }
 
 export { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";

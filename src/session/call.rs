@@ -146,6 +146,14 @@ impl Session {
                     });
                 }
             }
+            Err(Interrupt::Halted(Halt::Cancelled)) if inner.worker.as_ref().is_some_and(|w| !w.request_sent()) => {
+                // Cancelled before its request reached the interpreter: no
+                // code ran, so nothing is rolled back, lost or killed.
+                tracing::debug!("cancelled before the request was sent");
+                inner.exec_seq -= 1;
+                self.shared.lock().report.executions = inner.exec_seq;
+                return Outcome::static_result(Status::Cancelled, generation(), NOT_TOUCHED.into());
+            }
             Err(interrupt) => {
                 tracing::debug!(?interrupt, "execution interrupted");
                 // In a keeper layout the sandbox stays: the interpreter is
