@@ -266,3 +266,58 @@ describe("the sandbox's root file system is read-only", () => {
     assert.equal(free.root.readonly, false);
   });
 });
+
+describe("kernel file systems mounted inside the project are hidden", () => {
+  /**
+   * A project that holds a mount of the kernel's (a chroot's or a build root's /proc and /sys, a
+   * project at /): bubblewrap binds a tree with its mounts, so without the masks the host's
+   * /proc/sys sits writable under /workspace in a writable mode when pi runs as root. The mounts
+   * are made here (as root) in a temporary project and removed after; nothing is ever written.
+   */
+  const SUB = py`
+    import json, os
+    def open_for_writing(p):
+        try:
+            os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC))
+            return "opened"
+        except OSError as e:
+            return e.errno
+    def entries(p):
+        try:
+            return len(os.listdir(p))
+        except OSError as e:
+            return -e.errno
+    print(json.dumps({
+        "core_pattern": open_for_writing("/workspace/root/proc/sys/kernel/core_pattern"),
+        "proc_entries": entries("/workspace/root/proc"),
+        "sys_entries": entries("/workspace/root/sys"),
+        "keys": os.path.exists("/workspace/root/proc/keys"),
+    }))
+  `;
+
+  test("a proc and a sysfs mount inside a writable project show empty and cannot be written", async (t) => {
+    if (skipWithoutSandbox(t) || skipUnlessRoot(t)) return;
+    const { execFileSync } = await import("node:child_process");
+    const dir = mkdtempSync(join(tmpdir(), "pps-submount-"));
+    const project = join(dir, "project");
+    const mounted: string[] = [];
+    t.after(() => {
+      for (const m of mounted.reverse()) execFileSync("umount", ["-l", m]);
+      rmSync(dir, { recursive: true, force: true });
+    });
+    for (const [kind, at] of [["proc", "proc"], ["sysfs", "sys"]]) {
+      const point = join(project, "root", at);
+      await mkdir(point, { recursive: true });
+      execFileSync("mount", ["-t", kind, kind, point]);
+      mounted.push(point);
+    }
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(dir, "runtime"), prewarm: false });
+    t.after(() => sb.dispose("test end"));
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const mine = jsonOut(await sb.execute(SUB));
+    const theirs = lastJson(await unfiltered(SUB, { project, writable: true }));
+    assert.equal(theirs.core_pattern, "opened", `unfiltered, the host's core_pattern opens for writing: ${JSON.stringify(theirs)}`);
+    assert.ok((theirs.proc_entries as number) > 10 && (theirs.sys_entries as number) > 3, JSON.stringify(theirs));
+    assert.deepEqual(mine, { core_pattern: 2, proc_entries: 0, sys_entries: 0, keys: false });
+  });
+});

@@ -202,6 +202,19 @@ async fn start_once(
             }
         }
     }
+    // Mounts of kernel interfaces inside the project, a read root, an
+    // allow-once directory or a package directory are hidden.
+    let project_at = Path::new(WORKSPACE);
+    let shown: Vec<(&Path, &Path)> = std::iter::once((project.as_path(), project_at))
+        .chain(mounts.read_roots.iter().map(|r| (r.as_path(), r.as_path())))
+        .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| (m.source.as_path(), m.path.as_path())))
+        .chain(facts.python.mounts.iter().map(|d| (d.as_path(), d.as_path())))
+        .collect();
+    for m in crate::submounts::masks(&shown) {
+        if !host_masks.contains(&m) {
+            host_masks.push(m);
+        }
+    }
     let granted: Vec<&Path> = mounts
         .read_roots
         .iter()

@@ -39,6 +39,7 @@ pub mod secrets;
 pub mod session;
 pub mod spare;
 pub mod spawn;
+pub mod submounts;
 pub mod worker;
 
 #[cfg(feature = "addon")]
