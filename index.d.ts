@@ -24,10 +24,15 @@ export declare class PythonSandbox {
    * Run `code` in the session's interpreter. `timeoutSeconds` is an
    * integer 1-120 (default 30). `callId` names the call for `cancel()`.
    * `onProgress` is called about twice a second while the code runs.
+   * With `ask`, a read the sandbox refuses goes through the grant loop:
+   * it is refused at once or asked about with `ask(path, isDirectory)`
+   * (`hasUi` false: there is nobody to ask; default true), the answer
+   * is applied, and the call runs again when a grant came; without it,
+   * the result is `permission_needed` (see `readDecision`).
    * Rejects (code `InvalidArg`) on bad input without touching the
    * interpreter; every other failure is a result with a failure status.
    */
-  execute(code: string, timeoutSeconds?: number | undefined | null, callId?: number | undefined | null, onProgress?: (((arg: ExecProgress) => void)) | undefined | null): Promise<ExecResult>
+  execute(code: string, timeoutSeconds?: number | undefined | null, callId?: number | undefined | null, onProgress?: ((arg: ExecProgress) => void) | undefined | null, ask?: ((path: string, isDirectory: boolean) => Promise<string>) | undefined | null, hasUi?: boolean | undefined | null): Promise<ExecResult>
   /**
    * Cancel the call named `callId` (queued or running), or the running
    * call when omitted: its sandbox is killed. Returns whether anything
@@ -49,7 +54,8 @@ export declare class PythonSandbox {
   modeReport(): string | null
   /**
    * Decide about a read of `path` that the sandbox refused: prompt the
-   * user, or refuse at once (earlier denial, no permission extension, no UI).
+   * user, or refuse at once (earlier denial, no permission extension, no
+   * UI). The grant loop of `execute` with `ask` does this itself.
    */
   readDecision(path: string, hasUi: boolean): ReadVerdict
   /**
@@ -58,7 +64,8 @@ export declare class PythonSandbox {
    * `aborted` or `shutdown`. An allow that came with a mode event
    * mounting the path replays the call; an allow without one mounts
    * exactly `path` for the next sandbox only ("allow once"); anything
-   * else is remembered as a denial of its directory.
+   * else is remembered as a denial of its directory. After a replay the
+   * next `execute` says why it ran on a new sandbox.
    */
   answerRead(path: string, isDir: boolean, outcome: string): ReadAnswer
   /**
@@ -194,7 +201,13 @@ export interface ExecResult {
   isError: boolean
   /** The model-facing text, within 50 KiB and 2,000 lines. */
   text: string
+  /** The call's time; after a read prompt, its runs and the wait. */
   durationMs: number
+  /**
+   * Of `durationMs`, the time spent waiting for the user's answer to
+   * read prompts (0 without one).
+   */
+  waitedMs: number
   /** Worker generation: 1 for the session's first interpreter, +1 per start. */
   generation: number
   /** Interpreter state from before this call is gone. */

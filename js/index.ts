@@ -194,11 +194,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
             });
           }
         : undefined;
-      const run = () => target.execute(params.code, params.timeoutSeconds, callId, onProgress);
-      const started = Date.now();
-      let waitedMs = 0;
-      /** Ask about `path`, telling the UI what the call waits for (once a second, for the count). */
-      const waitForAnswer = async (path: string, isDirectory: boolean): Promise<PromptOutcome> => {
+      /** Ask about `path` on the bus, telling the UI what the call waits for (once a second, for the count). */
+      const ask = async (path: string, isDirectory: boolean): Promise<PromptOutcome> => {
         const since = Date.now();
         const tell = () =>
           onUpdate?.({
@@ -211,44 +208,19 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           return await askToRead(path, isDirectory, signal);
         } finally {
           clearInterval(ticker);
-          waitedMs += Date.now() - since;
         }
       };
       try {
-        let r = await run();
-        let text = r.text;
-        let diagnostic = r.diagnostic;
-        // A read outside the mounts: ask, hand the answer to the addon, and
-        // run the code once more when it says so (it decides).
-        while (r.status === "permission_needed" && r.permissionPath) {
-          const path = r.permissionPath;
-          const verdict = target.readDecision(path, ctx.hasUI);
-          if (!verdict.prompt) {
-            diagnostic = verdict.diagnostic ?? undefined;
-            break;
-          }
-          const answer = target.answerRead(path, r.permissionIsDir, await waitForAnswer(path, r.permissionIsDir));
-          if (!answer.replay) {
-            diagnostic = answer.diagnostic ?? undefined;
-            break;
-          }
-          r = await run();
-          text = r.text;
-          diagnostic = r.diagnostic;
-        }
-        if (diagnostic && diagnostic !== r.diagnostic) text = `${text}\n\n${diagnostic}`;
-        // After a prompt the call took the runs and the wait: the status line and details say so.
-        const durationMs = waitedMs > 0 ? Date.now() - started : r.durationMs;
-        if (waitedMs > 0) {
-          text = text.replace(/^(status: \S+ \()\d+\.\ds,/, (_m, head: string) => `${head}${(durationMs / 1000).toFixed(1)}s, ${(waitedMs / 1000).toFixed(1)}s of it waiting for the user,`);
-        }
+        // A read outside the mounts goes through the addon's grant loop: it
+        // decides, asks through `ask`, applies the answer and runs again.
+        const r = await target.execute(params.code, params.timeoutSeconds, callId, onProgress, ask, ctx.hasUI);
         const scratchDir = target.status().paths.scratchDir ?? undefined;
-        return textResult(text, {
+        return textResult(r.text, {
           action: "execute",
           status: r.status,
           isError: r.isError,
-          durationMs,
-          waitMs: waitedMs,
+          durationMs: r.durationMs,
+          waitMs: r.waitedMs,
           generation: r.generation,
           stateLost: r.stateLost,
           stateLostReason: r.stateLostReason,
@@ -261,7 +233,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           outputLimitExceeded: r.outputLimitExceeded,
           logPaths: r.logPaths,
           logComplete: r.logComplete,
-          diagnostic,
+          diagnostic: r.diagnostic,
           exceptionType: r.exception?.type,
           permissionPath: r.permissionPath,
           scratchDir,

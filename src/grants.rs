@@ -13,7 +13,12 @@
 //!   the next sandbox only, and run the code again;
 //! - anything else: remember the directory as denied, say why.
 //!
-//! The wrapper only carries events: it never decides.
+//! The wrapper only carries events: it never decides. The loop that runs
+//! a call, asks and runs it again is [`orchestrator`]; its target for a
+//! session is [`target`].
+
+pub mod orchestrator;
+pub mod target;
 
 use std::path::{Path, PathBuf};
 

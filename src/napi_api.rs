@@ -15,11 +15,13 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
 use crate::display::{displayed, displayed_line};
-use crate::grants::{Answer, Grants, Next};
+use crate::grants::orchestrator::{Applied, Decision, Denial, Finished, GrantLoop};
+use crate::grants::target::{GrantInputs, SessionCall};
+use crate::grants::{Answer, Grants};
 use crate::limits::*;
 use crate::options::Settings;
-use crate::outcome::{closing, render, Outcome};
-use crate::permissions::{self, MountConfig, ReadDecision};
+use crate::outcome::{closing, render};
+use crate::permissions::{self, MountConfig};
 use crate::session::{Availability, Session, SessionOptions, SpareState, StatusReport};
 
 /// Options for a new sandbox session.
@@ -101,7 +103,11 @@ pub struct ExecResult {
     pub is_error: bool,
     /// The model-facing text, within 50 KiB and 2,000 lines.
     pub text: String,
+    /// The call's time; after a read prompt, its runs and the wait.
     pub duration_ms: f64,
+    /// Of `durationMs`, the time spent waiting for the user's answer to
+    /// read prompts (0 without one).
+    pub waited_ms: f64,
     /// Worker generation: 1 for the session's first interpreter, +1 per start.
     pub generation: f64,
     /// Interpreter state from before this call is gone.
@@ -296,10 +302,18 @@ fn path_str(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn to_js(o: Outcome) -> ExecResult {
+fn to_js(finished: Finished) -> ExecResult {
     use base64::Engine;
-    let text = render(&o);
-    let diagnostic = closing(&o);
+    let o = finished.outcome;
+    let mut text = render(&o);
+    let mut diagnostic = closing(&o);
+    // Why the grant loop stopped at a denial: told after the result's own text.
+    if let Some(why) = finished.diagnostic.map(displayed) {
+        if diagnostic.as_deref().map(|d| displayed(d.to_string())).as_deref() != Some(why.as_str()) {
+            text = format!("{text}\n\n{why}");
+        }
+        diagnostic = Some(why);
+    }
     let join = |s: &crate::outcome::StreamText| {
         if s.omitted == 0 {
             format!("{}{}", s.head, s.tail)
@@ -312,6 +326,7 @@ fn to_js(o: Outcome) -> ExecResult {
         is_error: o.status.is_failure(),
         text,
         duration_ms: o.duration_ms as f64,
+        waited_ms: o.waited_ms as f64,
         generation: o.generation as f64,
         state_lost: o.state_lost(),
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
@@ -422,12 +437,6 @@ fn containment(settings: &Settings, scratch: Option<crate::scratch::Measure>) ->
     }
 }
 
-/// The project's secrets as the last start found them (host paths), or
-/// `None` before any start.
-fn current_secrets(session: &Session, project: &std::path::Path) -> Option<Vec<PathBuf>> {
-    session.status().masks.map(|m| m.host_paths(project))
-}
-
 fn status_to_js(r: StatusReport) -> StatusResult {
     // What the next sandbox start would get.
     let settings = Settings::from_env();
@@ -535,6 +544,11 @@ pub struct ModeChange {
     pub read_roots: Vec<String>,
     pub skipped: Vec<SkippedRoot>,
 }
+
+/// The user's answer to a read prompt about `path` (`isDirectory`: the
+/// code listed a directory): `allow`, `deny`, `timeout`, `aborted` or
+/// `shutdown`; anything else, or a rejection, counts as `aborted`.
+type AskFn = ThreadsafeFunction<FnArgs<(String, bool)>, Promise<String>, FnArgs<(String, bool)>, Status, false>;
 
 /// What an answer to a read prompt does.
 #[napi(object)]
@@ -650,68 +664,13 @@ static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
 pub struct PythonSandbox {
     session: Arc<Session>,
     grants: Arc<Grants>,
-}
-
-/// What deciding about grants needs, read once per decision.
-struct GrantInputs {
-    settings: Settings,
-    secrets: crate::hostsecrets::HostSecrets,
-    project: Option<PathBuf>,
-    writable: Vec<PathBuf>,
-    /// The project's secrets as the last start found them.
-    project_secrets: Option<Vec<PathBuf>>,
-}
-
-impl GrantInputs {
-    fn of(session: &Session) -> Self {
-        let root = session.runtime_root();
-        let settings = Settings::from_env();
-        let project = std::fs::canonicalize(session.project_dir()).ok();
-        let writable = vec![std::fs::canonicalize(&root).unwrap_or(root)];
-        let trees: Vec<&std::path::Path> = project.iter().chain(&writable).map(PathBuf::as_path).collect();
-        GrantInputs {
-            secrets: settings.host_secrets(&trees),
-            settings,
-            project_secrets: project.as_deref().and_then(|p| current_secrets(session, p)),
-            project,
-            writable,
-        }
-    }
-
-    fn ctx(&self) -> permissions::Context<'_> {
-        permissions::Context {
-            project: self.project.as_deref(),
-            home: self.settings.home.as_deref(),
-            secrets: &self.secrets,
-            writable: &self.writable,
-            project_secrets: self.project_secrets.as_deref(),
-        }
-    }
+    grant_loop: GrantLoop,
 }
 
 impl PythonSandbox {
-    /// The host path of the project's masked secret that `path` (a sandbox
-    /// path) names, by the session's own list of masks (never the
-    /// sandbox's word).
-    fn secret_host_path(&self, path: &str) -> Option<PathBuf> {
-        let report = self.session.status();
-        // Exactly the path read: a file inside a masked directory is
-        // unmasked alone, never the directory. A host secret never is.
-        let path = permissions::normalize(path)?;
-        let mask = report.masks.as_ref()?.covering(&path)?;
-        if mask.host {
-            return None;
-        }
-        let rel = path.strip_prefix(crate::bwrap::WORKSPACE).ok()?;
-        std::fs::canonicalize(self.session.project_dir()).ok().map(|p| p.join(rel))
-    }
-
-    /// The host-secret mask of the project that hides sandbox path `path`.
-    fn host_secret_mask(&self, path: &str) -> Option<String> {
-        let report = self.session.status();
-        let path = permissions::normalize(path)?;
-        let mask = report.masks.as_ref()?.covering(&path)?;
-        mask.host.then(|| std::path::Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string())
+    /// The grant loop's view of the session (for a decision, no call).
+    fn target(&self) -> SessionCall<'_> {
+        SessionCall { session: &self.session, code: String::new(), timeout_seconds: 0, call_id: None, progress: None }
     }
 
     /// Mount what `event` asks for. `current`: the mounts before (for the
@@ -784,7 +743,7 @@ impl PythonSandbox {
             guard_inotify: None,
         });
         let grants = permissions.map(|p| p.grants.clone()).unwrap_or_default();
-        let sandbox = PythonSandbox { session, grants };
+        let sandbox = PythonSandbox { grant_loop: GrantLoop::new(grants.clone()), session, grants };
         if let Some(event) = sandbox.grants.mode() {
             sandbox.apply(event, None);
         }
@@ -794,15 +753,26 @@ impl PythonSandbox {
     /// Run `code` in the session's interpreter. `timeoutSeconds` is an
     /// integer 1-120 (default 30). `callId` names the call for `cancel()`.
     /// `onProgress` is called about twice a second while the code runs.
+    /// With `ask`, a read the sandbox refuses goes through the grant loop:
+    /// it is refused at once or asked about with `ask(path, isDirectory)`
+    /// (`hasUi` false: there is nobody to ask; default true), the answer
+    /// is applied, and the call runs again when a grant came; without it,
+    /// the result is `permission_needed` (see `readDecision`).
     /// Rejects (code `InvalidArg`) on bad input without touching the
     /// interpreter; every other failure is a result with a failure status.
-    #[napi]
+    #[napi(
+        ts_args_type = "code: string, timeoutSeconds?: number | undefined | null, callId?: number | undefined | null, \
+                        onProgress?: ((arg: ExecProgress) => void) | undefined | null, ask?: ((path: string, \
+                        isDirectory: boolean) => Promise<string>) | undefined | null, hasUi?: boolean | undefined | null"
+    )]
     pub async fn execute(
         &self,
         code: String,
         timeout_seconds: Option<f64>,
         call_id: Option<f64>,
         on_progress: Option<ThreadsafeFunction<ExecProgress, (), ExecProgress, Status, false, true>>,
+        ask: Option<AskFn>,
+        has_ui: Option<bool>,
     ) -> Result<ExecResult> {
         if code.len() > MAX_CODE_BYTES {
             return Err(invalid(format!(
@@ -834,7 +804,22 @@ impl PythonSandbox {
             }) as crate::outcome::ProgressFn
         });
         let call_id = call_id.map(call_id_of).transpose()?;
-        Ok(to_js(self.session.execute_with_progress(code, timeout, call_id, progress).await))
+        let call = SessionCall { session: &self.session, code, timeout_seconds: timeout, call_id, progress };
+        let Some(ask) = ask else {
+            return Ok(to_js(Finished { outcome: self.grant_loop.run_once(&call).await, diagnostic: None }));
+        };
+        let ask = Arc::new(ask);
+        let asking = |d: &Denial| {
+            let (ask, path, is_dir) = (ask.clone(), displayed_line(d.path.clone()), d.is_directory);
+            async move {
+                let answer = match ask.call_async_catch(FnArgs::from((path, is_dir))).await {
+                    Ok(promise) => promise.await.ok(),
+                    Err(_) => None,
+                };
+                answer.as_deref().and_then(Answer::parse).unwrap_or(Answer::Aborted)
+            }
+        };
+        Ok(to_js(self.grant_loop.run(&call, has_ui.unwrap_or(true), asking).await))
     }
 
     /// Cancel the call named `callId` (queued or running), or the running
@@ -904,20 +889,14 @@ impl PythonSandbox {
     }
 
     /// Decide about a read of `path` that the sandbox refused: prompt the
-    /// user, or refuse at once (earlier denial, no permission extension, no UI).
+    /// user, or refuse at once (earlier denial, no permission extension, no
+    /// UI). The grant loop of `execute` with `ask` does this itself.
     #[napi]
     pub fn read_decision(&self, path: String, has_ui: bool) -> ReadVerdict {
-        let seen = self.grants.mode().is_some() || self.session.status().permissions_seen;
-        if let Some(mask) = self.host_secret_mask(&path) {
-            return ReadVerdict { prompt: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) };
-        }
-        let secret = self.secret_host_path(&path);
-        match permissions::read_decision(&path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
-            ReadDecision::Prompt => {
-                self.session.prompt_opened();
-                ReadVerdict { prompt: true, diagnostic: None }
-            }
-            ReadDecision::Deny(d) => ReadVerdict { prompt: false, diagnostic: Some(d) },
+        let denial = Denial { path, is_directory: false, secret: false };
+        match self.grant_loop.decide(&self.target(), &denial, has_ui) {
+            Decision::Ask => ReadVerdict { prompt: true, diagnostic: None },
+            Decision::Refuse(why) => ReadVerdict { prompt: false, diagnostic: Some(displayed(why)) },
         }
     }
 
@@ -926,64 +905,19 @@ impl PythonSandbox {
     /// `aborted` or `shutdown`. An allow that came with a mode event
     /// mounting the path replays the call; an allow without one mounts
     /// exactly `path` for the next sandbox only ("allow once"); anything
-    /// else is remembered as a denial of its directory.
+    /// else is remembered as a denial of its directory. After a replay the
+    /// next `execute` says why it ran on a new sandbox.
     #[napi]
     pub fn answer_read(&self, path: String, is_dir: bool, outcome: String) -> Result<ReadAnswer> {
         let answer = Answer::parse(&outcome)
             .ok_or_else(|| invalid("outcome must be allow, deny, timeout, aborted or shutdown"))?;
-        let remounted = self.session.prompt_remounted();
-        let inputs = GrantInputs::of(&self.session);
-        let ctx = inputs.ctx();
-        let shown = displayed_line(path.clone());
-        if let Some(mask) = self.host_secret_mask(&path) {
-            return Ok(ReadAnswer { replay: false, diagnostic: Some(displayed(host_secret_refusal(&path, &mask))) });
-        }
-        let secret = self.secret_host_path(&path);
-        Ok(match self.grants.answer(&path, is_dir, secret.as_deref(), answer, remounted, &ctx, |p| ctx.resolve(p)) {
-            Next::Unmask(host) => {
-                if !self.session.allow_once_unmasked(host) {
-                    return Ok(ReadAnswer {
-                        replay: false,
-                        diagnostic: Some(displayed(format!(
-                            "Read access to {shown} was allowed once, but it is already unmasked for this sandbox; \
-                             the code was not run again."
-                        ))),
-                    });
-                }
-                self.session.mark_replay(format!(
-                    "Read access to {shown}, which looks like a secret, was allowed once: the sandbox restarted with \
-                     just that path unmasked, and this call ran again. It stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
-                     rolled back) and is masked again after that."
-                ));
+        let denial = Denial { path, is_directory: is_dir, secret: false };
+        Ok(match self.grant_loop.apply(&self.target(), &denial, answer) {
+            Applied::Granted(grant) => {
+                self.grant_loop.note_for_next_run(grant.rerun_note(&denial.path));
                 ReadAnswer { replay: true, diagnostic: None }
             }
-            Next::Replay => {
-                self.session.mark_replay(format!(
-                    "Read access to {shown} was granted, so the sandbox restarted with it and this call ran again."
-                ));
-                ReadAnswer { replay: true, diagnostic: None }
-            }
-            Next::Once(m) => {
-                let what = if m.is_dir { "directory" } else { "file" };
-                if !self.session.allow_once(m) {
-                    // Nothing changed: a replay would run on the same interpreter.
-                    return Ok(ReadAnswer {
-                        replay: false,
-                        diagnostic: Some(displayed(format!(
-                            "Read access to {shown} was allowed once, but that {what} is already mounted for this \
-                             sandbox; the code was not run again."
-                        ))),
-                    });
-                }
-                self.session.mark_replay(format!(
-                    "Read access to {shown} was allowed once: the sandbox restarted with just that {what} mounted \
-                     read-only, and this call ran again. The {what} \
-                     stays readable until the sandbox restarts (a reset, a mode change, or a failure that is not \
-                     rolled back) and is not mounted again after that."
-                ));
-                ReadAnswer { replay: true, diagnostic: None }
-            }
-            Next::Stop(d) => ReadAnswer { replay: false, diagnostic: Some(displayed(d)) },
+            Applied::Stop(why) => ReadAnswer { replay: false, diagnostic: Some(displayed(why)) },
         })
     }
 
@@ -1029,16 +963,4 @@ impl PythonSandbox {
             .map(displayed_line)
             .collect())
     }
-}
-
-/// Why a read of a host secret in the project is refused without asking.
-fn host_secret_refusal(path: &str, mask: &str) -> String {
-    format!(
-        "{} is a host secret (under {}: a credential store or history that the host-secret list names), so the \
-         sandbox hides it in every mode and no grant unmasks it; copy what the code needs into the project or \
-         /scratch, or see {}.",
-        displayed_line(path.to_string()),
-        displayed_line(mask.to_string()),
-        crate::hostsecrets::HOST_SECRETS_ENV
-    )
 }

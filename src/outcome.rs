@@ -94,6 +94,9 @@ pub struct ExceptionText {
 pub struct Outcome {
     pub status: Status,
     pub duration_ms: u64,
+    /// Of `duration_ms`, the time spent waiting for the user's answer to a
+    /// read prompt (see `grants::orchestrator`); 0 without a prompt.
+    pub waited_ms: u64,
     /// Worker generation that ran (or would have run) the code.
     pub generation: u64,
     /// What became of the interpreter's state (the one statement about it).
@@ -177,6 +180,7 @@ impl Outcome {
         Outcome {
             status,
             duration_ms: 0,
+            waited_ms: 0,
             generation,
             state: StateFate::Untouched,
             state_lost_reason: None,
@@ -384,13 +388,11 @@ impl From<&crate::capture::Excerpt> for StreamText {
 /// The text the model sees.
 pub fn render(o: &Outcome) -> String {
     let mut t = String::new();
-    let _ = write!(
-        t,
-        "status: {} ({:.1}s, worker generation {})",
-        o.status.as_str(),
-        o.duration_ms as f64 / 1000.0,
-        o.generation
-    );
+    let _ = write!(t, "status: {} ({:.1}s, ", o.status.as_str(), o.duration_ms as f64 / 1000.0);
+    if o.waited_ms > 0 {
+        let _ = write!(t, "{:.1}s of it waiting for the user, ", o.waited_ms as f64 / 1000.0);
+    }
+    let _ = write!(t, "worker generation {})", o.generation);
     if let Some(path) = &o.permission_path {
         if o.permission_secret {
             let _ = write!(

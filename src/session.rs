@@ -64,10 +64,6 @@ struct Shared {
     /// Why the next mount change restarts the sandbox, when it is not the
     /// plain "the mode changed" (see [`Session::set_mounts_because`]).
     remount_reason: Option<String>,
-    /// Told by the next result: it replays a call after a read grant.
-    replay_note: Option<String>,
-    /// The mount epoch when the open read prompt was opened.
-    prompt_epoch: Option<u64>,
 }
 
 struct Inner {
@@ -148,8 +144,6 @@ impl Session {
                 cancelled: HashSet::new(),
                 active_guard: None,
                 remount_reason: None,
-                replay_note: None,
-                prompt_epoch: None,
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
@@ -257,12 +251,8 @@ impl Session {
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
-        let replay = self.shared.lock().replay_note.take();
         let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, &mut wake, progress).await;
         self.refill_spare(&inner);
-        if outcome.started {
-            outcome.replay = replay;
-        }
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
@@ -377,46 +367,6 @@ impl Session {
         }
         self.wake.send_modify(|n| *n += 1);
         Some(pid.is_some())
-    }
-
-    /// Mount `once` in the next sandbox only (see `grants`): the running
-    /// one is replaced, and the path goes when that sandbox ends.
-    pub fn allow_once(&self, once: crate::permissions::OnceMount) -> bool {
-        let mut mounts = self.shared.lock().report.mounts.clone();
-        if !mounts.once.contains(&once) {
-            mounts.once.push(once);
-        }
-        let reason = "the sandbox was restarted to mount a path allowed once".to_string();
-        self.set_mounts_because(mounts, Some(reason)).is_some()
-    }
-
-    /// A read prompt opens: a mount change from now on answers it.
-    pub fn prompt_opened(&self) {
-        let mut sh = self.shared.lock();
-        sh.prompt_epoch = Some(sh.report.mount_epoch);
-    }
-
-    /// Whether the mounts changed since the prompt opened (the client's
-    /// mode event came before its answer). Closes the prompt.
-    pub fn prompt_remounted(&self) -> bool {
-        let mut sh = self.shared.lock();
-        sh.prompt_epoch.take().is_some_and(|e| e != sh.report.mount_epoch)
-    }
-
-    /// Unmask the project's secret at `host` (canonical) in the next
-    /// sandbox only, like [`Session::allow_once`].
-    pub fn allow_once_unmasked(&self, host: PathBuf) -> bool {
-        let mut mounts = self.shared.lock().report.mounts.clone();
-        if !mounts.unmasked_once.contains(&host) {
-            mounts.unmasked_once.push(host);
-        }
-        let reason = "the sandbox was restarted to unmask a secret allowed once".to_string();
-        self.set_mounts_because(mounts, Some(reason)).is_some()
-    }
-
-    /// The next result replays a call after a grant and says so.
-    pub fn mark_replay(&self, note: String) {
-        self.shared.lock().replay_note = Some(note);
     }
 
     /// A host secret inside `w`'s read roots that its masks miss (it
