@@ -45,16 +45,7 @@ impl Denial {
     }
 }
 
-/// What a runtime does with a call once a grant is in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterGrant {
-    /// Run the call again, on the sandbox that has the grant (the python
-    /// runtime: the refused call left the state as before it).
-    RunAgain,
-    /// Never run it again (its side effects would repeat): the result
-    /// names what was missing and how it was granted.
-    NameWhatWasMissing,
-}
+pub use crate::runtime::AfterGrant;
 
 /// What the session hides at a sandbox path, by its own list of masks.
 #[derive(Debug, Clone, PartialEq, Eq)]

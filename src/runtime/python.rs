@@ -18,7 +18,7 @@ pub const RESERVED_MOUNTS: &[&str] = &[WORKER, WORKER_PYC];
 /// After a read grant the python runtime runs the call again: the refused
 /// call raised at the read, before the code could go on (see the grant
 /// loop, `grants::orchestrator`).
-pub const AFTER_GRANT: crate::grants::orchestrator::AfterGrant = crate::grants::orchestrator::AfterGrant::RunAgain;
+pub const AFTER_GRANT: crate::runtime::AfterGrant = crate::runtime::AfterGrant::RunAgain;
 
 /// Which form of the worker a sandbox runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
