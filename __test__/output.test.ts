@@ -230,9 +230,9 @@ describe("host cost of output while idle", () => {
     flooder.kill("SIGKILL");
     t.diagnostic(`idle ${idle.toFixed(1)} ms, baseline ${baseline.toFixed(1)} ms of CPU in 1 s`);
     assert.ok(read > 10 * 1024 * 1024, `baseline: the flood was read (${read} bytes)`);
-    // At least 5% of a core (a loaded machine gives the reader less than an idle one does); the
-    // claim is the ratio below.
-    assert.ok(baseline > 50, `baseline: reading a flood costs CPU (${baseline.toFixed(0)} ms in 1 s)`);
+    // At least 2% of a core, with more than 10 MiB read (a loaded machine gives the reader far
+    // less CPU than an idle one: 37 ms was seen); the claim is the ratio below.
+    assert.ok(baseline > 20, `baseline: reading a flood costs CPU (${baseline.toFixed(0)} ms in 1 s)`);
     assert.ok(idle * 5 < baseline, `idle with a flooding background process: ${idle.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
 
     // The flood is held back, not ended; the next call still works and sees none of it.
