@@ -16,7 +16,8 @@ use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::protected;
 use crate::rundir::Dirs;
-use crate::runtime::python::{self, Python, WorkerCode};
+use crate::runtime::python::{Python, PythonRuntime, WorkerCode};
+use crate::runtime::Runtime;
 use crate::seccomp;
 use crate::worker::{CodeForm, Launch, Ready, StartError, Stop, Worker};
 
@@ -51,26 +52,14 @@ impl Facts {
     /// Find bubblewrap, the interpreter and the Python packages.
     pub async fn probe(opts: &SessionOptions) -> Result<Facts, ProbeError> {
         let bwrap = probe::probe_bwrap().await?;
-        let settings = Settings::from_env();
-        let configured = opts.interpreter.clone().or(settings.interpreter);
-        let interpreter = probe::resolve_interpreter(configured.as_deref())?;
-        let venv = opts.python_packages.clone().or(settings.venv);
-        let system_site = opts.system_site_packages.unwrap_or(settings.system_site);
-        // The project and the runtime root: trees the sandbox can write.
-        let runtime = opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
-        let writable: Vec<(PathBuf, PathBuf)> = [opts.project_dir.clone(), runtime]
-            .into_iter()
-            .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
-            .collect();
-        let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
-        let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
+        let py = PythonRuntime.probe(opts)?;
         Ok(Facts {
             bwrap,
-            interpreter,
+            interpreter: py.interpreter,
             merged_usr: probe::merged_usr(),
             proc_masks: probe::proc_masks_of_host(),
-            python,
-            code_key,
+            python: py.python,
+            code_key: py.code_key,
             inotify_share: crate::inotify::sandbox_share(crate::inotify::host_budget()),
             guard_inotify: opts.guard_inotify.unwrap_or(protected::inotify_init),
         })
@@ -391,7 +380,7 @@ async fn start_once(
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
     let launch = Launch {
         bwrap: facts.bwrap.path.clone(),
-        argv: bwrap_argv(&policy, &python::payload(&python)),
+        argv: bwrap_argv(&policy, &PythonRuntime.payload(&python)),
         seccomp,
         mount_fds,
         mounts: mounts.clone(),

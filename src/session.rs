@@ -23,8 +23,8 @@ use crate::launch::{Facts, Start};
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome,
-    ResetDone, ResetReason, StateFate, Status, StreamText,
+    exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome, ResetDone,
+    ResetReason, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -40,6 +40,8 @@ pub fn cleanup_all() {
 }
 use crate::random::random_u64;
 use crate::rundir::live_update;
+use crate::runtime::python::PythonRuntime;
+use crate::runtime::Runtime;
 use crate::spare::Spare;
 use crate::spawn::kill_group;
 use crate::worker::{Call, Halt, Interrupt, Stop, Worker};

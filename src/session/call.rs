@@ -129,7 +129,7 @@ impl Session {
         }
         match result {
             Ok(done) => {
-                apply_report(&mut o, done.report, &dirs.scratch);
+                PythonRuntime.report(done.report, &dirs.scratch, &mut o);
                 o.state = StateFate::Kept;
                 // Processes the code started that the memory cap ended.
                 o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));
