@@ -67,8 +67,8 @@ impl Facts {
 }
 
 /// One start: where, with which mounts, and where its notes go.
-pub struct Start<'a> {
-    pub facts: &'a Facts,
+pub struct Start<'a, F = Facts> {
+    pub facts: &'a F,
     pub dirs: &'a Dirs,
     /// The canonical project directory.
     pub project: PathBuf,
