@@ -50,8 +50,12 @@ pub use crate::options::{SessionOptions, PREWARM_ENV};
 pub use crate::outcome::{Availability, SpareState, StatusReport};
 
 mod call;
+#[cfg(test)]
+mod fake;
 mod host;
 mod start;
+#[cfg(test)]
+mod tests;
 
 pub use host::{Host, RealHost, Sandbox};
 
