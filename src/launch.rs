@@ -93,7 +93,7 @@ pub async fn start(
     spawned: &(dyn Fn(i32, bool) + Send + Sync),
 ) -> Result<(Worker, Ready), StartError> {
     let runtime_root = start.dirs.root.parent().unwrap_or(&start.dirs.root);
-    let stored = start.facts.code_key.and_then(|key| crate::bytecode::cached(runtime_root, key));
+    let stored = start.facts.code_key.and_then(|key| crate::runtime::python::bytecode::cached(runtime_root, key));
     if let Some(pyc) = stored {
         let began = Instant::now();
         match start_once(start, stop, spawned, WorkerCode::Bytecode(pyc.clone())).await {
@@ -402,7 +402,7 @@ async fn start_once(
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {
-        if let Err(e) = crate::bytecode::store(&runtime_root, key, image) {
+        if let Err(e) = crate::runtime::python::bytecode::store(&runtime_root, key, image) {
             tracing::warn!("{e}");
         }
     }

@@ -9,7 +9,6 @@
 
 pub mod beneath;
 pub mod bwrap;
-pub mod bytecode;
 pub mod capture;
 pub mod contain;
 pub mod debuglog;
@@ -18,7 +17,6 @@ pub mod frame;
 pub mod gitconfig;
 pub mod grants;
 pub mod hostsecrets;
-pub mod images;
 pub mod inotify;
 pub mod launch;
 pub mod limits;

@@ -71,7 +71,7 @@ impl StreamText {
     }
 }
 
-pub use crate::images::ImageData;
+pub use crate::runtime::python::images::ImageData;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogFiles {
@@ -575,7 +575,7 @@ fn state_closes(o: &Outcome) -> bool {
 /// are bounded again here, so that an oversized field is truncated, never
 /// turned into a failure.
 pub fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &std::path::Path) {
-    let (images, notes) = crate::images::collect(scratch, r.images);
+    let (images, notes) = crate::runtime::python::images::collect(scratch, r.images);
     o.images = images;
     o.notes.extend(notes);
     o.notes.extend(r.notes.into_iter().take(8).map(|n| bound_bytes(n, 1024).0));

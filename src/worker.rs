@@ -106,7 +106,7 @@ pub enum NotReady {
     #[error("bad frame: {0}")]
     BadFrame(String),
     #[error(transparent)]
-    BadImage(crate::bytecode::CodeError),
+    BadImage(crate::runtime::python::bytecode::CodeError),
 }
 
 impl StartError {
@@ -537,7 +537,7 @@ impl Worker {
                         self.streams_ready = streams;
                         return Ok(Ready { runtime_version, site_notes, image });
                     }
-                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::bytecode::decode(&pyc) {
+                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::runtime::python::bytecode::decode(&pyc) {
                         Ok(bytes) => image = Some(bytes),
                         Err(why) => return Err(not_ready(NotReady::BadImage(why), &diag)),
                     },

@@ -15,6 +15,9 @@ use crate::outcome::Outcome;
 use crate::probe::{self, Interpreter, InterpreterError, PythonEnv};
 use crate::runtime::{CallRequest, Runtime};
 
+pub mod bytecode;
+pub mod images;
+
 /// Where the worker appears inside the sandbox.
 pub const WORKER: &str = "/worker.py";
 /// The worker compiled by a previous sandbox (see `bytecode`).
@@ -102,9 +105,10 @@ pub fn payload(py: &Python) -> Payload {
     }
 }
 
-/// The python tool's runtime. The bytecode cache (`bytecode`), the images
-/// a call shows (`images`) and the report's wording (`outcome`) are still
-/// modules of their own, which this one calls.
+/// The python tool's runtime. Its bytecode cache ([`bytecode`]) and the
+/// images a call shows ([`images`]) live here; the interpreter probe's
+/// parts (`probe`, shared with the bubblewrap probe) and the report's
+/// wording (`outcome`) are still modules of their own, which this one calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PythonRuntime;
 
@@ -137,7 +141,7 @@ impl Runtime for PythonRuntime {
             .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
             .collect();
         let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
-        let code_key = crate::bytecode::key(&interpreter.path, crate::launch::WORKER_SOURCE);
+        let code_key = crate::runtime::python::bytecode::key(&interpreter.path, crate::launch::WORKER_SOURCE);
         Ok(PythonFacts { interpreter, python, code_key })
     }
 
