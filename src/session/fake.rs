@@ -40,8 +40,12 @@ pub struct Script {
     pub execs: VecDeque<Exec>,
     /// What the next recoveries give (none left: the call is rolled back).
     pub recovers: VecDeque<Result<Recovery, RecoverError>>,
+    /// How the next starts fail (none left: they succeed).
+    pub start_fails: VecDeque<StartError>,
     /// Sandboxes that ended by themselves (their pids).
     pub dead: HashSet<i32>,
+    /// Sandboxes whose interpreter ended while their PID 1 stays.
+    pub gone: HashSet<i32>,
     /// Every request, in order: `start 1`, `exec 1 #2`, `recover 1`,
     /// `reset 1`, `kill 1`, `reap 2`, `kill_group 1`.
     pub log: Vec<String>,
@@ -90,6 +94,9 @@ impl Host for FakeHost {
             s.next_pid += 1;
             let pid = s.next_pid;
             s.note(format!("start {pid}"));
+            if let Some(e) = s.start_fails.pop_front() {
+                return Err(e);
+            }
             pid
         };
         spawned(pid, true);
@@ -157,7 +164,7 @@ impl Sandbox for FakeSandbox {
         self.script.lock().dead.contains(&self.pid).then(|| ExitStatus::from_raw(9))
     }
     fn interpreter_gone(&mut self) -> bool {
-        false
+        self.script.lock().gone.contains(&self.pid)
     }
     fn unmasked_secret(&self, _outside: &[&Path]) -> Option<PathBuf> {
         None
@@ -203,6 +210,7 @@ impl Sandbox for FakeSandbox {
             return Err(RecoverError::NoKeeper);
         }
         if reset {
+            s.gone.remove(&self.pid);
             self.execs = 0;
             return Ok(Recovery::Reset);
         }

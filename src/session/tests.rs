@@ -6,7 +6,7 @@ use super::fake::{Exec, FakeHost};
 use super::*;
 use crate::frame::WorkerStatus;
 use crate::outcome::state_statement;
-use crate::worker::RecoverError;
+use crate::worker::{NotReady, RecoverError, StartError};
 
 struct Fixture {
     session: Arc<Session<FakeHost>>,
@@ -229,4 +229,55 @@ async fn dispose_kills_the_sandbox_removes_the_directories_and_refuses_later_cal
     assert_eq!(o.state, StateFate::Untouched);
     assert_eq!(o.diagnostic.as_deref(), Some(DISPOSED));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1"]);
+}
+
+#[tokio::test]
+async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare() {
+    let f = fixture(true, true);
+    let why = NotReady::Exited(None);
+    f.host.script.lock().start_fails.push_back(StartError::NotReady { why, stderr: "no uid map".into() });
+    let o = f.run().await;
+    assert_eq!(o.status, Status::WorkerError);
+    assert_eq!(o.state, StateFate::Untouched);
+    assert!(!o.started);
+    let diagnostic = o.diagnostic.clone().expect("the failure is told");
+    assert!(diagnostic.starts_with("The sandbox did not start: the sandbox did not exit"), "{diagnostic}");
+    assert!(diagnostic.contains("Its error output: no uid map\nCommon causes: unprivileged user"), "{diagnostic}");
+    let status = f.session.status();
+    assert!(!status.worker_running);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::StartupFailure));
+    // No spare is started with a setup that just failed.
+    tokio::time::sleep(SPARE_DELAY * 3).await;
+    assert_eq!(f.session.status().spare, SpareState::None);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.log()[..3], ["start 1", "start 2", "exec 2 #1"]);
+    f.session.dispose("disposed").await;
+}
+
+#[tokio::test]
+async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().gone.insert(1);
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.lost_before.as_deref(), Some("the interpreter died while idle"));
+    let status = f.session.status();
+    assert!(status.worker_running);
+    assert_eq!(status.generation, 2);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
+}
+
+#[tokio::test]
+async fn a_call_cancelled_before_it_runs_touches_nothing() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert!(f.session.cancel(Some(7)));
+    let o = f.session.execute("x = 2".into(), 30, Some(7)).await;
+    assert_eq!(o.status, Status::Cancelled);
+    assert_eq!(o.state, StateFate::Untouched);
+    assert_eq!(state_statement(&o), None);
+    assert!(!f.session.cancel(None), "nothing runs");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1"]);
 }
