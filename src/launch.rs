@@ -16,12 +16,12 @@ use crate::permissions::MountConfig;
 use crate::probe::{self, Bwrap, Interpreter, PythonEnv};
 use crate::protected;
 use crate::rundir::Dirs;
-use crate::runtime::python::{self, Python, WorkerCode};
+use crate::runtime::python::{Python, PythonRuntime, WorkerCode};
+use crate::runtime::Runtime;
 use crate::seccomp;
 use crate::worker::{CodeForm, Launch, Ready, StartError, Stop, Worker};
 
-/// The worker script, embedded in the addon.
-pub const WORKER_SOURCE: &str = include_str!("worker/worker.py");
+pub use crate::runtime::python::WORKER_SOURCE;
 
 /// What a session learns about the host once.
 pub struct Facts {
@@ -51,26 +51,14 @@ impl Facts {
     /// Find bubblewrap, the interpreter and the Python packages.
     pub async fn probe(opts: &SessionOptions) -> Result<Facts, ProbeError> {
         let bwrap = probe::probe_bwrap().await?;
-        let settings = Settings::from_env();
-        let configured = opts.interpreter.clone().or(settings.interpreter);
-        let interpreter = probe::resolve_interpreter(configured.as_deref())?;
-        let venv = opts.python_packages.clone().or(settings.venv);
-        let system_site = opts.system_site_packages.unwrap_or(settings.system_site);
-        // The project and the runtime root: trees the sandbox can write.
-        let runtime = opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
-        let writable: Vec<(PathBuf, PathBuf)> = [opts.project_dir.clone(), runtime]
-            .into_iter()
-            .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
-            .collect();
-        let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
-        let code_key = crate::bytecode::key(&interpreter.path, WORKER_SOURCE);
+        let py = PythonRuntime.probe(opts)?;
         Ok(Facts {
             bwrap,
-            interpreter,
+            interpreter: py.interpreter,
             merged_usr: probe::merged_usr(),
             proc_masks: probe::proc_masks_of_host(),
-            python,
-            code_key,
+            python: py.python,
+            code_key: py.code_key,
             inotify_share: crate::inotify::sandbox_share(crate::inotify::host_budget()),
             guard_inotify: opts.guard_inotify.unwrap_or(protected::inotify_init),
         })
@@ -78,8 +66,8 @@ impl Facts {
 }
 
 /// One start: where, with which mounts, and where its notes go.
-pub struct Start<'a> {
-    pub facts: &'a Facts,
+pub struct Start<'a, F = Facts> {
+    pub facts: &'a F,
     pub dirs: &'a Dirs,
     /// The canonical project directory.
     pub project: PathBuf,
@@ -104,7 +92,7 @@ pub async fn start(
     spawned: &(dyn Fn(i32, bool) + Send + Sync),
 ) -> Result<(Worker, Ready), StartError> {
     let runtime_root = start.dirs.root.parent().unwrap_or(&start.dirs.root);
-    let stored = start.facts.code_key.and_then(|key| crate::bytecode::cached(runtime_root, key));
+    let stored = start.facts.code_key.and_then(|key| crate::runtime::python::bytecode::cached(runtime_root, key));
     if let Some(pyc) = stored {
         let began = Instant::now();
         match start_once(start, stop, spawned, WorkerCode::Bytecode(pyc.clone())).await {
@@ -404,7 +392,7 @@ async fn start_once(
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
     let launch = Launch {
         bwrap: facts.bwrap.path.clone(),
-        argv: bwrap_argv(&policy, &python::payload(&python)),
+        argv: bwrap_argv(&policy, &PythonRuntime.payload(&python)),
         seccomp,
         mount_fds,
         mounts: mounts.clone(),
@@ -426,7 +414,7 @@ async fn start_once(
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {
-        if let Err(e) = crate::bytecode::store(&runtime_root, key, image) {
+        if let Err(e) = crate::runtime::python::bytecode::store(&runtime_root, key, image) {
             tracing::warn!("{e}");
         }
     }

@@ -9,7 +9,6 @@
 
 pub mod beneath;
 pub mod bwrap;
-pub mod bytecode;
 pub mod capture;
 pub mod contain;
 pub mod debuglog;
@@ -18,7 +17,6 @@ pub mod frame;
 pub mod gitconfig;
 pub mod grants;
 pub mod hostsecrets;
-pub mod images;
 pub mod inotify;
 pub mod launch;
 pub mod limits;
@@ -32,6 +30,7 @@ pub mod protected;
 pub mod random;
 pub mod rundir;
 pub mod runtime;
+pub mod runtime_paths;
 pub mod scan;
 pub mod scratch;
 pub mod seccomp;

@@ -75,7 +75,26 @@ impl StreamText {
     }
 }
 
-pub use crate::images::ImageData;
+/// An image for the model, with where it is saved inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageData {
+    pub sandbox_path: String,
+    pub mime: String,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    pub data: Vec<u8>,
+}
+
+impl ImageData {
+    /// `640x480 PNG, 23.1KB`
+    pub fn describe(&self) -> String {
+        let kind = self.mime.strip_prefix("image/").unwrap_or(&self.mime).to_ascii_uppercase();
+        match (self.width, self.height) {
+            (Some(w), Some(h)) => format!("{w}x{h} {kind}, {}", crate::display::format_size(self.data.len())),
+            _ => format!("{kind}, {}", crate::display::format_size(self.data.len())),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogFiles {
@@ -337,8 +356,10 @@ fn state_closes(o: &Outcome) -> bool {
 /// Fill `o` from the worker's report. The worker bounds every field; they
 /// are bounded again here, so that an oversized field is truncated, never
 /// turned into a failure.
-pub fn apply_report(o: &mut Outcome, r: ExecReport, scratch: &std::path::Path) {
-    let (images, notes) = crate::images::collect(scratch, r.images);
+/// `collected`: the report's images as read back from scratch, and the
+/// notes on those that were not (the runtime's, see `images::collect`).
+pub fn apply_report(o: &mut Outcome, r: ExecReport, collected: (Vec<ImageData>, Vec<String>)) {
+    let (images, notes) = collected;
     o.images = images;
     o.notes.extend(notes);
     o.notes.extend(r.notes.into_iter().take(8).map(|n| bound_bytes(n, 1024).0));

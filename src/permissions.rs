@@ -243,7 +243,11 @@ fn reserved(p: &Path) -> Option<&'static str> {
     if p == Path::new("/") {
         return Some("/");
     }
-    RESERVED_MOUNTS.iter().chain(crate::runtime::python::RESERVED_MOUNTS).copied().find(|m| p.starts_with(m))
+    RESERVED_MOUNTS
+        .iter()
+        .chain(crate::runtime_paths::RESERVED.iter().flat_map(|r| r.iter()))
+        .copied()
+        .find(|m| p.starts_with(m))
 }
 
 /// Decide which read roots to mount. `resolve` is realpath.

@@ -19,12 +19,12 @@ use tracing::Instrument;
 use crate::bwrap::{SCRATCH, WORKSPACE};
 use crate::capture::Capture;
 use crate::frame;
-use crate::launch::{Facts, Start};
+use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    apply_report, exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome,
-    ResetDone, ResetReason, StateFate, Status, StreamText,
+    exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome, ResetDone,
+    ResetReason, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -39,10 +39,10 @@ pub fn cleanup_all() {
     crate::contain::cleanup_all();
 }
 use crate::random::random_u64;
-use crate::rundir::live_update;
+use crate::runtime::python::PythonRuntime;
+use crate::runtime::Runtime;
 use crate::spare::Spare;
-use crate::spawn::kill_group;
-use crate::worker::{Call, Halt, Interrupt, Stop, Worker};
+use crate::worker::{Call, Halt, Interrupt, Stop};
 
 pub use crate::launch::WORKER_SOURCE;
 pub use crate::options::{SessionOptions, PREWARM_ENV};
@@ -50,7 +50,14 @@ pub use crate::options::{SessionOptions, PREWARM_ENV};
 pub use crate::outcome::{Availability, SpareState, StatusReport};
 
 mod call;
+#[cfg(test)]
+mod fake;
+mod host;
 mod start;
+#[cfg(test)]
+mod tests;
+
+pub use host::{Host, RealHost, Sandbox};
 
 struct Shared {
     report: StatusReport,
@@ -66,9 +73,9 @@ struct Shared {
     remount_reason: Option<String>,
 }
 
-struct Inner {
-    worker: Option<Worker>,
-    facts: Option<Arc<Facts>>,
+struct Inner<H: Host> {
+    worker: Option<H::Sandbox>,
+    facts: Option<Arc<H::Facts>>,
     dirs: Option<Dirs>,
     exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
@@ -80,13 +87,15 @@ struct Inner {
     scratch_suspect: bool,
 }
 
-pub struct Session {
+/// A session on the real host; a test names another [`Host`].
+pub struct Session<H: Host = RealHost> {
     id: u64,
-    weak: std::sync::Weak<Session>,
-    spare: Spare<Worker>,
+    weak: std::sync::Weak<Session<H>>,
+    host: H,
+    spare: Spare<H::Sandbox>,
     opts: SessionOptions,
     nonce_base: u64,
-    ops: tokio::sync::Mutex<Inner>,
+    ops: tokio::sync::Mutex<Inner<H>>,
     shared: parking_lot::Mutex<Shared>,
     wake: watch::Sender<u64>,
     auto_call: AtomicU64,
@@ -115,6 +124,13 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 impl Session {
     pub fn new(opts: SessionOptions) -> Arc<Self> {
+        Self::with_host(opts, RealHost)
+    }
+}
+
+impl<H: Host> Session<H> {
+    /// A session whose sandboxes `host` makes.
+    pub fn with_host(opts: SessionOptions, host: H) -> Arc<Self> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let settings = Settings::from_env();
         let runtime_root = opts.runtime_root.clone().unwrap_or_else(default_runtime_root);
@@ -124,6 +140,7 @@ impl Session {
         Arc::new_cyclic(|weak| Session {
             id,
             weak: weak.clone(),
+            host,
             spare: Spare::default(),
             nonce_base: random_u64(),
             opts,
@@ -282,7 +299,7 @@ impl Session {
     /// was already written, and wait (bounded) for everything to exit.
     async fn kill_worker(
         &self,
-        inner: &mut Inner,
+        inner: &mut Inner<H>,
         capture: Option<&mut Capture>,
         reason: ResetReason,
     ) -> Option<std::process::ExitStatus> {
@@ -291,7 +308,7 @@ impl Session {
         if w.secret_appeared() {
             inner.scratch_suspect = true;
         }
-        self.forget_once(&w.mounts);
+        self.forget_once(w.mounts());
         let (exit, dead) = w.kill(capture).await;
         if let Some(guard) = dead.guard {
             let notes = self.notes.clone();
@@ -303,7 +320,7 @@ impl Session {
     }
 
     /// Drop a worker that is already dead or unwanted.
-    async fn drop_worker(&self, inner: &mut Inner, reason: ResetReason) {
+    async fn drop_worker(&self, inner: &mut Inner<H>, reason: ResetReason) {
         if inner.worker.is_some() {
             self.kill_worker(inner, None, reason).await;
         } else {
@@ -355,7 +372,7 @@ impl Session {
         drop(sh);
         self.discard_spare();
         if let Some(pid) = pid {
-            kill_group(pid);
+            self.host.kill_group(pid);
         }
         // The killed sandbox may have left protected names: check now, not
         // at the next execution (this may run on the JS thread).
@@ -371,20 +388,19 @@ impl Session {
 
     /// A host secret inside `w`'s read roots that its masks miss (it
     /// appeared after the start). Only looked for where there are roots.
-    fn unmasked_secret(&self, w: &Worker) -> Option<PathBuf> {
-        if w.mounts.read_roots.is_empty() && !w.mounts.once.iter().any(|m| m.is_dir) {
+    fn unmasked_secret(&self, w: &H::Sandbox) -> Option<PathBuf> {
+        if w.mounts().read_roots.is_empty() && !w.mounts().once.iter().any(|m| m.is_dir) {
             return None;
         }
         let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
         let root = self.runtime_root();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
-        let now = crate::launch::host_masks(&w.host_secrets, &w.mounts, &[&project, &root]);
-        now.into_iter().find(|m| !w.host_masks.contains(m)).map(|m| m.path)
+        w.unmasked_secret(&[&project, &root])
     }
 
     /// Why `w`'s secret masks no longer fit the project, if they do not
     /// (asked off the runtime: it may walk the project).
-    async fn masks_stale(&self, w: Option<&Worker>) -> Option<String> {
+    async fn masks_stale(&self, w: Option<&H::Sandbox>) -> Option<String> {
         let watch = w?.masks_watch()?;
         tokio::task::spawn_blocking(move || watch.stale()).await.ok().flatten()
     }
@@ -432,7 +448,7 @@ impl Session {
         // A sandbox whose secret masks are stale is replaced too.
         let stale = self.masks_stale(inner.worker.as_ref()).await;
         let fast = match inner.worker.as_mut() {
-            Some(w) if w.keeper() && !w.mounts.has_once() && stale.is_none() => {
+            Some(w) if w.keeper() && !w.mounts().has_once() && stale.is_none() => {
                 !w.interpreter_gone() && w.recover(None, true).await.is_ok()
             }
             _ => false,
@@ -480,7 +496,7 @@ impl Session {
         };
         // Kill first so that a running execution ends at once.
         if let Some(pid) = pid {
-            kill_group(pid);
+            self.host.kill_group(pid);
         }
         self.discard_spare();
         self.wake.send_modify(|n| *n += 1);

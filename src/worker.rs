@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
@@ -24,13 +23,15 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::capture::{Capture, Stream};
 use crate::contain::Contained;
-use crate::frame::{self, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
+use crate::frame::{self, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
 use crate::limits::{
     BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES,
     STARTUP_DEADLINE,
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
+use crate::runtime::python::PythonRuntime;
+use crate::runtime::{CallRequest, Runtime};
 use crate::secrets::MaskReport;
 use crate::spawn::{kill_group, prepare_inside, spawn_sandbox, take_fds};
 
@@ -105,7 +106,7 @@ pub enum NotReady {
     #[error("bad frame: {0}")]
     BadFrame(String),
     #[error(transparent)]
-    BadImage(crate::bytecode::CodeError),
+    BadImage(crate::runtime::python::bytecode::CodeError),
 }
 
 impl StartError {
@@ -540,7 +541,7 @@ impl Worker {
                         self.streams_ready = streams;
                         return Ok(Ready { runtime_version, site_notes, image });
                     }
-                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::bytecode::decode(&pyc) {
+                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::runtime::python::bytecode::decode(&pyc) {
                         Ok(bytes) => image = Some(bytes),
                         Err(why) => return Err(not_ready(NotReady::BadImage(why), &diag)),
                     },
@@ -620,9 +621,8 @@ impl Worker {
 
     async fn run(&mut self, call: Call<'_>, capture: &mut Capture, stop: &mut Stop<'_>) -> Result<ExecDone, Interrupt> {
         let Call { seq, code, mark, deadline, progress } = call;
-        let b64 = &base64::engine::general_purpose::STANDARD;
         let checkpoint = self.keeper && self.execs > 0;
-        let request = Request::Exec { id: seq, code: b64.encode(code.as_bytes()), mark: b64.encode(mark), checkpoint };
+        let request = PythonRuntime.request(CallRequest { id: seq, code, mark, checkpoint });
         let request =
             frame::encode(&request).map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
         // The interpreter, idle, made this call's pipes: take their read

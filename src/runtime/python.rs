@@ -4,16 +4,24 @@
 //! says about Python is made here.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
 
 use crate::bwrap::{FdBind, Payload};
+use crate::frame::{ExecReport, Request};
+use crate::options::{SessionOptions, Settings};
+use crate::outcome::Outcome;
+use crate::probe::{self, Interpreter, InterpreterError, PythonEnv};
+use crate::runtime::{CallRequest, Runtime};
 
-/// Where the worker appears inside the sandbox.
-pub const WORKER: &str = "/worker.py";
-/// The worker compiled by a previous sandbox (see `bytecode`).
-pub const WORKER_PYC: &str = "/worker.pyc";
-/// The paths this runtime mounts itself; a read root may not land on one.
-pub const RESERVED_MOUNTS: &[&str] = &[WORKER, WORKER_PYC];
+pub mod bytecode;
+pub mod images;
+
+/// The worker script, embedded in the addon.
+pub const WORKER_SOURCE: &str = include_str!("../worker/worker.py");
+
+pub use crate::runtime_paths::{PYTHON_RESERVED as RESERVED_MOUNTS, WORKER, WORKER_PYC};
 
 /// After a read grant the python runtime runs the call again: the refused
 /// call raised at the read, before the code could go on (see the grant
@@ -97,6 +105,68 @@ pub fn payload(py: &Python) -> Payload {
         env: vec![],
         as_pid_1: py.keeper,
         argv,
+    }
+}
+
+/// The python tool's runtime. Its bytecode cache ([`bytecode`]) and the
+/// images a call shows ([`images`]) live here; the interpreter probe's
+/// parts (`probe`, shared with the bubblewrap probe) and the report's
+/// wording (`outcome`) are still modules of their own, which this one calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PythonRuntime;
+
+/// What the python runtime learns about the host once per session.
+pub struct PythonFacts {
+    pub interpreter: Interpreter,
+    pub python: PythonEnv,
+    /// Key of the worker's compiled form for this interpreter.
+    pub code_key: Option<u64>,
+}
+
+impl Runtime for PythonRuntime {
+    type Facts = PythonFacts;
+    type ProbeError = InterpreterError;
+    type Start = Python;
+    type Request = Request;
+    type Report = ExecReport;
+
+    /// Find the interpreter and the Python packages.
+    fn probe(&self, opts: &SessionOptions) -> Result<PythonFacts, InterpreterError> {
+        let settings = Settings::from_env();
+        let configured = opts.interpreter.clone().or(settings.interpreter);
+        let interpreter = probe::resolve_interpreter(configured.as_deref())?;
+        let venv = opts.python_packages.clone().or(settings.venv);
+        let system_site = opts.system_site_packages.unwrap_or(settings.system_site);
+        // The project and the runtime root: trees the sandbox can write.
+        let runtime = opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
+        let writable: Vec<(PathBuf, PathBuf)> = [opts.project_dir.clone(), runtime]
+            .into_iter()
+            .filter_map(|given| std::fs::canonicalize(&given).ok().map(|c| (given, c)))
+            .collect();
+        let python = probe::python_env_from_host(venv.as_deref(), system_site, &writable);
+        let code_key = crate::runtime::python::bytecode::key(&interpreter.path, WORKER_SOURCE);
+        Ok(PythonFacts { interpreter, python, code_key })
+    }
+
+    fn payload(&self, start: &Python) -> Payload {
+        payload(start)
+    }
+
+    /// The code and the mark go as base64, so that JSON escaping can never
+    /// push a source within the code limit past the frame limit.
+    fn request(&self, call: CallRequest<'_>) -> Request {
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        Request::Exec {
+            id: call.id,
+            code: b64.encode(call.code.as_bytes()),
+            mark: b64.encode(call.mark),
+            checkpoint: call.checkpoint,
+        }
+    }
+
+    fn report(&self, mut report: ExecReport, scratch: &Path, into: &mut Outcome) {
+        let collected = images::collect(scratch, std::mem::take(&mut report.images));
+        crate::outcome::apply_report(into, report, collected);
     }
 }
 
@@ -343,5 +413,20 @@ mod tests {
         for path in ["/worker.py", "/worker.pyc"] {
             assert!(RESERVED_MOUNTS.contains(&path), "{path}");
         }
+    }
+
+    #[test]
+    fn request_carries_the_code_and_the_mark_as_base64() {
+        let call = CallRequest { id: 7, code: "print(\"é\")\n", mark: b"\x00end\n", checkpoint: true };
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        assert_eq!(
+            PythonRuntime.request(call),
+            Request::Exec {
+                id: 7,
+                code: b64.encode("print(\"é\")\n"),
+                mark: b64.encode(b"\x00end\n"),
+                checkpoint: true
+            }
+        );
     }
 }

@@ -5,11 +5,11 @@
 
 use super::*;
 
-impl Session {
+impl<H: Host> Session<H> {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn execute_locked(
         &self,
-        inner: &mut Inner,
+        inner: &mut Inner<H>,
         code: String,
         timeout_seconds: u32,
         call: u32,
@@ -28,7 +28,7 @@ impl Session {
 
         // A sandbox started with other mounts than the session's is replaced.
         let wanted = self.shared.lock().report.mounts.clone();
-        if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+        if inner.worker.as_ref().is_some_and(|w| w.mounts() != &wanted) {
             inner.pending_loss = Some(self.remount_reason());
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
@@ -92,7 +92,7 @@ impl Session {
             // A change that came while it started found no process to kill
             // (only the wake, which the start consumed): start again.
             let wanted = self.shared.lock().report.mounts.clone();
-            if inner.worker.as_ref().is_some_and(|w| w.mounts != wanted) {
+            if inner.worker.as_ref().is_some_and(|w| w.mounts() != &wanted) {
                 self.drop_worker(inner, ResetReason::MountsChanged).await;
             }
         }
@@ -116,9 +116,9 @@ impl Session {
         let Some(worker) = inner.worker.as_mut() else {
             return Outcome::static_result(Status::WorkerError, generation(), "internal error: no sandbox".into());
         };
-        let guard = worker.guard.clone();
+        let guard = worker.guard();
         let deadline = tokio::time::Instant::from_std(Instant::now() + Duration::from_secs(timeout_seconds as u64));
-        let mounts = worker.mounts.clone();
+        let mounts = worker.mounts().clone();
         let check = self.halt_check(Some(call), mounts);
         let mut stop = Stop { wake, check: &check };
         let mark = frame::end_mark(&nonce);
@@ -129,7 +129,7 @@ impl Session {
         }
         match result {
             Ok(done) => {
-                apply_report(&mut o, done.report, &dirs.scratch);
+                PythonRuntime.report(done.report, &dirs.scratch, &mut o);
                 o.state = StateFate::Kept;
                 // Processes the code started that the memory cap ended.
                 o.notes.extend(inner.worker.as_mut().and_then(|w| w.oom_note(false)));

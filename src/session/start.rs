@@ -4,19 +4,15 @@
 
 use super::*;
 
-impl Session {
+impl<H: Host> Session<H> {
     /// Probe the host and make the session directory (once each).
-    pub(super) async fn prepare(&self, inner: &mut Inner) -> Result<(Arc<Facts>, Dirs, PathBuf), String> {
+    pub(super) async fn prepare(&self, inner: &mut Inner<H>) -> Result<(Arc<H::Facts>, Dirs, PathBuf), String> {
         let facts = match &inner.facts {
             Some(f) => f.clone(),
             None => {
-                let facts = Arc::new(Facts::probe(&self.opts).await.map_err(|e| e.to_string())?);
+                let facts = Arc::new(self.host.probe(&self.opts).await.map_err(|e| e.to_string())?);
                 inner.facts = Some(facts.clone());
-                let mut sh = self.shared.lock();
-                sh.report.bwrap = Some(facts.bwrap.clone());
-                sh.report.site_dirs = facts.python.site_dirs.clone();
-                sh.report.python_notes = facts.python.notes.clone();
-                drop(sh);
+                self.host.describe(&facts, &mut self.shared.lock().report);
                 facts
             }
         };
@@ -40,7 +36,7 @@ impl Session {
     /// current mounts, else a cold start that waits for the ready frame.
     pub(super) async fn start_worker(
         &self,
-        inner: &mut Inner,
+        inner: &mut Inner<H>,
         call: u32,
         wake: &mut watch::Receiver<u64>,
     ) -> Result<(), Box<Outcome>> {
@@ -91,18 +87,18 @@ impl Session {
         // A writable spare was planned while the last sandbox could still
         // write the project: it is used only if the project still holds
         // exactly what it protected.
-        if let Some(guard) = spare.as_ref().and_then(|s| s.guard.clone()) {
+        if let Some(guard) = spare.as_ref().and_then(|s| s.guard()) {
             let fits = tokio::task::spawn_blocking(move || guard.still_matches()).await.unwrap_or(false);
             if !fits {
                 if let Some(stale) = spare.take() {
-                    stale.reap();
+                    (*stale).reap();
                 }
             }
         }
         // A spare planned before a secret appeared does not mask it.
         if self.masks_stale(spare.as_deref()).await.is_some() {
             if let Some(stale) = spare.take() {
-                stale.reap();
+                (*stale).reap();
             }
         }
         if let Some(spare) = spare {
@@ -115,7 +111,7 @@ impl Session {
         let check = self.halt_check(Some(call), mounts.clone());
         let mut stop = Stop { wake, check: &check };
         let spawned = |pid: i32, alive: bool| self.set_active(alive.then_some(pid));
-        match crate::launch::start(&start, &mut stop, &spawned).await {
+        match self.host.start(&start, &mut stop, &spawned).await {
             Ok((worker, ready)) => {
                 self.ready(ready);
                 self.adopt(inner, worker);
@@ -135,11 +131,11 @@ impl Session {
 
     pub(super) fn start_of<'a>(
         &self,
-        facts: &'a Facts,
+        facts: &'a H::Facts,
         dirs: &'a Dirs,
         project: PathBuf,
         mounts: MountConfig,
-    ) -> Start<'a> {
+    ) -> Start<'a, H::Facts> {
         Start {
             facts,
             dirs,
@@ -165,20 +161,21 @@ impl Session {
     }
 
     /// Make `worker` the session's interpreter.
-    pub(super) fn adopt(&self, inner: &mut Inner, mut worker: Worker) {
-        self.notes.lock().extend(std::mem::take(&mut worker.plan_notes));
+    pub(super) fn adopt(&self, inner: &mut Inner<H>, mut worker: H::Sandbox) {
+        self.notes.lock().extend(worker.take_plan_notes());
         {
             let mut sh = self.shared.lock();
-            sh.active_guard = worker.guard.clone().map(|g| (g, worker.init_pid));
-            sh.report.worker_code = Some(worker.code.as_str());
-            sh.report.masks = Some(worker.masks.clone());
+            sh.active_guard = worker.guard().map(|g| (g, worker.init_pid()));
+            sh.report.worker_code = Some(worker.code().as_str());
+            sh.report.masks = Some(worker.masks().clone());
             let mut known = self.known_secrets.lock();
-            for m in worker.masks.masked.iter().chain(&worker.masks.unmasked) {
+            let masks = worker.masks();
+            for m in masks.masked.iter().chain(&masks.unmasked) {
                 if !known.masks.contains(m) {
                     known.masks.push(m.clone());
                 }
             }
-            known.idents.extend(worker.masks.idents.iter().copied());
+            known.idents.extend(masks.idents.iter().copied());
         }
         self.set_active(Some(worker.pid()));
         inner.worker = Some(worker);
@@ -211,19 +208,19 @@ impl Session {
             .into_iter()
             .collect();
         drop(sh);
-        live_update(self.id, pids, dir, after);
+        self.host.live_update(self.id, pids, dir, after);
     }
 
     /// Take the ready spare if it was made for `mounts` and is still alive.
-    pub(super) fn take_spare(&self, mounts: &MountConfig) -> Option<Box<Worker>> {
+    pub(super) fn take_spare(&self, mounts: &MountConfig) -> Option<Box<H::Sandbox>> {
         // A spare never has allow-once mounts: keep it for the sandbox after.
         if mounts.has_once() {
             return None;
         }
         let mut w = self.spare.take()?;
         self.shared.lock().spare_pid = None;
-        if w.mounts != *mounts || w.exited().is_some() {
-            w.reap();
+        if w.mounts() != mounts || w.exited().is_some() {
+            (*w).reap();
             self.sync_live();
             return None;
         }
@@ -233,17 +230,17 @@ impl Session {
     /// Kill the spare (mounts changed, or the session ends).
     pub(super) fn discard_spare(&self) {
         if let Some(w) = self.spare.clear() {
-            w.reap();
+            (*w).reap();
         }
         let pid = self.shared.lock().spare_pid.take();
         if let Some(pid) = pid {
-            kill_group(pid); // a spare still starting
+            self.host.kill_group(pid); // a spare still starting
         }
         self.sync_live();
     }
 
     /// Start a spare in the background if prewarming is on and none exists.
-    pub(super) fn refill_spare(&self, inner: &Inner) {
+    pub(super) fn refill_spare(&self, inner: &Inner<H>) {
         let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
         if inner.start_failed || inner.scratch_suspect {
             return;
@@ -282,7 +279,7 @@ impl Session {
                     let check = me.halt_check(None, mounts.clone());
                     let mut stop = Stop { wake: &mut wake, check: &check };
                     let spawned = |pid: i32, alive: bool| me.spare_spawned(ticket, pid, alive);
-                    crate::launch::start(&start, &mut stop, &spawned).await.ok()
+                    me.host.start(&start, &mut stop, &spawned).await.ok()
                 } else {
                     None
                 };

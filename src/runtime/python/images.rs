@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::beneath::Tree;
-use crate::display::{format_size, one_line};
+use crate::display::one_line;
 use crate::frame::ImageRef;
 use crate::limits::{MAX_IMAGES, MAX_IMAGES_TOTAL_BYTES, MAX_IMAGE_BYTES};
 
@@ -71,26 +71,7 @@ pub fn collect(scratch: &Path, refs: Vec<ImageRef>) -> (Vec<ImageData>, Vec<Stri
     (images, notes)
 }
 
-/// An image for the model, with where it is saved inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageData {
-    pub sandbox_path: String,
-    pub mime: String,
-    pub width: Option<u32>,
-    pub height: Option<u32>,
-    pub data: Vec<u8>,
-}
-
-impl ImageData {
-    /// `640x480 PNG, 23.1KB`
-    pub fn describe(&self) -> String {
-        let kind = self.mime.strip_prefix("image/").unwrap_or(&self.mime).to_ascii_uppercase();
-        match (self.width, self.height) {
-            (Some(w), Some(h)) => format!("{w}x{h} {kind}, {}", format_size(self.data.len())),
-            _ => format!("{kind}, {}", format_size(self.data.len())),
-        }
-    }
-}
+pub use crate::outcome::ImageData;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,242 @@
+//! A scripted [`Host`] for the session's tests: its sandboxes are no
+//! processes, and each call, recovery and start answers what the test put
+//! in the [`Script`]. Everything the session asks of them is logged, so a
+//! test can say which sandbox ran what and which were killed.
+
+use std::collections::{HashSet, VecDeque};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::host::{Host, Sandbox};
+use crate::capture::Capture;
+use crate::frame::{ExecReport, WorkerStatus};
+use crate::launch::{ProbeError, Start};
+use crate::options::SessionOptions;
+use crate::outcome::StatusReport;
+use crate::permissions::MountConfig;
+use crate::protected::{Guard, SecretWatch};
+use crate::rundir::AfterKill;
+use crate::secrets::MaskReport;
+use crate::worker::{Call, CodeForm, Dead, ExecDone, Interrupt, Ready, RecoverError, Recovery, StartError, Stop};
+
+/// What the next call does.
+#[derive(Debug)]
+pub enum Exec {
+    /// The code ran to its end with this status.
+    Done(WorkerStatus),
+    /// The call ended early this way (a timeout, a death, ...).
+    Interrupted(Interrupt),
+    /// It was cancelled before its request reached the interpreter.
+    CancelledUnsent,
+}
+
+/// What the fake sandboxes do, and what the session asked of them.
+#[derive(Debug, Default)]
+pub struct Script {
+    /// What the next calls do, in order (a call with none left succeeds).
+    pub execs: VecDeque<Exec>,
+    /// What the next recoveries give (none left: the call is rolled back).
+    pub recovers: VecDeque<Result<Recovery, RecoverError>>,
+    /// How the next starts fail (none left: they succeed).
+    pub start_fails: VecDeque<StartError>,
+    /// Sandboxes that ended by themselves (their pids).
+    pub dead: HashSet<i32>,
+    /// Sandboxes whose interpreter ended while their PID 1 stays.
+    pub gone: HashSet<i32>,
+    /// Every request, in order: `start 1`, `exec 1 #2`, `recover 1`,
+    /// `reset 1`, `kill 1`, `reap 2`, `kill_group 1`.
+    pub log: Vec<String>,
+    next_pid: i32,
+}
+
+impl Script {
+    fn note(&mut self, what: String) {
+        self.log.push(what);
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct FakeHost {
+    pub script: Arc<Mutex<Script>>,
+}
+
+pub struct FakeSandbox {
+    pid: i32,
+    mounts: MountConfig,
+    keeper: bool,
+    masks: MaskReport,
+    took_point: bool,
+    sent: bool,
+    execs: u64,
+    script: Arc<Mutex<Script>>,
+}
+
+impl Host for FakeHost {
+    type Facts = ();
+    type Sandbox = FakeSandbox;
+
+    async fn probe(&self, _opts: &SessionOptions) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    fn describe(&self, _facts: &(), _report: &mut StatusReport) {}
+
+    async fn start(
+        &self,
+        start: &Start<'_, ()>,
+        _stop: &mut Stop<'_>,
+        spawned: &(dyn Fn(i32, bool) + Send + Sync),
+    ) -> Result<(FakeSandbox, Ready), StartError> {
+        let pid = {
+            let mut s = self.script.lock();
+            s.next_pid += 1;
+            let pid = s.next_pid;
+            s.note(format!("start {pid}"));
+            if let Some(e) = s.start_fails.pop_front() {
+                return Err(e);
+            }
+            pid
+        };
+        spawned(pid, true);
+        let sandbox = FakeSandbox {
+            pid,
+            mounts: start.mounts.clone(),
+            keeper: start.rollback.unwrap_or(true),
+            masks: MaskReport::default(),
+            took_point: false,
+            sent: false,
+            execs: 0,
+            script: self.script.clone(),
+        };
+        Ok((sandbox, Ready { runtime_version: "fake 1".into(), site_notes: vec![], image: None }))
+    }
+
+    fn kill_group(&self, pid: i32) {
+        self.script.lock().note(format!("kill_group {pid}"));
+    }
+
+    fn live_update(&self, _id: u64, _pids: Vec<i32>, _dir: Option<PathBuf>, _after: Vec<AfterKill>) {}
+}
+
+impl Sandbox for FakeSandbox {
+    fn mounts(&self) -> &MountConfig {
+        &self.mounts
+    }
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+    fn guard(&self) -> Option<Arc<Guard>> {
+        None
+    }
+    fn init_pid(&self) -> Option<i32> {
+        None
+    }
+    fn take_plan_notes(&mut self) -> Vec<String> {
+        vec![]
+    }
+    fn masks(&self) -> &MaskReport {
+        &self.masks
+    }
+    fn code(&self) -> CodeForm {
+        CodeForm::Source
+    }
+    fn keeper(&self) -> bool {
+        self.keeper
+    }
+    fn took_point(&self) -> bool {
+        self.took_point
+    }
+    fn request_sent(&self) -> bool {
+        self.sent
+    }
+    fn secret_appeared(&self) -> bool {
+        false
+    }
+    fn take_killed_for(&self) -> Option<String> {
+        None
+    }
+    fn masks_watch(&self) -> Option<Arc<SecretWatch>> {
+        None
+    }
+    fn oom_note(&mut self, _died: bool) -> Option<String> {
+        None
+    }
+    fn exited(&mut self) -> Option<ExitStatus> {
+        // Killed by SIGKILL, as a sandbox that ended while idle.
+        self.script.lock().dead.contains(&self.pid).then(|| ExitStatus::from_raw(9))
+    }
+    fn interpreter_gone(&mut self) -> bool {
+        self.script.lock().gone.contains(&self.pid)
+    }
+    fn unmasked_secret(&self, _outside: &[&Path]) -> Option<PathBuf> {
+        None
+    }
+    async fn exec(
+        &mut self,
+        call: Call<'_>,
+        _capture: &mut Capture,
+        _stop: &mut Stop<'_>,
+    ) -> Result<ExecDone, Interrupt> {
+        // As the worker does: every call but an interpreter's first takes a point.
+        self.took_point = self.keeper && self.execs > 0;
+        self.execs += 1;
+        let next = {
+            let mut s = self.script.lock();
+            s.note(format!("exec {} #{}", self.pid, call.seq));
+            s.execs.pop_front()
+        };
+        let next = next.unwrap_or(Exec::Done(WorkerStatus::Ok));
+        self.sent = !matches!(next, Exec::CancelledUnsent);
+        match next {
+            Exec::Done(status) => Ok(ExecDone {
+                report: ExecReport {
+                    id: call.seq,
+                    status,
+                    repr: Some(format!("{}", call.seq)),
+                    repr_truncated: false,
+                    exception: None,
+                    path: None,
+                    path_is_dir: false,
+                    path_secret: false,
+                    background: 0,
+                    images: vec![],
+                    notes: vec![],
+                },
+                after: Ok(()),
+            }),
+            Exec::Interrupted(why) => Err(why),
+            Exec::CancelledUnsent => Err(Interrupt::Halted(crate::worker::Halt::Cancelled)),
+        }
+    }
+    async fn recover(&mut self, _capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
+        let mut s = self.script.lock();
+        s.note(format!("{} {}", if reset { "reset" } else { "recover" }, self.pid));
+        if !self.keeper {
+            return Err(RecoverError::NoKeeper);
+        }
+        if reset {
+            s.gone.remove(&self.pid);
+            self.execs = 0;
+            return Ok(Recovery::Reset);
+        }
+        s.recovers.pop_front().unwrap_or(Ok(Recovery::Restored))
+    }
+    async fn interpreter_death(&mut self) -> Option<ExitStatus> {
+        None
+    }
+    async fn wait_exit(&mut self, _within: Duration) -> Option<ExitStatus> {
+        self.exited()
+    }
+    async fn kill(self, _capture: Option<&mut Capture>) -> (Option<ExitStatus>, Dead) {
+        self.script.lock().note(format!("kill {}", self.pid));
+        (Some(ExitStatus::from_raw(9)), Dead { guard: None, init_pid: None })
+    }
+    fn reap(self) {
+        self.script.lock().note(format!("reap {}", self.pid));
+    }
+}

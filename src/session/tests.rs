@@ -1,0 +1,298 @@
+//! The session's orchestration on a fake host (see `fake`): which sandbox
+//! runs a call, what a failure does to it, and what the session's status
+//! and the result's state statement say.
+
+use super::fake::{Exec, FakeHost};
+use super::*;
+use crate::frame::WorkerStatus;
+use crate::outcome::state_statement;
+use crate::worker::{NotReady, RecoverError, StartError};
+
+struct Fixture {
+    session: Arc<Session<FakeHost>>,
+    host: FakeHost,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+fn fixture(rollback: bool, prewarm: bool) -> Fixture {
+    let project = tempfile::tempdir().expect("project dir");
+    let root = tempfile::tempdir().expect("runtime root");
+    let host = FakeHost::default();
+    let opts = SessionOptions {
+        project_dir: project.path().to_path_buf(),
+        runtime_root: Some(root.path().join("runtime")),
+        prewarm: Some(prewarm),
+        rollback: Some(rollback),
+        ..Default::default()
+    };
+    let session = Session::with_host(opts, host.clone());
+    Fixture { session, host, _dirs: (project, root) }
+}
+
+impl Fixture {
+    async fn run(&self) -> Outcome {
+        self.session.execute("x = 1".into(), 30, None).await
+    }
+    fn script(&self, exec: Exec) {
+        self.host.script.lock().execs.push_back(exec);
+    }
+    fn log(&self) -> Vec<String> {
+        self.host.script.lock().log.clone()
+    }
+}
+
+#[tokio::test]
+async fn the_first_execution_starts_a_sandbox_and_keeps_its_state() {
+    let f = fixture(true, false);
+    let before = f.session.status();
+    assert!(!before.worker_running);
+    assert_eq!(before.executions, 0);
+    assert!(f.log().is_empty(), "nothing starts before the first execution");
+
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok, "{:?}", o.diagnostic);
+    assert_eq!(o.state, StateFate::Kept);
+    assert!(o.started);
+    assert_eq!(o.repr.as_deref(), Some("1"));
+    assert_eq!(state_statement(&o), None);
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2"]);
+    let after = f.session.status();
+    assert!(after.worker_running);
+    assert_eq!(after.executions, 2);
+    assert_eq!(after.generation, 1);
+    assert!(after.dirs.is_some());
+}
+
+#[tokio::test]
+async fn a_runtime_error_keeps_the_state_and_says_so() {
+    let f = fixture(true, false);
+    f.script(Exec::Done(WorkerStatus::RuntimeError));
+    let o = f.run().await;
+    assert_eq!(o.status, Status::RuntimeError);
+    assert_eq!(o.state, StateFate::Kept);
+    let said = state_statement(&o).expect("a failed call says what became of the state");
+    assert!(said.starts_with("Interpreter state kept"), "{said}");
+}
+
+#[tokio::test]
+async fn a_timeout_with_rollback_rolls_back_and_keeps_the_sandbox() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Timeout);
+    assert_eq!(o.state, StateFate::RolledBack { fresh: false });
+    assert!(!o.state_lost());
+    let said = state_statement(&o).expect("a rollback is told");
+    assert!(said.contains("rolled back to its state before this call"), "{said}");
+    let status = f.session.status();
+    assert!(status.worker_running);
+    assert_eq!(status.generation, 1, "a rollback is not a new interpreter");
+    assert_eq!(status.last_rollback, Some(ResetReason::Timeout));
+    assert!(status.last_rollback_point.is_some());
+    // The same sandbox takes the next call.
+    assert_eq!(f.run().await.state, StateFate::Kept);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1", "exec 1 #3"]);
+}
+
+#[tokio::test]
+async fn a_timeout_without_rollback_loses_the_state_and_the_next_call_starts_anew() {
+    let f = fixture(false, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Timeout);
+    assert_eq!(o.state, StateFate::Lost(Loss::RollbackOff));
+    let said = state_statement(&o).expect("a loss is told");
+    assert!(said.starts_with("Interpreter state was LOST"), "{said}");
+    assert!(said.contains("rollback is off"), "{said}");
+    let status = f.session.status();
+    assert!(!status.worker_running);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::Timeout));
+
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.state, StateFate::Kept);
+    assert_eq!(o.lost_before, None, "the loss was told by the call that lost it");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "kill 1", "start 2", "exec 2 #3"]);
+    assert_eq!(f.session.status().generation, 2);
+}
+
+#[tokio::test]
+async fn a_failed_rollback_kills_the_sandbox_and_says_why() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    f.host.script.lock().recovers.push_back(Err(RecoverError::Survivors(2)));
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Timeout);
+    assert_eq!(o.state, StateFate::Lost(Loss::RollbackFailed(RecoverError::Survivors(2).to_string())));
+    let said = state_statement(&o).expect("a loss is told");
+    assert!(said.contains("the rollback failed (2 other processes were still running after the kill)"), "{said}");
+    assert!(!f.session.status().worker_running);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1", "kill 1"]);
+}
+
+#[tokio::test]
+async fn a_death_between_calls_is_told_by_the_next_result() {
+    let f = fixture(false, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().dead.insert(1);
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.state, StateFate::Kept);
+    let before = o.lost_before.clone().expect("the death is told");
+    assert!(before.starts_with("the interpreter died while idle: the sandbox"), "{before}");
+    let said = state_statement(&o).expect("the loss before the call is told");
+    assert!(said.starts_with("Earlier interpreter state was discarded before this call"), "{said}");
+    assert_eq!(f.session.status().last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill 1", "start 2", "exec 2 #2"]);
+}
+
+#[tokio::test]
+async fn a_reset_replaces_the_interpreter_in_place_with_rollback_and_kills_without() {
+    let f = fixture(true, false);
+    assert_eq!(f.session.reset().await.1, ResetDone::Idle);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let (_, done, _) = f.session.reset().await;
+    assert_eq!(done, ResetDone::Fresh);
+    let status = f.session.status();
+    assert!(status.worker_running);
+    assert_eq!(status.generation, 2);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::Explicit));
+    assert_eq!(f.run().await.state, StateFate::Kept);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
+
+    let f = fixture(false, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.session.reset().await.1, ResetDone::Killed);
+    assert!(!f.session.status().worker_running);
+    let o = f.run().await;
+    assert_eq!(o.lost_before, None, "a reset asked for is not a loss to tell");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill 1", "start 2", "exec 2 #2"]);
+}
+
+#[tokio::test]
+async fn a_mode_change_kills_the_sandbox_and_the_next_call_starts_with_the_new_mounts() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let writable = MountConfig { workspace_writable: true, ..Default::default() };
+    assert_eq!(f.session.set_mounts(writable.clone()), Some(true));
+    assert_eq!(f.session.set_mounts(writable.clone()), None, "the same mounts change nothing");
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    let said = state_statement(&o).expect("the restart is told");
+    assert!(said.contains(REMOUNT_REASON), "{said}");
+    let status = f.session.status();
+    assert_eq!(status.mounts, writable);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::MountsChanged));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+}
+
+#[tokio::test]
+async fn a_restart_takes_the_ready_spare() {
+    let f = fixture(false, true);
+    assert_eq!(f.run().await.status, Status::Ok);
+    // The spare starts a little after the result.
+    let waited = Instant::now();
+    while f.session.status().spare != SpareState::Ready {
+        assert!(waited.elapsed() < Duration::from_secs(5), "no spare: {:?}", f.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    assert_eq!(f.run().await.state, StateFate::Lost(Loss::RollbackOff));
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(f.session.status().generation, 2);
+    // The spare (sandbox 2) ran the call: no start on its path.
+    assert_eq!(f.log()[..6], ["start 1", "exec 1 #1", "start 2", "exec 1 #2", "kill 1", "exec 2 #3"]);
+    f.session.dispose("disposed").await;
+}
+
+#[tokio::test]
+async fn dispose_kills_the_sandbox_removes_the_directories_and_refuses_later_calls() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let dirs = f.session.status().dirs.expect("session directories");
+    assert!(dirs.root.exists());
+    f.session.dispose("disposed").await;
+    let status = f.session.status();
+    assert!(status.disposed);
+    assert!(!status.worker_running);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::Disposed));
+    assert!(!dirs.root.exists(), "the session directory is removed");
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Unavailable);
+    assert_eq!(o.state, StateFate::Untouched);
+    assert_eq!(o.diagnostic.as_deref(), Some(DISPOSED));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1"]);
+}
+
+#[tokio::test]
+async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare() {
+    let f = fixture(true, true);
+    let why = NotReady::Exited(None);
+    f.host.script.lock().start_fails.push_back(StartError::NotReady { why, stderr: "no uid map".into() });
+    let o = f.run().await;
+    assert_eq!(o.status, Status::WorkerError);
+    assert_eq!(o.state, StateFate::Untouched);
+    assert!(!o.started);
+    let diagnostic = o.diagnostic.clone().expect("the failure is told");
+    assert!(diagnostic.starts_with("The sandbox did not start: the sandbox did not exit"), "{diagnostic}");
+    assert!(diagnostic.contains("Its error output: no uid map\nCommon causes: unprivileged user"), "{diagnostic}");
+    let status = f.session.status();
+    assert!(!status.worker_running);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::StartupFailure));
+    // No spare is started with a setup that just failed.
+    tokio::time::sleep(SPARE_DELAY * 3).await;
+    assert_eq!(f.session.status().spare, SpareState::None);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.log()[..3], ["start 1", "start 2", "exec 2 #1"]);
+    f.session.dispose("disposed").await;
+}
+
+#[tokio::test]
+async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().gone.insert(1);
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.lost_before.as_deref(), Some("the interpreter died while idle"));
+    let status = f.session.status();
+    assert!(status.worker_running);
+    assert_eq!(status.generation, 2);
+    assert_eq!(status.last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
+}
+
+#[tokio::test]
+async fn a_call_cancelled_before_it_runs_touches_nothing() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert!(f.session.cancel(Some(7)));
+    let o = f.session.execute("x = 2".into(), 30, Some(7)).await;
+    assert_eq!(o.status, Status::Cancelled);
+    assert_eq!(o.state, StateFate::Untouched);
+    assert_eq!(state_statement(&o), None);
+    assert!(!f.session.cancel(None), "nothing runs");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1"]);
+}
+
+#[tokio::test]
+async fn a_cancel_that_lands_before_the_request_was_sent_leaves_the_interpreter_alone() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.script(Exec::CancelledUnsent);
+    let o = f.session.execute("x = 2".into(), 30, None).await;
+    assert_eq!(o.status, Status::Cancelled);
+    let text = crate::outcome::render(&o);
+    assert!(text.contains("the interpreter was not touched"), "{text}");
+    assert_eq!(f.session.status().executions, 1, "not counted as an execution");
+    // Nothing was recovered or killed: the next call runs on the same interpreter.
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "exec 1 #2"]);
+}
