@@ -705,7 +705,9 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
     await sleep(500);
     const next = await sb.execute(look);
     const moved = setAside(next);
-    const copied = jsonOut(next).stolen !== null || (moved !== undefined && existsSync(join(moved, "stolen")));
+    // The copy made whole: a thief stopped between opening its file and writing it left it empty.
+    const kept = moved !== undefined && existsSync(join(moved, "stolen")) ? readFileSync(join(moved, "stolen"), "utf8") : "";
+    const copied = jsonOut(next).stolen !== null || kept !== "";
     return { next, moved, copied, scratchDir };
   }
   /** Up to 10 attempts (each a new session) until the thief wins one; every attempt is checked. */
