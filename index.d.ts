@@ -87,6 +87,21 @@ export declare class PythonSandbox {
    * writable project made inert, and how to restore them.
    */
   dispose(reason?: string | undefined | null): Promise<Array<string>>
+  /**
+   * Run `command` with the bash tool's sandbox: one of its own, the
+   * project at its host path, the session's mode, read roots and
+   * protections. Output goes to `onData` as it comes, made safe.
+   * Rejects with the reason and the fix when no sandbox can start: the
+   * command then ran nowhere.
+   */
+  execShell(callId: number, command: string, options: ShellOptions, onData: (text: string) => void): Promise<ShellResult>
+  /**
+   * Abort the command `callId`: every process of its sandbox is killed.
+   * Returns whether one was running.
+   */
+  cancelShell(callId: number): boolean
+  /** What the trusted configuration adds to every later command. */
+  setShellConfig(settings: ShellSettings): void
 }
 
 /**
@@ -401,6 +416,45 @@ export interface SandboxPaths {
   scratchDir?: string
   sandboxScratch: string
   logDir?: string
+}
+
+/** One command of the bash tool. */
+export interface ShellOptions {
+  /** pi's working directory for the command (inside the project). */
+  cwd: string
+  /** The user's `shellPath` setting. */
+  shellPath?: string
+  /** Seconds; none for no timeout. */
+  timeoutSeconds?: number
+  /**
+   * pi's session variables; only `PI_*` names that are no credential
+   * pass, everything else is ignored.
+   */
+  env?: Record<string, string>
+}
+
+/** How a command ended. */
+export interface ShellResult {
+  /**
+   * The exit code, 128 + the signal for a kill; null after a timeout
+   * or an abort.
+   */
+  exitCode?: number
+  /**
+   * `exited`, `signalled`, `timed_out`, `aborted`, `flooded` (past the
+   * output cap) or `stopped` (a secret appeared).
+   */
+  ending: string
+  /** Sentences for the end of the result, safe to show. */
+  notes: Array<string>
+}
+
+/** What the trusted configuration adds to every command. */
+export interface ShellSettings {
+  additionalAllowRead?: Array<string>
+  envPassthrough?: Array<string>
+  /** Where that configuration is (the hints name it). */
+  configPath?: string
 }
 
 export interface SkippedRoot {

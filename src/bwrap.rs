@@ -217,6 +217,9 @@ pub struct Payload {
     pub env: Vec<(String, String)>,
     /// The command is the PID namespace's init (`--as-pid-1`): it reaps.
     pub as_pid_1: bool,
+    /// Its working directory, when not where the project is mounted (a
+    /// directory inside it, say).
+    pub chdir: Option<PathBuf>,
     /// The command and its arguments.
     pub argv: Vec<OsString>,
 }
@@ -341,7 +344,7 @@ pub fn bwrap_argv(policy: &Policy, payload: &Payload) -> Vec<OsString> {
     a.push("--remount-ro".into());
     a.push("/".into());
     a.push("--chdir".into());
-    a.push(policy.project_at.clone().into());
+    a.push(payload.chdir.as_ref().unwrap_or(&policy.project_at).clone().into());
     // Environment: nothing of the host's.
     push(&mut a, &["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SCRATCH]);
     push(&mut a, &["--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]);
@@ -467,6 +470,7 @@ mod tests {
             fd_mounts: vec![FdBind { fd: 9, dest: "/home/u/proj/.pkgs".into(), read_only: true }],
             env: vec![("TERM".into(), "dumb".into())],
             as_pid_1: true,
+            chdir: None,
             argv: vec!["/init".into(), "--flag".into()],
         };
         let policy = Policy {

@@ -10,6 +10,7 @@
 pub mod beneath;
 pub mod bwrap;
 pub mod capture;
+pub mod confine;
 pub mod contain;
 pub mod debuglog;
 pub mod display;
@@ -36,10 +37,14 @@ pub mod scratch;
 pub mod seccomp;
 pub mod secrets;
 pub mod session;
+pub mod shell;
 pub mod spare;
 pub mod spawn;
 pub mod submounts;
+pub mod watches;
 pub mod worker;
 
 #[cfg(feature = "addon")]
 mod napi_api;
+#[cfg(feature = "addon")]
+mod napi_shell;

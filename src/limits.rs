@@ -24,6 +24,9 @@ pub const CLEANUP_DEADLINE: Duration = Duration::from_secs(5);
 pub const BWRAP_GONE: Duration = Duration::from_millis(500);
 /// Captured stdout + stderr of one execution; one byte more kills the sandbox.
 pub const OUTPUT_BUDGET_BYTES: usize = 1024 * 1024;
+/// What one command of the bash tool may write (pi keeps every byte in a
+/// file on the host); past it the command is stopped.
+pub const SHELL_OUTPUT_CAP_BYTES: usize = 64 * 1024 * 1024;
 /// Bound on the final expression's repr, in UTF-8 bytes.
 pub const MAX_REPR_BYTES: usize = 8 * 1024;
 /// Bound on an exception message, in UTF-8 bytes.

@@ -285,12 +285,12 @@ pub struct ResetResult {
     pub text: String,
 }
 
-fn invalid(msg: impl Into<String>) -> Error {
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::new(Status::InvalidArg, msg.into())
 }
 
 /// A call id is an integer below 2^31 - 1 (the ids above are the addon's own).
-fn call_id_of(id: f64) -> Result<u32> {
+pub(crate) fn call_id_of(id: f64) -> Result<u32> {
     if id.fract() == 0.0 && (0.0..(u32::MAX / 2) as f64).contains(&id) {
         Ok(id as u32)
     } else {
@@ -668,6 +668,11 @@ pub struct PythonSandbox {
 }
 
 impl PythonSandbox {
+    /// The session (for the bash tool's entry points, `napi_shell`).
+    pub(crate) fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
     /// The grant loop's view of the session (for a decision, no call).
     fn target(&self) -> SessionCall<'_> {
         SessionCall { session: &self.session, code: String::new(), timeout_seconds: 0, call_id: None, progress: None }

@@ -14,6 +14,7 @@ use crate::bwrap::Payload;
 use crate::outcome::Outcome;
 
 pub mod python;
+pub mod shell;
 
 /// What a runtime does with a call once a grant is in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -53,6 +53,7 @@ mod call;
 #[cfg(test)]
 mod fake;
 mod host;
+mod shell;
 mod start;
 #[cfg(test)]
 mod tests;
@@ -108,6 +109,8 @@ pub struct Session<H: Host = RealHost> {
     known_secrets: protected::KnownSecrets,
     /// How much /scratch holds (see `scratch`).
     scratch: Arc<crate::scratch::ScratchWatch>,
+    /// The bash tool's commands (see `shell`).
+    shells: shell::Shells,
 }
 
 /// Where execution `seq` logs its streams.
@@ -168,6 +171,7 @@ impl<H: Host> Session<H> {
             tainted: protected::Tainted::default(),
             known_secrets: protected::KnownSecrets::default(),
             scratch: Arc::new(crate::scratch::ScratchWatch::new(settings.scratch_note)),
+            shells: shell::Shells::default(),
         })
     }
 
@@ -500,6 +504,8 @@ impl<H: Host> Session<H> {
         }
         self.discard_spare();
         self.wake.send_modify(|n| *n += 1);
+        // Every command of the bash tool ends before the directories go.
+        let _no_shells = self.shells.stop_all().await;
         let mut inner = self.ops.lock().await;
         let reason = match reason {
             "disposed" => ResetReason::Disposed,

@@ -253,13 +253,10 @@ pub struct Worker {
     pub host_secrets: crate::hostsecrets::HostSecrets,
     /// The protected paths of a writable workspace (see `protected`).
     pub guard: Option<Arc<Guard>>,
-    /// Ends the guard's watch when the worker is dropped.
-    _watch: Option<tokio::sync::oneshot::Sender<()>>,
-    /// Ends the watch for host secrets when the worker is dropped.
-    _secret_watch: Option<tokio::sync::oneshot::Sender<()>>,
     /// The project's secrets as the start planned them (see `protected`).
     masks_watch: Option<Arc<protected::SecretWatch>>,
-    _masks_watch: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The guard's and the secrets' watches; they end with the worker.
+    _watches: crate::watches::Watches,
     /// The pid namespace's init (host pid), once known: when it is gone,
     /// every process of the sandbox is.
     pub init_pid: Option<i32>,
@@ -389,13 +386,11 @@ impl Worker {
             host_masks,
             host_secrets,
             guard,
-            _watch: None,
-            _secret_watch: None,
+            _watches: Default::default(),
             masks_watch: masks_watch.map(|mut w| {
                 w.register();
                 Arc::new(w)
             }),
-            _masks_watch: None,
             init_pid: None,
             plan_notes,
             masks,
@@ -416,50 +411,16 @@ impl Worker {
         match worker.await_ready(stop, emit_code).await {
             Ok(ready) => {
                 worker.init_pid = children(worker.pid).first().copied();
-                if let Some(guard) = worker.guard.clone() {
-                    let (stop, stopped) = tokio::sync::oneshot::channel();
-                    tokio::spawn(protected::watch(guard, watcher, stopped));
-                    worker._watch = Some(stop);
-                }
-                if !secret_watch.is_empty() {
-                    // A secret that appears in a read root stops the sandbox
-                    // at once: nothing in it may read (or keep) it.
-                    let (stop, stopped) = tokio::sync::oneshot::channel();
-                    let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
-                    let secret = worker.secret_appeared.clone();
-                    let appeared = move |path: std::path::PathBuf| {
-                        secret.store(true, Ordering::Release);
-                        *killed_for.lock() = Some(format!(
-                            "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in \
-                             it could read it, and the next one masks it",
-                            crate::display::one_line(&path)
-                        ));
-                        tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
-                        kill_group(pid);
-                    };
-                    tokio::spawn(crate::hostsecrets::watch(secret_watch, appeared, stopped));
-                    worker._secret_watch = Some(stop);
-                }
-                if let Some(watch) = worker.masks_watch.clone() {
-                    // A project secret that appears stops the sandbox at
-                    // once; the next one masks it.
-                    let (stop, stopped) = tokio::sync::oneshot::channel();
-                    let (pid, killed_for) = (worker.pid, worker.killed_for.clone());
-                    let secret = worker.secret_appeared.clone();
-                    let stale = move |why: String| {
-                        secret.store(true, Ordering::Release);
-                        killed_for.lock().get_or_insert_with(|| {
-                            format!(
-                                "{why}; the sandbox was stopped so that nothing in it could read it, and the next one \
-                                 masks it"
-                            )
-                        });
-                        tracing::debug!(pid, why, "project secret appeared; sandbox killed");
-                        kill_group(pid);
-                    };
-                    tokio::spawn(watch.run(stale, budget.clone(), stopped));
-                    worker._masks_watch = Some(stop);
-                }
+                worker._watches = crate::watches::start(crate::watches::Armed {
+                    pid: worker.pid,
+                    guard: worker.guard.clone(),
+                    watcher,
+                    secret_watch,
+                    masks_watch: worker.masks_watch.clone(),
+                    budget: budget.clone(),
+                    killed_for: worker.killed_for.clone(),
+                    secret_appeared: worker.secret_appeared.clone(),
+                });
                 tracing::debug!(pid = worker.pid, code = code.as_str(), "sandbox ready");
                 Ok((worker, ready))
             }

@@ -104,6 +104,7 @@ pub fn payload(py: &Python) -> Payload {
         fd_mounts: py.package_fd_mounts.clone(),
         env: vec![],
         as_pid_1: py.keeper,
+        chdir: None,
         argv,
     }
 }

@@ -124,7 +124,7 @@ impl Host for RealHost {
     }
 
     fn describe(&self, facts: &Facts, report: &mut StatusReport) {
-        report.bwrap = Some(facts.bwrap.clone());
+        report.bwrap = Some(facts.host.bwrap.clone());
         report.site_dirs = facts.python.site_dirs.clone();
         report.python_notes = facts.python.notes.clone();
     }

@@ -18,18 +18,51 @@ impl<H: Host> Session<H> {
         };
         let project = std::fs::canonicalize(&self.opts.project_dir)
             .map_err(|e| format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display()))?;
-        let dirs = match &inner.dirs {
-            Some(d) => d.clone(),
-            None => {
-                let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE)
-                    .map_err(|e| e.to_string())?;
-                inner.dirs = Some(d.clone());
-                self.shared.lock().report.dirs = Some(d.clone());
-                self.sync_live();
-                d
-            }
-        };
+        let dirs = self.ensure_dirs(inner)?;
         Ok((facts, dirs, project))
+    }
+
+    /// The session directory, made on first use.
+    pub(super) fn ensure_dirs(&self, inner: &mut Inner<H>) -> Result<Dirs, String> {
+        if let Some(d) = &inner.dirs {
+            return Ok(d.clone());
+        }
+        let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE).map_err(|e| e.to_string())?;
+        inner.dirs = Some(d.clone());
+        self.shared.lock().report.dirs = Some(d.clone());
+        self.sync_live();
+        Ok(d)
+    }
+
+    /// Set aside a scratch that a sandbox stopped for a secret could have
+    /// written (see `scratch::set_aside`); the text says why when it
+    /// cannot be, and nothing mounts it until it is.
+    pub(super) async fn set_aside_scratch(&self, inner: &mut Inner<H>, dirs: &Dirs) -> Result<(), String> {
+        self.discard_spare();
+        let first = self.shared.lock().report.set_aside.len() + 1;
+        let name = dirs.scratch.file_name().unwrap_or(std::ffi::OsStr::new("scratch")).to_owned();
+        let root = dirs.root.clone();
+        let moved = tokio::task::spawn_blocking(move || crate::scratch::set_aside(&root, &name, first))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        match moved {
+            Ok(moved) => {
+                inner.scratch_suspect = false;
+                self.scratch.forget();
+                if let Some(moved) = moved {
+                    tracing::debug!(to = %moved.display(), "scratch set aside");
+                    self.notes.lock().push(crate::scratch::set_aside_note(&moved));
+                    self.shared.lock().report.set_aside.push(moved);
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "No sandbox was started: a secret appeared while the last sandbox could write /scratch, and /scratch \
+                 could not be set aside ({e}); it is not mounted again until it is. Move {} out of the way and run \
+                 again.",
+                crate::display::one_line(&dirs.scratch)
+            )),
+        }
     }
 
     /// Make the session's interpreter: the spare when one is ready for the
@@ -48,33 +81,12 @@ impl<H: Host> Session<H> {
         // A sandbox stopped because a secret appeared could have written it
         // to /scratch: that scratch is set aside before any sandbox mounts
         // scratch again (a spare has the old one mounted).
+        if self.shells.take_suspect() {
+            inner.scratch_suspect = true;
+        }
         if inner.scratch_suspect {
-            self.discard_spare();
-            let first = self.shared.lock().report.set_aside.len() + 1;
-            let name = dirs.scratch.file_name().unwrap_or(std::ffi::OsStr::new("scratch")).to_owned();
-            let root = dirs.root.clone();
-            let moved = tokio::task::spawn_blocking(move || crate::scratch::set_aside(&root, &name, first))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-            match moved {
-                Ok(moved) => {
-                    inner.scratch_suspect = false;
-                    self.scratch.forget();
-                    if let Some(moved) = moved {
-                        tracing::debug!(to = %moved.display(), "scratch set aside");
-                        self.notes.lock().push(crate::scratch::set_aside_note(&moved));
-                        self.shared.lock().report.set_aside.push(moved);
-                    }
-                }
-                Err(e) => {
-                    let msg = format!(
-                        "No sandbox was started: a secret appeared while the last sandbox could write /scratch, and \
-                         /scratch could not be set aside ({e}); it is not mounted again until it is. Move {} out of \
-                         the way and run again.",
-                        crate::display::one_line(&dirs.scratch)
-                    );
-                    return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, msg)));
-                }
+            if let Err(msg) = self.set_aside_scratch(inner, &dirs).await {
+                return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, msg)));
             }
         }
         let mounts = self.shared.lock().report.mounts.clone();

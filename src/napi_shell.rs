@@ -1,0 +1,144 @@
+//! The bash tool's entry points on `PythonSandbox`: run one command in a
+//! sandbox of its own, abort it, set what the trusted configuration adds.
+//! Conversions only; `shell` and `session::shell` do the work.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+
+use crate::napi_api::{call_id_of, invalid, PythonSandbox};
+use crate::shell::{Command, Ending, ShellConfig, ShellError};
+
+/// The longest command the tool takes (pi's own bash has no bound; this
+/// one keeps the host's argv and memory bounded).
+const MAX_COMMAND_BYTES: usize = 1024 * 1024;
+/// The longest timeout, in seconds (a day).
+const MAX_SHELL_TIMEOUT_SECONDS: f64 = 86_400.0;
+
+/// One command of the bash tool.
+#[napi(object)]
+pub struct ShellOptions {
+    /// pi's working directory for the command (inside the project).
+    pub cwd: String,
+    /// The user's `shellPath` setting.
+    pub shell_path: Option<String>,
+    /// Seconds; none for no timeout.
+    pub timeout_seconds: Option<f64>,
+    /// pi's session variables; only `PI_*` names that are no credential
+    /// pass, everything else is ignored.
+    pub env: Option<std::collections::HashMap<String, String>>,
+}
+
+/// How a command ended.
+#[napi(object)]
+pub struct ShellResult {
+    /// The exit code, 128 + the signal for a kill; null after a timeout
+    /// or an abort.
+    pub exit_code: Option<i32>,
+    /// `exited`, `signalled`, `timed_out`, `aborted`, `flooded` (past the
+    /// output cap) or `stopped` (a secret appeared).
+    pub ending: String,
+    /// Sentences for the end of the result, safe to show.
+    pub notes: Vec<String>,
+}
+
+/// What the trusted configuration adds to every command.
+#[napi(object)]
+pub struct ShellSettings {
+    pub additional_allow_read: Option<Vec<String>>,
+    pub env_passthrough: Option<Vec<String>>,
+    /// Where that configuration is (the hints name it).
+    pub config_path: Option<String>,
+}
+
+fn ending_name(e: &Ending) -> &'static str {
+    match e {
+        Ending::Exited(_) => "exited",
+        Ending::Signalled(_) => "signalled",
+        Ending::TimedOut => "timed_out",
+        Ending::Aborted => "aborted",
+        Ending::Flooded => "flooded",
+        Ending::Stopped(_) => "stopped",
+    }
+}
+
+#[napi]
+impl PythonSandbox {
+    /// Run `command` with the bash tool's sandbox: one of its own, the
+    /// project at its host path, the session's mode, read roots and
+    /// protections. Output goes to `onData` as it comes, made safe.
+    /// Rejects with the reason and the fix when no sandbox can start: the
+    /// command then ran nowhere.
+    #[napi(ts_args_type = "callId: number, command: string, options: ShellOptions, onData: (text: string) => void")]
+    pub async fn exec_shell(
+        &self,
+        call_id: f64,
+        command: String,
+        options: ShellOptions,
+        on_data: ThreadsafeFunction<String, (), String, Status, false, true>,
+    ) -> Result<ShellResult> {
+        let id = call_id_of(call_id)?;
+        if command.len() > MAX_COMMAND_BYTES {
+            return Err(invalid(format!("The command is longer than {} KiB.", MAX_COMMAND_BYTES / 1024)));
+        }
+        if command.contains('\0') {
+            return Err(invalid("The command contains a NUL byte."));
+        }
+        if !options.cwd.starts_with('/') {
+            return Err(invalid("cwd must be an absolute path"));
+        }
+        let timeout = match options.timeout_seconds {
+            None => None,
+            Some(t) if t > 0.0 && t <= MAX_SHELL_TIMEOUT_SECONDS => Some(Duration::from_secs_f64(t)),
+            Some(_) => return Err(invalid("timeoutSeconds must be above 0 and at most a day.")),
+        };
+        let cmd = Command {
+            command,
+            cwd: PathBuf::from(options.cwd),
+            shell: options.shell_path.filter(|s| !s.is_empty()).map(PathBuf::from),
+            timeout,
+            pi_env: options.env.unwrap_or_default().into_iter().collect(),
+        };
+        let f = Arc::new(on_data);
+        let on_data = move |text: String| {
+            f.call(text, ThreadsafeFunctionCallMode::NonBlocking);
+        };
+        match self.session().exec_shell(id, cmd, &on_data).await {
+            Ok(ended) => Ok(ShellResult {
+                exit_code: ended.ending.exit_code(),
+                ending: ending_name(&ended.ending).into(),
+                notes: ended.notes,
+            }),
+            Err(ShellError::NotStarted(why)) => Err(Error::new(Status::GenericFailure, why)),
+        }
+    }
+
+    /// Abort the command `callId`: every process of its sandbox is killed.
+    /// Returns whether one was running.
+    #[napi]
+    pub fn cancel_shell(&self, call_id: f64) -> Result<bool> {
+        Ok(self.session().cancel_shell(call_id_of(call_id)?))
+    }
+
+    /// What the trusted configuration adds to every later command.
+    #[napi]
+    pub fn set_shell_config(&self, settings: ShellSettings) -> Result<()> {
+        let mut reads = Vec::new();
+        for p in settings.additional_allow_read.unwrap_or_default() {
+            let Some(n) = crate::paths::normalize(&p).filter(|_| !p.contains('\0')) else {
+                return Err(invalid(format!("additionalAllowRead: {} is not an absolute path", crate::display::one_line(&p))));
+            };
+            reads.push(n);
+        }
+        self.session().set_shell_config(ShellConfig {
+            additional_reads: reads,
+            passthrough: settings.env_passthrough.unwrap_or_default(),
+            config_path: settings.config_path.map(PathBuf::from),
+        });
+        Ok(())
+    }
+}

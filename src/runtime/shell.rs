@@ -1,0 +1,243 @@
+//! The shell runtime: one command of the sandboxed `bash` tool, run by a
+//! shell under the engine's policy with the project at its host path.
+//! Pure parts only: the environment (an allowlist, never the host's), the
+//! `PATH` (the host's entries outside the home directory), the generated
+//! `/etc` files and the payload; `crate::shell` runs it.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::bwrap::{Payload, SCRATCH};
+
+/// The system configuration a shell's tools read, shown read-only where
+/// the host has it: certificates for TLS clients, the alternatives links
+/// that Debian's `/usr/bin` names point through, the name service switch.
+/// No private keys: `/etc/ssl/private` is not among them.
+pub const SYSTEM_READS: &[&str] = &[
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/ca-certificates",
+    "/etc/pki/tls/certs",
+    "/etc/alternatives",
+    "/etc/nsswitch.conf",
+    "/etc/inputrc",
+    "/etc/mime.types",
+];
+
+/// Where `PATH` entries live that the engine mounts for every sandbox.
+const SYSTEM_PREFIXES: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64"];
+
+/// Host variables a command gets by name (with the host's value), besides
+/// the ones the engine sets: the locale, the time zone, the terminal type.
+/// Never a credential: every other variable of pi's process stays out.
+pub fn allowed_name(name: &str) -> bool {
+    matches!(name, "LANG" | "LANGUAGE" | "TZ" | "TERM" | "COLORTERM" | "NO_COLOR" | "USER" | "LOGNAME")
+        || name.starts_with("LC_")
+}
+
+/// pi's own session variables (pi 1.x hands them to its bash): `PI_`
+/// names that do not look like a credential.
+pub fn pi_session_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    name.starts_with("PI_")
+        && !["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH"].iter().any(|w| upper.contains(w))
+}
+
+/// The host's `PATH` as a command sees it: entries outside `home` kept
+/// (the ones outside the system trees are mounted read-only), entries
+/// under it kept only where `allowed` (a trusted extra read list) covers
+/// them; relative and empty entries dropped.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SearchPath {
+    /// The value of `PATH` inside.
+    pub value: String,
+    /// Entries that need a mount of their own (outside the system trees).
+    pub mounts: Vec<PathBuf>,
+    /// Entries left out because they are under the home directory (where
+    /// a "command not found" may be found).
+    pub left_out: Vec<PathBuf>,
+}
+
+pub fn search_path(host_path: &str, home: Option<&Path>, allowed: &[PathBuf]) -> SearchPath {
+    let mut out = SearchPath::default();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for entry in host_path.split(':') {
+        let p = Path::new(entry);
+        if !p.is_absolute() || entry.contains('\0') {
+            continue;
+        }
+        let Some(p) = crate::paths::normalize_path(p) else { continue };
+        if kept.contains(&p) || out.left_out.contains(&p) {
+            continue;
+        }
+        let under_home = home.is_some_and(|h| h != Path::new("/") && p.starts_with(h));
+        let allowed_here = allowed.iter().any(|a| p.starts_with(a));
+        if under_home && !allowed_here {
+            out.left_out.push(p);
+            continue;
+        }
+        if !SYSTEM_PREFIXES.iter().any(|s| p.starts_with(s)) && !allowed_here {
+            out.mounts.push(p.clone());
+        }
+        kept.push(p);
+    }
+    for fallback in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        if !kept.iter().any(|k| k == Path::new(fallback)) {
+            kept.push(fallback.into());
+        }
+    }
+    out.value = kept.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":");
+    out
+}
+
+/// The generated `/etc/passwd`, `/etc/group` and `/etc/hosts`: the
+/// sandbox's own user (the host's uid, home `/scratch`), root and nobody,
+/// and `localhost` only. Nothing of the host's accounts or network.
+pub fn etc_files(uid: u32, gid: u32, user: &str) -> [(&'static str, String); 3] {
+    let user = if user.is_empty() || !user.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        "user"
+    } else {
+        user
+    };
+    let mut passwd = String::from("root:x:0:0:root:/root:/bin/sh\n");
+    let mut group = String::from("root:x:0:\n");
+    if uid != 0 {
+        passwd.push_str(&format!("{user}:x:{uid}:{gid}::{SCRATCH}:/bin/sh\n"));
+    }
+    if gid != 0 {
+        group.push_str(&format!("{user}:x:{gid}:\n"));
+    }
+    passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    group.push_str("nogroup:x:65534:\n");
+    let hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string();
+    [("/etc/passwd", passwd), ("/etc/group", group), ("/etc/hosts", hosts)]
+}
+
+/// One command's start.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    /// The shell, by its path inside (the host's: `/usr` is the host's).
+    pub shell: PathBuf,
+    /// The command, with the user's prefix already in front.
+    pub command: String,
+    /// Its working directory (inside the project, at its host path).
+    pub cwd: PathBuf,
+    /// Every variable it gets beyond the policy's own.
+    pub env: Vec<(String, String)>,
+    /// Generated files, `(host path, sandbox path)`.
+    pub files: Vec<(PathBuf, PathBuf)>,
+    /// Host trees it reads at their own paths (the system's
+    /// configuration, `PATH` entries, the trusted extra read list).
+    pub reads: Vec<PathBuf>,
+}
+
+/// The payload of `sh`: `shell -c command`, in its working directory,
+/// under the policy's init (bubblewrap's, which reaps; when the shell
+/// ends, the namespace ends and every process it left with it).
+pub fn payload(sh: &Shell) -> Payload {
+    Payload {
+        runtime_mounts: vec![],
+        code: sh.files.clone(),
+        read_mounts: sh.reads.clone(),
+        fd_mounts: vec![],
+        env: sh.env.clone(),
+        as_pid_1: false,
+        chdir: Some(sh.cwd.clone()),
+        argv: vec![sh.shell.clone().into(), OsString::from("-c"), sh.command.clone().into()],
+    }
+}
+
+/// The shell to run: the user's when it is an absolute path the sandbox
+/// shows (under the system trees or an extra read), else bash, else sh.
+pub fn choose_shell(wanted: Option<&Path>, shown: &[PathBuf], exists: impl Fn(&Path) -> bool) -> PathBuf {
+    if let Some(w) = wanted.filter(|w| w.is_absolute()) {
+        let visible = SYSTEM_PREFIXES.iter().any(|s| w.starts_with(s)) || shown.iter().any(|r| w.starts_with(r));
+        if visible && exists(w) {
+            return w.to_path_buf();
+        }
+    }
+    ["/bin/bash", "/usr/bin/bash", "/bin/sh"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| exists(p))
+        .unwrap_or_else(|| "/bin/sh".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_search_path_keeps_system_entries_mounts_others_and_leaves_out_the_home() {
+        let home = Path::new("/home/u");
+        let sp = search_path(
+            "/home/u/.cargo/bin:/usr/local/bin:/opt/tool/bin::rel:/usr/bin:/home/u/.nvm/bin:/usr/bin",
+            Some(home),
+            &["/home/u/.nvm".into()],
+        );
+        assert_eq!(sp.value, "/usr/local/bin:/opt/tool/bin:/usr/bin:/home/u/.nvm/bin:/bin");
+        assert_eq!(sp.mounts, [PathBuf::from("/opt/tool/bin")]);
+        assert_eq!(sp.left_out, [PathBuf::from("/home/u/.cargo/bin")]);
+    }
+
+    #[test]
+    fn a_root_home_of_slash_leaves_nothing_out() {
+        let sp = search_path("/usr/bin:/srv/bin", Some(Path::new("/")), &[]);
+        assert_eq!(sp.left_out, Vec::<PathBuf>::new());
+        assert_eq!(sp.mounts, [PathBuf::from("/srv/bin")]);
+    }
+
+    #[test]
+    fn only_the_locale_terminal_and_pi_session_names_pass() {
+        for ok in ["LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "USER"] {
+            assert!(allowed_name(ok), "{ok}");
+        }
+        for no in ["OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "LD_PRELOAD", "PATH", "HOME", "SSH_AUTH_SOCK"] {
+            assert!(!allowed_name(no), "{no}");
+        }
+        assert!(pi_session_name("PI_SESSION_ID"));
+        assert!(!pi_session_name("PI_API_KEY"));
+        assert!(!pi_session_name("PI_GITHUB_TOKEN"));
+        assert!(!pi_session_name("ANTHROPIC_API_KEY"));
+    }
+
+    #[test]
+    fn the_generated_etc_has_the_user_root_nobody_and_localhost_only() {
+        let [(p, passwd), (g, group), (h, hosts)] = etc_files(1000, 1000, "alice");
+        assert_eq!((p, g, h), ("/etc/passwd", "/etc/group", "/etc/hosts"));
+        assert!(passwd.contains("alice:x:1000:1000::/scratch:/bin/sh\n"));
+        assert_eq!(passwd.lines().count(), 3);
+        assert_eq!(group.lines().count(), 3);
+        assert!(!hosts.lines().any(|l| !l.contains("localhost")));
+        let [(_, weird), ..] = etc_files(1000, 1000, "a:b\nroot:x:0");
+        assert!(weird.contains("user:x:1000") && weird.lines().count() == 3);
+        let [(_, root), (_, rgroup), _] = etc_files(0, 0, "root");
+        assert_eq!((root.lines().count(), rgroup.lines().count()), (2, 2));
+    }
+
+    #[test]
+    fn the_user_s_shell_is_used_only_where_the_sandbox_shows_it() {
+        let all = |_: &Path| true;
+        assert_eq!(choose_shell(Some(Path::new("/usr/bin/zsh")), &[], all), PathBuf::from("/usr/bin/zsh"));
+        assert_eq!(choose_shell(Some(Path::new("/home/u/bin/fish")), &[], all), PathBuf::from("/bin/bash"));
+        assert_eq!(choose_shell(Some(Path::new("zsh")), &[], all), PathBuf::from("/bin/bash"));
+        let only_sh = |p: &Path| p == Path::new("/bin/sh");
+        assert_eq!(choose_shell(None, &[], only_sh), PathBuf::from("/bin/sh"));
+    }
+
+    #[test]
+    fn the_payload_is_the_shell_with_the_command_in_its_working_directory() {
+        let sh = Shell {
+            shell: "/bin/bash".into(),
+            command: "echo hi".into(),
+            cwd: "/home/u/proj/sub".into(),
+            env: vec![("TERM".into(), "dumb".into())],
+            files: vec![("/run/s/passwd".into(), "/etc/passwd".into())],
+            reads: vec!["/etc/ssl/certs".into()],
+        };
+        let p = payload(&sh);
+        assert_eq!(p.argv, ["/bin/bash", "-c", "echo hi"].map(OsString::from));
+        assert_eq!(p.chdir.as_deref(), Some(Path::new("/home/u/proj/sub")));
+        assert!(!p.as_pid_1);
+    }
+}

@@ -1,0 +1,123 @@
+//! The bash tool's commands in a session: each in a sandbox of its own
+//! (see `crate::shell`) with the session's mounts, directories and
+//! protections, beside the python sandbox and never waiting for it.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::shell::{Command, Context, Ended, ShellConfig, ShellError};
+
+/// The session's running commands and what they share.
+#[derive(Default)]
+pub(super) struct Shells {
+    /// Held (shared) by each running command; dispose takes it whole.
+    running: tokio::sync::RwLock<()>,
+    /// How to abort each running command, by its id.
+    cancels: parking_lot::Mutex<HashMap<u32, watch::Sender<bool>>>,
+    host: tokio::sync::OnceCell<Arc<crate::confine::HostFacts>>,
+    config: parking_lot::Mutex<ShellConfig>,
+    /// A command was stopped because a secret appeared while it could
+    /// write /scratch: set aside before anything mounts it again.
+    suspect: std::sync::atomic::AtomicBool,
+}
+
+impl Shells {
+    /// Abort every command and wait until none runs.
+    pub(super) async fn stop_all(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        for tx in self.cancels.lock().values() {
+            let _ = tx.send(true);
+        }
+        self.running.write().await
+    }
+
+    /// Whether a command left /scratch in doubt (and forget it).
+    pub(super) fn take_suspect(&self) -> bool {
+        self.suspect.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl<H: Host> Session<H> {
+    /// What the trusted configuration adds to every command.
+    pub fn set_shell_config(&self, config: ShellConfig) {
+        *self.shells.config.lock() = config;
+    }
+
+    /// Abort the command `id`; whether one was running.
+    pub fn cancel_shell(&self, id: u32) -> bool {
+        self.shells.cancels.lock().get(&id).is_some_and(|tx| tx.send(true).is_ok())
+    }
+
+    /// Run `cmd` in a sandbox of its own, handing its output to
+    /// `on_data`; `id` names it for [`Session::cancel_shell`].
+    pub async fn exec_shell(
+        &self,
+        id: u32,
+        cmd: Command,
+        on_data: &(dyn Fn(String) + Send + Sync),
+    ) -> Result<Ended, ShellError> {
+        let not_started = |why: String| ShellError::NotStarted(format!("The command was not run: {why}"));
+        let _running = self.shells.running.read().await;
+        if self.is_disposed() {
+            return Err(not_started("the session was disposed.".into()));
+        }
+        let (tx, rx) = watch::channel(false);
+        self.shells.cancels.lock().insert(id, tx);
+        let _forget = Forget(self, id);
+        let host = self
+            .shells
+            .host
+            .get_or_try_init(|| async {
+                crate::confine::HostFacts::probe(&self.opts).await.map(Arc::new).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| not_started(format!("{e} (it never runs on the host).")))?
+            .clone();
+        let dirs = self.shell_dirs().await.map_err(|e| not_started(format!("{e} (it never runs on the host).")))?;
+        let project = std::fs::canonicalize(&self.opts.project_dir).map_err(|e| {
+            not_started(format!("the project {} is not accessible: {e}.", crate::display::one_line(&self.opts.project_dir)))
+        })?;
+        let mounts = self.shared.lock().report.mounts.clone();
+        let config = self.shells.config.lock().clone();
+        let ctx = Context {
+            host: &host,
+            dirs: &dirs,
+            project: &project,
+            mounts: &mounts,
+            tainted: self.tainted.clone(),
+            known: self.known_secrets.clone(),
+            config: &config,
+        };
+        let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        if ended.secret_appeared {
+            self.shells.suspect.store(true, Ordering::Release);
+        }
+        Ok(ended)
+    }
+
+    /// The session directories (made on first use), with a scratch that
+    /// a stopped command left in doubt set aside first.
+    async fn shell_dirs(&self) -> Result<Dirs, String> {
+        let known = self.shared.lock().report.dirs.clone();
+        if let (Some(dirs), false) = (known, self.shells.suspect.load(Ordering::Acquire)) {
+            return Ok(dirs);
+        }
+        let mut inner = self.ops.lock().await;
+        if self.shells.take_suspect() {
+            inner.scratch_suspect = true;
+        }
+        let dirs = self.ensure_dirs(&mut inner)?;
+        if inner.scratch_suspect {
+            self.set_aside_scratch(&mut inner, &dirs).await?;
+        }
+        Ok(dirs)
+    }
+}
+
+/// Forgets a command's abort when it ends.
+struct Forget<'a, H: Host>(&'a Session<H>, u32);
+
+impl<H: Host> Drop for Forget<'_, H> {
+    fn drop(&mut self) {
+        self.0.shells.cancels.lock().remove(&self.1);
+    }
+}

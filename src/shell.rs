@@ -1,0 +1,498 @@
+//! One command of the sandboxed `bash` tool: its own sandbox (the engine's
+//! confinement with the project at its host path), its output streamed
+//! through the engine's text rule and capped, its end (exit, signal,
+//! timeout, abort, flood, a secret that appeared) and what the result
+//! adds: protected names made inert, and the paths and commands the
+//! sandbox does not show, with how to show them. A command never runs
+//! twice, and never on the host.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+use crate::bwrap::bwrap_argv;
+use crate::confine::{self, Confined, HostFacts};
+use crate::limits::{CLEANUP_DEADLINE, SHELL_OUTPUT_CAP_BYTES};
+use crate::permissions::MountConfig;
+use crate::protected;
+use crate::rundir::Dirs;
+use crate::runtime::shell::{self as payload, Shell};
+use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
+
+pub mod hints;
+
+/// What the trusted configuration adds to every command's sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct ShellConfig {
+    /// Host trees shown read-only at their paths (tools under the home
+    /// directory, say).
+    pub additional_reads: Vec<PathBuf>,
+    /// Host variables a command gets by name.
+    pub passthrough: Vec<String>,
+    /// Where the trusted configuration is, for the hints that name it.
+    pub config_path: Option<PathBuf>,
+}
+
+/// Where a command runs: the session's facts, directories and mounts.
+pub struct Context<'a> {
+    pub host: &'a HostFacts,
+    pub dirs: &'a Dirs,
+    /// The canonical project directory.
+    pub project: &'a Path,
+    pub mounts: &'a MountConfig,
+    pub tainted: protected::Tainted,
+    pub known: protected::KnownSecrets,
+    pub config: &'a ShellConfig,
+}
+
+/// One command, as the tool hands it over.
+#[derive(Debug, Clone)]
+pub struct Command {
+    /// The command, with the user's prefix already in front.
+    pub command: String,
+    /// pi's working directory for it.
+    pub cwd: PathBuf,
+    /// The user's shell setting, if any.
+    pub shell: Option<PathBuf>,
+    pub timeout: Option<Duration>,
+    /// pi's own session variables (`PI_*`), by name and value.
+    pub pi_env: Vec<(String, String)>,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Exited(i32),
+    Signalled(i32),
+    /// Its timeout passed; every process of it was killed.
+    TimedOut,
+    /// The caller aborted it; every process of it was killed.
+    Aborted,
+    /// It wrote more than the output cap; it was killed.
+    Flooded,
+    /// A watch stopped it (a secret appeared; the text says which).
+    Stopped(String),
+}
+
+impl Ending {
+    /// The exit code pi's bash contract gives it: the code, or 128 plus
+    /// the signal (a kill is SIGKILL's).
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            Ending::Exited(c) => Some(*c),
+            Ending::Signalled(s) => Some(128 + s),
+            Ending::Flooded | Ending::Stopped(_) => Some(128 + 9),
+            Ending::TimedOut | Ending::Aborted => None,
+        }
+    }
+}
+
+/// A command's end and what its result adds.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    pub ending: Ending,
+    /// Sentences for the end of the result, already made safe.
+    pub notes: Vec<String>,
+    /// A watch stopped it because a secret appeared: what it wrote to
+    /// `/scratch` may hold it.
+    pub secret_appeared: bool,
+}
+
+/// Why a command was not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    /// No sandbox could be made; the text says why and what to do. The
+    /// command did not run anywhere.
+    #[error("{0}")]
+    NotStarted(String),
+}
+
+fn not_started(why: impl std::fmt::Display) -> ShellError {
+    ShellError::NotStarted(format!("The command was not run (the sandbox could not start; it never runs on the host): {why}"))
+}
+
+/// The generated files of the session's shells, made once: `/etc/passwd`,
+/// `/etc/group`, `/etc/hosts`.
+fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
+    let dir = dirs.root.join("shell-etc");
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_default();
+    let files = payload::etc_files(nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw(), &user);
+    let mut out = Vec::new();
+    for (at, text) in files {
+        let name = Path::new(at).file_name().unwrap_or_default();
+        let host = dir.join(name);
+        if std::fs::read_to_string(&host).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(&host, text)?;
+        }
+        out.push((host, PathBuf::from(at)));
+    }
+    Ok(out)
+}
+
+/// The command's working directory inside: pi's, which must be in the
+/// project (the sandbox shows nothing else writable or at that path).
+fn working_dir(cwd: &Path, project: &Path) -> Result<PathBuf, ShellError> {
+    let canonical = std::fs::canonicalize(cwd)
+        .map_err(|e| not_started(format!("the working directory {} is not accessible: {e}", crate::display::one_line(cwd))))?;
+    if !canonical.starts_with(project) {
+        return Err(not_started(format!(
+            "the working directory {} is outside the project {}, the only tree a command sees at its own path",
+            crate::display::one_line(&canonical),
+            crate::display::one_line(project)
+        )));
+    }
+    Ok(canonical)
+}
+
+/// The host trees a command reads at their paths: the system's
+/// configuration, `PATH` entries outside the system trees, the trusted
+/// extra reads. Never one a sandbox tree or a host secret covers, never
+/// one of the engine's own mount points.
+fn reads(
+    ctx: &Context<'_>,
+    path_mounts: &[PathBuf],
+    secrets: &crate::hostsecrets::HostSecrets,
+    notes: &mut Vec<String>,
+) -> Vec<PathBuf> {
+    let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
+    let mut out: Vec<PathBuf> = Vec::new();
+    let system = payload::SYSTEM_READS.iter().map(PathBuf::from);
+    let extra = ctx.config.additional_reads.iter().cloned();
+    for p in system.chain(path_mounts.iter().cloned()).chain(extra) {
+        let reserved = crate::bwrap::RESERVED_MOUNTS.iter().any(|r| p == Path::new(r) || p.starts_with(r))
+            && !p.starts_with("/usr");
+        if out.contains(&p)
+            || p == Path::new("/")
+            || reserved
+            || p.starts_with("/usr")
+            || p.starts_with(ctx.project)
+            || ctx.project.starts_with(&p)
+            || p.starts_with(runtime_root)
+            || runtime_root.starts_with(&p)
+        {
+            continue;
+        }
+        if let Some(entry) = secrets.covering(&p) {
+            notes.push(format!(
+                "{} is not shown: it is a host secret ({}) that no setting mounts.",
+                crate::display::one_line(&p),
+                entry.shown()
+            ));
+            continue;
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// The environment of a command: the allowlist, with the host's values;
+/// pi's session variables; the trusted pass-through names.
+fn environment(cmd: &Command, config: &ShellConfig, path: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![("PATH".into(), path.into())];
+    for (name, value) in std::env::vars_os().filter_map(|(n, v)| Some((n.into_string().ok()?, v.into_string().ok()?))) {
+        if payload::allowed_name(&name) || config.passthrough.contains(&name) {
+            env.push((name, value));
+        }
+    }
+    for (name, value) in &cmd.pi_env {
+        if payload::pi_session_name(name) && !env.iter().any(|(n, _)| n == name) {
+            env.push((name.clone(), value.clone()));
+        }
+    }
+    for name in ["TMP", "TEMP"] {
+        env.push((name.into(), "/tmp".into()));
+    }
+    env.push(("GIT_CONFIG_NOSYSTEM".into(), "1".into()));
+    env
+}
+
+/// Run `cmd` in a sandbox of its own, handing each piece of its output
+/// (made safe) to `on_data`, until it ends, its timeout passes, `cancel`
+/// turns true, or it writes more than the cap.
+pub async fn run(
+    ctx: Context<'_>,
+    cmd: Command,
+    on_data: &(dyn Fn(String) + Send + Sync),
+    mut cancel: watch::Receiver<bool>,
+) -> Result<Ended, ShellError> {
+    let cwd = working_dir(&cmd.cwd, ctx.project)?;
+    let settings = crate::options::Settings::from_env();
+    let home = settings.home.clone();
+    let search = payload::search_path(
+        &std::env::var("PATH").unwrap_or_default(),
+        home.as_deref(),
+        &ctx.config.additional_reads,
+    );
+    let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
+    let trees = [ctx.project, runtime_root];
+    let secrets = settings.host_secrets(&trees);
+    let mut notes = Vec::new();
+    let reads = reads(&ctx, &search.mounts, &secrets, &mut notes);
+    let files = session_files(ctx.dirs).map_err(|e| not_started(format!("its /etc files could not be written: {e}")))?;
+    let shell = payload::choose_shell(cmd.shell.as_deref(), &reads, |p| p.exists());
+    let plan_notes = protected::Notes::default();
+    let confined = confine::confine(confine::Request {
+        host: ctx.host,
+        dirs: ctx.dirs,
+        project: ctx.project,
+        project_at: ctx.project,
+        mounts: ctx.mounts,
+        notes: plan_notes.clone(),
+        tainted: ctx.tainted.clone(),
+        known: ctx.known.clone(),
+        payload_reads: &reads,
+        settings,
+        seccomp: crate::seccomp::Profile::Shell,
+    })
+    .await
+    .map_err(not_started)?;
+    let Confined { policy, mount_fds, secret_watch, masks_watch, guard, watcher, plan_notes: start_notes, mut contained, budget, .. } =
+        confined;
+    notes.extend(start_notes);
+    let sh = Shell {
+        shell,
+        command: cmd.command.clone(),
+        cwd,
+        env: environment(&cmd, ctx.config, &search.value),
+        files,
+        reads: reads.clone(),
+    };
+    let argv = bwrap_argv(&policy, &payload::payload(&sh));
+    let filter = crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
+    let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join())
+        .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
+    let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
+    if let Err(why) = prepare_inside(child.info, &child.release, &policy.held_rlimits(), steps).await {
+        kill_group(child.pid);
+        let mut err = String::new();
+        let _ = tokio::time::timeout(CLEANUP_DEADLINE, async {
+            let _ = (&mut child.stderr).take(8192).read_to_string(&mut err).await;
+            let _ = child.child.wait().await;
+        })
+        .await;
+        let said = crate::display::displayed(err.trim().to_string());
+        return Err(not_started(if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") }));
+    }
+    // No frames: the request and reply pipes close on our side.
+    drop((child.requests, child.replies));
+    let pid = child.pid;
+    let killed_for: protected::KilledFor = Arc::default();
+    let secret_appeared = Arc::new(AtomicBool::new(false));
+    let budget = Arc::new(protected::Budget::new(budget, pid, killed_for.clone()));
+    if let Some(g) = &guard {
+        g.arm(pid, killed_for.clone());
+        g.set_budget(budget.clone());
+    }
+    let watches = crate::watches::start(crate::watches::Armed {
+        pid,
+        guard: guard.clone(),
+        watcher,
+        secret_watch,
+        masks_watch: masks_watch.map(|mut w| {
+            w.register();
+            Arc::new(w)
+        }),
+        budget,
+        killed_for: killed_for.clone(),
+        secret_appeared: secret_appeared.clone(),
+    });
+    let mut out = Streams::new(SHELL_OUTPUT_CAP_BYTES);
+    let deadline = cmd.timeout.map(|t| tokio::time::Instant::now() + t);
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    let (mut stdout, mut stderr) = (child.stdout, child.stderr);
+    let (mut out_buf, mut err_buf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let (mut out_open, mut err_open) = (true, true);
+    let mut status = None;
+    let mut stopped: Option<Ending> = None;
+    // Read both streams until the sandbox has ended and both are closed
+    // (when the shell ends, its namespace and every process in it do).
+    while out_open || err_open || status.is_none() {
+        tokio::select! {
+            n = stdout.read(&mut out_buf), if out_open => match n {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => if !out.push(0, &out_buf[..n], on_data) && stopped.is_none() {
+                    stopped = Some(Ending::Flooded);
+                    kill_group(pid);
+                },
+            },
+            n = stderr.read(&mut err_buf), if err_open => match n {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => if !out.push(1, &err_buf[..n], on_data) && stopped.is_none() {
+                    stopped = Some(Ending::Flooded);
+                    kill_group(pid);
+                },
+            },
+            s = child.child.wait(), if status.is_none() => {
+                status = Some(s.ok());
+                // The namespace is gone; what is left in the pipes is
+                // read within a bound.
+                if out_open || err_open {
+                    let mut tail = Box::pin(tokio::time::sleep(CLEANUP_DEADLINE));
+                    while out_open || err_open {
+                        tokio::select! {
+                            n = stdout.read(&mut out_buf), if out_open => match n {
+                                Ok(0) | Err(_) => out_open = false,
+                                Ok(n) => { out.push(0, &out_buf[..n], on_data); }
+                            },
+                            n = stderr.read(&mut err_buf), if err_open => match n {
+                                Ok(0) | Err(_) => err_open = false,
+                                Ok(n) => { out.push(1, &err_buf[..n], on_data); }
+                            },
+                            _ = &mut tail => { out_open = false; err_open = false; }
+                        }
+                    }
+                }
+            },
+            _ = &mut sleep, if stopped.is_none() => {
+                stopped = Some(Ending::TimedOut);
+                kill_group(pid);
+            },
+            r = cancel.changed(), if stopped.is_none() => {
+                if r.is_err() || *cancel.borrow() {
+                    stopped = Some(Ending::Aborted);
+                    kill_group(pid);
+                }
+            },
+        }
+    }
+    out.finish(on_data);
+    drop(watches);
+    // Whatever is left of the namespace goes now (a watch's kill, a
+    // flood's), before the guard looks at the project once more.
+    kill_group(pid);
+    let mut ended_notes = Vec::new();
+    if let Some(guard) = guard {
+        let found = Arc::new(parking_lot::Mutex::new(protected::NoteList::default()));
+        let sink = found.clone();
+        let _ = tokio::task::spawn_blocking(move || protected::settle_and_check(&guard, None, &sink)).await;
+        ended_notes.extend(found.lock().take());
+    }
+    ended_notes.extend(plan_notes.lock().take());
+    let watch_said = killed_for.lock().take();
+    let appeared = secret_appeared.load(Ordering::Acquire);
+    let ending = match (stopped, watch_said) {
+        (Some(e), _) => e,
+        (None, Some(why)) => Ending::Stopped(why),
+        (None, None) => match status.flatten() {
+            Some(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                (Some(c), _) => Ending::Exited(c),
+                (None, Some(sig)) => Ending::Signalled(sig),
+                (None, None) => Ending::Exited(-1),
+            },
+            None => Ending::Exited(-1),
+        },
+    };
+    if let Some(oom) = contained.oom_note(true) {
+        ended_notes.push(oom);
+    }
+    drop(contained);
+    notes.extend(ended_notes);
+    match &ending {
+        Ending::Flooded => notes.push(format!(
+            "The command was stopped: it wrote more than {} of output (the cap of one command). Write big output to \
+             a file and look at parts of it.",
+            crate::display::format_size(SHELL_OUTPUT_CAP_BYTES)
+        )),
+        Ending::Stopped(why) => notes.push(format!("The command was stopped: {why}.")),
+        _ => {}
+    }
+    if matches!(ending, Ending::Exited(c) if c != 0) {
+        let sandbox = hints::Shown {
+            project: ctx.project,
+            reads: &reads,
+            mounts: ctx.mounts,
+        };
+        notes.extend(hints::hints(&out.tail(), &sandbox, &search.left_out, ctx.config.config_path.as_deref()));
+    }
+    Ok(Ended { ending, notes, secret_appeared: appeared })
+}
+
+/// The two streams of a command on their way to `on_data`: each made safe
+/// with its own state (a sequence split between two reads is one), their
+/// total capped, and the last few KiB kept for the hints.
+struct Streams {
+    text: [SafeText; 2],
+    total: usize,
+    cap: usize,
+    tail: std::collections::VecDeque<u8>,
+}
+
+/// How much of the end of the output the hints look at.
+const TAIL_BYTES: usize = 8 * 1024;
+
+impl Streams {
+    fn new(cap: usize) -> Streams {
+        Streams {
+            text: [SafeText::new(), SafeText::new()],
+            total: 0,
+            cap,
+            tail: Default::default(),
+        }
+    }
+
+    /// Pass on `bytes` of stream `which`; false once past the cap (what
+    /// is past it is dropped).
+    fn push(&mut self, which: usize, bytes: &[u8], on_data: &(dyn Fn(String) + Send + Sync)) -> bool {
+        let room = self.cap.saturating_sub(self.total);
+        let take = &bytes[..bytes.len().min(room)];
+        self.total += take.len();
+        self.tail.extend(take.iter().copied());
+        let excess = self.tail.len().saturating_sub(TAIL_BYTES);
+        self.tail.drain(..excess);
+        let text = self.text[which].push(take);
+        if !text.is_empty() {
+            on_data(text);
+        }
+        take.len() == bytes.len()
+    }
+
+    fn finish(&mut self, on_data: &(dyn Fn(String) + Send + Sync)) {
+        for t in &mut self.text {
+            let text = t.finish();
+            if !text.is_empty() {
+                on_data(text);
+            }
+        }
+    }
+
+    /// The end of the raw output (for the hints; never shown as is).
+    fn tail(&self) -> String {
+        let (a, b) = self.tail.as_slices();
+        let mut v = a.to_vec();
+        v.extend_from_slice(b);
+        String::from_utf8_lossy(&v).into_owned()
+    }
+}
+
+/// Stand-in for the engine's streaming text rule until it lands: each
+/// piece made safe on its own (UTF-8 split at the edges of a read).
+struct SafeText;
+
+impl SafeText {
+    fn new() -> SafeText {
+        SafeText
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> String {
+        crate::display::displayed(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    fn finish(&mut self) -> String {
+        String::new()
+    }
+}
