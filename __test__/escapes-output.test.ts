@@ -13,6 +13,10 @@
  * of a character the worker does not escape itself, is the unfiltered baseline: it shows the raw
  * characters really reached the host, so a test cannot pass because nothing arrived.
  *
+ * On an output stream the text is made readable as well (src/display/stream.rs): colour sequences
+ * go and a lone CR starts its line again, so the stream tests write ATTACK with its lone CR made a
+ * line end (STREAMED), and the stdout test checks what a lone CR does.
+ *
  * The worker already shows C0 controls in exception text, reprs and paths as control pictures;
  * C1, DEL, CR and the bidi controls pass it, and a frame the code forges on fd 4 passes nothing
  * through it at all, so those are what the exception, repr and path tests lean on.
@@ -42,6 +46,11 @@ const C1 = "\u009b2J\u009d0;c1-title\u009c"; // 8-bit CSI and OSC
 const BIDI = "evil\u202egnp.exe\u2066\u2069\u200f\u061c";
 const SMALL = "del\x7f bs\x08 nul\x00 bel\x07 lone\rcr";
 const ATTACK = OSC52 + TITLE + WIPE + C1 + BIDI + SMALL;
+/**
+ * ATTACK as output, with its lone CR a line end: on an output stream a lone CR starts its line
+ * again, and only what follows it is shown, as a terminal shows it (the log keeps the rest).
+ */
+const STREAMED = ATTACK.replace("lone\rcr", "lone\ncr");
 /** The parts the worker leaves alone (it shows C0 controls as pictures in its own fields). */
 const PAST_WORKER = C1 + BIDI + "del\x7f lone\rcr";
 
@@ -143,25 +152,27 @@ type ToolResult = { content: { type: string; text?: string }[]; details: Record<
 test("stdout: OSC 52, a title, a screen wipe and bidi controls are shown escaped; the log keeps them", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const { sb } = await makeFixture(t);
-  const r = await sb.execute(`import sys\nsys.stdout.write(${lit(ATTACK)} + "\\r\\nnext line\\n")`);
+  const r = await sb.execute(`import sys\nsys.stdout.write(${lit(STREAMED)} + "\\r\\nnext line\\n" + ${lit(ATTACK)} + "\\n")`);
   assert.equal(r.status, "ok", show(r));
+  assertLogHolds(r.logPaths.stdout, STREAMED);
   assertLogHolds(r.logPaths.stdout, ATTACK);
   assertAllInert(r, "ExecResult");
   for (const field of [r.stdout, r.text]) {
     assert.ok(field.includes(SHOWN_OSC52) && field.includes(SHOWN_BIDI) && field.includes(SHOWN_C1), q(field));
     assert.ok(field.includes("\u241b]0;pwned\u2407\u241b[2J\u241b[3J\u241b[H"), q(field));
-    assert.ok(field.includes("del\u2421 bs\u2408 nul\u2400 bel\u2407 lone\u240dcr"), q(field));
-    assert.ok(field.includes("cr\nnext line"), "CRLF reads as a line end");
+    assert.ok(field.includes("del\u2421 bs\u2408 nul\u2400 bel\u2407 lone\ncr\nnext line\n"), `CRLF reads as a line end: ${q(field)}`);
+    // ATTACK's own line: its lone CR starts the line again, so only what follows it is shown.
+    assert.ok(field.includes("next line\ncr") && !field.includes("\u240d"), q(field));
   }
 });
 
 test("stderr of a subprocess is shown escaped; the log keeps it", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const { sb } = await makeFixture(t);
-  const child = `import sys; sys.stderr.write(${lit(ATTACK)})`;
+  const child = `import sys; sys.stderr.write(${lit(STREAMED)})`;
   const r = await sb.execute(`import subprocess, sys\nsubprocess.run([sys.executable, "-c", ${lit(child)}], check=True)`);
   assert.equal(r.status, "ok", show(r));
-  assertLogHolds(r.logPaths.stderr, ATTACK);
+  assertLogHolds(r.logPaths.stderr, STREAMED);
   assertAllInert(r, "ExecResult");
   assert.ok(r.stderr.includes(SHOWN_OSC52) && r.stderr.includes(SHOWN_BIDI), q(r.stderr));
   assert.ok(r.text.includes(SHOWN_OSC52) && r.text.includes(SHOWN_BIDI), q(r.text));
@@ -171,10 +182,10 @@ test("the progress tail of a running execution is shown escaped", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const { sb } = await makeFixture(t);
   const seen: { stdoutTail: string; stderrTail: string }[] = [];
-  const code = `import sys, time\nprint(${lit(ATTACK)}, flush=True)\nsys.stderr.write(${lit(ATTACK)})\nsys.stderr.flush()\ntime.sleep(1.5)`;
+  const code = `import sys, time\nprint(${lit(STREAMED)}, flush=True)\nsys.stderr.write(${lit(STREAMED)})\nsys.stderr.flush()\ntime.sleep(1.5)`;
   const r = await sb.execute(code, undefined, undefined, (p) => seen.push(p));
   assert.equal(r.status, "ok", show(r));
-  assertLogHolds(r.logPaths.stdout, ATTACK);
+  assertLogHolds(r.logPaths.stdout, STREAMED);
   const last = seen.findLast((p) => p.stdoutTail.includes(SHOWN_OSC52) && p.stderrTail.includes(SHOWN_OSC52));
   assert.ok(last, `a progress report shows both tails escaped: ${q(seen.at(-1))}`);
   assert.ok(last.stdoutTail.includes(SHOWN_BIDI));
@@ -361,12 +372,12 @@ test("pi: the tool result, its details and renderResult hold no raw control char
   const def = toolDefinition(h);
   const result = (await h.getTool("python").execute(
     "esc-1",
-    { code: `import sys\nfor i in range(12):\n    print(i, ${lit(ATTACK)})\nsys.stderr.write(${lit(ATTACK)})\nraise ValueError(${lit(PAST_WORKER)})` },
+    { code: `import sys\nfor i in range(12):\n    print(i, ${lit(STREAMED)})\nsys.stderr.write(${lit(STREAMED)})\nraise ValueError(${lit(PAST_WORKER)})` },
     undefined,
     undefined,
   )) as ToolResult;
   assert.equal(result.details.status, "runtime_error");
-  assertLogHolds(result.details.logPaths.stdout, ATTACK);
+  assertLogHolds(result.details.logPaths.stdout, STREAMED);
   const text = messageText(result as never);
   assertInert("model-facing text", text);
   assertAllInert(result.details, "details");
@@ -384,10 +395,10 @@ test("pi: progress given to onUpdate and its rendering hold no raw control chara
   const h = await harness(t);
   const def = toolDefinition(h);
   const updates: ToolResult[] = [];
-  const code = `import sys, time\nprint(${lit(ATTACK)}, flush=True)\nsys.stderr.write(${lit(ATTACK)})\nsys.stderr.flush()\ntime.sleep(1.5)`;
+  const code = `import sys, time\nprint(${lit(STREAMED)}, flush=True)\nsys.stderr.write(${lit(STREAMED)})\nsys.stderr.flush()\ntime.sleep(1.5)`;
   const r = (await h.getTool("python").execute("esc-2", { code }, undefined, (u: unknown) => updates.push(u as ToolResult))) as ToolResult;
   assert.equal(r.details.status, "ok");
-  assertLogHolds(r.details.logPaths.stdout, ATTACK);
+  assertLogHolds(r.details.logPaths.stdout, STREAMED);
   const shown = updates.filter((u) => messageText(u as never).includes(SHOWN_OSC52));
   assert.ok(shown.length > 0, `an update shows the output: ${q(updates.at(-1))}`);
   for (const [i, u] of updates.entries()) {

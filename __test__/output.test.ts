@@ -185,6 +185,48 @@ describe("output capture", { concurrency: CONCURRENCY }, () => {
     const inside = await sb.execute(`import os\n(os.path.exists(${lit(logDir)}), sorted(os.listdir("/scratch")))`);
     assert.equal(inside.repr, "(False, [])", "the sandbox must not see its logs");
   });
+
+  // Terminal output as a terminal shows it, each case once from print, once split into one write
+  // per byte (state crosses reads), once from a subprocess on stderr; the log keeps the raw bytes.
+  const terminal: [string, string, string][] = [
+    ["colour sequences are dropped", "\x1b[31mred\x1b[0m and \x1b[1;38;5;208mbold\x1b[m\n", "red and bold\n"],
+    ["\\r progress keeps its last state", "a\rb\rc\n", "c\n"],
+    ["pip-style \\r progress with a CRLF end", "Downloading  10%\rDownloading  60%\rDownloading 100%\r\nInstalled\n", "Downloading 100%\nInstalled\n"],
+    ["a title sequence is shown inert, no raw ESC or BEL", "\x1b]0;T\x07after\n", "\u241b]0;T\u2407after\n"],
+  ];
+  for (const [what, raw, want] of terminal) {
+    test(`terminal output: ${what}`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      const { sb } = await makeFixture(t);
+      const r = await sb.execute(py`
+        import os, subprocess, sys
+        sys.stdout.write(${lit(raw)})
+        sys.stdout.flush()
+        for b in ${lit(raw)}.encode():
+            os.write(1, bytes([b]))
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write(" + ${lit(JSON.stringify(raw))} + ")"])
+        None
+      `);
+      assertOk(r);
+      for (const text of [r.stdout, r.stderr, r.text]) assert.doesNotMatch(text, /[\x1b\x07\r]/, JSON.stringify(text));
+      assert.equal(r.stdout, want + want, show(r));
+      assert.equal(r.stderr, want, show(r));
+      assert.ok(r.text.includes(`--- stdout ---\n${want}${want.trimEnd()}`), r.text);
+      assert.equal(await readFile(r.logPaths.stdout!, "utf8"), raw + raw, "the log keeps the raw bytes");
+      assert.equal(r.stdoutBytes, 2 * Buffer.byteLength(raw), "the byte count is of what was written");
+    });
+  }
+
+  test("terminal output: the progress tail shows an unfinished \\r line as it stands, without colour", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    const live: string[] = [];
+    const code = "import sys, time\nsys.stdout.write('\\x1b[32mstep 1\\x1b[0m\\rstep 2')\nsys.stdout.flush()\ntime.sleep(1.5)";
+    const r = await sb.execute(code, undefined, undefined, (p) => live.push(p.stdoutTail));
+    assertOk(r);
+    assert.ok(live.includes("step 2"), `the progress tail: ${JSON.stringify(live)}`);
+    assert.equal(r.stdout, "step 2");
+  });
 });
 
 // ---------------------------------------------------------------------------------------------

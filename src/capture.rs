@@ -2,8 +2,10 @@
 //! the head/tail excerpts kept for the result, and the log files.
 //!
 //! Every byte accepted into the budget goes to the stream's log file; the
-//! result keeps only the head and tail of each stream. Bytes after a
-//! stream's end mark belong to no execution and are dropped.
+//! result keeps only the head and tail of each stream, as the text to show
+//! (through [`crate::display::StreamText`]: colour dropped, carriage-return
+//! progress at its last state, every other control a stand-in). Bytes after
+//! a stream's end mark belong to no execution and are dropped.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -11,6 +13,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
+use crate::display::StreamText;
 use crate::limits::{EXCERPT_HEAD_BYTES, EXCERPT_TAIL_BYTES, OUTPUT_BUDGET_BYTES};
 
 /// Finds an end mark in a byte stream delivered in arbitrary chunks.
@@ -55,17 +58,30 @@ impl MarkScanner {
     }
 }
 
-/// Head and tail of a stream, with its total size.
-#[derive(Debug, Default)]
+/// Head and tail of a stream's shown text, with the stream's total size.
+#[derive(Debug, Clone, Default)]
 pub struct Excerpt {
     head: Vec<u8>,
     tail: VecDeque<u8>,
+    /// Bytes of shown text so far (head, tail and what fell between).
+    shown: usize,
+    /// What the stream still holds back: an unfinished line or sequence.
+    text: StreamText,
+    /// Bytes the stream wrote (raw, as the budget counts them).
     pub total: usize,
 }
 
 impl Excerpt {
-    pub fn push(&mut self, mut bytes: &[u8]) {
+    /// Take raw bytes of the stream.
+    pub fn push(&mut self, bytes: &[u8]) {
         self.total += bytes.len();
+        let shown = self.text.push(bytes);
+        self.keep(shown.as_bytes());
+    }
+
+    /// Keep shown text in the head, else the tail.
+    fn keep(&mut self, mut bytes: &[u8]) {
+        self.shown += bytes.len();
         let room = EXCERPT_HEAD_BYTES - self.head.len();
         if room > 0 {
             let n = room.min(bytes.len());
@@ -82,11 +98,24 @@ impl Excerpt {
         }
     }
 
-    /// The last `max` bytes seen so far, as text.
+    /// This excerpt with what the stream holds back shown as it stands
+    /// (the current state of an unfinished line): what a reader sees now.
+    fn settled(&self) -> std::borrow::Cow<'_, Excerpt> {
+        let rest = self.text.clone().finish();
+        if rest.is_empty() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut now = self.clone();
+        now.keep(rest.as_bytes());
+        std::borrow::Cow::Owned(now)
+    }
+
+    /// The last `max` bytes of text shown so far.
     pub fn latest(&self, max: usize) -> String {
-        let tail: Vec<u8> = self.tail.iter().copied().collect();
-        let mut all: Vec<u8> = if self.head.len() + tail.len() == self.total {
-            let mut v = self.head.clone();
+        let e = self.settled();
+        let tail: Vec<u8> = e.tail.iter().copied().collect();
+        let mut all: Vec<u8> = if e.head.len() + tail.len() == e.shown {
+            let mut v = e.head.clone();
             v.extend_from_slice(&tail);
             v
         } else {
@@ -98,19 +127,21 @@ impl Excerpt {
         String::from_utf8_lossy(trim_incomplete_start(&all)).into_owned()
     }
 
-    /// (head, bytes omitted, tail) as text, cut on character boundaries.
+    /// (head, bytes of shown text omitted, tail), cut on character
+    /// boundaries; what the stream holds back is shown as it stands.
     pub fn parts(&self) -> (String, usize, String) {
-        let kept = self.head.len() + self.tail.len();
-        let omitted = self.total - kept;
-        let tail: Vec<u8> = self.tail.iter().copied().collect();
+        let e = self.settled();
+        let kept = e.head.len() + e.tail.len();
+        let omitted = e.shown - kept;
+        let tail: Vec<u8> = e.tail.iter().copied().collect();
         if omitted == 0 {
-            let mut all = self.head.clone();
+            let mut all = e.head.clone();
             all.extend_from_slice(&tail);
             return (String::from_utf8_lossy(&all).into_owned(), 0, String::new());
         }
-        let head = trim_incomplete_end(&self.head);
+        let head = trim_incomplete_end(&e.head);
         let tail = trim_incomplete_start(&tail);
-        let omitted = self.total - head.len() - tail.len();
+        let omitted = e.shown - head.len() - tail.len();
         (String::from_utf8_lossy(head).into_owned(), omitted, String::from_utf8_lossy(tail).into_owned())
     }
 }
@@ -325,6 +356,41 @@ mod tests {
         let (head, omitted, tail) = e.parts();
         assert!(!head.contains('\u{FFFD}') && !tail.contains('\u{FFFD}'));
         assert_eq!(head.len() + omitted + tail.len(), 1 + text.len());
+    }
+
+    #[test]
+    fn excerpt_shows_readable_text() {
+        let mut e = Excerpt::default();
+        e.push(b"\x1b[32mok\x1b[0m\ndownload  0%\rdownload 5");
+        assert_eq!(e.latest(100), "ok\ndownload 5", "an unfinished line is shown as it stands");
+        e.push(b"0%\r");
+        e.push(b"\ndone \x1b]0;title\x07\r");
+        assert_eq!(e.parts(), ("ok\ndownload 50%\ndone \u{241B}]0;title\u{2407}".into(), 0, String::new()));
+        assert_eq!(e.total, 55, "the raw bytes are counted");
+    }
+
+    #[test]
+    fn progress_flood_collapses_without_omission() {
+        let mut e = Excerpt::default();
+        for i in 0..100_000 {
+            e.push(format!("\rprogress {:3}%", i % 101).as_bytes());
+        }
+        e.push(b"\nfinished\n");
+        assert!(e.total > 1_000_000);
+        assert_eq!(e.parts(), ("progress   9%\nfinished\n".into(), 0, String::new()));
+    }
+
+    #[test]
+    fn omitted_counts_shown_bytes() {
+        let mut e = Excerpt::default();
+        let line = "\x1b[1mbold\x1b[0m line\n"; // 10 shown bytes of 18
+        for _ in 0..10_000 {
+            e.push(line.as_bytes());
+        }
+        let (head, omitted, tail) = e.parts();
+        assert!(head.starts_with("bold line\n") && tail.ends_with("bold line\n"));
+        assert_eq!(head.len() + omitted + tail.len(), 100_000);
+        assert_eq!(e.total, 180_000);
     }
 
     #[test]

@@ -25,6 +25,11 @@
 //! CR as `␍`, so that a name from the sandbox never starts a line of its own
 //! in a note or a warning. [`one_line`] puts a path into such text.
 //!
+//! [`StreamText`] (in `stream`) is the same rule for terminal output fed in
+//! chunks (a call's stdout and stderr, a command's live output), made
+//! readable as well: colour sequences dropped, carriage-return progress
+//! kept at its last state, every other sequence shown as above.
+//!
 //! This module only rewrites characters: it does not bound lengths (the
 //! callers do; a stand-in is at most eight bytes for three) and it does not
 //! touch the log files, which are written with the raw bytes before any of
@@ -32,6 +37,9 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+
+mod stream;
+pub use stream::StreamText;
 
 /// The bidi and format controls that reorder or hide text: the bidi
 /// marks, embeddings, overrides and isolates, and the invisible format
@@ -93,16 +101,23 @@ fn escape(text: &str, line: bool) -> Cow<'_, str> {
     let mut rest = text[first..].chars().peekable();
     while let Some(c) = rest.next() {
         match c {
-            _ if !is_shown_escaped(c, line) => out.push(c),
             '\r' if !line && rest.peek() == Some(&'\n') => {}
-            '\0'..='\x1f' => out.push(char::from_u32(0x2400 + c as u32).unwrap_or('\u{FFFD}')),
-            '\x7f' => out.push('\u{2421}'),
-            _ => {
-                let _ = write!(out, "<U+{:04X}>", c as u32);
-            }
+            _ => push_shown(&mut out, c, line),
         }
     }
     Cow::Owned(out)
+}
+
+/// Append `c` to `out`, as its stand-in when it is shown escaped.
+fn push_shown(out: &mut String, c: char, line: bool) {
+    match c {
+        _ if !is_shown_escaped(c, line) => out.push(c),
+        '\0'..='\x1f' => out.push(char::from_u32(0x2400 + c as u32).unwrap_or('\u{FFFD}')),
+        '\x7f' => out.push('\u{2421}'),
+        _ => {
+            let _ = write!(out, "<U+{:04X}>", c as u32);
+        }
+    }
 }
 
 /// `text` with every control character shown as a visible stand-in (tab

@@ -62,7 +62,9 @@ pub use causes::{
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamText {
+    /// Shown text (see [`crate::capture::Excerpt`]).
     pub head: String,
+    /// Bytes of shown text left out between head and tail.
     pub omitted: usize,
     pub tail: String,
     /// Bytes the execution wrote on this stream (as accepted into the budget).
@@ -281,7 +283,8 @@ fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> (String, bo
         &s.tail
     };
     let tail = cut_tail(tail_source, max_bytes / 4, max_lines / 4);
-    let omitted = s.total.saturating_sub(head.len() + tail.len());
+    // In bytes of shown text: colour and collapsed progress are not counted.
+    let omitted = (s.head.len() + s.omitted + s.tail.len()).saturating_sub(head.len() + tail.len());
     (format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end()), true)
 }
 
