@@ -426,7 +426,7 @@ pub async fn run(
 /// with its own state (a sequence split between two reads is one), their
 /// total capped, and the last few KiB kept for the hints.
 struct Streams {
-    text: [SafeText; 2],
+    text: [crate::display::StreamText; 2],
     total: usize,
     cap: usize,
     tail: std::collections::VecDeque<u8>,
@@ -438,7 +438,7 @@ const TAIL_BYTES: usize = 8 * 1024;
 impl Streams {
     fn new(cap: usize) -> Streams {
         Streams {
-            text: [SafeText::new(), SafeText::new()],
+            text: [crate::display::StreamText::new(), crate::display::StreamText::new()],
             total: 0,
             cap,
             tail: Default::default(),
@@ -479,20 +479,3 @@ impl Streams {
     }
 }
 
-/// Stand-in for the engine's streaming text rule until it lands: each
-/// piece made safe on its own (UTF-8 split at the edges of a read).
-struct SafeText;
-
-impl SafeText {
-    fn new() -> SafeText {
-        SafeText
-    }
-
-    fn push(&mut self, bytes: &[u8]) -> String {
-        crate::display::displayed(String::from_utf8_lossy(bytes).into_owned())
-    }
-
-    fn finish(&mut self) -> String {
-        String::new()
-    }
-}
