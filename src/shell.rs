@@ -25,6 +25,22 @@ use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
 
 pub mod hints;
 
+/// The output cap of one command, when not [`SHELL_OUTPUT_CAP_BYTES`].
+pub const MAX_OUTPUT_ENV: &str = "PI_SANDBOX_BASH_MAX_OUTPUT";
+
+/// The output cap in force: the setting, or the default.
+fn output_cap() -> Result<usize, ShellError> {
+    match std::env::var(MAX_OUTPUT_ENV) {
+        Err(_) => Ok(SHELL_OUTPUT_CAP_BYTES),
+        Ok(v) => crate::limits::parse_size(&v).and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
+            not_started(format!(
+                "{MAX_OUTPUT_ENV}={} is not a size (bytes, or a whole number with K, M or G)",
+                crate::display::one_line(&v)
+            ))
+        }),
+    }
+}
+
 /// What the trusted configuration adds to every command's sandbox.
 #[derive(Debug, Clone, Default)]
 pub struct ShellConfig {
@@ -225,6 +241,7 @@ pub async fn run(
     mut cancel: watch::Receiver<bool>,
 ) -> Result<Ended, ShellError> {
     let cwd = working_dir(&cmd.cwd, ctx.project)?;
+    let cap = output_cap()?;
     let settings = crate::options::Settings::from_env();
     let home = settings.home.clone();
     let search = payload::search_path(
@@ -280,7 +297,11 @@ pub async fn run(
         })
         .await;
         let said = crate::display::displayed(err.trim().to_string());
-        return Err(not_started(if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") }));
+        let mut msg = if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") };
+        if let Some(hint) = crate::outcome::causes::namespace_hint(&said) {
+            msg = format!("{msg}.\n{hint}");
+        }
+        return Err(not_started(msg));
     }
     // No frames: the request and reply pipes close on our side.
     drop((child.requests, child.replies));
@@ -305,7 +326,7 @@ pub async fn run(
         killed_for: killed_for.clone(),
         secret_appeared: secret_appeared.clone(),
     });
-    let mut out = Streams::new(SHELL_OUTPUT_CAP_BYTES);
+    let mut out = Streams::new(cap);
     let deadline = cmd.timeout.map(|t| tokio::time::Instant::now() + t);
     let sleep = async {
         match deadline {
@@ -406,7 +427,7 @@ pub async fn run(
         Ending::Flooded => notes.push(format!(
             "The command was stopped: it wrote more than {} of output (the cap of one command). Write big output to \
              a file and look at parts of it.",
-            crate::display::format_size(SHELL_OUTPUT_CAP_BYTES)
+            crate::display::format_size(cap)
         )),
         Ending::Stopped(why) => notes.push(format!("The command was stopped: {why}.")),
         _ => {}

