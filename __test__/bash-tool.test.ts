@@ -377,6 +377,7 @@ test("with userBash sandbox, a shell that refuses or throws never makes the hand
   // No shell at all, and a source that throws: a result with the error text.
   fake.source = () => new Error("no sandbox here; fix: that");
   const refused = await userBash(h, `touch ${marker}`);
+  assert.equal(existsSync(marker), false, "the refused command ran on the host");
   assert.equal(refused.handledBy, "result");
   assert.equal(refused.result.exitCode, 126);
   assert.match(refused.result.output, /no sandbox here; fix: that/);
@@ -384,6 +385,7 @@ test("with userBash sandbox, a shell that refuses or throws never makes the hand
     throw new Error("boom");
   };
   const thrown = await userBash(h, `touch ${marker}`);
+  assert.equal(existsSync(marker), false, "the command of a throwing shell ran on the host");
   assert.equal(thrown.handledBy, "result");
   assert.match(thrown.result.output, /the sandboxed bash is unavailable: boom/);
   assert.deepEqual(h.extensionErrors, [], "a user_bash handler threw");

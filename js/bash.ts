@@ -15,6 +15,7 @@
 import { constants } from "node:os";
 import type { BashOperations, ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { createBashToolDefinition, getAgentDir, SettingsManager } from "@mariozechner/pi-coding-agent";
+import { displayLine } from "./display.ts";
 
 /** What the native addon provides: one command in a fresh sandbox. */
 export interface SandboxShell {
@@ -172,7 +173,8 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
 
   const definitionFor = (cwd: string) =>
     createBashToolDefinition(cwd, { operations, commandPrefix: shellSettings(cwd).shellCommandPrefix });
-  const base = definitionFor(lastCwd);
+  // The schema, words and renderers (the settings are read at session start, not at load).
+  const base = createBashToolDefinition(lastCwd, { operations });
   // A copy of pi's schema object (with its non-enumerable TypeBox keys): pi's built-in bash shares
   // the original, so `getAllTools()` tells this registration apart by it.
   const parameters = Object.defineProperties({}, Object.getOwnPropertyDescriptors(base.parameters)) as typeof base.parameters;
@@ -200,7 +202,7 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
       warned = true;
       const from = winner.sourceInfo?.path ?? "another extension";
       ctx.ui.notify(
-        `pi-python-sandbox: the sandboxed bash is not in use: the tool "bash" of ${from} was registered first and runs instead (commands are not sandboxed by this package)`,
+        displayLine(`pi-python-sandbox: the sandboxed bash is not in use: the tool "bash" of ${from} was registered first and runs instead (commands are not sandboxed by this package)`),
         "warning",
       );
     }
