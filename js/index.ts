@@ -16,6 +16,7 @@ import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
+import { type BashConfig, registerSandboxedBash, type SandboxShell } from "./bash.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -72,8 +73,21 @@ function unavailable(action: string, diagnostic: string) {
   });
 }
 
+/** The trusted configuration's bash keys (the defaults until the configuration file is read). */
+export function bashConfig(): BashConfig {
+  return { bash: "sandbox", userBash: "host" };
+}
+
+/** The addon's shell for a bash command in `cwd`, or why there is none (a real call refuses). */
+export function sandboxShell(_cwd: string): SandboxShell | Error {
+  return new Error(
+    "the sandboxed bash is not built yet, so the command was not run. To use pi's own bash on the host instead, set PI_SANDBOX_BASH=0",
+  );
+}
+
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
+  registerSandboxedBash(pi, sandboxShell, bashConfig());
 
   /** The pi session's permission state, made with the addon (undefined while it cannot load). */
   function permissions(): ToolPermissions | undefined {

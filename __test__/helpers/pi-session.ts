@@ -99,6 +99,10 @@ export interface PiHarnessOptions {
   hasUI?: boolean;
   /** Initial dialog answers; can be changed later through `harness.ui`. */
   ui?: UIHooks;
+  /** pi's settings for the session (in memory, as `SettingsManager.inMemory(settings)`). */
+  settings?: Record<string, unknown>;
+  /** Extension load errors that pi's CLI would show and carry on after (e.g. a tool name conflict). */
+  tolerateLoadError?: (error: string) => boolean;
 }
 
 export interface PiHarness {
@@ -144,8 +148,8 @@ export function messageText(message: { content: string | ReadonlyArray<{ type: s
     .join("\n");
 }
 
-function assertExtensionsLoaded(resourceLoader: ResourceLoader): void {
-  const { errors } = resourceLoader.getExtensions();
+function assertExtensionsLoaded(resourceLoader: ResourceLoader, tolerate?: (error: string) => boolean): void {
+  const errors = resourceLoader.getExtensions().errors.filter((e) => !tolerate?.(e.error));
   if (errors.length > 0) {
     const lines = errors.map((e) => `  ${e.path}: ${e.error}`).join("\n");
     throw new Error(`pi failed to load extensions:\n${lines}`);
@@ -315,7 +319,7 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
   // Same shape as the factory in pi's main.js; the runtime calls it again for /new, /fork, /resume.
   const createRuntime: CreateAgentSessionRuntimeFactory = async ({ cwd, agentDir, sessionManager, sessionStartEvent }) => {
     const eventBus = countingEventBus(createEventBus());
-    const settingsManager = SettingsManager.inMemory();
+    const settingsManager = SettingsManager.inMemory(opts.settings);
     const resourceLoader = new DefaultResourceLoader({
       cwd,
       agentDir,
@@ -331,7 +335,7 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
       noContextFiles: true,
     });
     await resourceLoader.reload();
-    assertExtensionsLoaded(resourceLoader);
+    assertExtensionsLoaded(resourceLoader, opts.tolerateLoadError);
     const modelServices = await host.modelServices();
     const created = await createAgentSession({
       cwd,
@@ -354,7 +358,7 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
   const reload = async () => {
     const rt = runtime!;
     await rt.session.reload();
-    assertExtensionsLoaded(rt.services.resourceLoader);
+    assertExtensionsLoaded(rt.services.resourceLoader, opts.tolerateLoadError);
   };
 
   // What extension commands get as ctx.newSession/fork/... (mirrors pi's print and RPC modes).

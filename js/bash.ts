@@ -1,0 +1,238 @@
+/**
+ * The sandboxed `bash` tool: pi's own bash tool definition
+ * (`createBashToolDefinition`, so pi's schema, renderer, streaming, truncation,
+ * full-output file and result shape stay pi's) with its operations replaced by
+ * a sandbox shell, and the user's `!cmd` (`user_bash`) on the host by default
+ * or through the same shell when the trusted configuration says so.
+ *
+ * The shell is injected (`SandboxShell`, made by the native addon); this module
+ * owns pi's side of the contract: the user's shell settings, pi's error texts
+ * (`Error("aborted")`, `Error("timeout:N")`, an exit code), and never letting a
+ * command fall back to the host: a shell that cannot start rejects with its
+ * diagnostic. pi's environment (every API key of the pi process) is never
+ * handed on; only pi's session variables are.
+ */
+import { constants } from "node:os";
+import type { BashOperations, ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { createBashToolDefinition, getAgentDir, SettingsManager } from "@mariozechner/pi-coding-agent";
+import { displayLine } from "./display.ts";
+
+/** What the native addon provides: one command in a fresh sandbox. */
+export interface SandboxShell {
+  /**
+   * Runs `command` (pi's `shellCommandPrefix` is already prepended, as pi does) with `opts.shellPath`
+   * (the user's `shellPath` setting, else bash) inside the sandbox, in `cwd`, streaming its output
+   * through `onData`. On `signal` it kills every process of the sandbox; with `timeout` (seconds) it
+   * may do the same and reject `Error("timeout:N")` (this module enforces the timeout as well).
+   * Resolves the exit code, `128 + signal` for a killed command. Rejects with the diagnostic and its
+   * fix when the sandbox cannot start; never runs the command anywhere else.
+   *
+   * `opts.env` holds only pi's session variables (`PI_SESSION_ID`, ... on pi 1.x), never pi's
+   * environment: the sandbox builds its own from an allowlist.
+   */
+  exec(
+    command: string,
+    cwd: string,
+    opts: {
+      onData: (data: Buffer) => void;
+      signal?: AbortSignal;
+      timeout?: number;
+      env?: NodeJS.ProcessEnv;
+      shellPath?: string;
+    },
+  ): Promise<{ exitCode: number | null; signal?: NodeJS.Signals | number | null }>;
+}
+
+export interface BashConfig {
+  /** "sandbox" (default): this package's `bash`; "host": pi's own. */
+  bash: "sandbox" | "host";
+  /** "host" (default): the user's `!cmd` runs on the host as pi runs it; "sandbox": through the shell. */
+  userBash: "host" | "sandbox";
+}
+
+/** The shell for a command in `cwd`, or why there is none (the diagnostic and the fix). */
+export type ShellSource = (cwd: string) => SandboxShell | Error;
+
+/** pi 1.x's session variables (its bash tool sets them on the env it hands to exec). */
+const SESSION_VARIABLES = ["PI_SESSION_ID", "PI_SESSION_FILE", "PI_PROVIDER", "PI_MODEL", "PI_REASONING_LEVEL"];
+
+/** Whether PI_SANDBOX_BASH turns the sandboxed bash off (0, false, off, no). */
+export function sandboxBashDisabled(value = process.env.PI_SANDBOX_BASH): boolean {
+  return /^(0|false|off|no)$/i.test(value?.trim() ?? "");
+}
+
+interface ShellSettings {
+  shellPath?: string;
+  shellCommandPrefix?: string;
+}
+
+/**
+ * The user's shell settings as pi's built-in bash gets them: pi 1.x hands extensions its effective
+ * settings; pi 0.73 does not, and its settings manager is made the way pi makes it (the agent
+ * dir's settings.json and the project's .pi/settings.json).
+ */
+function readShellSettings(pi: ExtensionAPI, cwd: string): ShellSettings {
+  try {
+    const getSettings = (pi as { getSettings?: () => ShellSettings }).getSettings;
+    if (typeof getSettings === "function") {
+      const s = getSettings.call(pi);
+      return { shellPath: s?.shellPath, shellCommandPrefix: s?.shellCommandPrefix };
+    }
+    const manager = SettingsManager.create(cwd, getAgentDir());
+    return { shellPath: manager.getShellPath(), shellCommandPrefix: manager.getShellCommandPrefix() };
+  } catch {
+    return {};
+  }
+}
+
+const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));
+
+/** The shell from `source`, with a throwing source counted as one that cannot start. */
+function shellFor(source: ShellSource, cwd: string): SandboxShell | Error {
+  try {
+    const shell = source(cwd);
+    if (shell instanceof Error) return shell;
+    if (!shell || typeof shell.exec !== "function") return new Error("the sandboxed bash is unavailable: no shell was provided");
+    return shell;
+  } catch (err) {
+    return new Error(`the sandboxed bash is unavailable: ${errorText(err)}`);
+  }
+}
+
+/** A signal name or number as `128 + n` (the shell's convention for a killed command). */
+function signalExit(signal: NodeJS.Signals | number): number | undefined {
+  const n = typeof signal === "number" ? signal : constants.signals[signal];
+  return typeof n === "number" ? 128 + n : undefined;
+}
+
+/**
+ * pi's `BashOperations` over the shell: pi's error contract, whatever the shell does. An abort
+ * always rejects `Error("aborted")`, a timeout `Error("timeout:N")` (the shell is stopped through
+ * its signal at N seconds), a killed command resolves `128 + signal`, and a missing exit status is
+ * a failure (pi 0.73 would count `null` as success).
+ */
+export function sandboxOperations(source: ShellSource, shellPath: () => string | undefined): BashOperations {
+  return {
+    async exec(command, cwd, { onData, signal, timeout, env }) {
+      if (signal?.aborted) throw new Error("aborted");
+      const shell = shellFor(source, cwd);
+      if (shell instanceof Error) throw shell;
+      const stop = new AbortController();
+      let timedOut = false;
+      const onAbort = () => stop.abort();
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const timer =
+        timeout !== undefined && timeout > 0
+          ? setTimeout(() => {
+              timedOut = true;
+              stop.abort();
+            }, timeout * 1000)
+          : undefined;
+      const sessionEnv: NodeJS.ProcessEnv = {};
+      for (const name of SESSION_VARIABLES) if (typeof env?.[name] === "string") sessionEnv[name] = env[name];
+      try {
+        let result: Awaited<ReturnType<SandboxShell["exec"]>>;
+        try {
+          result = await shell.exec(command, cwd, { onData, signal: stop.signal, timeout, env: sessionEnv, shellPath: shellPath() });
+        } catch (err) {
+          if (signal?.aborted) throw new Error("aborted");
+          if (timedOut || (err instanceof Error && err.message.startsWith("timeout:"))) throw new Error(`timeout:${timeout}`);
+          throw err instanceof Error ? err : new Error(String(err));
+        }
+        if (signal?.aborted) throw new Error("aborted");
+        if (timedOut) throw new Error(`timeout:${timeout}`);
+        if (typeof result?.exitCode === "number") return { exitCode: result.exitCode };
+        const killed = result?.signal != null ? signalExit(result.signal) : undefined;
+        if (killed !== undefined) return { exitCode: killed };
+        onData(Buffer.from("\n[the command ended without an exit status]\n"));
+        return { exitCode: 1 };
+      } finally {
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      }
+    },
+  };
+}
+
+/** A `user_bash` result (pi's BashResult) that shows `text` as the command's output. */
+function userBashFailure(text: string) {
+  return { result: { output: `${text}\n`, exitCode: 126, cancelled: false, truncated: false } };
+}
+
+/**
+ * Registers the sandboxed `bash` (unless `config.bash` is "host" or PI_SANDBOX_BASH turns it off)
+ * and, with `config.userBash` "sandbox", runs the user's `!cmd` through the same shell.
+ */
+export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, config: BashConfig): void {
+  if (config.bash === "host" || sandboxBashDisabled()) return;
+
+  let settings: ShellSettings | undefined;
+  const shellSettings = (cwd: string) => (settings ??= readShellSettings(pi, cwd));
+  let lastCwd = process.cwd();
+  const operations = sandboxOperations(source, () => shellSettings(lastCwd).shellPath);
+
+  const definitionFor = (cwd: string) =>
+    createBashToolDefinition(cwd, { operations, commandPrefix: shellSettings(cwd).shellCommandPrefix });
+  // The schema, words and renderers (the settings are read at session start, not at load).
+  const base = createBashToolDefinition(lastCwd, { operations });
+  // A copy of pi's schema object (with its non-enumerable TypeBox keys): pi's built-in bash shares
+  // the original, so `getAllTools()` tells this registration apart by it.
+  const parameters = Object.defineProperties({}, Object.getOwnPropertyDescriptors(base.parameters)) as typeof base.parameters;
+
+  pi.registerTool({
+    ...base,
+    parameters,
+    label: "bash (sandboxed)",
+    promptSnippet: base.promptSnippet,
+    promptGuidelines: base.promptGuidelines,
+    async execute(toolCallId, params, signal, onUpdate, ctx: ExtensionContext) {
+      lastCwd = ctx?.cwd ?? lastCwd;
+      // pi's definition for the session's directory, so pi's own code runs the call.
+      return definitionFor(lastCwd).execute(toolCallId, params, signal, onUpdate, ctx);
+    },
+  });
+
+  let warned = false;
+  pi.on("session_start", (_event, ctx) => {
+    lastCwd = ctx.cwd;
+    settings = readShellSettings(pi, ctx.cwd);
+    if (warned) return;
+    const winner = pi.getAllTools().find((t) => t.name === "bash");
+    if (winner && winner.parameters !== parameters) {
+      warned = true;
+      const from = winner.sourceInfo?.path ?? "another extension";
+      ctx.ui.notify(
+        displayLine(`pi-python-sandbox: the sandboxed bash is not in use: the tool "bash" of ${from} was registered first and runs instead (commands are not sandboxed by this package)`),
+        "warning",
+      );
+    }
+  });
+
+  if (config.userBash !== "sandbox") return;
+  // Never throws: on pi 0.73 a throwing handler makes pi run the command on the host.
+  pi.on("user_bash", (event) => {
+    try {
+      const cwd = event.cwd;
+      lastCwd = cwd ?? lastCwd;
+      const shell = shellFor(source, cwd);
+      if (shell instanceof Error) return userBashFailure(shell.message);
+      // pi prepends the command prefix itself and streams, truncates and records the output.
+      const ops = sandboxOperations(() => shell, () => shellSettings(cwd).shellPath);
+      return {
+        operations: {
+          async exec(command: string, dir: string, opts: Parameters<BashOperations["exec"]>[2]) {
+            try {
+              return await ops.exec(command, dir, opts);
+            } catch (err) {
+              if (opts.signal?.aborted) throw err;
+              opts.onData(Buffer.from(`${errorText(err)}\n`));
+              return { exitCode: 126 };
+            }
+          },
+        },
+      };
+    } catch (err) {
+      return userBashFailure(`the sandboxed bash is unavailable: ${errorText(err)}`);
+    }
+  });
+}
