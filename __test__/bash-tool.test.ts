@@ -9,13 +9,14 @@
  * Run: node --import tsx --test __test__/bash-tool.test.ts
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { fauxAssistantMessage, fauxToolCall } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, PI_HOST, type PiHarness } from "./helpers/pi-session.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import type { BashConfig, SandboxShell, ShellSource } from "../js/bash.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
@@ -312,20 +313,36 @@ test("a shell that cannot start refuses with its diagnostic and the command neve
   assert.equal(existsSync(marker), false, "the command ran on the host");
 });
 
-test("this package's bash refuses until the addon provides the shell, and never runs the command on the host", async (t) => {
+test("this package's bash runs each command in the sandbox: a read-only project, .env empty, no API key, no raw escape, nothing on the host", async (t) => {
+  if (skipWithoutSandbox(t)) return;
   const cwd = await tempCwd(t);
   const marker = join(cwd, "ran-on-host");
+  writeFileSync(join(cwd, ".env"), "TOKEN=project-secret\n");
   const h = await setup(t, [PACKAGE_DIR], cwd);
   assert.equal(bashInfo(h).path, PACKAGE_ENTRY);
+  const lines = "for i in $(seq 3000); do printf '\\033]0;T\\007line %s\\n' $i; done";
   h.faux.setResponses([
     fauxAssistantMessage([fauxToolCall("bash", { command: `touch ${marker}` })], { stopReason: "toolUse" }),
+    fauxAssistantMessage([fauxToolCall("bash", { command: 'cat .env; echo "key=$ANTHROPIC_API_KEY"' })], { stopReason: "toolUse" }),
+    fauxAssistantMessage([fauxToolCall("bash", { command: lines })], { stopReason: "toolUse" }),
     fauxAssistantMessage("done"),
   ]);
-  await h.prompt("run it");
-  const [result] = h.toolResults();
-  assert.equal(result.isError, true);
-  assert.match(messageText(result), /the sandboxed bash is not built yet, so the command was not run.*PI_SANDBOX_BASH=0/s);
+  await h.prompt("run them");
+  const [touch, env, flood] = h.toolResults();
+  assert.equal(touch.isError, true);
+  assert.match(messageText(touch), /Read-only file system/);
+  assert.match(messageText(touch), /\[sandbox\] The project is read-only in this permission mode/);
   assert.equal(existsSync(marker), false, "the command ran on the host");
+  assert.equal(env.isError, false, messageText(env));
+  assert.match(messageText(env), /^key=\s*$/);
+  const text = messageText(flood);
+  assert.match(text, /line 3000/);
+  assert.doesNotMatch(text, /[\u001b\u0007]/);
+  const full = (flood.details as { fullOutputPath?: string } | undefined)?.fullOutputPath;
+  assert.ok(full, "pi kept the full output in a file");
+  const saved = readFileSync(full, "utf8");
+  assert.match(saved, /line 1\n/);
+  assert.doesNotMatch(saved, /[\u001b\u0007]/, "the full-output file holds a raw escape");
 });
 
 // --- the user's !cmd --------------------------------------------------------------------------------

@@ -154,6 +154,58 @@ export function sandboxOperations(source: ShellSource, shellPath: () => string |
   };
 }
 
+/** What the addon's session offers the bash tool (see `PythonSandbox.execShell`). */
+export interface ShellHost {
+  execShell(
+    callId: number,
+    command: string,
+    options: { cwd: string; shellPath?: string; timeoutSeconds?: number; env?: Record<string, string> },
+    onData: (text: string) => void,
+  ): Promise<{ exitCode?: number | null; ending: string; notes: string[] }>;
+  cancelShell(callId: number): boolean;
+}
+
+let nextShellCall = 1;
+
+/**
+ * The addon's shell: each command in a sandbox of its own (see `PythonSandbox.execShell`). What the
+ * engine adds about the sandbox (a path it does not show, a protected name made inert, the output
+ * cap) follows the output as lines of its own, marked `[sandbox]`.
+ */
+export function addonShell(host: ShellHost): SandboxShell {
+  return {
+    async exec(command, cwd, { onData, signal, timeout, env, shellPath }) {
+      const id = nextShellCall++;
+      const onAbort = () => host.cancelShell(id);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      let last = "\n";
+      const sessionEnv: Record<string, string> = {};
+      for (const [name, value] of Object.entries(env ?? {})) if (typeof value === "string") sessionEnv[name] = value;
+      try {
+        if (signal?.aborted) throw new Error("aborted");
+        const r = await host.execShell(
+          id,
+          command,
+          { cwd, shellPath, timeoutSeconds: timeout !== undefined && timeout > 0 ? timeout : undefined, env: sessionEnv },
+          (text) => {
+            if (text.length > 0) last = text[text.length - 1];
+            onData(Buffer.from(text, "utf8"));
+          },
+        );
+        if (r.ending === "aborted") throw new Error("aborted");
+        if (r.ending === "timed_out") throw new Error(`timeout:${timeout}`);
+        if (r.notes.length > 0) {
+          const lines = r.notes.map((n) => `[sandbox] ${displayLine(n)}`).join("\n");
+          onData(Buffer.from(`${last === "\n" ? "" : "\n"}${lines}\n`, "utf8"));
+        }
+        return { exitCode: typeof r.exitCode === "number" ? r.exitCode : null };
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+      }
+    },
+  };
+}
+
 /** A `user_bash` result (pi's BashResult) that shows `text` as the command's output. */
 function userBashFailure(text: string) {
   return { result: { output: `${text}\n`, exitCode: 126, cancelled: false, truncated: false } };

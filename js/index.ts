@@ -16,7 +16,7 @@ import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 import type { ExecProgress } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
-import { type BashConfig, registerSandboxedBash, type SandboxShell } from "./bash.ts";
+import { addonShell, type BashConfig, registerSandboxedBash, type ShellHost } from "./bash.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -78,16 +78,8 @@ export function bashConfig(): BashConfig {
   return { bash: "sandbox", userBash: "host" };
 }
 
-/** The addon's shell for a bash command in `cwd`, or why there is none (a real call refuses). */
-export function sandboxShell(_cwd: string): SandboxShell | Error {
-  return new Error(
-    "the sandboxed bash is not built yet, so the command was not run. To use pi's own bash on the host instead, set PI_SANDBOX_BASH=0",
-  );
-}
-
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
-  registerSandboxedBash(pi, sandboxShell, bashConfig());
 
   /** The pi session's permission state, made with the addon (undefined while it cannot load). */
   function permissions(): ToolPermissions | undefined {
@@ -149,6 +141,20 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     state.projectDir = projectDir;
     return sandbox;
   }
+
+  // The bash tool: each command in a sandbox of its own, with this session's mode, read roots and
+  // protections; where the addon cannot load, a command is refused (never run on the host).
+  registerSandboxedBash(
+    pi,
+    (cwd) => {
+      const sandbox = sandboxFor(cwd);
+      if ("error" in sandbox) {
+        return new Error(`The command was not run (the sandbox is unavailable; it never runs on the host): ${sandbox.error}`);
+      }
+      return addonShell(sandbox as unknown as ShellHost);
+    },
+    bashConfig(),
+  );
 
   // What the model is told follows the settings and limits in force at registration.
   const facts = toolFacts();

@@ -113,8 +113,7 @@ impl Confined {
     /// The policy's open-file limit, once every mount source is placed:
     /// bubblewrap may need a higher one than the payload gets.
     pub fn settle_nofile(&mut self) {
-        self.policy.nofile =
-            (crate::spawn::nofile_for(self.mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE);
+        self.policy.nofile = (crate::spawn::nofile_for(self.mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE);
     }
 }
 
@@ -274,8 +273,9 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     };
     let at = crate::display::one_line(project_at);
     if let Some(e) = &plan.refused {
-        plan_notes
-            .push(format!("{at} is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."));
+        plan_notes.push(format!(
+            "{at} is mounted READ-ONLY for this sandbox although the permission mode allows writes: {e}."
+        ));
     }
     if let Some(e) = &no_guard {
         plan_notes.push(format!(
@@ -309,7 +309,8 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     if project_at != project && mounts.read_roots.iter().any(|r| project.starts_with(r)) {
         for b in plan.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
             let fd =
-                b.fd.try_clone().map_err(|e| ConfineError::Prepare(format!("A secret mask could not be copied: {e}")))?;
+                b.fd.try_clone()
+                    .map_err(|e| ConfineError::Prepare(format!("A secret mask could not be copied: {e}")))?;
             root_masks.push((fd, project.join(&b.rel)));
         }
     }

@@ -130,7 +130,10 @@ impl PythonSandbox {
         let mut reads = Vec::new();
         for p in settings.additional_allow_read.unwrap_or_default() {
             let Some(n) = crate::paths::normalize(&p).filter(|_| !p.contains('\0')) else {
-                return Err(invalid(format!("additionalAllowRead: {} is not an absolute path", crate::display::one_line(&p))));
+                return Err(invalid(format!(
+                    "additionalAllowRead: {} is not an absolute path",
+                    crate::display::one_line(&p)
+                )));
             };
             reads.push(n);
         }

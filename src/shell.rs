@@ -128,7 +128,9 @@ pub enum ShellError {
 }
 
 fn not_started(why: impl std::fmt::Display) -> ShellError {
-    ShellError::NotStarted(format!("The command was not run (the sandbox could not start; it never runs on the host): {why}"))
+    ShellError::NotStarted(format!(
+        "The command was not run (the sandbox could not start; it never runs on the host): {why}"
+    ))
 }
 
 /// The generated files of the session's shells, made once: `/etc/passwd`,
@@ -157,8 +159,9 @@ fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
 /// The command's working directory inside: pi's, which must be in the
 /// project (the sandbox shows nothing else writable or at that path).
 fn working_dir(cwd: &Path, project: &Path) -> Result<PathBuf, ShellError> {
-    let canonical = std::fs::canonicalize(cwd)
-        .map_err(|e| not_started(format!("the working directory {} is not accessible: {e}", crate::display::one_line(cwd))))?;
+    let canonical = std::fs::canonicalize(cwd).map_err(|e| {
+        not_started(format!("the working directory {} is not accessible: {e}", crate::display::one_line(cwd)))
+    })?;
     if !canonical.starts_with(project) {
         return Err(not_started(format!(
             "the working directory {} is outside the project {}, the only tree a command sees at its own path",
@@ -244,17 +247,15 @@ pub async fn run(
     let cap = output_cap()?;
     let settings = crate::options::Settings::from_env();
     let home = settings.home.clone();
-    let search = payload::search_path(
-        &std::env::var("PATH").unwrap_or_default(),
-        home.as_deref(),
-        &ctx.config.additional_reads,
-    );
+    let search =
+        payload::search_path(&std::env::var("PATH").unwrap_or_default(), home.as_deref(), &ctx.config.additional_reads);
     let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
     let trees = [ctx.project, runtime_root];
     let secrets = settings.host_secrets(&trees);
     let mut notes = Vec::new();
     let reads = reads(&ctx, &search.mounts, &secrets, &mut notes);
-    let files = session_files(ctx.dirs).map_err(|e| not_started(format!("its /etc files could not be written: {e}")))?;
+    let files =
+        session_files(ctx.dirs).map_err(|e| not_started(format!("its /etc files could not be written: {e}")))?;
     let shell = payload::choose_shell(cmd.shell.as_deref(), &reads, |p| p.exists());
     let plan_notes = protected::Notes::default();
     let confined = confine::confine(confine::Request {
@@ -272,8 +273,18 @@ pub async fn run(
     })
     .await
     .map_err(not_started)?;
-    let Confined { policy, mount_fds, secret_watch, masks_watch, guard, watcher, plan_notes: start_notes, mut contained, budget, .. } =
-        confined;
+    let Confined {
+        policy,
+        mount_fds,
+        secret_watch,
+        masks_watch,
+        guard,
+        watcher,
+        plan_notes: start_notes,
+        mut contained,
+        budget,
+        ..
+    } = confined;
     notes.extend(start_notes);
     let sh = Shell {
         shell,
@@ -284,7 +295,8 @@ pub async fn run(
         reads: reads.clone(),
     };
     let argv = bwrap_argv(&policy, &payload::payload(&sh));
-    let filter = crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
+    let filter =
+        crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
     let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join())
         .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
     let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
@@ -433,11 +445,7 @@ pub async fn run(
         _ => {}
     }
     if matches!(ending, Ending::Exited(c) if c != 0) {
-        let sandbox = hints::Shown {
-            project: ctx.project,
-            reads: &reads,
-            mounts: ctx.mounts,
-        };
+        let sandbox = hints::Shown { project: ctx.project, reads: &reads, mounts: ctx.mounts };
         notes.extend(hints::hints(&out.tail(), &sandbox, &search.left_out, ctx.config.config_path.as_deref()));
     }
     Ok(Ended { ending, notes, secret_appeared: appeared })
@@ -499,4 +507,3 @@ impl Streams {
         String::from_utf8_lossy(&v).into_owned()
     }
 }
-

@@ -74,7 +74,10 @@ impl<H: Host> Session<H> {
             .clone();
         let dirs = self.shell_dirs().await.map_err(|e| not_started(format!("{e} (it never runs on the host).")))?;
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(|e| {
-            not_started(format!("the project {} is not accessible: {e}.", crate::display::one_line(&self.opts.project_dir)))
+            not_started(format!(
+                "the project {} is not accessible: {e}.",
+                crate::display::one_line(&self.opts.project_dir)
+            ))
         })?;
         let mounts = self.shared.lock().report.mounts.clone();
         let config = self.shells.config.lock().clone();

@@ -27,7 +27,8 @@ impl<H: Host> Session<H> {
         if let Some(d) = &inner.dirs {
             return Ok(d.clone());
         }
-        let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE).map_err(|e| e.to_string())?;
+        let d =
+            crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE).map_err(|e| e.to_string())?;
         inner.dirs = Some(d.clone());
         self.shared.lock().report.dirs = Some(d.clone());
         self.sync_live();

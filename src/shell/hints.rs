@@ -51,7 +51,8 @@ fn paths_in(line: &str) -> impl Iterator<Item = PathBuf> + '_ {
 fn not_found_name(line: &str) -> Option<&str> {
     let rest = line.strip_suffix(": command not found").or_else(|| line.strip_suffix(": not found"))?;
     let name = rest.rsplit(": ").next()?.trim();
-    let plain = !name.is_empty() && name.len() < 256 && name.chars().all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c));
+    let plain =
+        !name.is_empty() && name.len() < 256 && name.chars().all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c));
     plain.then_some(name)
 }
 
@@ -99,14 +100,11 @@ pub fn hints(tail: &str, shown: &Shown<'_>, left_out: &[PathBuf], config: Option
                 ));
             }
         }
-        if line.contains("Read-only file system") && !shown.mounts.workspace_writable {
-            if paths_in(line).any(|p| p.starts_with(shown.project)) || !line.contains('/') {
-                add(
-                    "The project is read-only in this permission mode: commands cannot change it. Switch to a mode \
-                     that allows edits to let them write."
-                        .into(),
-                );
-            }
+        let in_project = || paths_in(line).any(|p| p.starts_with(shown.project)) || !line.contains('/');
+        if line.contains("Read-only file system") && !shown.mounts.workspace_writable && in_project() {
+            add("The project is read-only in this permission mode: commands cannot change it. Switch to a mode that \
+                 allows edits to let them write."
+                .into());
         }
     }
     out
@@ -128,7 +126,8 @@ mod tests {
     #[test]
     fn a_missing_path_outside_the_mounts_is_named_with_how_to_show_it() {
         let m = MountConfig::default();
-        let tail = "cat: /home/u/.ssh/id_rsa: No such file or directory\ncat: /home/u/proj/x: No such file or directory\n";
+        let tail =
+            "cat: /home/u/.ssh/id_rsa: No such file or directory\ncat: /home/u/proj/x: No such file or directory\n";
         let h = hints(tail, &shown(&m, &[]), &[], Some(Path::new("/cfg/config.json")));
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h[0].starts_with("/home/u/.ssh/id_rsa is outside what the sandbox shows"), "{h:?}");
@@ -152,7 +151,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         let m = MountConfig::default();
-        let h = hints("bash: line 1: mytool: command not found\n", &shown(&m, &[]), &[bin.clone()], None);
+        let h = hints("bash: line 1: mytool: command not found\n", &shown(&m, &[]), std::slice::from_ref(&bin), None);
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h[0].contains(&format!("add {}", dir.join(".tool").display())), "{h:?}");
