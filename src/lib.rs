@@ -10,6 +10,7 @@
 pub mod beneath;
 pub mod bwrap;
 pub mod capture;
+pub mod config;
 pub mod contain;
 pub mod debuglog;
 pub mod display;
