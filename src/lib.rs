@@ -44,3 +44,5 @@ pub mod worker;
 
 #[cfg(feature = "addon")]
 mod napi_api;
+#[cfg(feature = "addon")]
+mod napi_config;
