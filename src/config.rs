@@ -313,8 +313,8 @@ pub fn load(agent_dir: &Path, project: Option<&Path>, bash_env: Option<&str>) ->
 /// The trusted file's text; `None` when there is none. A link is followed
 /// (a dotfile manager links the user's files from elsewhere): the user's
 /// agent directory is theirs; what it ends at must be a regular file, and
-/// not one in the project (`project`, real) outside its `.pi` (which the
-/// sandbox never writes).
+/// not one in the project (`project`, real) outside a `.pi` directory (a
+/// protected name at any depth, which the sandbox never writes).
 fn read(agent_dir: &Path, path: &Path, project: Option<&Path>) -> Result<Option<String>, ConfigError> {
     if !agent_dir.is_absolute() {
         return Err(ConfigError::AgentDirRelative { dir: agent_dir.to_path_buf() });
@@ -355,7 +355,9 @@ fn read(agent_dir: &Path, path: &Path, project: Option<&Path>) -> Result<Option<
         // Where the open file really is (the links it came through resolved).
         let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(unreadable)?;
         if let Ok(rel) = real.strip_prefix(root) {
-            if rel.components().next().map(|c| c.as_os_str()) != Some(OsStr::new(".pi")) {
+            // `.pi` is a protected name at any depth: read-only in the sandbox.
+            let dirs = rel.parent().map(|d| d.components().collect::<Vec<_>>()).unwrap_or_default();
+            if !dirs.iter().any(|c| c.as_os_str() == OsStr::new(".pi")) {
                 return Err(ConfigError::InsideProject { real });
             }
         }

@@ -161,6 +161,17 @@ fn a_trusted_file_inside_the_project_outside_its_pi_dir_is_not_trusted() {
     std::fs::write(agent.join(CONFIG_REL), r#"{"bash": "host"}"#).unwrap();
     let l = load(&agent, Some(&d.project), None);
     assert_eq!((l.config.bash, l.errors.len(), l.notices.len()), (Bash::Host, 0, 0), "{:?}", l);
+    // pi started in `/home`: the agent directory is `<project>/u/.pi/agent`.
+    let deeper = d.project.join("u/.pi/agent");
+    std::fs::create_dir_all(deeper.join("extensions/pi-python-sandbox")).unwrap();
+    std::fs::write(deeper.join(CONFIG_REL), r#"{"bash": "host"}"#).unwrap();
+    let l = load(&deeper, Some(&d.project), None);
+    assert_eq!((l.config.bash, l.errors.len()), (Bash::Host, 0), "{:?}", l.errors);
+    // Anywhere else in the project: not trusted.
+    let fake = d.project.join("x");
+    std::fs::create_dir_all(fake.join("extensions/pi-python-sandbox")).unwrap();
+    std::fs::write(fake.join(CONFIG_REL), r#"{"bash": "host"}"#).unwrap();
+    assert_eq!(load(&fake, Some(&d.project), None).config.bash, Bash::Sandbox);
 }
 
 #[test]
