@@ -840,5 +840,6 @@ module.exports.ToolPermissions = nativeBinding.ToolPermissions
 module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
+module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
 module.exports.toolSettings = nativeBinding.toolSettings

@@ -314,6 +314,13 @@ export interface Limits {
   note: string
 }
 
+/**
+ * Read the trusted configuration at session start: `agentDir` is pi's
+ * `getAgentDir()`, `projectDir` the session's working directory (searched,
+ * never read, for a project's own file; empty: none). Never throws.
+ */
+export declare function loadTrustedConfig(agentDir: string, projectDir: string): TrustedConfig
+
 export interface LogPaths {
   stdout?: string
   stderr?: string
@@ -549,4 +556,41 @@ export interface ToolSettings {
    * (`PI_PYTHON_TOOL_VENV`, `PI_PYTHON_TOOL_SYSTEM_SITE`).
    */
   pythonPackages: boolean
+}
+
+/**
+ * The trusted configuration a session starts with
+ * (`<agentDir>/extensions/pi-python-sandbox/config.json`, then
+ * `PI_SANDBOX_BASH`). Every value is usable as it is: a part with an error
+ * already holds its most restrictive value.
+ */
+export interface TrustedConfig {
+  /**
+   * Where the model's `bash` runs: this package's sandbox, or pi's own
+   * tool on the host.
+   */
+  bash: 'sandbox' | 'host'
+  /**
+   * Where `bash` came from: `default`, `file`, `environment`
+   * (`PI_SANDBOX_BASH`, which wins over the file) or `fallback` (an
+   * error made it `sandbox`).
+   */
+  bashSource: 'default' | 'file' | 'environment' | 'fallback'
+  /** Where the user's `!cmd` runs. */
+  userBash: 'host' | 'sandbox'
+  /** Host paths (absolute, normalised) a sandboxed command may read. */
+  additionalAllowRead: Array<string>
+  /** Names of pi's environment variables a sandboxed command gets. */
+  envPassthrough: Array<string>
+  /**
+   * What is wrong, each naming the file or the key path (show them in
+   * the first result and a notification).
+   */
+  errors: Array<string>
+  /** What to tell the user once (a project's file that is ignored). */
+  notices: Array<string>
+  /** The trusted file's path. */
+  path: string
+  /** The file was there (and so was read, or its error is in `errors`). */
+  found: boolean
 }

@@ -10,6 +10,7 @@
 pub mod beneath;
 pub mod bwrap;
 pub mod capture;
+pub mod config;
 pub mod confine;
 pub mod contain;
 pub mod debuglog;
@@ -46,5 +47,7 @@ pub mod worker;
 
 #[cfg(feature = "addon")]
 mod napi_api;
+#[cfg(feature = "addon")]
+mod napi_config;
 #[cfg(feature = "addon")]
 mod napi_shell;
