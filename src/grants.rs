@@ -137,22 +137,18 @@ impl Grants {
         Some(st.abandoned.remove(i).path)
     }
 
-    /// Decide what `answer` to the prompt about `path` does. `remounted`:
-    /// the mounts changed while the prompt was open (the client's mode
-    /// event came first). `secret`: the path is a masked secret of the
-    /// project, at this host path (a denial then covers just it, an allow
-    /// once unmasks just it). `resolve` is realpath.
-    #[allow(clippy::too_many_arguments)]
+    /// Decide what `answer` to `prompt` does. `remounted`: the mounts
+    /// changed while the prompt was open (the client's mode event came
+    /// first). `resolve` is realpath.
     pub fn answer(
         &self,
-        path: &str,
-        is_dir: bool,
-        secret: Option<&Path>,
+        prompt: Prompt<'_>,
         answer: Answer,
         remounted: bool,
         ctx: &Context,
         resolve: impl Fn(&Path) -> std::io::Result<PathBuf>,
     ) -> Next {
+        let Prompt { path, is_dir, secret } = prompt;
         // Only what a prompt can have shown: the plain absolute path
         // `read_decision` asks about, never one a `..` or `.` turns into
         // another (`secrets/./README.md/..` is the directory `secrets`).
@@ -193,6 +189,17 @@ impl Grants {
             )),
         }
     }
+}
+
+/// The read prompt an answer is about: the path it showed (`is_dir`: the
+/// code listed a directory) and `secret`, the host path when the path is a
+/// masked secret of the project (a denial then covers just it, an allow
+/// once unmasks just it).
+#[derive(Debug, Clone, Copy)]
+pub struct Prompt<'a> {
+    pub path: &'a str,
+    pub is_dir: bool,
+    pub secret: Option<&'a Path>,
 }
 
 /// How long the wrapper waits for an answer (it says so in its progress).
@@ -245,6 +252,11 @@ mod tests {
     use super::*;
     use crate::hostsecrets::HostSecrets;
 
+    /// The prompt about `path`, no secret.
+    fn prompt(path: &str, is_dir: bool) -> Prompt<'_> {
+        Prompt { path, is_dir, secret: None }
+    }
+
     static NONE: HostSecrets = HostSecrets { entries: Vec::new(), in_home: Vec::new() };
 
     fn ctx(project: &Path) -> Context<'_> {
@@ -259,9 +271,9 @@ mod tests {
     fn a_denial_is_remembered_by_its_directory_and_says_why() {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
-        let next = g.answer("/srv/data/a.csv", false, None, Answer::Deny, false, &ctx(project), ident);
+        let next = g.answer(prompt("/srv/data/a.csv", false), Answer::Deny, false, &ctx(project), ident);
         assert!(matches!(&next, Next::Stop(d) if d.contains("denied by the user")), "{next:?}");
-        let next = g.answer("/srv/list", true, None, Answer::Timeout, false, &ctx(project), ident);
+        let next = g.answer(prompt("/srv/list", true), Answer::Timeout, false, &ctx(project), ident);
         assert!(matches!(&next, Next::Stop(d) if d.contains("no answer within 30 s")), "{next:?}");
         assert_eq!(g.denied(), [PathBuf::from("/srv/data"), "/srv/list".into()]);
     }
@@ -276,11 +288,11 @@ mod tests {
         let project = Path::new("/nonexistent-project");
         let plain = dir.join("secrets/README.md").display().to_string();
         // Baseline: the plain path is allowed once, exactly.
-        assert!(matches!(g.answer(&plain, false, None, Answer::Allow, false, &ctx(project), ident), Next::Once(_)));
+        assert!(matches!(g.answer(prompt(&plain, false), Answer::Allow, false, &ctx(project), ident), Next::Once(_)));
         for crooked in
             [format!("{plain}/.."), format!("{}/secrets/./README.md/..", dir.display()), format!("{plain}//")]
         {
-            let next = g.answer(&crooked, true, None, Answer::Allow, false, &ctx(project), ident);
+            let next = g.answer(prompt(&crooked, true), Answer::Allow, false, &ctx(project), ident);
             assert!(matches!(&next, Next::Stop(d) if d.contains("nothing was granted")), "{crooked}: {next:?}");
         }
         assert!(g.denied().is_empty());
@@ -295,20 +307,20 @@ mod tests {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
         let file = dir.join("f.txt").display().to_string();
-        assert_eq!(g.answer(&file, false, None, Answer::Allow, true, &ctx(project), ident), Next::Replay);
+        assert_eq!(g.answer(prompt(&file, false), Answer::Allow, true, &ctx(project), ident), Next::Replay);
         assert_eq!(
-            g.answer(&file, false, None, Answer::Allow, false, &ctx(project), ident),
+            g.answer(prompt(&file, false), Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.join("f.txt"), source: dir.join("f.txt"), is_dir: false })
         );
         // Through a link: mounted where the code read it, from where it points.
         let link = dir.join("link").display().to_string();
         assert_eq!(
-            g.answer(&link, false, None, Answer::Allow, false, &ctx(project), ident),
+            g.answer(prompt(&link, false), Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.join("link"), source: dir.join("f.txt"), is_dir: false })
         );
         // A listing is the directory itself, never its parent.
         assert_eq!(
-            g.answer(&dir.display().to_string(), true, None, Answer::Allow, false, &ctx(project), ident),
+            g.answer(prompt(&dir.display().to_string(), true), Answer::Allow, false, &ctx(project), ident),
             Next::Once(OnceMount { path: dir.clone(), source: dir.clone(), is_dir: true })
         );
         assert!(g.denied().is_empty());
@@ -338,9 +350,7 @@ mod tests {
         };
         let g = Grants::default();
         let stop = |p: &Path, is_dir: bool| match g.answer(
-            &p.display().to_string(),
-            is_dir,
-            None,
+            prompt(&p.display().to_string(), is_dir),
             Answer::Allow,
             false,
             &c,
@@ -365,12 +375,13 @@ mod tests {
         let g = Grants::default();
         let project = Path::new("/home/u/proj");
         let host = Path::new("/home/u/proj/sub/.env");
-        let next = g.answer("/workspace/sub/.env", false, Some(host), Answer::Allow, false, &ctx(project), ident);
+        let env = Prompt { secret: Some(host), ..prompt("/workspace/sub/.env", false) };
+        let next = g.answer(env, Answer::Allow, false, &ctx(project), ident);
         assert_eq!(next, Next::Unmask(host.to_path_buf()));
         // A granted root that covers it came first: the mounts changed, so a replay.
-        let next = g.answer("/workspace/sub/.env", false, Some(host), Answer::Allow, true, &ctx(project), ident);
+        let next = g.answer(env, Answer::Allow, true, &ctx(project), ident);
         assert_eq!(next, Next::Replay);
-        let _ = g.answer("/workspace/sub/.env", false, Some(host), Answer::Deny, false, &ctx(project), ident);
+        let _ = g.answer(env, Answer::Deny, false, &ctx(project), ident);
         assert_eq!(g.denied(), [PathBuf::from("/workspace/sub/.env")], "not all of /workspace/sub");
     }
 
@@ -378,8 +389,8 @@ mod tests {
     fn a_late_grant_is_matched_to_the_prompt_nobody_waited_for() {
         let g = Grants::default();
         let project = Path::new("/nonexistent-project");
-        let _ = g.answer("/srv/data/a.csv", false, None, Answer::Aborted, false, &ctx(project), ident);
-        let _ = g.answer("/srv/other/b.csv", false, None, Answer::Deny, false, &ctx(project), ident);
+        let _ = g.answer(prompt("/srv/data/a.csv", false), Answer::Aborted, false, &ctx(project), ident);
+        let _ = g.answer(prompt("/srv/other/b.csv", false), Answer::Deny, false, &ctx(project), ident);
         assert_eq!(g.take_late(&["/srv/other".into()]), None, "a deny is an answer, not an abandoned prompt");
         assert_eq!(g.take_late(&["/srv".into()]), Some(PathBuf::from("/srv/data/a.csv")));
         assert_eq!(g.take_late(&["/srv".into()]), None, "taken once");

@@ -2,7 +2,7 @@
 //! seccomp sandbox, for the pi coding agent's `python` tool.
 //!
 //! The sandbox logic is plain Rust, tested with `cargo test`; only
-//! `napi_api` (behind the `addon` feature) knows about Node.
+//! `napi` (behind the `addon` feature) knows about Node.
 
 // `unwrap`/`expect` are denied in the library (Cargo.toml's [lints]), not in tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -46,7 +46,7 @@ pub mod watches;
 pub mod worker;
 
 #[cfg(feature = "addon")]
-mod napi_api;
+mod napi;
 #[cfg(feature = "addon")]
 mod napi_config;
 #[cfg(feature = "addon")]

@@ -10,7 +10,8 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
-use crate::napi_api::{call_id_of, invalid, PythonSandbox};
+use crate::napi::sandbox::PythonSandbox;
+use crate::napi::{call_id_of, invalid};
 use crate::shell::{Command, Ending, ShellConfig, ShellError};
 
 /// The longest command the tool takes (pi's own bash has no bound; this

@@ -272,7 +272,8 @@ impl<H: Host> Session<H> {
             sh.running_call = Some(call);
             sh.report.busy = true;
         }
-        let mut outcome = self.execute_locked(&mut inner, code, timeout_seconds, call, &mut wake, progress).await;
+        let request = call::CallRequest { code, timeout_seconds, progress };
+        let mut outcome = self.execute_locked(&mut inner, request, call, &mut wake).await;
         self.refill_spare(&inner);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {

@@ -231,8 +231,23 @@ pub fn spawn_sandbox(
 /// Why a held sandbox was not released.
 #[derive(Debug, thiserror::Error)]
 pub enum Unprepared {
+    /// Bubblewrap's info pipe (where it says the sandbox's pid) failed.
+    #[error("bubblewrap's info pipe: {0}")]
+    InfoPipe(io::Error),
+    /// Bubblewrap said nothing within the helper's deadline.
+    #[error("bubblewrap did not say the sandbox's pid in time")]
+    PidLate,
+    /// What bubblewrap said names no pid.
+    #[error("bubblewrap did not say the sandbox's pid")]
+    NoPid,
+    /// The namespace helper's thread ended without an answer.
     #[error("{0}")]
-    Bubblewrap(String),
+    HelperThread(tokio::task::JoinError),
+    /// The byte that releases the payload was not written.
+    #[error("the payload could not be released")]
+    NotReleased,
+    #[error("the payload could not be released: {0}")]
+    Release(nix::errno::Errno),
     /// An rlimit of the policy's could not be set on the held process.
     #[error("{resource} of the sandbox's first process (pid {pid}) could not be set: {source}")]
     Limit { resource: &'static str, pid: i32, source: io::Error },
@@ -295,32 +310,31 @@ pub async fn prepare_inside(
     steps: Vec<crate::nshelper::Step>,
 ) -> Result<(), Unprepared> {
     let began = std::time::Instant::now();
-    let said = |e: String| Unprepared::Bubblewrap(e);
-    let info = pipe::Receiver::from_owned_fd(info).map_err(|e| said(format!("bubblewrap's info pipe: {e}")))?;
+    let info = pipe::Receiver::from_owned_fd(info).map_err(Unprepared::InfoPipe)?;
     let mut text = Vec::new();
     let mut bounded = info.take(4096);
     match tokio::time::timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(said(format!("bubblewrap's info pipe: {e}"))),
-        Err(_) => return Err(said("bubblewrap did not say the sandbox's pid in time".into())),
+        Ok(Err(e)) => return Err(Unprepared::InfoPipe(e)),
+        Err(_) => return Err(Unprepared::PidLate),
     }
     let pid = serde_json::from_slice::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
         .and_then(|p| i32::try_from(p).ok())
         .filter(|p| *p > 0)
-        .ok_or_else(|| said("bubblewrap did not say the sandbox's pid".to_string()))?;
+        .ok_or(Unprepared::NoPid)?;
     set_limits_of(pid, limits)?;
     if !steps.is_empty() {
         let ns = [crate::nshelper::Namespace::User];
         tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
             .await
-            .map_err(|e| said(e.to_string()))??;
+            .map_err(Unprepared::HelperThread)??;
     }
     match nix::unistd::write(release, b"1") {
         Ok(1) => {}
-        Ok(_) => return Err(said("the payload could not be released".into())),
-        Err(e) => return Err(said(format!("the payload could not be released: {e}"))),
+        Ok(_) => return Err(Unprepared::NotReleased),
+        Err(e) => return Err(Unprepared::Release(e)),
     }
     tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
     Ok(())
@@ -380,6 +394,17 @@ pub fn exited(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn why_a_held_sandbox_was_not_released_is_worded_for_the_start_failure() {
+        assert_eq!(Unprepared::PidLate.to_string(), "bubblewrap did not say the sandbox's pid in time");
+        assert_eq!(Unprepared::NoPid.to_string(), "bubblewrap did not say the sandbox's pid");
+        assert_eq!(Unprepared::NotReleased.to_string(), "the payload could not be released");
+        let broken = Unprepared::Release(nix::errno::Errno::EPIPE).to_string();
+        assert_eq!(broken, format!("the payload could not be released: {}", nix::errno::Errno::EPIPE));
+        let pipe = Unprepared::InfoPipe(io::Error::from(io::ErrorKind::UnexpectedEof)).to_string();
+        assert!(pipe.starts_with("bubblewrap's info pipe: "), "{pipe}");
+    }
 
     #[test]
     fn exited_tells_a_live_process_from_a_gone_one() {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Answer, Grants, Next};
+use super::{Answer, Grants, Next, Prompt};
 use crate::display::display_line;
 use crate::outcome::{Outcome, Status};
 use crate::permissions::{self, Context, OnceMount, ReadDecision};
@@ -218,7 +218,8 @@ impl GrantLoop {
             Mask::None => None,
         };
         let next = t.with_context(|ctx| {
-            self.grants.answer(&d.path, d.is_directory, secret.as_deref(), answer, remounted, ctx, |p| ctx.resolve(p))
+            let prompt = Prompt { path: &d.path, is_dir: d.is_directory, secret: secret.as_deref() };
+            self.grants.answer(prompt, answer, remounted, ctx, |p| ctx.resolve(p))
         });
         match next {
             Next::Replay => Applied::Granted(Grant::Remounted),

@@ -49,6 +49,21 @@ const DRAIN_READS: usize = 256;
 const FLAGS: AddWatchFlags =
     AddWatchFlags::IN_CREATE.union(AddWatchFlags::IN_MOVED_TO).union(AddWatchFlags::IN_ONLYDIR);
 
+/// Why a start's masks are stale: what appeared in the project, by its
+/// host path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stale {
+    /// A path on the host-secret list.
+    #[error("{} is a host secret and appeared in the project", one_line(.0))]
+    HostSecret(PathBuf),
+    /// A name that looks like a secret.
+    #[error("{} looks like a secret and appeared in the project", one_line(.0))]
+    Secret(PathBuf),
+    /// A new name of a masked file's inode.
+    #[error("{} is a new name (a hard link) of a masked secret", one_line(.0))]
+    HardLink(PathBuf),
+}
+
 /// The watches added during a start's walk (see `plan_start`).
 pub struct Watching {
     inotify: Option<Inotify>,
@@ -181,7 +196,7 @@ impl SecretWatch {
         }
         let drained = match self.drain(&mut state, DRAIN_READS) {
             Err(why) => {
-                state.stale = Some(why);
+                state.stale = Some(why.to_string());
                 return state.stale.clone();
             }
             Ok(drained) => drained,
@@ -204,7 +219,7 @@ impl SecretWatch {
         }
         let drained = match self.drain(&mut state, BATCH_READS) {
             Err(why) => {
-                state.stale = Some(why);
+                state.stale = Some(why.to_string());
                 return (state.stale.clone(), false);
             }
             Ok(drained) => drained,
@@ -225,7 +240,7 @@ impl SecretWatch {
 
     /// Read and look at what the queue holds, at most `reads` times:
     /// whether it is empty now, or why the masks are stale.
-    fn drain(&self, state: &mut State, reads: usize) -> Result<bool, String> {
+    fn drain(&self, state: &mut State, reads: usize) -> Result<bool, Stale> {
         for _ in 0..reads {
             let events = self.read_events();
             if events.is_empty() {
@@ -253,7 +268,7 @@ impl SecretWatch {
     /// One new entry `rel` (a directory by the event's word when it is
     /// already gone): a secret by name, a new name of a masked file, or a
     /// directory to watch and look into.
-    fn look(&self, state: &mut State, rel: &Path, is_dir: bool) -> Option<String> {
+    fn look(&self, state: &mut State, rel: &Path, is_dir: bool) -> Option<Stale> {
         let p = &self.plan;
         let name = rel.file_name()?;
         let st = p.tree.lstat(rel).ok().flatten();
@@ -268,14 +283,14 @@ impl SecretWatch {
         let host = p.tree.path().join(rel);
         let allowed = p.report.unmasked.iter().any(|m| rel.starts_with(&m.rel));
         if p.host.matches_in_tree(p.tree.path(), rel) {
-            return Some(format!("{} is a host secret and appeared in the project", one_line(&host)));
+            return Some(Stale::HostSecret(host));
         }
         if p.secrets.matches(name, kind) && !allowed {
-            return Some(format!("{} looks like a secret and appeared in the project", one_line(&host)));
+            return Some(Stale::Secret(host));
         }
         if let Some(st) = &st {
             if kind == Kind::File && p.idents.contains(&ident(st)) && !p.report.hides(&sandbox(rel)) {
-                return Some(format!("{} is a new name (a hard link) of a masked secret", one_line(&host)));
+                return Some(Stale::HardLink(host));
             }
         }
         if kind != Kind::Dir || p.rules.protects(&p.tree, rel, name) || is_dependency(name) {
@@ -312,18 +327,12 @@ impl SecretWatch {
                 if on_host_list
                     || (p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)))
                 {
-                    return Some(format!(
-                        "{} looks like a secret and appeared in the project",
-                        one_line(&p.tree.path().join(&child))
-                    ));
+                    return Some(Stale::Secret(p.tree.path().join(&child)));
                 }
                 if k == Kind::File && !p.idents.is_empty() {
                     if let Ok(Some(st)) = p.tree.lstat(&child) {
                         if p.idents.contains(&ident(&st)) {
-                            return Some(format!(
-                                "{} is a new name (a hard link) of a masked secret",
-                                one_line(&p.tree.path().join(&child))
-                            ));
+                            return Some(Stale::HardLink(p.tree.path().join(&child)));
                         }
                     }
                 }
@@ -343,9 +352,7 @@ impl SecretWatch {
         let known = |rel: &Path| {
             p.report.masked.iter().chain(&p.report.unmasked).any(|m| rel == m.rel || (m.dir && rel.starts_with(&m.rel)))
         };
-        found.into_iter().find(|m| !known(&m.rel)).map(|m| {
-            format!("{} looks like a secret and appeared in the project", one_line(&p.tree.path().join(&m.rel)))
-        })
+        found.into_iter().find(|m| !known(&m.rel)).map(|m| Stale::Secret(p.tree.path().join(&m.rel)).to_string())
     }
 
     /// Until `stop` fires: when the plan turns stale, `stale` is called
@@ -405,4 +412,17 @@ fn add_watch(inotify: &Inotify, tree: &Tree, rel: &Path) -> Option<WatchDescript
     let fd = tree.dir(rel).ok()?;
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     inotify.add_watch(path.as_str(), FLAGS).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_reason_says_what_appeared_on_one_line() {
+        let path = || PathBuf::from("/p/a\nb");
+        assert_eq!(Stale::HostSecret(path()).to_string(), "/p/a␊b is a host secret and appeared in the project");
+        assert_eq!(Stale::Secret(path()).to_string(), "/p/a␊b looks like a secret and appeared in the project");
+        assert_eq!(Stale::HardLink(path()).to_string(), "/p/a␊b is a new name (a hard link) of a masked secret");
+    }
 }

@@ -5,17 +5,23 @@
 
 use super::*;
 
+/// What one call asks for: its code, its timeout in seconds (clamped to
+/// the bounds here), and where its progress goes.
+pub(super) struct CallRequest {
+    pub(super) code: String,
+    pub(super) timeout_seconds: u32,
+    pub(super) progress: Option<ProgressFn>,
+}
+
 impl<H: Host> Session<H> {
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn execute_locked(
         &self,
         inner: &mut Inner<H>,
-        code: String,
-        timeout_seconds: u32,
+        request: CallRequest,
         call: u32,
         wake: &mut watch::Receiver<u64>,
-        progress: Option<ProgressFn>,
     ) -> Outcome {
+        let CallRequest { code, timeout_seconds, progress } = request;
         let generation = || self.shared.lock().report.generation;
         if code.len() > MAX_CODE_BYTES {
             return Outcome::static_result(

@@ -72,7 +72,7 @@ impl<H: Host> Session<H> {
             .await
             .map_err(|e| not_started(format!("{e} (it never runs on the host).")))?
             .clone();
-        let dirs = self.shell_dirs().await.map_err(|e| not_started(format!("{e} (it never runs on the host).")))?;
+        let dirs = self.shell_dirs().await?;
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(|e| {
             not_started(format!(
                 "the project {} is not accessible: {e}.",
@@ -99,7 +99,9 @@ impl<H: Host> Session<H> {
 
     /// The session directories (made on first use), with a scratch that
     /// a stopped command left in doubt set aside first.
-    async fn shell_dirs(&self) -> Result<Dirs, String> {
+    async fn shell_dirs(&self) -> Result<Dirs, ShellError> {
+        let not_started =
+            |e: String| ShellError::NotStarted(format!("The command was not run: {e} (it never runs on the host)."));
         let known = self.shared.lock().report.dirs.clone();
         if let (Some(dirs), false) = (known, self.shells.suspect.load(Ordering::Acquire)) {
             return Ok(dirs);
@@ -108,9 +110,9 @@ impl<H: Host> Session<H> {
         if self.shells.take_suspect() {
             inner.scratch_suspect = true;
         }
-        let dirs = self.ensure_dirs(&mut inner)?;
+        let dirs = self.ensure_dirs(&mut inner).map_err(not_started)?;
         if inner.scratch_suspect {
-            self.set_aside_scratch(&mut inner, &dirs).await?;
+            self.set_aside_scratch(&mut inner, &dirs).await.map_err(not_started)?;
         }
         Ok(dirs)
     }

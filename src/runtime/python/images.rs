@@ -17,12 +17,23 @@ use crate::limits::{MAX_IMAGES, MAX_IMAGES_TOTAL_BYTES, MAX_IMAGE_BYTES};
 const MAX_PATH: usize = 4096;
 const MAX_MIME: usize = 64;
 
+/// Why an image the worker named was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum Unread {
+    #[error("not under /scratch")]
+    NotInScratch,
+    #[error("it is or passes through a symbolic link")]
+    Link,
+    #[error("{0}")]
+    Io(std::io::Error),
+}
+
 /// Read an image the worker saved under /scratch, beneath `scratch`.
-pub fn read(scratch: &Path, sandbox_path: &str, max: u64) -> Result<Vec<u8>, String> {
-    let rel = Path::new(sandbox_path.strip_prefix("/scratch/").ok_or("not under /scratch")?);
+pub fn read(scratch: &Path, sandbox_path: &str, max: u64) -> Result<Vec<u8>, Unread> {
+    let rel = Path::new(sandbox_path.strip_prefix("/scratch/").ok_or(Unread::NotInScratch)?);
     Tree::open(scratch).and_then(|t| t.read_regular(rel, max)).map_err(|e| match e.raw_os_error() {
-        Some(libc::ELOOP) | Some(libc::EXDEV) => "it is or passes through a symbolic link".to_string(),
-        _ => e.to_string(),
+        Some(libc::ELOOP) | Some(libc::EXDEV) => Unread::Link,
+        _ => Unread::Io(e),
     })
 }
 
