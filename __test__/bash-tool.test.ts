@@ -444,3 +444,39 @@ test("when another extension's bash was registered first, session start says so 
   assert.equal(r.text, "other bash ran");
   assert.equal(fake.calls.length, 0);
 });
+
+// --- the trusted configuration file ---------------------------------------------------------------
+
+/** Writes the trusted configuration for one test (pi's agent dir is this file's). */
+function writeTrusted(t: TestContext, text: string): void {
+  const dir = join(AGENT_DIR, "extensions", "pi-python-sandbox");
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, "config.json"), text);
+  t.after(() => rmSync(join(dir, "config.json"), { force: true }));
+}
+
+test("a malformed trusted configuration is named at session start and bash stays sandboxed", async (t) => {
+  writeTrusted(t, JSON.stringify({ bash: "host", bogusKey: 1 }));
+  const h = await setup(t, [PACKAGE_DIR]);
+  assert.equal(bashInfo(h).path, PACKAGE_ENTRY, "an error keeps the most restrictive setting");
+  const errors = h.notifications.filter((n) => n.type === "error").map((n) => n.message);
+  assert.ok(errors.some((m) => m.includes("bogusKey")), JSON.stringify(h.notifications));
+});
+
+test('"bash": "host" in the trusted configuration leaves pi\'s own bash', async (t) => {
+  writeTrusted(t, JSON.stringify({ bash: "host" }));
+  const h = await setup(t, [PACKAGE_DIR]);
+  assert.notEqual(bashInfo(h).path, PACKAGE_ENTRY);
+});
+
+test("a project's own configuration file is ignored with a notice", async (t) => {
+  const cwd = await tempCwd(t);
+  mkdirSync(join(cwd, ".pi", "extensions", "pi-python-sandbox"), { recursive: true });
+  writeFileSync(join(cwd, ".pi", "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ bash: "host" }));
+  const prev = process.cwd();
+  process.chdir(cwd);
+  t.after(() => process.chdir(prev));
+  const h = await setup(t, [PACKAGE_DIR], cwd);
+  assert.equal(bashInfo(h).path, PACKAGE_ENTRY, "the project's file did not widen anything");
+  assert.ok(h.notifications.some((n) => /ignored/i.test(n.message)), JSON.stringify(h.notifications));
+});

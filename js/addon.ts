@@ -8,6 +8,7 @@ import { createRequire } from "node:module";
 import { dirname, join, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import type {
+  TrustedConfig,
   Limits,
   PythonSandbox as PythonSandboxClass,
   SandboxOptions,
@@ -25,6 +26,7 @@ type Binding = {
   toolSettings?(): ToolSettings;
   displayText(text: string): string;
   displayLine?(text: string): string;
+  loadTrustedConfig?(agentDir: string, projectDir: string): TrustedConfig;
 };
 const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 

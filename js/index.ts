@@ -12,9 +12,11 @@
  * result is js/render.ts.
  */
 import { realpathSync } from "node:fs";
+import { resolve } from "node:path";
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
+import { getAgentDir } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
-import type { ExecProgress } from "../index.d.ts";
+import type { ExecProgress, TrustedConfig } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { addonShell, type BashConfig, registerSandboxedBash, type ShellHost } from "./bash.ts";
 import { displayLine, displayText } from "./display.ts";
@@ -73,9 +75,24 @@ function unavailable(action: string, diagnostic: string) {
   });
 }
 
-/** The trusted configuration's bash keys (the defaults until the configuration file is read). */
-export function bashConfig(): BashConfig {
-  return { bash: "sandbox", userBash: "host" };
+/**
+ * The trusted configuration (`<agent dir>/extensions/pi-python-sandbox/config.json`, never the
+ * project's), read once at load; where the addon cannot load, the defaults (bash sandboxed, and a
+ * command then refused, never run on the host).
+ */
+export function trustedConfig(projectDir: string): TrustedConfig | undefined {
+  const binding = loadAddon().binding;
+  if (!binding?.loadTrustedConfig) return undefined;
+  try {
+    return binding.loadTrustedConfig(resolve(getAgentDir()), projectDir);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The trusted configuration's bash keys. */
+export function bashConfig(trusted: TrustedConfig | undefined): BashConfig {
+  return { bash: trusted?.bash ?? "sandbox", userBash: trusted?.userBash ?? "host" };
 }
 
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
@@ -144,6 +161,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
 
   // The bash tool: each command in a sandbox of its own, with this session's mode, read roots and
   // protections; where the addon cannot load, a command is refused (never run on the host).
+  const trusted = trustedConfig(process.cwd());
   registerSandboxedBash(
     pi,
     (cwd) => {
@@ -151,9 +169,14 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       if ("error" in sandbox) {
         return new Error(`The command was not run (the sandbox is unavailable; it never runs on the host): ${sandbox.error}`);
       }
+      sandbox.setShellConfig({
+        additionalAllowRead: trusted?.additionalAllowRead ?? [],
+        envPassthrough: trusted?.envPassthrough ?? [],
+        configPath: trusted?.path,
+      });
       return addonShell(sandbox as unknown as ShellHost);
     },
-    bashConfig(),
+    bashConfig(trusted),
   );
 
   // What the model is told follows the settings and limits in force at registration.
@@ -313,9 +336,16 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     }),
   ];
 
+  let told = false;
   pi.on("session_start", (_event, ctx) => {
     state.cwd = ctx.cwd;
     state.ui = ctx.hasUI ? ctx.ui : undefined;
+    // What is wrong with the trusted configuration, and a project's file that is ignored, once.
+    if (!told && trusted) {
+      told = true;
+      for (const e of trusted.errors) ctx.ui.notify(displayLine(`pi-python-sandbox configuration: ${e}`), "error");
+      for (const n of trusted.notices) ctx.ui.notify(displayLine(n), "info");
+    }
     // pi-tool-permissions announces its mode in its own session_start, which
     // may run before this one: what that did is said now.
     if (state.permissions?.hasMode) {
