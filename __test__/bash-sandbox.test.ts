@@ -250,3 +250,28 @@ test("a sub-directory of the project is the command's working directory", async 
   const { out } = await sh(f.sb, join(f.project, "sub"), "pwd; cat ../data.txt");
   assert.equal(out, `${join(f.project, "sub")}\nfixture-content\n`);
 });
+
+test("pass-through names reach a command, but never one the sandbox refuses", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PPS_PASSED", "passed-value");
+  withEnv(t, "LD_LIBRARY_PATH", "/planted");
+  f.sb.setShellConfig({ envPassthrough: ["PPS_PASSED", "LD_LIBRARY_PATH"] });
+  const { out } = await sh(f.sb, f.project, 'echo "$PPS_PASSED|$LD_LIBRARY_PATH"');
+  assert.equal(out, "passed-value|\n");
+});
+
+test("an extra read that holds the project or lies in the sandbox's own /tmp is not shown, and the result says why", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  // The fixture outside /tmp, where an extra read can be shown.
+  withEnv(t, "TMPDIR", "/var/tmp");
+  const f = await makeFixture(t);
+  const other = join(f.base, "other");
+  mkdirSync(other);
+  writeFileSync(join(other, "tool.txt"), "extra-read\n");
+  f.sb.setShellConfig({ additionalAllowRead: [f.base, other, "/tmp/elsewhere"] });
+  const { r, out } = await sh(f.sb, f.project, `cat ${join(other, "tool.txt")}; touch x 2>/dev/null || echo still-read-only`);
+  assert.equal(out, "extra-read\nstill-read-only\n");
+  assert.ok(r.notes.some((n) => n.includes(f.base) && n.includes("holds the project")), r.notes.join("\n"));
+  assert.ok(r.notes.some((n) => n.includes("/tmp/elsewhere") && n.includes("own mount")), r.notes.join("\n"));
+});

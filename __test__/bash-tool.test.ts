@@ -480,3 +480,18 @@ test("a project's own configuration file is ignored with a notice", async (t) =>
   assert.equal(bashInfo(h).path, PACKAGE_ENTRY, "the project's file did not widen anything");
   assert.ok(h.notifications.some((n) => /ignored/i.test(n.message)), JSON.stringify(h.notifications));
 });
+
+test('with "userBash": "sandbox" the user\'s !cmd runs in this package\'s sandbox, never on the host', async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  writeTrusted(t, JSON.stringify({ userBash: "sandbox" }));
+  const cwd = await tempCwd(t);
+  writeFileSync(join(cwd, ".env"), "TOKEN=project-secret\n");
+  const marker = join(cwd, "user-ran-on-host");
+  const h = await setup(t, [PACKAGE_DIR], cwd);
+  const r = await userBash(h, `cat .env; echo "key=$ANTHROPIC_API_KEY"; touch ${marker}`);
+  assert.equal(r.handledBy, "operations");
+  assert.match(r.result.output, /^key=\n/);
+  assert.match(r.result.output, /Read-only file system/);
+  assert.doesNotMatch(r.result.output, /project-secret/);
+  assert.equal(existsSync(marker), false, "the user's command ran on the host");
+});

@@ -18,7 +18,7 @@ import { getAgentDir } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 import type { ExecProgress, TrustedConfig } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
-import { addonShell, type BashConfig, registerSandboxedBash, type ShellHost } from "./bash.ts";
+import { addonShell, type BashConfig, registerSandboxedBash } from "./bash.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -174,7 +174,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         envPassthrough: trusted?.envPassthrough ?? [],
         configPath: trusted?.path,
       });
-      return addonShell(sandbox as unknown as ShellHost);
+      return addonShell(sandbox);
     },
     bashConfig(trusted),
   );

@@ -62,6 +62,8 @@ pub struct Request<'a> {
     pub payload_reads: &'a [PathBuf],
     /// The settings of this start, read once.
     pub settings: Settings,
+    /// The host secrets in force (see [`host_secrets`]), built once per start.
+    pub secrets: crate::hostsecrets::HostSecrets,
     pub seccomp: crate::seccomp::Profile,
 }
 
@@ -115,6 +117,22 @@ impl Confined {
     pub fn settle_nofile(&mut self) {
         self.policy.nofile = (crate::spawn::nofile_for(self.mount_fds.len()) > RLIMIT_NOFILE).then_some(RLIMIT_NOFILE);
     }
+}
+
+/// The trees a start's sandbox can write, as the host secrets' lookups
+/// must skip them: the project and the runtime root (scratch is there).
+fn sandbox_trees(dirs: &Dirs, project: &Path) -> (PathBuf, PathBuf) {
+    let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
+    let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or(runtime_root);
+    (project.to_path_buf(), canonical_root)
+}
+
+/// The host secrets in force for a start in `dirs` over `project` (made
+/// once per start: the runtime filters what it mounts with them before
+/// [`confine`] masks them).
+pub fn host_secrets(settings: &Settings, dirs: &Dirs, project: &Path) -> crate::hostsecrets::HostSecrets {
+    let (project, root) = sandbox_trees(dirs, project);
+    settings.host_secrets(&[project.as_path(), root.as_path()])
 }
 
 /// The host secrets inside the read roots and allow-once directories, as
@@ -172,7 +190,7 @@ fn add(masks: &mut Vec<crate::hostsecrets::Mask>, more: impl IntoIterator<Item =
 
 /// Make the confinement of one start (blocking parts run off the runtime).
 pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
-    let Request { host, dirs, project, project_at, mounts, payload_reads, mut settings, seccomp, .. } = req;
+    let Request { host, dirs, project, project_at, mounts, payload_reads, mut settings, seccomp, secrets, .. } = req;
     // Git must never trust a file under this session's runtime root
     // (scratch is there).
     let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
@@ -180,9 +198,8 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     let sizes = settings.tmpfs.clone();
     let caps = settings.caps.clone();
     let budget = settings.budget;
-    let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or_else(|_| runtime_root.clone());
+    let (_, canonical_root) = sandbox_trees(dirs, project);
     let trees = [project, canonical_root.as_path()];
-    let secrets = settings.host_secrets(&trees);
     let mut host_masks = host_masks(&secrets, mounts, &trees);
     // A tree the payload reads outside the project is a host directory
     // shown to the sandbox like a read root.

@@ -104,6 +104,7 @@ async fn start_once(
     let Start { facts, dirs, project, mounts, .. } = start;
     let settings = Settings::from_env();
     let keeper = start.rollback.unwrap_or(settings.rollback);
+    let secrets = crate::confine::host_secrets(&settings, dirs, project);
     let mut confined = crate::confine::confine(crate::confine::Request {
         host: &facts.host,
         dirs,
@@ -115,6 +116,7 @@ async fn start_once(
         known: start.known.clone(),
         payload_reads: &facts.python.mounts,
         settings,
+        secrets,
         seccomp: seccomp::Profile::Python,
     })
     .await

@@ -134,7 +134,10 @@ fn not_started(why: impl std::fmt::Display) -> ShellError {
 }
 
 /// The generated files of the session's shells, made once: `/etc/passwd`,
-/// `/etc/group`, `/etc/hosts`.
+/// `/etc/group`, `/etc/hosts`. By path, on purpose: the session directory
+/// is the host's (0700, made by `rundir`), and no sandbox can write in it
+/// (they see its `scratch` child only), so nothing there can be a link a
+/// sandbox planted.
 fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
     let dir = dirs.root.join("shell-etc");
     match std::fs::create_dir(&dir) {
@@ -187,17 +190,35 @@ fn reads(
     let system = payload::SYSTEM_READS.iter().map(PathBuf::from);
     let extra = ctx.config.additional_reads.iter().cloned();
     for p in system.chain(path_mounts.iter().cloned()).chain(extra) {
-        let reserved = crate::bwrap::RESERVED_MOUNTS.iter().any(|r| p == Path::new(r) || p.starts_with(r))
-            && !p.starts_with("/usr");
-        if out.contains(&p)
-            || p == Path::new("/")
-            || reserved
-            || p.starts_with("/usr")
+        // The engine's own mount points, the project and the session's
+        // directories are mounted already (a tree above one of them would
+        // cover it, read-only).
+        let own = crate::bwrap::RESERVED_MOUNTS.iter().any(|r| p.starts_with(r))
             || p.starts_with(ctx.project)
-            || ctx.project.starts_with(&p)
-            || p.starts_with(runtime_root)
-            || runtime_root.starts_with(&p)
-        {
+            || p.starts_with(runtime_root);
+        let above = p == Path::new("/") || ctx.project.starts_with(&p) || runtime_root.starts_with(&p);
+        if out.contains(&p) {
+            continue;
+        }
+        if own {
+            let shown_anyway = p.starts_with("/usr") || p.starts_with(ctx.project);
+            if ctx.config.additional_reads.contains(&p) && !shown_anyway {
+                notes.push(format!(
+                    "{} (filesystem.additionalAllowRead) is not shown: it is under one of the sandbox's own mount \
+                     points (/tmp and /dev are private to each command, /proc is its own, /scratch is the session's).",
+                    crate::display::one_line(&p)
+                ));
+            }
+            continue;
+        }
+        if above {
+            if ctx.config.additional_reads.contains(&p) {
+                notes.push(format!(
+                    "{} (filesystem.additionalAllowRead) is not shown: it holds the project or the session's \
+                     directory, which a read-only view of it would cover; name the directories inside it instead.",
+                    crate::display::one_line(&p)
+                ));
+            }
             continue;
         }
         if let Some(entry) = secrets.covering(&p) {
@@ -218,7 +239,10 @@ fn reads(
 fn environment(cmd: &Command, config: &ShellConfig, path: &str) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![("PATH".into(), path.into())];
     for (name, value) in std::env::vars_os().filter_map(|(n, v)| Some((n.into_string().ok()?, v.into_string().ok()?))) {
-        if payload::allowed_name(&name) || config.passthrough.contains(&name) {
+        let passed = config.passthrough.contains(&name)
+            && crate::config::is_env_name(&name)
+            && crate::config::refused_name(&name).is_none();
+        if payload::allowed_name(&name) || passed {
             env.push((name, value));
         }
     }
@@ -249,9 +273,7 @@ pub async fn run(
     let home = settings.home.clone();
     let search =
         payload::search_path(&std::env::var("PATH").unwrap_or_default(), home.as_deref(), &ctx.config.additional_reads);
-    let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
-    let trees = [ctx.project, runtime_root];
-    let secrets = settings.host_secrets(&trees);
+    let secrets = confine::host_secrets(&settings, ctx.dirs, ctx.project);
     let mut notes = Vec::new();
     let reads = reads(&ctx, &search.mounts, &secrets, &mut notes);
     let files =
@@ -269,6 +291,7 @@ pub async fn run(
         known: ctx.known.clone(),
         payload_reads: &reads,
         settings,
+        secrets,
         seccomp: crate::seccomp::Profile::Shell,
     })
     .await
@@ -352,55 +375,55 @@ pub async fn run(
     let (mut out_open, mut err_open) = (true, true);
     let mut status = None;
     let mut stopped: Option<Ending> = None;
+    // After the sandbox ended, what is left in the pipes is read within a
+    // bound (its namespace is gone, so no writer is left but a stray
+    // descriptor's).
+    let drained = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(drained);
     // Read both streams until the sandbox has ended and both are closed
     // (when the shell ends, its namespace and every process in it do).
     while out_open || err_open || status.is_none() {
-        tokio::select! {
-            n = stdout.read(&mut out_buf), if out_open => match n {
-                Ok(0) | Err(_) => out_open = false,
-                Ok(n) => if !out.push(0, &out_buf[..n], on_data) && stopped.is_none() {
-                    stopped = Some(Ending::Flooded);
-                    kill_group(pid);
-                },
-            },
-            n = stderr.read(&mut err_buf), if err_open => match n {
-                Ok(0) | Err(_) => err_open = false,
-                Ok(n) => if !out.push(1, &err_buf[..n], on_data) && stopped.is_none() {
-                    stopped = Some(Ending::Flooded);
-                    kill_group(pid);
-                },
-            },
+        let (which, read) = tokio::select! {
+            n = stdout.read(&mut out_buf), if out_open => (0, n),
+            n = stderr.read(&mut err_buf), if err_open => (1, n),
             s = child.child.wait(), if status.is_none() => {
                 status = Some(s.ok());
-                // The namespace is gone; what is left in the pipes is
-                // read within a bound.
-                if out_open || err_open {
-                    let mut tail = Box::pin(tokio::time::sleep(CLEANUP_DEADLINE));
-                    while out_open || err_open {
-                        tokio::select! {
-                            n = stdout.read(&mut out_buf), if out_open => match n {
-                                Ok(0) | Err(_) => out_open = false,
-                                Ok(n) => { out.push(0, &out_buf[..n], on_data); }
-                            },
-                            n = stderr.read(&mut err_buf), if err_open => match n {
-                                Ok(0) | Err(_) => err_open = false,
-                                Ok(n) => { out.push(1, &err_buf[..n], on_data); }
-                            },
-                            _ = &mut tail => { out_open = false; err_open = false; }
-                        }
-                    }
-                }
+                drained.as_mut().reset(tokio::time::Instant::now() + CLEANUP_DEADLINE);
+                continue;
+            },
+            _ = &mut drained, if status.is_some() => {
+                (out_open, err_open) = (false, false);
+                continue;
             },
             _ = &mut sleep, if stopped.is_none() => {
                 stopped = Some(Ending::TimedOut);
                 kill_group(pid);
+                continue;
             },
             r = cancel.changed(), if stopped.is_none() => {
                 if r.is_err() || *cancel.borrow() {
                     stopped = Some(Ending::Aborted);
                     kill_group(pid);
                 }
+                continue;
             },
+        };
+        let bytes = match read {
+            Ok(0) | Err(_) => {
+                *(if which == 0 { &mut out_open } else { &mut err_open }) = false;
+                continue;
+            }
+            Ok(n) => {
+                if which == 0 {
+                    &out_buf[..n]
+                } else {
+                    &err_buf[..n]
+                }
+            }
+        };
+        if !out.push(which, bytes, on_data) && stopped.is_none() {
+            stopped = Some(Ending::Flooded);
+            kill_group(pid);
         }
     }
     out.finish(on_data);
