@@ -842,4 +842,5 @@ module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
 module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
+module.exports.sandboxProbe = nativeBinding.sandboxProbe
 module.exports.toolSettings = nativeBinding.toolSettings

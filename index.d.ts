@@ -129,11 +129,6 @@ export interface BwrapInfo {
   setuid: boolean
 }
 
-/**
- * Kill every sandbox and delete every session directory of this process,
- * synchronously. For `process.on("exit")`: a `process.exit()` skips the
- * addon's own environment cleanup.
- */
 export declare function cleanupAll(): void
 
 /** What caps one sandbox's totals (see `contain` and `scratch`). */
@@ -424,6 +419,16 @@ export interface SandboxPaths {
   sandboxScratch: string
   logDir?: string
 }
+
+/**
+ * Kill every sandbox and delete every session directory of this process,
+ * synchronously. For `process.on("exit")`: a `process.exit()` skips the
+ * addon's own environment cleanup.
+ * Why no sandbox can start on this host (bubblewrap missing, or unable
+ * to make namespaces), with the fix; null when one can. Asked once per
+ * process, for a warning at session start.
+ */
+export declare function sandboxProbe(): Promise<string | null>
 
 /** One command of the bash tool. */
 export interface ShellOptions {

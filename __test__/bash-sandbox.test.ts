@@ -275,3 +275,16 @@ test("an extra read that holds the project or lies in the sandbox's own /tmp is 
   assert.ok(r.notes.some((n) => n.includes(f.base) && n.includes("holds the project")), r.notes.join("\n"));
   assert.ok(r.notes.some((n) => n.includes("/tmp/elsewhere") && n.includes("own mount")), r.notes.join("\n"));
 });
+
+test("the host probe says before any call when no sandbox can start here, with the fix", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const script = `require(${JSON.stringify(INDEX_CJS)}).sandboxProbe().then((why) => console.log("PROBE " + JSON.stringify(why)))`;
+  const here = spawnSync(process.execPath, ["-e", script], { encoding: "utf8", timeout: 30_000 });
+  assert.equal(here.stdout.trim(), "PROBE null", here.stderr);
+  const without = spawnSync(
+    "unshare",
+    ["-Ur", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh", process.execPath, "-e", script],
+    { encoding: "utf8", timeout: 30_000 },
+  );
+  assert.match(without.stdout, /^PROBE "bubblewrap cannot make a sandbox on this host: .*user namespaces.*Fix: /s, without.stdout + without.stderr);
+});

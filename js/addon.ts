@@ -27,6 +27,7 @@ type Binding = {
   displayText(text: string): string;
   displayLine?(text: string): string;
   loadTrustedConfig?(agentDir: string, projectDir: string): TrustedConfig;
+  sandboxProbe?(): Promise<string | null | undefined>;
 };
 const EXIT_HOOK = Symbol.for("pi-python-sandbox.exit-hook");
 

@@ -340,6 +340,17 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   pi.on("session_start", (_event, ctx) => {
     state.cwd = ctx.cwd;
     state.ui = ctx.hasUI ? ctx.ui : undefined;
+    // Where no sandbox can start here, say so now (with the fix), not at the first call.
+    const binding = loadAddon().binding;
+    if (!told && binding?.sandboxProbe) {
+      const ui = ctx.ui;
+      binding.sandboxProbe().then(
+        (why) => {
+          if (why) ui.notify(displayLine(`pi-python-sandbox: the python and bash tools cannot run here (commands are refused, never run on the host): ${why}`), "warning");
+        },
+        () => {},
+      );
+    }
     // What is wrong with the trusted configuration, and a project's file that is ignored, once.
     if (!told && trusted) {
       told = true;

@@ -134,6 +134,50 @@ async function coldStart() {
   record("  the same, worker compiled from source", median(fromSource), "ms", "bwrap + python3 -I -S -c pass", median(base), "(once per interpreter)");
 }
 
+// -- 1a. the bash tool: one sandbox per command ----------------------------------
+
+const BWRAP_BASH = [...BWRAP_BASE.slice(0, BWRAP_BASE.indexOf("--")), "--", "/bin/bash", "-c", "true"];
+
+function spawnMs(cmd, args) {
+  const t = now();
+  const r = spawnSync(cmd, args, { stdio: "ignore" });
+  if (r.status !== 0) throw new Error(`${cmd} baseline failed`);
+  return now() - t;
+}
+
+async function shellOnce(sb, cwd, command) {
+  const t = now();
+  const r = await sb.execShell(1, command, { cwd }, () => {});
+  if (r.exitCode !== 0) throw new Error(`sandboxed ${command}: ${JSON.stringify(r)}`);
+  return now() - t;
+}
+
+async function shell() {
+  const bare = [];
+  const hostBash = [];
+  const ours = [];
+  const sb = new PythonSandbox({ projectDir: project });
+  await shellOnce(sb, project, "true");
+  for (let i = 0; i < runs(30); i++) {
+    bare.push(spawnMs("bwrap", BWRAP_BASH));
+    hostBash.push(spawnMs("/bin/bash", ["-c", "true"]));
+    ours.push(await shellOnce(sb, project, "true"));
+  }
+  await sb.dispose();
+  record("bash -c true, sandboxed (per command)", median(ours), "ms", "bare bwrap + bash -c true", median(bare), "<= 1.3x");
+  record("  the same", median(ours), "ms", "pi's host bash (bash -c true)", median(hostBash), "");
+  // The project walk of a writable mode, per command.
+  const big = bigProject(20000);
+  for (const [label, writable] of [["read-only", false], ["yolo", true]]) {
+    const s = new PythonSandbox({ projectDir: big, workspaceWritable: writable });
+    await shellOnce(s, big, "true");
+    const xs = [];
+    for (let i = 0; i < runs(10); i++) xs.push(await shellOnce(s, big, "true"));
+    await s.dispose();
+    record(`bash -c true, 20,000 files, ${label}`, median(xs), "ms", "bare bwrap + bash -c true", median(bare), "(walk cost)");
+  }
+}
+
 // -- 1b. writable workspace: the protected-path scan --------------------------------
 
 /** A project of `files` files in 1,000 directories, with a .git and a nested repository. */
@@ -499,11 +543,12 @@ console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} 
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
   if (only) {
-    const sections = { coldStart, writableStart, secretScan, warm, recovery, rollback, timeoutPrecision, manySessions };
+    const sections = { coldStart, shell, writableStart, secretScan, warm, recovery, rollback, timeoutPrecision, manySessions };
     if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
     await sections[only]();
   } else {
     await coldStart();
+    await shell();
     await writableStart();
     await secretScan();
     await warm();

@@ -54,7 +54,7 @@ pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
 pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
-pub mod causes;
+mod causes;
 pub use causes::{
     death_text, exit_text, interruption, recovered_text, start_failure, with_oom, OomKill, Recovered, ResetReason,
 };

@@ -312,6 +312,60 @@ pub async fn probe_bwrap_now() -> Result<Bwrap, BwrapError> {
     Ok(Bwrap { path, version, setuid })
 }
 
+/// What to do when bubblewrap's own words (`stderr`) say it could not
+/// make the sandbox's namespaces, if they do.
+pub fn namespace_hint(stderr: &str) -> Option<&'static str> {
+    let said = stderr.contains("namespace") || stderr.contains("uid map") || stderr.contains("Operation not permitted");
+    said.then_some(
+        "Common causes: unprivileged user namespaces are disabled by the kernel or a container runtime (sysctl \
+         kernel.unprivileged_userns_clone, user.max_user_namespaces, or an AppArmor policy such as Ubuntu 24.04's \
+         kernel.apparmor_restrict_unprivileged_userns). Fix: allow them for bubblewrap (on Ubuntu 24.04 an AppArmor \
+         profile for /usr/bin/bwrap, or sysctl kernel.apparmor_restrict_unprivileged_userns=0), or run pi where user \
+         namespaces are available (in a container, one started with them allowed).",
+    )
+}
+
+/// Whether bubblewrap can make a sandbox's namespaces on this host (a
+/// bare `true` in new user, pid and network namespaces), asked once per
+/// process: `Err` holds what it said and what to do. For a warning before
+/// the first call; every start still says its own failure.
+pub async fn sandbox_works() -> Result<(), NoSandbox> {
+    static ASKED: tokio::sync::OnceCell<Result<(), NoSandbox>> = tokio::sync::OnceCell::const_new();
+    ASKED.get_or_init(sandbox_works_now).await.clone()
+}
+
+/// Why no sandbox can start on this host, worded with the fix.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct NoSandbox(String);
+
+async fn sandbox_works_now() -> Result<(), NoSandbox> {
+    let bwrap = probe_bwrap().await.map_err(|e| NoSandbox(e.to_string()))?;
+    let mut cmd = tokio::process::Command::new(&bwrap.path);
+    cmd.args(["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--die-with-parent"])
+        .args(["--ro-bind", "/usr", "/usr", "--ro-bind-try", "/lib", "/lib", "--ro-bind-try", "/lib64", "/lib64"])
+        .args(["--", "/usr/bin/true"])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(10), cmd.output()).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => return Err(NoSandbox(format!("{} could not be run: {e}", bwrap.path.display()))),
+        Err(_) => return Err(NoSandbox(format!("{} did not make a test sandbox within 10 s", bwrap.path.display()))),
+    };
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = crate::display::displayed(
+        String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(4096)]).trim().to_string(),
+    );
+    let mut msg = format!("bubblewrap cannot make a sandbox on this host: {said}");
+    if let Some(hint) = namespace_hint(&said) {
+        msg = format!("{msg}. {hint}");
+    }
+    Err(NoSandbox(msg))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

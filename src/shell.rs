@@ -333,7 +333,7 @@ pub async fn run(
         .await;
         let said = crate::display::displayed(err.trim().to_string());
         let mut msg = if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") };
-        if let Some(hint) = crate::outcome::causes::namespace_hint(&said) {
+        if let Some(hint) = crate::probe::namespace_hint(&said) {
             msg = format!("{msg}.\n{hint}");
         }
         return Err(not_started(msg));

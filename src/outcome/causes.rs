@@ -94,19 +94,6 @@ impl From<&Interrupt> for ResetReason {
 }
 
 /// A failed sandbox start, as a status and the text the model reads.
-/// What to do when bubblewrap's own words (`stderr`) say it could not
-/// make the sandbox's namespaces, if they do.
-pub fn namespace_hint(stderr: &str) -> Option<&'static str> {
-    let said = stderr.contains("namespace") || stderr.contains("uid map") || stderr.contains("Operation not permitted");
-    said.then_some(
-        "Common causes: unprivileged user namespaces are disabled by the kernel or a container runtime (sysctl \
-         kernel.unprivileged_userns_clone, user.max_user_namespaces, or an AppArmor policy such as Ubuntu 24.04's \
-         kernel.apparmor_restrict_unprivileged_userns). Fix: allow them for bubblewrap (on Ubuntu 24.04 an AppArmor \
-         profile for /usr/bin/bwrap, or sysctl kernel.apparmor_restrict_unprivileged_userns=0), or run pi where user \
-         namespaces are available (in a container, one started with them allowed).",
-    )
-}
-
 pub fn start_failure(e: &StartError) -> (Status, String) {
     match e {
         StartError::Halted(_) => {
@@ -124,7 +111,7 @@ pub fn start_failure(e: &StartError) -> (Status, String) {
             if !stderr.is_empty() {
                 let _ = write!(msg, "\nIts error output: {stderr}");
             }
-            if let Some(hint) = namespace_hint(stderr) {
+            if let Some(hint) = crate::probe::namespace_hint(stderr) {
                 msg.push('\n');
                 msg.push_str(hint);
             }
