@@ -288,3 +288,24 @@ test("the host probe says before any call when no sandbox can start here, with t
   );
   assert.match(without.stdout, /^PROBE "bubblewrap cannot make a sandbox on this host: .*user namespaces.*Fix: /s, without.stdout + without.stderr);
 });
+
+test("the kept walk of a read-only project never shows a secret that appeared or breaks on one that went", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  writeFileSync(join(f.project, ".env"), "FIRST=secret-one\n");
+  mkdirSync(join(f.project, "deep", "er"), { recursive: true });
+  assert.equal((await sh(f.sb, f.project, "cat .env; echo end")).out, "end\n");
+  // Between commands the host adds secrets (a new name, one in a new directory moved in) ...
+  writeFileSync(join(f.project, "deep", "er", ".env"), "SECOND=secret-two\n");
+  mkdirSync(join(f.base, "moved"));
+  writeFileSync(join(f.base, "moved", "credentials.json"), '{"third": "secret-three"}\n');
+  spawnSync("mv", [join(f.base, "moved"), join(f.project, "moved")]);
+  const second = await sh(f.sb, f.project, "cat deep/er/.env moved/credentials.json .env; echo end");
+  assert.equal(second.out, "end\n", "a secret that appeared between commands was shown");
+  assert.equal(second.r.exitCode, 0);
+  // ... and removes the masked one: the next command still starts.
+  spawnSync("rm", [join(f.project, ".env")]);
+  const third = await sh(f.sb, f.project, "cat data.txt");
+  assert.equal(third.out, "fixture-content\n");
+  assert.equal(third.r.exitCode, 0);
+});

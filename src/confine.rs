@@ -65,6 +65,66 @@ pub struct Request<'a> {
     /// The host secrets in force (see [`host_secrets`]), built once per start.
     pub secrets: crate::hostsecrets::HostSecrets,
     pub seccomp: crate::seccomp::Profile,
+    /// Where a read-only project's walk is kept for the next start (the
+    /// bash tool's commands); none: walk every time.
+    pub cache: Option<&'a PlanCache>,
+}
+
+/// A read-only project's walk (its secret masks), kept between starts
+/// while it stays right. Right means: the same project, settings, grants
+/// and known secrets (the key), the walk's own watch saying that no name
+/// it would mask appeared since (`SecretWatch::stale`, the check the
+/// python tool makes before each call), and every masked entry still
+/// there. A read-only project is written by no sandbox, so only the
+/// host's own programs change it, and those changes are what the watch
+/// sees. A writable mode always walks (its guard is per sandbox).
+#[derive(Default, Clone)]
+pub struct PlanCache(Arc<parking_lot::Mutex<Option<Cached>>>);
+
+struct Cached {
+    key: String,
+    masks: Vec<protected::Bind>,
+    report: MaskReport,
+    watch: Option<Arc<protected::SecretWatch>>,
+}
+
+fn clone_binds(binds: &[protected::Bind]) -> std::io::Result<Vec<protected::Bind>> {
+    binds
+        .iter()
+        .map(|b| Ok(protected::Bind { fd: b.fd.try_clone()?, rel: b.rel.clone(), read_only: b.read_only }))
+        .collect()
+}
+
+impl PlanCache {
+    /// The kept walk for `key`, when it is still right (blocking: the
+    /// watch may walk where it does not cover the project).
+    fn fresh(
+        &self,
+        key: &str,
+        project: &Path,
+    ) -> Option<(Vec<protected::Bind>, MaskReport, Option<Arc<protected::SecretWatch>>)> {
+        let guard = self.0.lock();
+        let kept = guard.as_ref().filter(|c| c.key == key)?;
+        if kept.watch.as_ref().is_some_and(|w| w.stale().is_some()) {
+            return None;
+        }
+        let tree = crate::beneath::Tree::open(project).ok()?;
+        let all_there = kept.report.masked.iter().all(|m| tree.lstat(&m.rel).is_ok_and(|st| st.is_some()));
+        if !all_there {
+            return None;
+        }
+        Some((clone_binds(&kept.masks).ok()?, kept.report.clone(), kept.watch.clone()))
+    }
+
+    fn keep(
+        &self,
+        key: String,
+        masks: &[protected::Bind],
+        report: &MaskReport,
+        watch: Option<Arc<protected::SecretWatch>>,
+    ) {
+        *self.0.lock() = clone_binds(masks).ok().map(|masks| Cached { key, masks, report: report.clone(), watch });
+    }
 }
 
 /// A start's confinement, ready for a payload.
@@ -76,8 +136,9 @@ pub struct Confined {
     pub host_secrets: crate::hostsecrets::HostSecrets,
     /// Where a host secret could appear in a granted tree while it runs.
     pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
-    /// The watch that tells when the project's masks are stale.
-    pub masks_watch: Option<protected::SecretWatch>,
+    /// The watch that tells when the project's masks are stale (registered
+    /// with the runtime).
+    pub masks_watch: Option<Arc<protected::SecretWatch>>,
     /// A writable project's guard and its inotify instance.
     pub guard: Option<Arc<protected::Guard>>,
     pub watcher: Option<protected::Watcher>,
@@ -249,6 +310,45 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     // user's last ones first); without them the project is mounted
     // read-only for this sandbox.
     let guard_init = host.guard_inotify;
+    let cache_key = format!(
+        "{project:?}|{unmasked:?}|{:?}|{:?}|{:?}|{:?}|{}|{host_list:?}",
+        settings.secrets,
+        settings.scan,
+        settings.protected,
+        known.masks,
+        known.idents.len()
+    );
+    let cache = req.cache.filter(|_| !writable_mode);
+    if let Some(cache) = cache {
+        let (key, root, kept) = (cache_key.clone(), project.to_path_buf(), cache.clone());
+        let hit = tokio::task::spawn_blocking(move || kept.fresh(&key, &root)).await.ok().flatten();
+        if let Some((masks, report, watch)) = hit {
+            tracing::debug!(masks = masks.len(), "the kept walk of the read-only project is reused");
+            return finish(Finish {
+                host,
+                dirs,
+                project,
+                project_at,
+                mounts,
+                caps: &caps,
+                sizes,
+                seccomp,
+                budget,
+                secrets,
+                host_masks,
+                mask_sources: (sources.file.clone(), sources.dir.clone()),
+                secret_watch,
+                plan_notes: report.incomplete_note().into_iter().collect(),
+                binds: Vec::new(),
+                masks,
+                report,
+                masks_watch: watch,
+                guard: None,
+                watcher: None,
+                writable: false,
+            });
+        }
+    }
     let planned = tokio::task::spawn_blocking(move || {
         let s = settings;
         let plan = |writable: bool| {
@@ -303,7 +403,67 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     }
     plan_notes.extend(plan.report.incomplete_note());
     let writable = mounts.workspace_writable && plan.refused.is_none() && no_guard.is_none();
-    let masks = plan.report;
+    let masks_watch = plan.watch.map(|mut w| {
+        w.register();
+        Arc::new(w)
+    });
+    if let Some(cache) = cache {
+        cache.keep(cache_key, &plan.masks, &plan.report, masks_watch.clone());
+    }
+    finish(Finish {
+        host,
+        dirs,
+        project,
+        project_at,
+        mounts,
+        caps: &caps,
+        sizes,
+        seccomp,
+        budget,
+        secrets,
+        host_masks,
+        mask_sources,
+        secret_watch,
+        plan_notes,
+        binds: plan.binds,
+        masks: plan.masks,
+        report: plan.report,
+        masks_watch,
+        guard: plan.guard.map(Arc::new),
+        watcher,
+        writable,
+    })
+}
+
+/// What a start's confinement is made of once the project's walk is
+/// done (or kept from an earlier start).
+struct Finish<'a> {
+    host: &'a HostFacts,
+    dirs: &'a Dirs,
+    project: &'a Path,
+    project_at: &'a Path,
+    mounts: &'a MountConfig,
+    caps: &'a Result<crate::contain::Caps, crate::limits::SettingError>,
+    sizes: Result<crate::limits::TmpfsSizes, crate::limits::SettingError>,
+    seccomp: crate::seccomp::Profile,
+    budget: protected::BudgetLimits,
+    secrets: crate::hostsecrets::HostSecrets,
+    host_masks: Vec<crate::hostsecrets::Mask>,
+    mask_sources: (PathBuf, PathBuf),
+    secret_watch: Vec<crate::hostsecrets::WatchPoint>,
+    plan_notes: Vec<String>,
+    binds: Vec<protected::Bind>,
+    masks: Vec<protected::Bind>,
+    report: MaskReport,
+    masks_watch: Option<Arc<protected::SecretWatch>>,
+    guard: Option<Arc<protected::Guard>>,
+    watcher: Option<protected::Watcher>,
+    writable: bool,
+}
+
+/// The mount fds, the containment and the policy of a planned start.
+fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
+    let Finish { host, dirs, project, project_at, mounts, mut plan_notes, report: masks, writable, .. } = f;
     let mut mount_fds: Vec<OwnedFd> = Vec::new();
     let fd_binds = |binds: Vec<protected::Bind>, mount_fds: &mut Vec<OwnedFd>| -> Vec<FdBind> {
         binds
@@ -318,20 +478,20 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
             })
             .collect()
     };
-    let protected_binds = fd_binds(plan.binds, &mut mount_fds);
+    let protected_binds = fd_binds(f.binds, &mut mount_fds);
     // A read root that contains the project shows it at its host path as
     // well (unless that is where the project is): the same masks go there
     // (from copies of their fds).
     let mut root_masks = Vec::new();
     if project_at != project && mounts.read_roots.iter().any(|r| project.starts_with(r)) {
-        for b in plan.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
+        for b in f.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
             let fd =
                 b.fd.try_clone()
                     .map_err(|e| ConfineError::Prepare(format!("A secret mask could not be copied: {e}")))?;
             root_masks.push((fd, project.join(&b.rel)));
         }
     }
-    let mask_binds = fd_binds(plan.masks, &mut mount_fds);
+    let mask_binds = fd_binds(f.masks, &mut mount_fds);
     let root_masks: Vec<FdBind> = root_masks
         .into_iter()
         .map(|(fd, dest)| {
@@ -339,10 +499,10 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
             FdBind { fd: MOUNT_FD_BASE + mount_fds.len() as i32 - 1, dest, read_only: true }
         })
         .collect();
-    let sizes = sizes?;
+    let sizes = f.sizes?;
     // The sandbox's own cgroups (or RLIMIT_NPROC), made before it starts
     // so that its first process joins them before it forks.
-    let contained = crate::contain::for_sandbox(&caps, &mut plan_notes)?;
+    let contained = crate::contain::for_sandbox(f.caps, &mut plan_notes)?;
     let policy = Policy {
         merged_usr: host.merged_usr,
         project_dir: project.to_path_buf(),
@@ -351,8 +511,8 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         scratch_dir: dirs.scratch.clone(),
         read_roots: mounts.read_roots.clone(),
         once: mounts.once.iter().map(|m| (m.source.clone(), m.path.clone())).collect(),
-        host_masks,
-        mask_sources,
+        host_masks: f.host_masks,
+        mask_sources: f.mask_sources,
         proc_masks: host.proc_masks.clone(),
         protected: protected_binds,
         masks: mask_binds,
@@ -362,20 +522,20 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         tmp_bytes: sizes.tmp,
         shm_bytes: sizes.shm,
         network: Network::None,
-        seccomp,
+        seccomp: f.seccomp,
     };
     let mut confined = Confined {
         policy,
         mount_fds,
-        host_secrets: secrets,
-        secret_watch,
-        masks_watch: plan.watch,
-        guard: plan.guard.map(Arc::new),
-        watcher,
+        host_secrets: f.secrets,
+        secret_watch: f.secret_watch,
+        masks_watch: f.masks_watch,
+        guard: f.guard,
+        watcher: f.watcher,
         plan_notes,
         masks,
         contained,
-        budget,
+        budget: f.budget,
         writable,
     };
     confined.settle_nofile();

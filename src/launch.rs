@@ -117,6 +117,7 @@ async fn start_once(
         payload_reads: &facts.python.mounts,
         settings,
         secrets,
+        cache: None,
         seccomp: seccomp::Profile::Python,
     })
     .await

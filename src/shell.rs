@@ -63,6 +63,8 @@ pub struct Context<'a> {
     pub tainted: protected::Tainted,
     pub known: protected::KnownSecrets,
     pub config: &'a ShellConfig,
+    /// The read-only project's walk, kept between the session's commands.
+    pub plans: &'a confine::PlanCache,
 }
 
 /// One command, as the tool hands it over.
@@ -292,6 +294,7 @@ pub async fn run(
         payload_reads: &reads,
         settings,
         secrets,
+        cache: Some(ctx.plans),
         seccomp: crate::seccomp::Profile::Shell,
     })
     .await
@@ -353,10 +356,7 @@ pub async fn run(
         guard: guard.clone(),
         watcher,
         secret_watch,
-        masks_watch: masks_watch.map(|mut w| {
-            w.register();
-            Arc::new(w)
-        }),
+        masks_watch,
         budget,
         killed_for: killed_for.clone(),
         secret_appeared: secret_appeared.clone(),

@@ -182,7 +182,7 @@ pub struct Launch {
     /// Where a host secret could appear in its read roots while it runs.
     pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
     /// The watch that tells when the project's masks are stale.
-    pub masks_watch: Option<protected::SecretWatch>,
+    pub masks_watch: Option<Arc<protected::SecretWatch>>,
     pub guard: Option<Arc<Guard>>,
     pub plan_notes: Vec<String>,
     /// What the start masked (see `secrets`).
@@ -387,10 +387,7 @@ impl Worker {
             host_secrets,
             guard,
             _watches: Default::default(),
-            masks_watch: masks_watch.map(|mut w| {
-                w.register();
-                Arc::new(w)
-            }),
+            masks_watch,
             init_pid: None,
             plan_notes,
             masks,

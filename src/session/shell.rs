@@ -16,6 +16,8 @@ pub(super) struct Shells {
     cancels: parking_lot::Mutex<HashMap<u32, watch::Sender<bool>>>,
     host: tokio::sync::OnceCell<Arc<crate::confine::HostFacts>>,
     config: parking_lot::Mutex<ShellConfig>,
+    /// A read-only project's walk, kept between commands (see `confine`).
+    plans: crate::confine::PlanCache,
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
@@ -89,6 +91,7 @@ impl<H: Host> Session<H> {
             tainted: self.tainted.clone(),
             known: self.known_secrets.clone(),
             config: &config,
+            plans: &self.shells.plans,
         };
         let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
         if ended.secret_appeared {
