@@ -88,7 +88,7 @@ test("no variable of pi's process reaches a command but the allowlisted ones", a
   assert.match(out, /^k=\n/);
   const names = out.split("\n")[1].trim().split(" ");
   for (const name of names) {
-    assert.match(name, /^(PATH|HOME|PWD|SHLVL|_|TMPDIR|TMP|TEMP|LANG|LANGUAGE|LC_\w+|TZ|TERM|COLORTERM|NO_COLOR|USER|LOGNAME|GIT_CONFIG_NOSYSTEM|OLDPWD)$/, `unexpected variable ${name}`);
+    assert.match(name, /^(PATH|HOME|PWD|SHLVL|_|TMPDIR|TMP|TEMP|LANG|LANGUAGE|LC_\w+|TZ|TERM|COLORTERM|NO_COLOR|USER|LOGNAME|GIT_CONFIG_NOSYSTEM|GIT_CONFIG_GLOBAL|OLDPWD)$/, `unexpected variable ${name}`);
   }
 });
 
@@ -308,4 +308,38 @@ test("the kept walk of a read-only project never shows a secret that appeared or
   const third = await sh(f.sb, f.project, "cat data.txt");
   assert.equal(third.out, "fixture-content\n");
   assert.equal(third.r.exitCode, 0);
+});
+
+test("git reads a read-only copy of the user's configuration without credentials, URL rewrites or commands", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const home = join(f.base, "git-home");
+  mkdirSync(home);
+  const config =
+    "[user]\n\tname = Ada Fixture\n\temail = ada@example.org\n[credential]\n\thelper = store\n" +
+    '[url "https://token@example.org/"]\n\tinsteadOf = https://example.org/\n' +
+    "[core]\n\tfsmonitor = /tmp/x\n\tsshCommand = evil\n";
+  writeFileSync(join(home, ".gitconfig"), config);
+  withEnv(t, "HOME", home);
+  withEnv(t, "XDG_CONFIG_HOME", join(home, ".config"));
+  const global = process.env.GIT_CONFIG_GLOBAL;
+  delete process.env.GIT_CONFIG_GLOBAL;
+  t.after(() => {
+    if (global !== undefined) process.env.GIT_CONFIG_GLOBAL = global;
+  });
+  const dropped = [/credential\.helper=store/, /insteadof=/, /fsmonitor=/, /sshcommand=/];
+  const base = host(f.project, "git config --global --list").out;
+  assert.match(base, /user\.name=Ada Fixture\n/, "baseline");
+  for (const key of dropped) assert.match(base, key, `baseline: the host's git reads ${key}`);
+  const { r, out } = await sh(
+    f.sb,
+    f.project,
+    "git config --global --list; git config --global user.name x 2>/dev/null && echo wrote || echo refused; " +
+      "git config --global user.name",
+  );
+  assert.equal(r.exitCode, 0, out);
+  assert.match(out, /user\.name=Ada Fixture\nuser\.email=ada@example\.org\n/);
+  for (const key of dropped) assert.doesNotMatch(out, key);
+  assert.match(out, /refused\nAda Fixture\n$/);
+  assert.equal(readFileSync(join(home, ".gitconfig"), "utf8"), config);
 });

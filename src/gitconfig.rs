@@ -35,6 +35,8 @@ use nix::sys::stat::{Mode, SFlag};
 
 use crate::beneath::{self, Kind, Tree};
 
+mod copy;
+pub use copy::{sandbox_copy, write_sandbox_copy, SANDBOX_PATH as SANDBOX_COPY_PATH};
 mod host;
 pub use host::HostGit;
 mod parse;

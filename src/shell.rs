@@ -136,10 +136,11 @@ fn not_started(why: impl std::fmt::Display) -> ShellError {
 }
 
 /// The generated files of the session's shells, made once: `/etc/passwd`,
-/// `/etc/group`, `/etc/hosts`. By path, on purpose: the session directory
-/// is the host's (0700, made by `rundir`), and no sandbox can write in it
-/// (they see its `scratch` child only), so nothing there can be a link a
-/// sandbox planted.
+/// `/etc/group`, `/etc/hosts`, and the copy of the user's git
+/// configuration (`crate::gitconfig::sandbox_copy`). By path, on purpose:
+/// the session directory is the host's (0700, made by `rundir`), and no
+/// sandbox can write in it (they see its `scratch` child only), so nothing
+/// there can be a link a sandbox planted.
 fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
     let dir = dirs.root.join("shell-etc");
     match std::fs::create_dir(&dir) {
@@ -158,6 +159,7 @@ fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
         }
         out.push((host, PathBuf::from(at)));
     }
+    out.push(crate::gitconfig::write_sandbox_copy(&dir)?);
     Ok(out)
 }
 
@@ -257,6 +259,7 @@ fn environment(cmd: &Command, config: &ShellConfig, path: &str) -> Vec<(String, 
         env.push((name.into(), "/tmp".into()));
     }
     env.push(("GIT_CONFIG_NOSYSTEM".into(), "1".into()));
+    env.push(("GIT_CONFIG_GLOBAL".into(), crate::gitconfig::SANDBOX_COPY_PATH.into()));
     env
 }
 

@@ -1,5 +1,5 @@
-//! git's configuration syntax, as git's own parser reads it: the
-//! `core.hooksPath` values and include paths of one configuration file,
+//! git's configuration syntax, as git's own parser reads it: every entry,
+//! the `core.hooksPath` values and the include paths of one configuration file,
 //! and the path a `.git` file names. Pure functions of bytes; which files
 //! are read is the parent module's.
 
@@ -29,8 +29,41 @@ pub struct ConfigPaths {
 /// hooks path read-only costs nothing.
 pub fn git_config_paths(text: &[u8]) -> ConfigPaths {
     let mut out = ConfigPaths::default();
+    for e in entries(text) {
+        // A key without `=` is a boolean, never a path.
+        let Some(value) = e.value else { continue };
+        let base = e.section.split(|&b| b == b'.').next().unwrap_or(&[]);
+        let value = PathBuf::from(OsString::from_vec(value));
+        match (base, e.key.as_slice()) {
+            (b"core", b"hookspath") => out.hooks.push(value),
+            (b"include" | b"includeif", b"path") => out.includes.push(value),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One `key = value` of git configuration text, as git reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Entry {
+    /// The section name, lower-cased; with a `.` and the (lower-cased)
+    /// subsection for the old `[section.sub]` form.
+    pub section: Vec<u8>,
+    /// The subsection of `[section "sub"]`, unescaped, case kept.
+    pub subsection: Option<Vec<u8>>,
+    /// The key, lower-cased.
+    pub key: Vec<u8>,
+    /// The value, unquoted and unescaped; `None` for a key without `=`.
+    pub value: Option<Vec<u8>>,
+}
+
+/// Every entry of git configuration text in the order written, read as
+/// [`git_config_paths`] describes; reading stops at the first malformed
+/// line (git refuses the whole file there).
+pub(super) fn entries(text: &[u8]) -> Vec<Entry> {
+    let mut out = Vec::new();
     let mut src = Source { text: text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text), pos: 0, eof: false };
-    let mut section = Vec::new();
+    let mut section = (Vec::new(), None);
     let mut comment = false;
     loop {
         let c = src.next();
@@ -50,7 +83,7 @@ pub fn git_config_paths(text: &[u8]) -> ConfigPaths {
         }
         if c == b'[' {
             match src.section() {
-                Some(name) if !name.is_empty() => section = name,
+                Some(name) if !name.0.is_empty() => section = name,
                 _ => break,
             }
             continue;
@@ -59,15 +92,7 @@ pub fn git_config_paths(text: &[u8]) -> ConfigPaths {
             break;
         }
         let Some((key, value)) = src.entry(c) else { break };
-        // A key without `=` is a boolean, never a path.
-        let Some(value) = value else { continue };
-        let base = section.split(|&b| b == b'.').next().unwrap_or(&[]);
-        let value = PathBuf::from(OsString::from_vec(value));
-        match (base, key.as_slice()) {
-            (b"core", b"hookspath") => out.hooks.push(value),
-            (b"include" | b"includeif", b"path") => out.includes.push(value),
-            _ => {}
-        }
+        out.push(Entry { section: section.0.clone(), subsection: section.1.clone(), key, value });
     }
     out
 }
@@ -103,9 +128,9 @@ impl Source<'_> {
         c
     }
 
-    /// After `[`: the section name, lower-cased (`get_base_var`); the
-    /// subsection of `[name "sub"]` is read and dropped.
-    fn section(&mut self) -> Option<Vec<u8>> {
+    /// After `[`: the section name, lower-cased (`get_base_var`), and the
+    /// subsection of `[name "sub"]`.
+    fn section(&mut self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
         let mut name = Vec::new();
         loop {
             let c = self.next();
@@ -113,10 +138,10 @@ impl Source<'_> {
                 return None;
             }
             if c == b']' {
-                return Some(name);
+                return Some((name, None));
             }
             if is_space(c) {
-                return self.subsection(c).then_some(name);
+                return self.subsection(c).map(|sub| (name, Some(sub)));
             }
             if !is_key_char(c) && c != b'.' {
                 return None;
@@ -127,20 +152,21 @@ impl Source<'_> {
 
     /// `get_extended_base_var`: spaces, a quoted name with `\` escaping
     /// the next character, then `]`.
-    fn subsection(&mut self, mut c: u8) -> bool {
+    fn subsection(&mut self, mut c: u8) -> Option<Vec<u8>> {
         while is_space(c) {
             if c == b'\n' {
-                return false;
+                return None;
             }
             c = self.next();
         }
         if c != b'"' {
-            return false;
+            return None;
         }
+        let mut sub = Vec::new();
         loop {
             let mut c = self.next();
             if c == b'\n' {
-                return false;
+                return None;
             }
             if c == b'"' {
                 break;
@@ -148,11 +174,12 @@ impl Source<'_> {
             if c == b'\\' {
                 c = self.next();
                 if c == b'\n' {
-                    return false;
+                    return None;
                 }
             }
+            sub.push(c);
         }
-        self.next() == b']'
+        (self.next() == b']').then_some(sub)
     }
 
     /// A key starting with `first` (lower-cased) and its value, `None` for
