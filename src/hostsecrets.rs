@@ -322,8 +322,19 @@ impl HostSecrets {
             }
         }
         // The granted directory may itself be a home (another user's, a
-        // copy of one, one on another disk).
-        for parts in &self.in_home {
+        // copy of one, one on another disk). A file is none, and an entry
+        // whose first component the root lacks has nothing there (one
+        // look per component: the list has hundreds of entries).
+        let is_dir = std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir());
+        let mut present: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
+        for parts in self.in_home.iter().filter(|_| is_dir) {
+            let Some(first) = parts.first() else { continue };
+            let there = *present
+                .entry(first.as_str())
+                .or_insert_with(|| first.contains('*') || std::fs::symlink_metadata(root.join(first)).is_ok());
+            if !there {
+                continue;
+            }
             let Some((leaf, dirs)) = parts.split_last() else { continue };
             let dir: PathBuf = dirs.iter().fold(root.to_path_buf(), |d, c| d.join(c));
             if skipped(&dir) {
@@ -381,10 +392,20 @@ impl HostSecrets {
             add(root, e.dir.clone(), e.leaf.clone());
         }
         // A granted directory may itself be a home: its `~/` entries may
-        // appear there as well (as `masks_under` masks them).
-        for root in roots {
+        // appear there as well (as `masks_under` masks them). Where the
+        // root lacks an entry's first component, that name appearing in
+        // the root is what to watch for (one look per component).
+        for root in roots.iter().filter(|r| r.is_dir()) {
+            let mut present: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
             for parts in &self.in_home {
                 let Some((leaf, dirs)) = parts.split_last() else { continue };
+                let Some(first) = parts.first() else { continue };
+                let there =
+                    *present.entry(first.as_str()).or_insert_with(|| first.contains('*') || root.join(first).is_dir());
+                if !there && !dirs.is_empty() {
+                    add(root, root.to_path_buf(), first.clone());
+                    continue;
+                }
                 add(root, dirs.iter().fold(root.to_path_buf(), |d, c| d.join(c)), leaf.clone());
             }
         }
