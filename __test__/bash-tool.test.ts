@@ -16,7 +16,7 @@ import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { fauxAssistantMessage, fauxToolCall } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, PI_HOST, type PiHarness } from "./helpers/pi-session.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { sandboxSkipReason, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import type { BashConfig, SandboxShell, ShellSource } from "../js/bash.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
@@ -461,6 +461,17 @@ test("a malformed trusted configuration is named at session start and bash stays
   assert.equal(bashInfo(h).path, PACKAGE_ENTRY, "an error keeps the most restrictive setting");
   const errors = h.notifications.filter((n) => n.type === "error").map((n) => n.message);
   assert.ok(errors.some((m) => m.includes("bogusKey")), JSON.stringify(h.notifications));
+  if (sandboxSkipReason() !== null && process.env.CI !== "true") return;
+  // The first result names it too, the second does not repeat it.
+  h.faux.setResponses([
+    fauxAssistantMessage([fauxToolCall("bash", { command: "echo one" })], { stopReason: "toolUse" }),
+    fauxAssistantMessage([fauxToolCall("bash", { command: "echo two" })], { stopReason: "toolUse" }),
+    fauxAssistantMessage("done"),
+  ]);
+  await h.prompt("run");
+  const [first, second] = h.toolResults();
+  assert.match(messageText(first), /one\n\[sandbox\] configuration: .*bogusKey/s);
+  assert.doesNotMatch(messageText(second), /bogusKey/);
 });
 
 test('"bash": "host" in the trusted configuration leaves pi\'s own bash', async (t) => {

@@ -170,9 +170,10 @@ let nextShellCall = 1;
 /**
  * The addon's shell: each command in a sandbox of its own (see `PythonSandbox.execShell`). What the
  * engine adds about the sandbox (a path it does not show, a protected name made inert, the output
- * cap) follows the output as lines of its own, marked `[sandbox]`.
+ * cap) follows the output as lines of its own, marked `[sandbox]`, after what `once` has to say
+ * (the trusted configuration's errors, in the first result).
  */
-export function addonShell(host: ShellHost): SandboxShell {
+export function addonShell(host: ShellHost, once: () => string[] = () => []): SandboxShell {
   return {
     async exec(command, cwd, { onData, signal, timeout, env, shellPath }) {
       const id = nextShellCall++;
@@ -194,8 +195,9 @@ export function addonShell(host: ShellHost): SandboxShell {
         );
         if (r.ending === "aborted") throw new Error("aborted");
         if (r.ending === "timed_out") throw new Error(`timeout:${timeout}`);
-        if (r.notes.length > 0) {
-          const lines = r.notes.map((n) => `[sandbox] ${displayLine(n)}`).join("\n");
+        const notes = [...once(), ...r.notes];
+        if (notes.length > 0) {
+          const lines = notes.map((n) => `[sandbox] ${displayLine(n)}`).join("\n");
           onData(Buffer.from(`${last === "\n" ? "" : "\n"}${lines}\n`, "utf8"));
         }
         return { exitCode: typeof r.exitCode === "number" ? r.exitCode : null };

@@ -162,6 +162,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   // The bash tool: each command in a sandbox of its own, with this session's mode, read roots and
   // protections; where the addon cannot load, a command is refused (never run on the host).
   const trusted = trustedConfig(process.cwd());
+  let configTold = false;
   registerSandboxedBash(
     pi,
     (cwd) => {
@@ -174,7 +175,12 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         envPassthrough: trusted?.envPassthrough ?? [],
         configPath: trusted?.path,
       });
-      return addonShell(sandbox);
+      return addonShell(sandbox, () => {
+        // The trusted configuration's errors, in the first result as well as at session start.
+        if (configTold || !trusted?.errors.length) return [];
+        configTold = true;
+        return trusted.errors.map((e) => `configuration: ${e}`);
+      });
     },
     bashConfig(trusted),
   );
