@@ -129,7 +129,7 @@ describe("host files outside the sandbox's mounts", { concurrency: 1 }, () => {
     } else {
       t.diagnostic("not root: no marker planted in /root; its listing is still asserted empty");
     }
-    const { out } = await sh(f.sb, f.project, `cat ${marker}; ls -A /root | wc -l`);
+    const { out } = await sh(f.sb, f.project, `cat ${marker}; ls -A /root 2>/dev/null | wc -l`);
     assert.doesNotMatch(out, /root-secret/);
     assert.match(out, /(^|\n)0\n$/, out);
   });
@@ -197,8 +197,8 @@ describe("the host's kernel interfaces", { concurrency: 1 }, () => {
         t.diagnostic(`${path}: this kernel has none; nothing to protect (inside: ${out.trim()})`);
         return;
       }
-      assert.match(out, new RegExp(EROFS));
       if (needsRoot(t, "the kernel refuses the open by mode bits")) return;
+      assert.match(out, new RegExp(EROFS));
       assert.match((await bare(openForAppend(path))).out, /opened/, "baseline: a bare bwrap opens it as root");
     });
   }
@@ -356,7 +356,8 @@ describe("seccomp refuses a shell's raw calls", { concurrency: 1 }, () => {
     assert.doesNotMatch(out, /unshared|mounted/);
     const free = (await bare(cmd)).out;
     assert.match(free, /unshared/, `baseline: ${free}`);
-    assert.match(free, /mounted/, `baseline: ${free}`);
+    // Not root, mount(8) refuses in the bare bwrap too; the raw call's table shows the filter.
+    if (!needsRoot(t, "mount(8) refuses unfiltered as well")) assert.match(free, /mounted/, `baseline: ${free}`);
   });
 
   test("TIOCSTI into a terminal of its own is refused", async (t) => {
