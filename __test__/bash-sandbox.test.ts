@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
@@ -342,4 +342,39 @@ test("git reads a read-only copy of the user's configuration without credentials
   for (const key of dropped) assert.doesNotMatch(out, key);
   assert.match(out, /refused\nAda Fixture\n$/);
   assert.equal(readFileSync(join(home, ".gitconfig"), "utf8"), config);
+});
+
+test("a PATH entry the user may not look at is left out instead of stopping every command", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  if (process.getuid?.() !== 0) {
+    assert.ok(process.env.CI !== "true", "CI runs as root: this test runs its child as nobody");
+    t.skip("needs root to run a child as nobody");
+    return;
+  }
+  // Outside /tmp (the sandbox's own), where a PATH entry is mounted.
+  const base = mkdtempSync(join("/var/tmp", "pps-path-"));
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  const project = join(base, "project");
+  mkdirSync(project);
+  writeFileSync(join(project, "data.txt"), "nobody-reads\n");
+  const locked = join(base, "locked");
+  mkdirSync(join(locked, "bin"), { recursive: true });
+  chmodSync(locked, 0o700);
+  const runtimeRoot = join(base, "rt");
+  mkdirSync(runtimeRoot);
+  chownSync(runtimeRoot, 65534, 65534);
+  chmodSync(runtimeRoot, 0o700);
+  const script = `
+    const { PythonSandbox } = require(${JSON.stringify(INDEX_CJS)});
+    const sb = new PythonSandbox({ projectDir: ${JSON.stringify(project)}, runtimeRoot: ${JSON.stringify(runtimeRoot)} });
+    let out = "";
+    sb.execShell(1, "cat data.txt", { cwd: ${JSON.stringify(project)} }, (t) => { out += t; })
+      .then((r) => { console.log("RESOLVED " + JSON.stringify({ out, r })); return sb.dispose(); },
+            (e) => { console.log("REJECTED " + e.message); return sb.dispose(); });`;
+  const env = { PATH: `${join(locked, "bin")}:/usr/local/bin:/usr/bin:/bin`, HOME: "/nonexistent" };
+  const baseline = spawnSync("/bin/sh", ["-c", `ls ${join(locked, "bin")}`], { uid: 65534, gid: 65534, env, encoding: "utf8" });
+  assert.match(baseline.stderr, /Permission denied/, "baseline: nobody may not look in it");
+  const r = spawnSync(process.execPath, ["-e", script], { uid: 65534, gid: 65534, env, encoding: "utf8", timeout: 60_000 });
+  assert.match(r.stdout, /^RESOLVED .*nobody-reads/, r.stdout + r.stderr);
 });

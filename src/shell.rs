@@ -225,6 +225,18 @@ fn reads(
             }
             continue;
         }
+        // Only what this process can reach: bubblewrap's `-try` skips a
+        // missing source, not one it may not look at (a PATH entry under
+        // another user's home), which would stop every command.
+        if let Err(e) = std::fs::metadata(&p) {
+            if ctx.config.additional_reads.contains(&p) {
+                notes.push(format!(
+                    "{} (filesystem.additionalAllowRead) is not shown: {e}.",
+                    crate::display::one_line(&p)
+                ));
+            }
+            continue;
+        }
         if let Some(entry) = secrets.covering(&p) {
             notes.push(format!(
                 "{} is not shown: it is a host secret ({}) that no setting mounts.",
