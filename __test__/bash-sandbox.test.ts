@@ -7,8 +7,8 @@
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
 import { assertNoProcess } from "./helpers/host-procs.ts";
@@ -365,8 +365,14 @@ test("a PATH entry the user may not look at is left out instead of stopping ever
   mkdirSync(runtimeRoot);
   chownSync(runtimeRoot, 65534, 65534);
   chmodSync(runtimeRoot, 0o700);
+  // The addon copied where nobody can read it (the checkout may be in a private folder).
+  const addonDir = join(base, "addon");
+  mkdirSync(addonDir);
+  for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
+    copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
+  }
   const script = `
-    const { PythonSandbox } = require(${JSON.stringify(INDEX_CJS)});
+    const { PythonSandbox } = require(${JSON.stringify(join(addonDir, "index.cjs"))});
     const sb = new PythonSandbox({ projectDir: ${JSON.stringify(project)}, runtimeRoot: ${JSON.stringify(runtimeRoot)} });
     let out = "";
     sb.execShell(1, "cat data.txt", { cwd: ${JSON.stringify(project)} }, (t) => { out += t; })

@@ -21,6 +21,7 @@
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
+import { createRequire } from "node:module";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
@@ -186,6 +187,9 @@ function lineCount(s: string): number {
 
 test("loading: one sequential python tool, no errors, nothing started, status unverified", async (t) => {
   const cwd = await tempCwd(t);
+  // The host probe (one bare bubblewrap, once per process, from session_start) is done first:
+  // what is checked is that loading and status start no sandbox and no other process.
+  await (createRequire(import.meta.url)("../index.cjs") as { sandboxProbe(): Promise<unknown> }).sandboxProbe();
   const childrenBefore = descendantsOf(process.pid);
   const dirsBefore = runtimeDirs();
   const rootExistedBefore = existsSync(runtimeRoot());
