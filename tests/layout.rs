@@ -254,9 +254,6 @@ fn no_source_file_is_over_the_bound_before_its_test_module() {
 const UNTYPED_FOR_NOW: &[&str] = &[
     // The worker's start: its error is typed with the worker's rework.
     "src/worker.rs",
-    // The session's prepare (probe, project, directories): typed with the
-    // session's rework as a typed slot.
-    "src/session/start.rs",
 ];
 
 /// The `Result<T, E>` types of `code` whose error type `E` is `String`.

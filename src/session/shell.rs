@@ -103,8 +103,9 @@ impl<H: Host> Session<H> {
     /// The session directories (made on first use), with a scratch that
     /// a stopped command left in doubt set aside first.
     async fn shell_dirs(&self) -> Result<Dirs, ShellError> {
-        let not_started =
-            |e: String| ShellError::NotStarted(format!("The command was not run: {e} (it never runs on the host)."));
+        let not_started = |e: start::Unprepared| {
+            ShellError::NotStarted(format!("The command was not run: {e} (it never runs on the host)."))
+        };
         let known = self.shared.lock().report.dirs.clone();
         if let (Some(dirs), false) = (known, self.shells.suspect.load(Ordering::Acquire)) {
             return Ok(dirs);

@@ -4,31 +4,52 @@
 
 use super::*;
 
+/// Why no sandbox could be made for the session (before any start).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unprepared {
+    /// The host probe failed (no bubblewrap, no interpreter, ...).
+    #[error("{0}")]
+    Probe(#[from] crate::launch::ProbeError),
+    /// The working directory cannot be resolved.
+    #[error("Working directory {} is not accessible: {source}", crate::display::one_line(.path))]
+    Project { path: PathBuf, source: std::io::Error },
+    /// The session directory could not be made.
+    #[error("{0}")]
+    Dirs(#[from] crate::rundir::DirError),
+    /// A scratch a sandbox stopped for a secret could write was not set aside.
+    #[error(
+        "No sandbox was started: a secret appeared while the last sandbox could write /scratch, and /scratch \
+         could not be set aside ({source}); it is not mounted again until it is. Move {} out of the way and run \
+         again.",
+        crate::display::one_line(.scratch)
+    )]
+    ScratchStuck { scratch: PathBuf, source: std::io::Error },
+}
+
 impl<H: Host> Session<H> {
     /// Probe the host and make the session directory (once each).
-    pub(super) async fn prepare(&self, inner: &mut Inner<H>) -> Result<(Arc<H::Facts>, Dirs, PathBuf), String> {
+    pub(super) async fn prepare(&self, inner: &mut Inner<H>) -> Result<(Arc<H::Facts>, Dirs, PathBuf), Unprepared> {
         let facts = match &inner.facts {
             Some(f) => f.clone(),
             None => {
-                let facts = Arc::new(self.host.probe(&self.opts).await.map_err(|e| e.to_string())?);
+                let facts = Arc::new(self.host.probe(&self.opts).await?);
                 inner.facts = Some(facts.clone());
                 self.host.describe(&facts, &mut self.shared.lock().report);
                 facts
             }
         };
         let project = std::fs::canonicalize(&self.opts.project_dir)
-            .map_err(|e| format!("Working directory {} is not accessible: {e}", self.opts.project_dir.display()))?;
+            .map_err(|source| Unprepared::Project { path: self.opts.project_dir.clone(), source })?;
         let dirs = self.ensure_dirs(inner)?;
         Ok((facts, dirs, project))
     }
 
     /// The session directory, made on first use.
-    pub(super) fn ensure_dirs(&self, inner: &mut Inner<H>) -> Result<Dirs, String> {
+    pub(super) fn ensure_dirs(&self, inner: &mut Inner<H>) -> Result<Dirs, Unprepared> {
         if let Some(d) = &inner.dirs {
             return Ok(d.clone());
         }
-        let d =
-            crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE).map_err(|e| e.to_string())?;
+        let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE)?;
         inner.dirs = Some(d.clone());
         self.shared.lock().report.dirs = Some(d.clone());
         self.sync_live();
@@ -38,7 +59,7 @@ impl<H: Host> Session<H> {
     /// Set aside a scratch that a sandbox stopped for a secret could have
     /// written (see `scratch::set_aside`); the text says why when it
     /// cannot be, and nothing mounts it until it is.
-    pub(super) async fn set_aside_scratch(&self, inner: &mut Inner<H>, dirs: &Dirs) -> Result<(), String> {
+    pub(super) async fn set_aside_scratch(&self, inner: &mut Inner<H>, dirs: &Dirs) -> Result<(), Unprepared> {
         self.discard_spare();
         let first = self.shared.lock().report.set_aside.len() + 1;
         let name = dirs.scratch.file_name().unwrap_or(std::ffi::OsStr::new("scratch")).to_owned();
@@ -57,12 +78,7 @@ impl<H: Host> Session<H> {
                 }
                 Ok(())
             }
-            Err(e) => Err(format!(
-                "No sandbox was started: a secret appeared while the last sandbox could write /scratch, and /scratch \
-                 could not be set aside ({e}); it is not mounted again until it is. Move {} out of the way and run \
-                 again.",
-                crate::display::one_line(&dirs.scratch)
-            )),
+            Err(source) => Err(Unprepared::ScratchStuck { scratch: dirs.scratch.clone(), source }),
         }
     }
 
@@ -75,7 +91,8 @@ impl<H: Host> Session<H> {
         wake: &mut watch::Receiver<u64>,
     ) -> Result<(), Box<Outcome>> {
         let generation = self.shared.lock().report.generation;
-        let (facts, dirs, project) = self.prepare(inner).await.map_err(|msg| {
+        let (facts, dirs, project) = self.prepare(inner).await.map_err(|e| {
+            let msg = e.to_string();
             self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
             Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
         })?;
@@ -86,8 +103,8 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         if inner.scratch_suspect {
-            if let Err(msg) = self.set_aside_scratch(inner, &dirs).await {
-                return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, msg)));
+            if let Err(e) = self.set_aside_scratch(inner, &dirs).await {
+                return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, e.to_string())));
             }
         }
         let mounts = self.shared.lock().report.mounts.clone();
