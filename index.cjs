@@ -840,6 +840,7 @@ module.exports.ToolPermissions = nativeBinding.ToolPermissions
 module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
+module.exports.ExecStatus = nativeBinding.ExecStatus
 module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
 module.exports.sandboxProbe = nativeBinding.sandboxProbe

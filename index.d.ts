@@ -202,11 +202,7 @@ export interface ExecProgress {
  * the raw bytes.
  */
 export interface ExecResult {
-  /**
-   * `ok`, `runtime_error`, `permission_needed`, `timeout`, `cancelled`,
-   * `output_limit`, `worker_error` or `unavailable`.
-   */
-  status: string
+  status: ExecStatus
   /** True for every status but `ok`. */
   isError: boolean
   /** The model-facing text, within 50 KiB and 2,000 lines. */
@@ -271,6 +267,12 @@ export interface ExecResult {
   /** Notes about rich output (images not sent, ...). */
   notes: Array<string>
 }
+
+/**
+ * How an `execute` call ended (the engine's `Status`, as the names the
+ * addon has always used).
+ */
+export type ExecStatus = 'ok' | 'runtime_error' | 'permission_needed' | 'timeout' | 'cancelled' | 'output_limit' | 'worker_error' | 'unavailable'
 
 /** An image the code produced (a matplotlib figure, `display(img)`, ...). */
 export interface ImageResult {
