@@ -202,7 +202,7 @@ export interface ExecProgress {
  * the raw bytes.
  */
 export interface ExecResult {
-  status: ExecStatus
+  status: Status
   /** True for every status but `ok`. */
   isError: boolean
   /** The model-facing text, within 50 KiB and 2,000 lines. */
@@ -267,12 +267,6 @@ export interface ExecResult {
   /** Notes about rich output (images not sent, ...). */
   notes: Array<string>
 }
-
-/**
- * How an `execute` call ended (the engine's `Status`, as the names the
- * addon has always used).
- */
-export type ExecStatus = 'ok' | 'runtime_error' | 'permission_needed' | 'timeout' | 'cancelled' | 'output_limit' | 'worker_error' | 'unavailable'
 
 /** An image the code produced (a matplotlib figure, `display(img)`, ...). */
 export interface ImageResult {
@@ -475,6 +469,12 @@ export interface SkippedRoot {
   root: string
   reason: string
 }
+
+/**
+ * How a call ended: `ok`, or the kind of failure. The addon hands it to
+ * JavaScript as the string union `Status` (the names of `as_str`).
+ */
+export type Status = 'ok' | 'runtime_error' | 'permission_needed' | 'timeout' | 'cancelled' | 'output_limit' | 'worker_error' | 'unavailable'
 
 /** What `status()` reports. Starts nothing. */
 export interface StatusResult {

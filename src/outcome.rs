@@ -17,6 +17,9 @@ use crate::probe::Bwrap;
 use crate::rundir::Dirs;
 use crate::worker::{Halt, Interrupt, NotReady, StartError};
 
+/// How a call ended: `ok`, or the kind of failure. The addon hands it to
+/// JavaScript as the string union `Status` (the names of `as_str`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Ok,

@@ -39,42 +39,13 @@ pub struct LogPaths {
     pub stderr: Option<String>,
 }
 
-/// How an `execute` call ended (the engine's `Status`, as the names the
-/// addon has always used).
-#[napi(string_enum = "snake_case")]
-pub enum ExecStatus {
-    Ok,
-    RuntimeError,
-    PermissionNeeded,
-    Timeout,
-    Cancelled,
-    OutputLimit,
-    WorkerError,
-    Unavailable,
-}
-
-impl From<Status> for ExecStatus {
-    fn from(s: Status) -> Self {
-        match s {
-            Status::Ok => ExecStatus::Ok,
-            Status::RuntimeError => ExecStatus::RuntimeError,
-            Status::PermissionNeeded => ExecStatus::PermissionNeeded,
-            Status::Timeout => ExecStatus::Timeout,
-            Status::Cancelled => ExecStatus::Cancelled,
-            Status::OutputLimit => ExecStatus::OutputLimit,
-            Status::WorkerError => ExecStatus::WorkerError,
-            Status::Unavailable => ExecStatus::Unavailable,
-        }
-    }
-}
-
 /// The result of one `execute` call. Its strings from the sandbox (output,
 /// repr, exception, paths, notes, diagnostics) have every control character
 /// shown as a visible stand-in, as `displayText` does; the log files keep
 /// the raw bytes.
 #[napi(object)]
 pub struct ExecResult {
-    pub status: ExecStatus,
+    pub status: Status,
     /// True for every status but `ok`.
     pub is_error: bool,
     /// The model-facing text, within 50 KiB and 2,000 lines.
@@ -160,7 +131,7 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
         }
     };
     ExecResult {
-        status: o.status.into(),
+        status: o.status,
         is_error: o.status.is_failure(),
         text,
         duration_ms: o.duration_ms as f64,
