@@ -193,6 +193,8 @@ async fn start_once(
         masks,
         code: form,
         emit_code: matches!(code, WorkerCode::Source { emit: true, .. }),
+        check_image: |pyc| Ok(crate::runtime::python::bytecode::decode(pyc)?),
+        request: Box::new(|call| crate::frame::encode(&PythonRuntime.request(call))),
         keeper,
         contained,
         limits: policy.held_rlimits(),

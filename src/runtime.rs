@@ -27,18 +27,7 @@ pub enum AfterGrant {
     NameWhatWasMissing,
 }
 
-/// One call, as the engine hands it to a runtime to phrase.
-#[derive(Debug, Clone, Copy)]
-pub struct CallRequest<'a> {
-    /// The call's sequence number in its session; the reply names it.
-    pub id: u64,
-    /// What the caller asked to run.
-    pub code: &'a str,
-    /// The end mark the sandbox writes on both streams after the result.
-    pub mark: &'a [u8],
-    /// Take a rollback point before running it.
-    pub checkpoint: bool,
-}
+pub use crate::frame::CallRequest;
 
 /// What a runtime supplies to the engine.
 pub trait Runtime {

@@ -9,205 +9,39 @@
 //! A [`KillHandle`] kills the tree without the worker itself, so that a
 //! mode change or a dispose need not wait for the running operation.
 
-use std::ffi::OsString;
-use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::capture::{Capture, Stream};
 use crate::contain::Contained;
-use crate::frame::{self, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
+use crate::frame::{self, CallRequest, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
 use crate::limits::{
     BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES,
     STARTUP_DEADLINE,
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
-use crate::runtime::python::PythonRuntime;
-use crate::runtime::{CallRequest, Runtime};
 use crate::secrets::MaskReport;
-use crate::spawn::{kill_group, prepare_inside, spawn_sandbox, take_fds};
+use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
 
+mod api;
+mod begin;
 mod rollback;
+mod streams;
+pub use api::{
+    AfterResult, BoxError, Call, CodeForm, ExecDone, Halt, ImageCheck, Interrupt, Launch, NotReady, Progress,
+    ProgressFn, Ready, RequestFn, StartError, Stop,
+};
+pub use begin::NoPoint;
+use begin::{boot_ticks, children, BeginCheck};
 pub use rollback::{RecoverError, Recovery};
-
-/// Why the session wants the operation in progress to end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Halt {
-    Disposed,
-    Cancelled,
-    Remounted,
-}
-
-/// What can end a worker operation early: the session's wake channel, and
-/// a check that says whether (and why) to stop when it fires.
-pub struct Stop<'a> {
-    pub wake: &'a mut watch::Receiver<u64>,
-    pub check: &'a (dyn Fn() -> Option<Halt> + Send + Sync),
-}
-
-/// A running execution's progress, reported every `PROGRESS_EVERY`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
-    pub elapsed_ms: u64,
-    pub stdout_bytes: usize,
-    pub stderr_bytes: usize,
-    /// The latest output of each stream (a few KiB).
-    pub stdout_tail: String,
-    pub stderr_tail: String,
-}
-
-/// Receives progress reports; must not block.
-pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
-
-/// How a start failed.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The session stopped the start (cancel, dispose, mode change).
-    #[error("the start was stopped ({0:?})")]
-    Halted(Halt),
-    /// A setting cannot be applied (the text says which and why).
-    #[error(transparent)]
-    Settings(#[from] crate::limits::SettingError),
-    /// The start could not be prepared (the seccomp program, the plan).
-    #[error("{0}")]
-    Prepare(String),
-    /// bubblewrap could not be executed at all.
-    #[error("bubblewrap could not be started: {0}")]
-    Spawn(std::io::Error),
-    /// The sandbox ran but never reported ready; `stderr` is what it wrote
-    /// there (bounded).
-    #[error("{why}")]
-    NotReady { why: NotReady, stderr: String },
-}
-
-/// Why a started sandbox never reported ready.
-#[derive(Debug, thiserror::Error)]
-pub enum NotReady {
-    #[error("the worker did not report ready within {}s", STARTUP_DEADLINE.as_secs())]
-    Deadline,
-    /// The sandbox ended (its exit status, if it was reaped in time).
-    #[error("the sandbox ended")]
-    Exited(Option<std::process::ExitStatus>),
-    #[error("the worker speaks protocol {0}, not {PROTOCOL_VERSION}")]
-    Protocol(u32),
-    /// The worker said why it cannot serve (an error frame).
-    #[error("{0}")]
-    Refused(String),
-    #[error("unexpected {0} frame before ready")]
-    Unexpected(&'static str),
-    #[error("bad frame: {0}")]
-    BadFrame(String),
-    #[error(transparent)]
-    BadImage(crate::runtime::python::bytecode::CodeError),
-}
-
-impl StartError {
-    /// The start failed because of what ran, not because it was stopped
-    /// or could not be attempted (the bytecode fallback's test).
-    pub fn is_worker_failure(&self) -> bool {
-        matches!(self, StartError::NotReady { why, .. } if !matches!(why, NotReady::Deadline))
-    }
-}
-
-/// How a running execution ended before producing a complete result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Interrupt {
-    Halted(Halt),
-    Timeout,
-    OutputLimit,
-    Died,
-    Violation(String),
-}
-
-/// One execution: its id, its code, the end mark of its output, its
-/// deadline, and who hears its progress.
-pub struct Call<'a> {
-    pub seq: u64,
-    pub code: &'a str,
-    pub mark: &'a [u8],
-    pub deadline: Instant,
-    pub progress: Option<ProgressFn>,
-}
-
-/// What a finished execution gave: the worker's report, and whether the
-/// phase after it (draining, the end marks) went cleanly.
-pub struct ExecDone {
-    pub report: ExecReport,
-    pub after: Result<(), String>,
-}
-
-/// What the ready frame said.
-pub struct Ready {
-    pub runtime_version: String,
-    pub site_notes: Vec<String>,
-    /// The worker's compiled form, when it was asked for (checked).
-    pub image: Option<Vec<u8>>,
-}
-
-/// How the worker's code reached the sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CodeForm {
-    Source,
-    Bytecode,
-}
-
-impl CodeForm {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CodeForm::Source => "source",
-            CodeForm::Bytecode => "bytecode",
-        }
-    }
-}
-
-/// Everything one start needs, decided by the caller.
-pub struct Launch {
-    pub bwrap: PathBuf,
-    pub argv: Vec<OsString>,
-    pub seccomp: OwnedFd,
-    pub mount_fds: Vec<OwnedFd>,
-    pub mounts: MountConfig,
-    /// The host secrets masked in its read roots (see `hostsecrets`).
-    pub host_masks: Vec<crate::hostsecrets::Mask>,
-    /// The host secrets in force at the start (what `host_masks` came from).
-    pub host_secrets: crate::hostsecrets::HostSecrets,
-    /// Where a host secret could appear in its read roots while it runs.
-    pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
-    /// The watch that tells when the project's masks are stale.
-    pub masks_watch: Option<Arc<protected::SecretWatch>>,
-    pub guard: Option<Arc<Guard>>,
-    pub plan_notes: Vec<String>,
-    /// What the start masked (see `secrets`).
-    pub masks: MaskReport,
-    pub code: CodeForm,
-    /// Ask the worker for its compiled form before it reports ready.
-    pub emit_code: bool,
-    /// The worker runs as the sandbox's PID 1 that keeps it across
-    /// interpreters: failed calls roll back, a reset is fast.
-    pub keeper: bool,
-    /// The caps on the sandbox's tasks and memory (see `contain`).
-    pub contained: Contained,
-    /// The rlimits the host sets on the held sandbox before the payload
-    /// runs (see `Policy::held_rlimits`).
-    pub limits: Vec<(nix::sys::resource::Resource, u64)>,
-    /// What the namespace helper does in the sandbox's user namespace
-    /// before the payload runs (its own inotify limits).
-    pub inside: Vec<crate::nshelper::Step>,
-    /// The guard's inotify instance, made before the sandbox (see
-    /// `protected::Watcher`).
-    pub watcher: Option<protected::Watcher>,
-    /// What the host may spend on the sandbox's changes to the project
-    /// (see `protected::budget`).
-    pub budget: protected::BudgetLimits,
-}
+use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
 
 /// Kills a worker's whole process tree, without the worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +61,8 @@ pub struct Worker {
     child: tokio::process::Child,
     pid: i32,
     requests: pipe::Sender,
+    /// How the runtime phrases a call.
+    request: RequestFn,
     /// Bounded: a sandbox that floods frames waits on its pipe, never on
     /// host memory.
     replies: mpsc::Receiver<Result<Reply, FrameError>>,
@@ -321,6 +157,8 @@ impl Worker {
             masks,
             code,
             emit_code,
+            check_image,
+            request,
             keeper,
             mut contained,
             limits,
@@ -389,6 +227,7 @@ impl Worker {
             _watches: Default::default(),
             masks_watch,
             init_pid: None,
+            request,
             plan_notes,
             masks,
             code,
@@ -405,7 +244,7 @@ impl Worker {
             contained,
         };
         spawned(worker.pid, true);
-        match worker.await_ready(stop, emit_code).await {
+        match worker.await_ready(stop, emit_code.then_some(check_image)).await {
             Ok(ready) => {
                 worker.init_pid = children(worker.pid).first().copied();
                 worker._watches = crate::watches::start(crate::watches::Armed {
@@ -477,8 +316,8 @@ impl Worker {
     }
 
     /// Wait for the ready frame, collecting stderr for the diagnostic.
-    /// With `emit`, the worker's compiled form may come first.
-    async fn await_ready(&mut self, stop: &mut Stop<'_>, emit: bool) -> Result<Ready, StartError> {
+    /// With `emit`, the worker's compiled form may come first (checked by it).
+    async fn await_ready(&mut self, stop: &mut Stop<'_>, emit: Option<ImageCheck>) -> Result<Ready, StartError> {
         let deadline = Instant::now() + STARTUP_DEADLINE;
         let mut diag: Vec<u8> = Vec::new();
         let mut image: Option<Vec<u8>> = None;
@@ -499,9 +338,10 @@ impl Worker {
                         self.streams_ready = streams;
                         return Ok(Ready { runtime_version, site_notes, image });
                     }
-                    Some(Ok(Reply::Code { pyc })) if emit && image.is_none() => match crate::runtime::python::bytecode::decode(&pyc) {
-                        Ok(bytes) => image = Some(bytes),
-                        Err(why) => return Err(not_ready(NotReady::BadImage(why), &diag)),
+                    Some(Ok(Reply::Code { pyc })) if image.is_none() => match emit.map(|check| check(&pyc)) {
+                        Some(Ok(bytes)) => image = Some(bytes),
+                        Some(Err(why)) => return Err(not_ready(NotReady::BadImage(why), &diag)),
+                        None => return Err(not_ready(NotReady::Unexpected("code"), &diag)),
                     },
                     Some(Ok(Reply::Ready { protocol, .. })) => {
                         return Err(not_ready(NotReady::Protocol(protocol), &diag));
@@ -580,9 +420,8 @@ impl Worker {
     async fn run(&mut self, call: Call<'_>, capture: &mut Capture, stop: &mut Stop<'_>) -> Result<ExecDone, Interrupt> {
         let Call { seq, code, mark, deadline, progress } = call;
         let checkpoint = self.keeper && self.execs > 0;
-        let request = PythonRuntime.request(CallRequest { id: seq, code, mark, checkpoint });
-        let request =
-            frame::encode(&request).map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
+        let request = (self.request)(CallRequest { id: seq, code, mark, checkpoint })
+            .map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
         // The interpreter, idle, made this call's pipes: take their read
         // ends; the streams of earlier calls are drained and dropped by
         // themselves (what their processes write is never this call's).
@@ -697,12 +536,12 @@ impl Worker {
                         drained = Some((o, e));
                     }
                     Some(Ok(other)) => {
-                        let why = format!("unexpected {} frame", reply_kind(&other));
-                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why)) };
+                        let why = AfterResult::Unexpected(reply_kind(&other));
+                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why.to_string())) };
                     }
                     Some(Err(FrameError::Eof)) | None => {
                         if let Some(r) = report {
-                            return done(r, Err("the worker exited".into()));
+                            return done(r, Err(AfterResult::Exited));
                         }
                         // The kill may come before its wake: a sandbox the
                         // session killed reports why, not a death.
@@ -710,8 +549,8 @@ impl Worker {
                         return Err(Interrupt::Died);
                     }
                     Some(Err(e)) => {
-                        let why = e.to_string();
-                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why)) };
+                        let why = AfterResult::BadFrame(e.to_string());
+                        return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why.to_string())) };
                     }
                 },
                 n = read_opt(stdout, out_buf) => take_read(capture, Stream::Stdout, stdout, out_buf, n),
@@ -759,170 +598,6 @@ impl Worker {
         let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
             let _ = nix::sys::wait::waitpid(pid, None);
         });
-    }
-}
-
-/// Where the idle interpreter leaves the read ends of the next call's
-/// stdout and stderr (see the worker's `prepare_streams`).
-const STREAM_FDS: [i32; 2] = [14, 15];
-
-/// What the begin frame of a call that asked for a rollback point is
-/// checked against: the copy must be a child the interpreter made after
-/// the request (a process of an earlier call that names itself in a
-/// forged begin frame is not one).
-struct BeginCheck {
-    seq: u64,
-    interp: Option<i32>,
-    keeper: Option<i32>,
-    children_before: Vec<i32>,
-    asked_at: Option<u64>,
-}
-
-/// Why a call has no rollback point.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoPoint {
-    #[error("the begin frame named a process that is not this call's copy")]
-    NotTheCopy,
-    #[error("the interpreter's pid is not known")]
-    NoInterpreter,
-    /// The worker's own reason (threads running, a failed fork), as sent.
-    #[error("{0}")]
-    Worker(String),
-    #[error("none was taken")]
-    NoneTaken,
-}
-
-impl BeginCheck {
-    /// The rollback point a begin frame names: the copy's host pid, or why
-    /// there is none.
-    fn copy(&self, copy: Option<u32>, why: Option<String>) -> Result<i32, NoPoint> {
-        match (copy, self.interp) {
-            (Some(ns), Some(interp)) => this_calls_copy(interp, self.keeper, ns, &self.children_before, self.asked_at)
-                .ok_or(NoPoint::NotTheCopy),
-            (Some(_), None) => Err(NoPoint::NoInterpreter),
-            (None, _) => Err(why.map_or(NoPoint::NoneTaken, NoPoint::Worker)),
-        }
-    }
-}
-
-/// The host pid of the process that is `ns_pid` in the sandbox, if it is
-/// a child `interp` made since `before` was listed. An interpreter that
-/// ended at once (its code's first act) has left its copy to PID 1
-/// (`keeper`): then a child of PID 1 started since `asked_at` (clock ticks
-/// since boot, the kernel's start-time unit) counts.
-fn this_calls_copy(
-    interp: i32,
-    keeper: Option<i32>,
-    ns_pid: u32,
-    before: &[i32],
-    asked_at: Option<u64>,
-) -> Option<i32> {
-    let named = |c: &i32| !before.contains(c) && ns_pid_of(*c) == Some(ns_pid);
-    if let Some(copy) = children(interp).into_iter().find(named) {
-        return Some(copy);
-    }
-    let (keeper, asked_at) = (keeper?, asked_at?);
-    if !crate::spawn::exited(interp) {
-        return None;
-    }
-    children(keeper).into_iter().find(|c| named(c) && start_ticks(*c).is_some_and(|t| t >= asked_at))
-}
-
-/// Now, in clock ticks since boot (the unit of a process's start time).
-fn boot_ticks() -> Option<u64> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into memory we own.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
-        return None;
-    }
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
-    Some(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
-}
-
-/// When host process `pid` started, in clock ticks since boot.
-fn start_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// The pid of host process `pid` in its own (innermost) pid namespace.
-fn ns_pid_of(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
-}
-
-/// The children of `pid` (host pids).
-fn children(pid: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
-        .unwrap_or_default()
-}
-
-/// Take the read ends of the call's fresh output pipes from `pid`.
-fn call_streams(pid: i32) -> std::io::Result<(pipe::Receiver, pipe::Receiver)> {
-    let [out, err] = take_fds(pid, STREAM_FDS)?;
-    let (out, err) = (pipe::Receiver::from_owned_fd(out)?, pipe::Receiver::from_owned_fd(err)?);
-    Ok((out, err))
-}
-
-/// Most streams of earlier calls read at once per sandbox.
-const MAX_RETIRED: usize = 16;
-
-/// Most bytes a stream of an earlier call is read (and dropped) per
-/// second: past it the task sleeps for the rest of the second and the
-/// stream's writers block on the full pipe. MAX_RETIRED of them make at
-/// most 1 MiB a second, a few dozen reads: what a sandbox's background
-/// flood costs the host's process while no call runs.
-const RETIRED_BYTES_PER_SECOND: usize = 64 * 1024;
-
-/// Most bytes dropped from a call's own pipes before the next call on the
-/// same pipes (a pipe holds at most 1 MiB unless its owner is privileged):
-/// a writer that never stops cannot keep the host draining.
-const SAME_PIPES_DRAIN_BYTES: usize = 1024 * 1024;
-
-impl Worker {
-    /// Read a stream of an earlier call until its last writer is gone, and
-    /// drop what it says (closing it under a writer would hand a background
-    /// process SIGPIPE), at most RETIRED_BYTES_PER_SECOND: a flood waits on
-    /// the full pipe instead of keeping the host busy. One task and one fd
-    /// per stream that a process of the sandbox still holds, at most
-    /// MAX_RETIRED: past it the oldest is closed (its writers then get
-    /// EPIPE), so that the sandbox cannot make the host hold descriptors
-    /// without bound.
-    fn retire(&mut self, stream: Option<pipe::Receiver>) {
-        let Some(stream) = stream else { return };
-        self.retired.retain(|task| !task.is_finished());
-        if self.retired.len() >= MAX_RETIRED {
-            if let Some(oldest) = self.retired.pop_front() {
-                oldest.abort();
-            }
-        }
-        self.retired.push_back(tokio::spawn(drop_slowly(stream, RETIRED_BYTES_PER_SECOND)));
-    }
-}
-
-/// Read `stream` until EOF and drop it, at most `per_second` bytes in any
-/// second.
-async fn drop_slowly(mut stream: pipe::Receiver, per_second: usize) {
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut window = Instant::now();
-    let mut used = 0;
-    loop {
-        let room = per_second.saturating_sub(used).min(buf.len());
-        if room == 0 {
-            sleep_until(window + Duration::from_secs(1)).await;
-            (window, used) = (Instant::now(), 0);
-            continue;
-        }
-        match stream.read(&mut buf[..room]).await {
-            Ok(n) if n > 0 => used += n,
-            _ => return,
-        }
-        if window.elapsed() >= Duration::from_secs(1) {
-            (window, used) = (Instant::now(), 0);
-        }
     }
 }
 
@@ -976,38 +651,6 @@ fn reply_kind(r: &Reply) -> &'static str {
     }
 }
 
-/// Read what `stream` holds now, without waiting, into `capture`.
-fn drain_now(stream: &pipe::Receiver, capture: &mut Capture, which: Stream, buf: &mut [u8]) {
-    while let Ok(n) = stream.try_read(buf) {
-        if n == 0 {
-            break;
-        }
-        capture.feed(which, &buf[..n]);
-        if capture.overflowed {
-            break;
-        }
-    }
-}
-
-/// Hand a read result to the capture; a closed or failed stream is finished.
-fn take_read<R>(capture: &mut Capture, which: Stream, slot: &mut Option<R>, buf: &[u8], n: Option<usize>) {
-    match n {
-        Some(n) if n > 0 => capture.feed(which, &buf[..n]),
-        _ => {
-            capture.finish(which);
-            *slot = None;
-        }
-    }
-}
-
-/// Read from an optional stream; `None` when it is closed or failed.
-async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
-    match stream {
-        Some(s) => s.read(buf).await.ok(),
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1020,18 +663,5 @@ mod tests {
         assert!(!StartError::Halted(Halt::Cancelled).is_worker_failure());
         let StartError::NotReady { stderr, .. } = failed else { panic!("wrong variant") };
         assert_eq!(stderr, "oops");
-    }
-
-    #[test]
-    fn take_read_finishes_a_closed_stream() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let mut capture = Capture::new(b"END".to_vec(), dir.join("o"), dir.join("e"));
-        let mut slot = Some(());
-        take_read(&mut capture, Stream::Stdout, &mut slot, b"hello", Some(5));
-        assert!(slot.is_some());
-        assert_eq!(capture.stdout.total, 5);
-        take_read(&mut capture, Stream::Stdout, &mut slot, b"", Some(0));
-        assert!(slot.is_none());
     }
 }

@@ -67,7 +67,7 @@ impl Worker {
         if self.interp.is_none() {
             let keeper = self.init_pid?;
             self.interp = children(keeper).into_iter().next();
-            self.interp_ns = self.interp.and_then(super::ns_pid_of);
+            self.interp_ns = self.interp.and_then(super::begin::ns_pid_of);
         }
         self.interp
     }
@@ -219,7 +219,7 @@ impl Worker {
             return Err(RecoverError::Survivors(others));
         }
         self.interp = Some(pid);
-        self.interp_ns = super::ns_pid_of(pid);
+        self.interp_ns = super::begin::ns_pid_of(pid);
         if !matches!(recovery, Recovery::Restored) {
             self.execs = 0;
         }

@@ -1,0 +1,215 @@
+//! What a worker is asked and what it answers: the stops, the progress,
+//! the start's settings ([`Launch`]) and its failures, one call and how
+//! it ended. Types only; the worker's code is in its parent module.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::contain::Contained;
+use crate::frame::{CallRequest, ExecReport, FrameError, PROTOCOL_VERSION};
+use crate::limits::STARTUP_DEADLINE;
+use crate::permissions::MountConfig;
+use crate::protected::{self, Guard};
+use crate::secrets::MaskReport;
+
+/// Why the session wants the operation in progress to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Halt {
+    Disposed,
+    Cancelled,
+    Remounted,
+}
+
+/// What can end a worker operation early: the session's wake channel, and
+/// a check that says whether (and why) to stop when it fires.
+pub struct Stop<'a> {
+    pub wake: &'a mut watch::Receiver<u64>,
+    pub check: &'a (dyn Fn() -> Option<Halt> + Send + Sync),
+}
+
+/// A running execution's progress, reported every `PROGRESS_EVERY`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub elapsed_ms: u64,
+    pub stdout_bytes: usize,
+    pub stderr_bytes: usize,
+    /// The latest output of each stream (a few KiB).
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+}
+
+/// Receives progress reports; must not block.
+pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
+
+/// How a start failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The session stopped the start (cancel, dispose, mode change).
+    #[error("the start was stopped ({0:?})")]
+    Halted(Halt),
+    /// A setting cannot be applied (the text says which and why).
+    #[error(transparent)]
+    Settings(#[from] crate::limits::SettingError),
+    /// The start could not be prepared (the seccomp program, the plan).
+    #[error("{0}")]
+    Prepare(String),
+    /// bubblewrap could not be executed at all.
+    #[error("bubblewrap could not be started: {0}")]
+    Spawn(std::io::Error),
+    /// The sandbox ran but never reported ready; `stderr` is what it wrote
+    /// there (bounded).
+    #[error("{why}")]
+    NotReady { why: NotReady, stderr: String },
+}
+
+/// Why a started sandbox never reported ready.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("the worker did not report ready within {}s", STARTUP_DEADLINE.as_secs())]
+    Deadline,
+    /// The sandbox ended (its exit status, if it was reaped in time).
+    #[error("the sandbox ended")]
+    Exited(Option<std::process::ExitStatus>),
+    #[error("the worker speaks protocol {0}, not {PROTOCOL_VERSION}")]
+    Protocol(u32),
+    /// The worker said why it cannot serve (an error frame).
+    #[error("{0}")]
+    Refused(String),
+    #[error("unexpected {0} frame before ready")]
+    Unexpected(&'static str),
+    #[error("bad frame: {0}")]
+    BadFrame(String),
+    #[error(transparent)]
+    BadImage(BoxError),
+}
+
+impl StartError {
+    /// The start failed because of what ran, not because it was stopped
+    /// or could not be attempted (the bytecode fallback's test).
+    pub fn is_worker_failure(&self) -> bool {
+        matches!(self, StartError::NotReady { why, .. } if !matches!(why, NotReady::Deadline))
+    }
+}
+
+/// How a running execution ended before producing a complete result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interrupt {
+    Halted(Halt),
+    Timeout,
+    OutputLimit,
+    Died,
+    Violation(String),
+}
+
+/// One execution: its id, its code, the end mark of its output, its
+/// deadline, and who hears its progress.
+pub struct Call<'a> {
+    pub seq: u64,
+    pub code: &'a str,
+    pub mark: &'a [u8],
+    pub deadline: Instant,
+    pub progress: Option<ProgressFn>,
+}
+
+/// What a finished execution gave: the worker's report, and whether the
+/// phase after it (draining, the end marks) went cleanly.
+pub struct ExecDone {
+    pub report: ExecReport,
+    pub after: Result<(), AfterResult>,
+}
+
+/// What went wrong after a call's result: the result is kept, the
+/// interpreter is not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AfterResult {
+    #[error("the worker exited")]
+    Exited,
+    #[error("unexpected {0} frame")]
+    Unexpected(&'static str),
+    #[error("{0}")]
+    BadFrame(String),
+}
+
+/// What the ready frame said.
+pub struct Ready {
+    pub runtime_version: String,
+    pub site_notes: Vec<String>,
+    /// The worker's compiled form, when it was asked for (checked).
+    pub image: Option<Vec<u8>>,
+}
+
+/// How the worker's code reached the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeForm {
+    Source,
+    Bytecode,
+}
+
+impl CodeForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodeForm::Source => "source",
+            CodeForm::Bytecode => "bytecode",
+        }
+    }
+}
+
+/// An error of the runtime's, carried through the worker unread.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The runtime's request frame for a call (framed, ready to write).
+pub type RequestFn = Box<dyn Fn(CallRequest<'_>) -> Result<Vec<u8>, FrameError> + Send + Sync>;
+
+/// The runtime's check of the compiled form the worker sends (as sent in
+/// its frame): the image's bytes, or why they are not one.
+pub type ImageCheck = fn(&str) -> Result<Vec<u8>, BoxError>;
+
+/// Everything one start needs, decided by the caller.
+pub struct Launch {
+    pub bwrap: PathBuf,
+    pub argv: Vec<OsString>,
+    pub seccomp: OwnedFd,
+    pub mount_fds: Vec<OwnedFd>,
+    pub mounts: MountConfig,
+    /// The host secrets masked in its read roots (see `hostsecrets`).
+    pub host_masks: Vec<crate::hostsecrets::Mask>,
+    /// The host secrets in force at the start (what `host_masks` came from).
+    pub host_secrets: crate::hostsecrets::HostSecrets,
+    /// Where a host secret could appear in its read roots while it runs.
+    pub secret_watch: Vec<crate::hostsecrets::WatchPoint>,
+    /// The watch that tells when the project's masks are stale.
+    pub masks_watch: Option<Arc<protected::SecretWatch>>,
+    pub guard: Option<Arc<Guard>>,
+    pub plan_notes: Vec<String>,
+    /// What the start masked (see `secrets`).
+    pub masks: MaskReport,
+    pub code: CodeForm,
+    /// Ask the worker for its compiled form before it reports ready.
+    pub emit_code: bool,
+    /// How the runtime checks that form.
+    pub check_image: ImageCheck,
+    /// How the runtime phrases a call.
+    pub request: RequestFn,
+    /// The worker runs as the sandbox's PID 1 that keeps it across
+    /// interpreters: failed calls roll back, a reset is fast.
+    pub keeper: bool,
+    /// The caps on the sandbox's tasks and memory (see `contain`).
+    pub contained: Contained,
+    /// The rlimits the host sets on the held sandbox before the payload
+    /// runs (see `Policy::held_rlimits`).
+    pub limits: Vec<(nix::sys::resource::Resource, u64)>,
+    /// What the namespace helper does in the sandbox's user namespace
+    /// before the payload runs (its own inotify limits).
+    pub inside: Vec<crate::nshelper::Step>,
+    /// The guard's inotify instance, made before the sandbox (see
+    /// `protected::Watcher`).
+    pub watcher: Option<protected::Watcher>,
+    /// What the host may spend on the sandbox's changes to the project
+    /// (see `protected::budget`).
+    pub budget: protected::BudgetLimits,
+}
