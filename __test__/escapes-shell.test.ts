@@ -15,13 +15,26 @@
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { once } from "node:events";
-import { chmodSync, existsSync, mkdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import {
+  chmodSync,
+  chownSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
+import { dirname, join } from "node:path";
 import { describe, test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
 import { assertNoProcess } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { type Fixture, hostPidsWithCmdline, makeFixture, type PythonSandbox, py, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { type Fixture, hostPidsWithCmdline, INDEX_CJS, makeFixture, type PythonSandbox, py, waitUntil } from "./helpers/sandbox-fixture.ts";
 import { type Answer, lastJson, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
 import { unfiltered, type UnfilteredOptions } from "./helpers/unfiltered.ts";
 
@@ -527,6 +540,54 @@ describe("containment", { concurrency: 1 }, () => {
     assert.equal(r.ending, "exited", out);
     const leaves = Number(/^\s*(\d+) leaf$/m.exec(out)?.[1] ?? 0);
     assert.ok(leaves < 16, `${leaves} leaves ran at once under a cap of 16 tasks: ${out}`);
+    assert.match(out, /Cannot fork|Resource temporarily unavailable/, out);
+    await assertNoProcess(marker);
+  });
+
+  test("as an ordinary user, with no cgroup it may write, a fork bomb still stops at PI_SANDBOX_MAX_TASKS", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    if (!ROOT) {
+      assert.ok(process.env.CI !== "true", "CI runs as root: this test runs its child as nobody");
+      t.skip("needs root to run a child as nobody");
+      return;
+    }
+    // Outside /tmp and the checkout (nobody may not read a private folder): the project, a
+    // runtime root nobody owns, and a copy of the addon.
+    const base = mkdtempSync(join("/var/tmp", "pps-esh-nobody-"));
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    chmodSync(base, 0o755);
+    const project = join(base, "project");
+    mkdirSync(project);
+    const runtimeRoot = join(base, "rt");
+    mkdirSync(runtimeRoot, { mode: 0o700 });
+    chownSync(runtimeRoot, 65534, 65534);
+    const addonDir = join(base, "addon");
+    mkdirSync(addonDir);
+    for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
+      copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
+    }
+    const marker = uniq("bomb-nobody");
+    killAfter(t, marker);
+    const env = { PATH: "/usr/local/bin:/usr/bin:/bin", HOME: "/nonexistent", PI_SANDBOX_MAX_TASKS: "16" };
+    const asNobody = { uid: 65534, gid: 65534, env, encoding: "utf8" as const, timeout: 60_000 };
+    // Baseline: nobody on the host, unconfined, runs every leaf.
+    const seen = spawnSync("/bin/sh", ["-c", bomb(marker, 6)], { ...asNobody, cwd: project });
+    assert.match(seen.stdout, /^\s*64 leaf$/m, `baseline: nobody's host shell runs every leaf (${seen.stdout}${seen.stderr})`);
+    const script = `
+      const { PythonSandbox } = require(${JSON.stringify(join(addonDir, "index.cjs"))});
+      const sb = new PythonSandbox({ projectDir: ${JSON.stringify(project)}, runtimeRoot: ${JSON.stringify(runtimeRoot)} });
+      let out = "";
+      sb.execShell(1, ${JSON.stringify(bomb(marker, 6))}, { cwd: ${JSON.stringify(project)}, timeoutSeconds: 30 }, (t) => { out += t; })
+        .then((r) => { console.log("RESOLVED " + JSON.stringify({ out, ending: r.ending, tasks: sb.status().containment.tasks })); return sb.dispose(); },
+              (e) => { console.log("REJECTED " + e.message); return sb.dispose(); });`;
+    const r = spawnSync(process.execPath, ["-e", script], asNobody);
+    const line = /^RESOLVED (.*)$/m.exec(r.stdout)?.[1];
+    assert.ok(line, r.stdout + r.stderr);
+    const { out, ending, tasks } = JSON.parse(line) as { out: string; ending: string; tasks: string };
+    assert.equal(ending, "exited", out);
+    assert.notEqual(tasks, "none", `the status claims no task cap for nobody: ${tasks}`);
+    const leaves = Number(/^\s*(\d+) leaf$/m.exec(out)?.[1] ?? 0);
+    assert.ok(leaves < 16, `${leaves} leaves ran at once under a cap of 16 tasks (${tasks}): ${out}`);
     assert.match(out, /Cannot fork|Resource temporarily unavailable/, out);
     await assertNoProcess(marker);
   });
