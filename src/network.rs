@@ -15,4 +15,5 @@
 //! (the extension's JavaScript). See `docs/network.md`.
 
 pub mod addr;
+pub mod decide;
 pub mod policy;
