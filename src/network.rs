@@ -17,3 +17,4 @@
 pub mod addr;
 pub mod decide;
 pub mod policy;
+pub mod wire;
