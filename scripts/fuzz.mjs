@@ -1,11 +1,14 @@
-// `npm run fuzz [-- SECONDS]`: fuzz the worker -> host frame decoder (src/frame.rs) for a bounded
-// time (default 60 s) with cargo-fuzz (libFuzzer + AddressSanitizer, nightly Rust).
+// `npm run fuzz [-- SECONDS]`: fuzz each target for a bounded time (default 60 s each) with
+// cargo-fuzz (libFuzzer + AddressSanitizer, nightly Rust): `frame`, the worker -> host frame
+// decoder (src/frame.rs), and `proxy`, the network proxy's parsers (src/network/wire/: HTTP,
+// SOCKS5, the TLS ClientHello) and its canonical host form (src/network/addr.rs).
 //
-// The target is fuzz/fuzz_targets/frame.rs; its oracle (fuzz/frame_check.rs) is the same one that
-// tests/frame_fuzz.rs runs on stable in every `cargo test`. The committed seeds in
-// fuzz/corpus/frame are read-only here; what the fuzzer finds grows fuzz/work-corpus/frame
-// (ignored by git: cache it between CI runs to keep the corpus). A crash leaves its input in
-// fuzz/artifacts/frame/ and fails the run with the command that reproduces it.
+// The targets are fuzz/fuzz_targets/NAME.rs; their oracles (fuzz/frame_check.rs,
+// fuzz/proxy_check.rs) are the same ones that tests/frame_fuzz.rs and tests/proxy_fuzz.rs run on
+// stable in every `cargo test`. The committed seeds in fuzz/corpus/NAME are read-only here; what
+// the fuzzer finds grows fuzz/work-corpus/NAME (ignored by git: cache it between CI runs to keep
+// the corpus). A crash leaves its input in fuzz/artifacts/NAME/ and fails the run with the
+// command that reproduces it.
 //
 // Without cargo-fuzz or a nightly toolchain the script says which is missing and how to get it,
 // runs the stable property test instead, and exits 0 (1 with --require, for a CI that must fuzz).
@@ -18,8 +21,10 @@ const root = fileURLToPath(new URL("..", import.meta.url));
 const args = process.argv.slice(2);
 const require = args.includes("--require");
 const seconds = Number(args.find((a) => /^\d+$/.test(a)) ?? process.env.FUZZ_SECONDS ?? 60);
-const seeds = join(root, "fuzz/corpus/frame");
-const work = join(root, "fuzz/work-corpus/frame");
+const targets = [
+  { name: "frame", what: "the frame decoder", stable: "frame_fuzz" },
+  { name: "proxy", what: "the proxy's parsers", stable: "proxy_fuzz" },
+];
 
 function probe(cmd, argv) {
   const r = spawnSync(cmd, argv, { cwd: root, encoding: "utf8" });
@@ -45,25 +50,29 @@ function run(cmd, argv, env = {}) {
 const why = missing();
 if (why.length > 0) {
   console.log(`# cargo fuzz cannot run here: ${why.join("; ")}.`);
-  console.log("# Running the stable property test of the same oracle instead (tests/frame_fuzz.rs).");
-  const r = run("cargo", ["test", "--locked", "--test", "frame_fuzz"]);
+  console.log("# Running the stable property tests of the same oracles instead (tests/frame_fuzz.rs, tests/proxy_fuzz.rs).");
+  const r = run("cargo", ["test", "--locked", ...targets.flatMap((t) => ["--test", t.stable])]);
   if (r.status !== 0) process.exit(r.status ?? 1);
   process.exit(require ? 1 : 0);
 }
 
-mkdirSync(work, { recursive: true });
-const before = readdirSync(work).length;
-console.log(`# fuzzing the frame decoder for ${seconds} s (seeds: ${readdirSync(seeds).length} files; work corpus: ${before} files)`);
-const r = run("cargo", [
-  "+nightly", "fuzz", "run", "frame", work, seeds, "--",
-  `-max_total_time=${seconds}`, "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
-]);
-const done = /Done (\d+) runs in (\d+) second/.exec(r.stderr ?? "");
-const after = readdirSync(work).length;
-if (r.status !== 0) {
-  const crash = /Test unit written to (\S+)/.exec(r.stderr ?? "");
-  console.log(`# the fuzzer failed (exit ${r.status}).`);
-  if (crash) console.log(`# reproduce: cargo +nightly fuzz run frame ${crash[1]}`);
-  process.exit(1);
+for (const { name, what } of targets) {
+  const seeds = join(root, `fuzz/corpus/${name}`);
+  const work = join(root, `fuzz/work-corpus/${name}`);
+  mkdirSync(work, { recursive: true });
+  const before = readdirSync(work).length;
+  console.log(`# fuzzing ${what} for ${seconds} s (seeds: ${readdirSync(seeds).length} files; work corpus: ${before} files)`);
+  const r = run("cargo", [
+    "+nightly", "fuzz", "run", name, work, seeds, "--",
+    `-max_total_time=${seconds}`, "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
+  ]);
+  const done = /Done (\d+) runs in (\d+) second/.exec(r.stderr ?? "");
+  const after = readdirSync(work).length;
+  if (r.status !== 0) {
+    const crash = /Test unit written to (\S+)/.exec(r.stderr ?? "");
+    console.log(`# the fuzzer failed on ${name} (exit ${r.status}).`);
+    if (crash) console.log(`# reproduce: cargo +nightly fuzz run ${name} ${crash[1]}`);
+    process.exit(1);
+  }
+  console.log(`# ${name}: ${done ? `${done[1]} runs in ${done[2]} s` : "done"}, no crash; work corpus ${before} -> ${after} files`);
 }
-console.log(`# ${done ? `${done[1]} runs in ${done[2]} s` : "done"}, no crash; work corpus ${before} -> ${after} files`);

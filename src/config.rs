@@ -31,10 +31,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod network;
 mod node;
 mod parse;
 mod project;
 
+pub use network::NetworkConfig;
 pub use parse::{is_env_name, parse, read_path, refused_name, Parsed, MAX_ENTRY_BYTES, MAX_LIST, REFUSED_NAMES};
 pub use project::{project_files, PROJECT_FILE_REL};
 
@@ -84,6 +86,10 @@ impl UserBash {
     }
 }
 
+/// Why the network is off when the whole file is in error (the error
+/// itself is among the file's errors).
+pub const NETWORK_OFF_REASON: &str = "the trusted configuration file has an error";
+
 /// The parts of the configuration, each of which falls back on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
@@ -91,10 +97,11 @@ pub enum Part {
     UserBash,
     Filesystem,
     Env,
+    Network,
 }
 
 impl Part {
-    pub const ALL: &'static [Part] = &[Part::Bash, Part::UserBash, Part::Filesystem, Part::Env];
+    pub const ALL: &'static [Part] = &[Part::Bash, Part::UserBash, Part::Filesystem, Part::Env, Part::Network];
 }
 
 /// What the trusted configuration says.
@@ -107,6 +114,8 @@ pub struct TrustedConfig {
     pub additional_allow_read: Vec<PathBuf>,
     /// Names of pi's environment variables a sandboxed command gets.
     pub env_passthrough: Vec<String>,
+    /// The sandboxes' network (`network`).
+    pub network: NetworkConfig,
 }
 
 impl TrustedConfig {
@@ -116,6 +125,7 @@ impl TrustedConfig {
         user_bash: UserBash::Host,
         additional_allow_read: Vec::new(),
         env_passthrough: Vec::new(),
+        network: NetworkConfig::DEFAULT,
     };
 
     /// The defaults, with `parts` at their most restrictive.
@@ -131,13 +141,18 @@ impl TrustedConfig {
     /// user's `!cmd` sandboxed too (a broken file never lets a command out
     /// of the sandbox that the file may have meant to keep in: the result
     /// names the error, and fixing the file restores the host), no extra
-    /// reads, no environment.
+    /// reads, no environment, no network (the reason is set by whoever knows
+    /// the error: [`Parsed`]).
     pub fn fall_back(&mut self, p: Part) {
         match p {
             Part::Bash => self.bash = Bash::Sandbox,
             Part::UserBash => self.user_bash = UserBash::Sandbox,
             Part::Filesystem => self.additional_allow_read.clear(),
             Part::Env => self.env_passthrough.clear(),
+            Part::Network => {
+                let reason = self.network.off_because.take();
+                self.network = NetworkConfig::off(reason.unwrap_or_else(|| NETWORK_OFF_REASON.to_owned()));
+            }
         }
     }
 }
@@ -209,6 +224,8 @@ pub enum ConfigError {
     EnvName { key: String, name: String },
     #[error("{key}: `{name}` is never passed: {why}")]
     EnvRefused { key: String, name: String, why: &'static str },
+    #[error("{key}: `{}` {problem}", entry.escape_debug())]
+    Entry { key: String, entry: String, problem: crate::network::policy::EntryError },
     #[error("{name}={value:?} is not `0`, `false`, `off`, `no`, `1`, `true`, `on` or `yes`: bash stays sandboxed")]
     BadEnvironment { name: &'static str, value: String },
 }

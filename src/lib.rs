@@ -22,6 +22,7 @@ pub mod hostsecrets;
 pub mod inotify;
 pub mod launch;
 pub mod limits;
+pub mod network;
 pub mod nshelper;
 pub mod options;
 pub mod outcome;

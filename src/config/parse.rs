@@ -2,7 +2,7 @@
 //! configuration and errors out).
 //!
 //! Each top-level key is a *part* (`bash`, `userBash`, `filesystem`,
-//! `env`) read on its own: an error inside a part gives that part its most
+//! `env`, `network`) read on its own: an error inside a part gives that part its most
 //! restrictive value, and the other parts apply. What cannot be given to
 //! one part (text that is not JSON, a top level that is not an object, an
 //! unknown or repeated top-level key) gives every part its most
@@ -29,6 +29,7 @@ struct Sections {
     user_bash: Option<Node>,
     filesystem: Option<Node>,
     env: Option<Node>,
+    network: Option<Node>,
 }
 
 #[derive(Deserialize)]
@@ -145,6 +146,13 @@ pub fn parse(text: &str) -> Parsed {
     if let Some(node) = sections.env {
         part(Part::Env, env(node).map(|v| config.env_passthrough = v));
     }
+    if let Some(node) = sections.network {
+        let result = super::network::network(node);
+        if let Err(e) = &result {
+            config.network.off_because = Some(e.to_string());
+        }
+        part(Part::Network, result.map(|v| config.network = v));
+    }
     for p in &fell_back {
         config.fall_back(*p);
     }
@@ -173,7 +181,7 @@ fn choice<T: for<'de> Deserialize<'de>>(key: &str, node: Node) -> Result<T, Conf
 }
 
 /// The object at `key`, read as section `T`.
-fn section<T: for<'de> Deserialize<'de>>(key: &str, node: Node) -> Result<T, ConfigError> {
+pub(super) fn section<T: for<'de> Deserialize<'de>>(key: &str, node: Node) -> Result<T, ConfigError> {
     if !matches!(node, Node::Object(_)) {
         return Err(ConfigError::WrongType { key: key.to_owned(), expected: "an object", found: node.kind() });
     }
@@ -182,7 +190,7 @@ fn section<T: for<'de> Deserialize<'de>>(key: &str, node: Node) -> Result<T, Con
 
 /// The strings of the array at `key`, each checked by `check` (which
 /// returns the entry as kept); duplicates dropped, first kept.
-fn list<T: PartialEq>(
+pub(super) fn list<T: PartialEq>(
     key: &str,
     node: Node,
     mut check: impl FnMut(String, &str) -> Result<T, ConfigError>,
@@ -283,6 +291,7 @@ mod tests {
                 user_bash: UserBash::Sandbox,
                 additional_allow_read: vec![PathBuf::from("/home/u/.nvm"), PathBuf::from("/opt/tools/bin")],
                 env_passthrough: vec!["NPM_TOKEN".into(), "_x1".into()],
+                network: crate::config::NetworkConfig::DEFAULT,
             }
         );
     }
@@ -314,7 +323,7 @@ mod tests {
         assert_eq!(config, TrustedConfig::most_restrictive(Part::ALL));
         assert_eq!(
             errs.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-            ["userbash: unknown key (the keys here are bash, userBash, filesystem, env)"]
+            ["userbash: unknown key (the keys here are bash, userBash, filesystem, env, network)"]
         );
         assert_eq!(errors(r#"{"bash": "host", "bash": "sandbox"}"#), ["bash: duplicate key"]);
         assert_eq!(parse(r#"{"bash": "host", "bash": "host"}"#).config, TrustedConfig::most_restrictive(Part::ALL));
@@ -336,6 +345,7 @@ mod tests {
                 user_bash: UserBash::Sandbox,
                 additional_allow_read: vec![],
                 env_passthrough: vec!["NPM_TOKEN".into()],
+                network: crate::config::NetworkConfig::DEFAULT,
             }
         );
         assert_eq!(
