@@ -136,6 +136,7 @@ function runAs(t: TestContext, asNobody: boolean): void {
   );
   assert.equal(refused.status, 0, refused.out);
   assert.match(refused.out, /^ok where no sandbox can start a command is refused with the fix and nothing runs on the host$/m);
+  assert.match(refused.out, /^ok session start warns with the cause and the fix$/m);
 }
 
 test("through a pi session the bash tool keeps every promise of its issue", (t) => {
