@@ -384,3 +384,45 @@ test("a PATH entry the user may not look at is left out instead of stopping ever
   const r = spawnSync(process.execPath, ["-e", script], { uid: 65534, gid: 65534, env, encoding: "utf8", timeout: 60_000 });
   assert.match(r.stdout, /^RESOLVED .*nobody-reads/, r.stdout + r.stderr);
 });
+
+test("a project past the walk's bound is read-only in a writable mode, and the result says so and names the setting", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", "300");
+  const f = await makeFixture(t, { workspaceWritable: true });
+  mkdirSync(join(f.project, ".git"));
+  writeFileSync(join(f.project, ".git", "config"), "[core]\n");
+  const big = join(f.project, "src");
+  mkdirSync(big);
+  for (let i = 0; i < 400; i++) writeFileSync(join(big, `f${i}.py`), "");
+  const { r, out } = await sh(f.sb, f.project, "touch x");
+  assert.equal(r.exitCode, 1);
+  assert.match(out, /Read-only file system/);
+  assert.ok(!existsSync(join(f.project, "x")));
+  const why = r.notes.find((n) => n.includes("READ-ONLY"));
+  assert.ok(why, r.notes.join("\n"));
+  assert.match(why, /although the permission mode allows writes: the project has more than 300 entries/);
+  assert.match(why, /PI_SANDBOX_SCAN_ENTRIES/);
+  // Every command says it, not only the first: each one is a sandbox of its own.
+  const again = await sh(f.sb, f.project, "true");
+  assert.ok(again.r.notes.some((n) => n.includes("PI_SANDBOX_SCAN_ENTRIES")), again.r.notes.join("\n"));
+});
+
+test("a large repository whose bulk is git's objects and dependency trees stays writable in a writable mode", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", "300");
+  const f = await makeFixture(t, { workspaceWritable: true });
+  writeFileSync(join(f.project, ".gitignore"), "node_modules\n");
+  mkdirSync(join(f.project, ".git", "objects", "ab"), { recursive: true });
+  writeFileSync(join(f.project, ".git", "config"), "[core]\n");
+  for (let i = 0; i < 400; i++) writeFileSync(join(f.project, ".git", "objects", "ab", `${i}`.padStart(38, "0")), "");
+  mkdirSync(join(f.project, "node_modules", "dep"), { recursive: true });
+  for (let i = 0; i < 400; i++) writeFileSync(join(f.project, "node_modules", "dep", `m${i}.js`), "");
+  const { r, out } = await sh(f.sb, f.project, "touch x && echo wrote; echo '[core] hooksPath=/tmp' >> .git/config || echo git-refused");
+  assert.equal(r.exitCode, 0, out);
+  assert.match(out, /wrote\n/);
+  assert.match(out, /git-refused/);
+  assert.ok(existsSync(join(f.project, "x")));
+  assert.equal(readFileSync(join(f.project, ".git", "config"), "utf8"), "[core]\n");
+  // Nor is the secret scan cut short by git's objects (the secrets walk of .git skips them).
+  assert.deepEqual(r.notes, []);
+});

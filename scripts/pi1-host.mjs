@@ -17,6 +17,7 @@ const SPEC_DIR = join(root, "scripts", "hosts", "pi1");
 export const PI1_DIR = join(root, ".hosts", "pi1");
 /** The pi end-to-end files, run under both hosts (harness.test.ts checks 0.73 internals; the rest needs no pi). */
 export const PI1_TEST_FILES = [
+  "__test__/bash-session.test.ts",
   "__test__/bash-tool.test.ts",
   "__test__/describe.test.ts",
   "__test__/extension.test.ts",

@@ -274,7 +274,7 @@ impl Rules {
                 let visit = |rel: &Path, kind: Kind| {
                     let Some(name) = rel.file_name() else { return Visit::Descend };
                     look(rel, name, kind, &mut found_secrets, &mut inside);
-                    if kind == Kind::Dir && is_dependency_dir(name) {
+                    if kind == Kind::Dir && (is_dependency_dir(name) || is_git_store(rel, name)) {
                         return Visit::Skip;
                     }
                     Visit::Descend
@@ -404,6 +404,17 @@ struct Survey {
 /// A dependency tree's name (`scan::DEPENDENCY_DIRS`).
 fn is_dependency_dir(name: &OsStr) -> bool {
     name.to_str().is_some_and(|n| scan::DEPENDENCY_DIRS.contains(&n))
+}
+
+/// Git's object stores (`.git/objects`, a submodule's, `.git/lfs/objects`):
+/// the bulk of a large repository, every name in them git's own (a hash,
+/// `pack-<hash>.idx`, ...), never one a secret pattern is meant for. The
+/// secrets walk of a protected `.git` skips them, so that they do not use
+/// up the bound before the rest of the project's protected directories are
+/// looked at; `.git` itself is read-only as a whole, so the sandbox cannot
+/// put anything in them.
+fn is_git_store(rel: &Path, name: &OsStr) -> bool {
+    name == "objects" && rel.components().any(|c| c.as_os_str() == ".git")
 }
 
 /// Most entries of a `skills` directory looked at for `*/SKILL.md`.
