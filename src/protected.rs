@@ -599,6 +599,17 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
+    #[test]
+    fn only_git_object_stores_inside_a_git_directory_are_left_out_of_the_secrets_walk() {
+        let store = |rel: &str| is_git_store(Path::new(rel), Path::new(rel).file_name().unwrap_or_default());
+        assert!(store(".git/objects"));
+        assert!(store("pkg/.git/modules/dep/objects"));
+        assert!(store(".git/lfs/objects"));
+        assert!(!store("src/objects"), "a project's own folder of that name is walked");
+        assert!(!store(".pi/objects"));
+        assert!(!store(".git/hooks"));
+    }
+
     pub(super) fn tmp() -> PathBuf {
         let p = std::env::temp_dir().join(format!(
             "pps-protected-{}-{:x}",
