@@ -356,6 +356,14 @@ impl PythonSandbox {
     #[napi]
     pub fn status(&self) -> StatusResult {
         let mut report = self.session.status();
+        // Before the first start: what is already known to stand in the way.
+        if report.availability == crate::outcome::Availability::Unverified {
+            let configured =
+                self.session.options().interpreter.clone().or(crate::options::Settings::from_env().interpreter);
+            if let Some(why) = crate::probe::known_unavailable(configured.as_deref()) {
+                report.availability = crate::outcome::Availability::Unavailable(why);
+            }
+        }
         report.denied_reads = self.grants.denied();
         report.permission_mode = self.grants.mode().and_then(|m| m.mode);
         status_to_js(report)
