@@ -4,8 +4,9 @@
  * sandbox, with the setting in force (PI_PYTHON_TOOL_ROLLBACK: run with it unset and with 0):
  * - a failure tells its exception once (no header over the traceback, whose last line says it);
  * - a refused read is told once; one block of stdout has no header over it;
- * - a tool that cannot run here is said at session start, with the fix, and `status` says
- *   "unavailable" with the cause before any call;
+ * - a tool that cannot run here (no addon, no interpreter; bubblewrap and user namespaces are
+ *   the same probe's) is said at session start, with the fix, and `status` says "unavailable"
+ *   with the cause before any call;
  * - `status` is a few lines (the rest under "details:", shown on expand), true for the setting
  *   in force after a timeout, in plain words; a reset says "sandbox killed" only when it was;
  * - the demo's headings say what the setting in force does, and the next call shows it.
@@ -133,6 +134,24 @@ test("a missing interpreter: a warning with the fix at session start, and status
   const report = (r.details as { report: { available: string; diagnostic: string } }).report;
   assert.equal(report.available, "unavailable");
   assert.match(report.diagnostic, /\/nonexistent\/words\/python3/);
+});
+
+test("no addon (a missing platform package): a warning with the fix at session start, and status says unavailable", () => {
+  // A child process: the addon is loaded once per process.
+  const out = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(new URL("fixtures/session-start-notes.ts", import.meta.url))], {
+    cwd: PACKAGE_DIR,
+    encoding: "utf8",
+    timeout: 60_000,
+    env: { ...process.env, NAPI_RS_NATIVE_LIBRARY_PATH: "/nonexistent/words/addon.node" },
+  });
+  assert.equal(out.status, 0, out.stderr);
+  const seen = JSON.parse(out.stdout.trim().split("\n").at(-1)!) as { notifications: { message: string; type: string }[]; status: string };
+  const warned = seen.notifications.filter((n) => /cannot run here/.test(n.message));
+  assert.equal(warned.length, 1, JSON.stringify(seen.notifications));
+  assert.equal(warned[0].type, "warning");
+  assert.match(warned[0].message, /native addon could not be loaded: NAPI_RS_NATIVE_LIBRARY_PATH=\/nonexistent\/words\/addon\.node/);
+  assert.match(warned[0].message, /To fix it, build the addon in this checkout .*`npm ci && npm run build`/, "the fix");
+  assert.match(seen.status, /^status: unavailable\n\npython tool unavailable: The sandbox's native addon could not be loaded/);
 });
 
 test("a tool that can run: no warning at session start; status before any call is short and plain", async (t) => {
