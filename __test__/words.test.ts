@@ -253,3 +253,24 @@ test("the demo's headings say what the setting in force does", (t) => {
   const status = out.stdout.slice(out.stdout.lastIndexOf("\n=== status\n"));
   for (const word of UNPLAIN) assert.doesNotMatch(status, word, status);
 });
+
+test("a mode change's notification names only the roots newly skipped, and status names the mode", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  // Outside /tmp, which the sandbox mounts itself (a read root there is skipped).
+  const real = await mkdtemp("/var/tmp/pi-python-words-root-");
+  t.after(() => rm(real, { recursive: true, force: true }));
+  const missing = "/nonexistent/pi-words-missing-root";
+  const notes = () => h.notifications.filter((n) => /^python sandbox: /.test(n.message)).map((n) => n.message);
+  h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [missing, real] });
+  h.events.emit("tool-permissions:mode", { mode: "edits", readRoots: [missing, real] });
+  const [first, second] = notes();
+  assert.equal(notes().length, 2, JSON.stringify(h.notifications));
+  assert.ok(first.includes(`read roots mounted read-only: ${real}`), first);
+  assert.match(first, /skipped: \/nonexistent\/pi-words-missing-root/, first);
+  assert.match(second, /^python sandbox: \/workspace is now read-write/, second);
+  assert.doesNotMatch(second, /pi-words-missing-root/, "told once, not with every change");
+  const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
+  assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
+  assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
+});
