@@ -420,9 +420,10 @@ export interface SandboxPaths {
  * Kill every sandbox and delete every session directory of this process,
  * synchronously. For `process.on("exit")`: a `process.exit()` skips the
  * addon's own environment cleanup.
- * Why no sandbox can start on this host (bubblewrap missing, or unable
- * to make namespaces), with the fix; null when one can. Asked once per
- * process, for a warning at session start.
+ * Why no sandbox can start on this host (bubblewrap missing or unable to
+ * make namespaces, the interpreter missing), with the fix; null when one
+ * can. The bubblewrap probe runs once per process; for a warning at
+ * session start.
  */
 export declare function sandboxProbe(): Promise<string | null>
 

@@ -52,3 +52,22 @@ test("a plain npm install is told not to skip optional dependencies", (t) => {
   assert.equal(installKind(dir), "npm");
   assert.match(installFix("npm", PKG, dir), /not --omit=optional/);
 });
+
+test("the lock's packages all admit Node 20.19 (no EBADENGINE from npm ci or npm run demo on Node 20)", async () => {
+  const { createRequire } = await import("node:module");
+  const require = createRequire(import.meta.url);
+  const semver = require("semver") as { satisfies(v: string, range: string): boolean };
+  const lock = require("../package-lock.json") as { packages: Record<string, { engines?: { node?: string }; os?: string[]; cpu?: string[]; libc?: string[] }> };
+  const installed = (p: { os?: string[]; cpu?: string[]; libc?: string[] }) =>
+    (!p.os || p.os.includes("linux")) && (!p.cpu || p.cpu.includes("x64")) && (!p.libc || p.libc.includes("glibc"));
+  const versions = ["20.19.0", ...(process.versions.node.startsWith("20.") ? [process.versions.node] : [])];
+  for (const v of versions) {
+    const refused = Object.entries(lock.packages)
+      .filter(([name, p]) => name && installed(p) && p.engines?.node && !semver.satisfies(v, p.engines.node))
+      .map(([name, p]) => `${name} (${p.engines!.node})`);
+    assert.deepEqual(refused, [], `Node ${v}: pin these in package.json's overrides`);
+  }
+  // The pins that make it so: @napi-rs/cli's dependencies would otherwise ask for Node 22.
+  const pkg = require("../package.json") as { overrides?: Record<string, string> };
+  assert.deepEqual(pkg.overrides, { "content-type": "2.1.0", "@napi-rs/lzma": "1.4.5" });
+});

@@ -64,7 +64,7 @@ test(`pi --mode rpc (${PI_HOST}): the faux model calls python, 42 arrives on std
   assert.equal(end.toolName, "python");
   assert.equal(end.isError, false, text);
   assert.match(text, /^status: ok/);
-  assert.match(text, /--- stdout ---\n42(\n|$)/);
+  assert.match(text, /--- stdout ---\n42(\n|$)/, "a header over stdout beside a result");
   assert.match(text, /result: 'from the project\\n'/, "the cwd is /workspace");
   assert.equal(end.result.details?.status, "ok");
 

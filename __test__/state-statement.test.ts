@@ -168,10 +168,10 @@ for (const rollback of [true, false]) {
       assert.equal(r.status, "timeout", show(r));
       const text = sb.status().text;
       if (rollback) {
-        assert.doesNotMatch(text, /last reset reason/, text);
-        assert.match(text, /^last failed call: timeout, rolled back \(the interpreter kept its state from before that call\)$/m, text);
+        assert.doesNotMatch(text, /discarded/, text);
+        assert.match(text, /^last failed call: a timeout, rolled back \(the interpreter kept its state from before that call\)$/m, text);
       } else {
-        assert.match(text, /^last reset reason: timeout$/m, text);
+        assert.match(text, /^interpreter state last discarded by: a timeout$/m, text);
         assert.doesNotMatch(text, /rolled back/, text);
       }
     });
@@ -195,11 +195,11 @@ for (const rollback of [true, false]) {
     test("status names the permission mode", async (t) => {
       const sb = await setup(t, rollback);
       if (!sb) return;
-      assert.match(sb.status().text, /^permission mode: none announced \(no tool-permissions:mode event\) \(\/workspace read-only\)$/m);
+      assert.match(sb.status().text, /^mode: none announced \(no permission extension\); \/workspace read-only; read roots: none$/m);
       sb.applyModeEvent({ mode: "edits", readRoots: [] });
-      assert.match(sb.status().text, /^permission mode: edits \(\/workspace read-write\)$/m);
+      assert.match(sb.status().text, /^mode: edits; \/workspace read-write; read roots: none$/m);
       sb.applyModeEvent({ mode: "manual", readRoots: [] });
-      assert.match(sb.status().text, /^permission mode: manual \(\/workspace read-only\)$/m);
+      assert.match(sb.status().text, /^mode: manual; \/workspace read-only; read roots: none$/m);
     });
   });
 }

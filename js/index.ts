@@ -346,20 +346,24 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   pi.on("session_start", (_event, ctx) => {
     state.cwd = ctx.cwd;
     state.ui = ctx.hasUI ? ctx.ui : undefined;
+    // Once per registration: what stands in the way and what is wrong with the configuration.
+    const first = !told;
+    told = true;
     // Where no sandbox can start here, say so now (with the fix), not at the first call.
-    const binding = loadAddon().binding;
-    if (!told && binding?.sandboxProbe) {
-      const ui = ctx.ui;
-      binding.sandboxProbe().then(
+    const addon = loadAddon();
+    const cannot = (why: string) =>
+      ctx.ui.notify(displayLine(`pi-python-sandbox: the python and bash tools cannot run here (commands are refused, never run on the host): ${why}`), "warning");
+    if (first && !addon.binding) cannot(addon.error ?? "the native addon is unavailable");
+    if (first && addon.binding?.sandboxProbe) {
+      addon.binding.sandboxProbe().then(
         (why) => {
-          if (why) ui.notify(displayLine(`pi-python-sandbox: the python and bash tools cannot run here (commands are refused, never run on the host): ${why}`), "warning");
+          if (why) cannot(why);
         },
         () => {},
       );
     }
-    // What is wrong with the trusted configuration, and a project's file that is ignored, once.
-    if (!told && trusted) {
-      told = true;
+    // What is wrong with the trusted configuration, and a project's file that is ignored.
+    if (first && trusted) {
       for (const e of trusted.errors) ctx.ui.notify(displayLine(`pi-python-sandbox configuration: ${e}`), "error");
       for (const n of trusted.notices) ctx.ui.notify(displayLine(n), "info");
     }

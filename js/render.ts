@@ -274,6 +274,13 @@ export function renderResult(
       after.push(theme.fg("warning", diagnostic));
     }
   }
+  // A status report collapsed is its short part: the details are on expand.
+  const details = d.action === "status" && !expanded ? lines.indexOf("details:") : -1;
+  if (details > 0) {
+    const hidden = lines.length - details - 1;
+    lines = lines.slice(0, details);
+    after.push(moreHint(theme, `details: ${count(hidden, "more line")}`));
+  }
   const images = d.images ?? [];
   const inline = context?.showImages === true && Boolean(getCapabilities().images);
   if (images.length > 0 && !inline) {
@@ -291,5 +298,5 @@ export function renderResult(
   const note = cutNote(d, text, context?.state);
   if (note) after.push(theme.fg("warning", note));
   const body = lines.map((l) => theme.fg(refused ? "error" : "toolOutput", l)).join("\n");
-  return new ResultView(header, body, expanded ? "none" : report ? "head" : "tail", after, theme);
+  return new ResultView(header, body, expanded || details > 0 ? "none" : report ? "head" : "tail", after, theme);
 }

@@ -7,7 +7,9 @@ import { join } from "node:path";
 import { prepare, root } from "./prepare.mjs";
 
 prepare();
-const { PythonSandbox } = createRequire(import.meta.url)(join(root, "index.cjs"));
+const { PythonSandbox, toolSettings } = createRequire(import.meta.url)(join(root, "index.cjs"));
+// The headings follow the setting in force (PI_PYTHON_TOOL_ROLLBACK, on by default).
+const rollback = toolSettings().rollback;
 const project = mkdtempSync(join(tmpdir(), "pi-python-demo-"));
 writeFileSync(join(project, "numbers.csv"), "n\n3\n1\n4\n1\n5\n9\n2\n6\n");
 const sandbox = new PythonSandbox({ projectDir: project });
@@ -18,8 +20,15 @@ const snippets = [
   ["The project is read-only", "open('/workspace/out.txt', 'w')"],
   ["/scratch is writable", "open('/scratch/out.txt', 'w').write('hello'); import os; os.listdir('/scratch')"],
   ["No network", "import socket; socket.socket()"],
-  ["A timeout kills the sandbox", "while True: pass"],
-  ["A fresh interpreter after it", "'rows' in globals()"],
+  ...(rollback
+    ? [
+        ["A timeout rolls the interpreter back to its state before the call", "while True: pass"],
+        ["The variables survive it", "'rows' in globals()"],
+      ]
+    : [
+        ["A timeout kills the sandbox (rollback is off: PI_PYTHON_TOOL_ROLLBACK=0)", "while True: pass"],
+        ["A fresh interpreter after it: the variables are gone", "'rows' in globals()"],
+      ]),
 ];
 try {
   for (const [title, code] of snippets) {

@@ -26,6 +26,7 @@ export const PI1_TEST_FILES = [
   "__test__/permissions-client.test.ts",
   "__test__/rich.test.ts",
   "__test__/rpc.test.ts",
+  "__test__/words.test.ts",
 ];
 
 function nodePackage() {

@@ -283,6 +283,24 @@ pub fn describe(plan: &Plan, caps: &Result<Caps, SettingError>) -> String {
     text
 }
 
+/// `status`'s one line on containment: the caps in force and by what.
+pub fn summary(plan: &Plan, caps: &Result<Caps, SettingError>) -> String {
+    let Ok(caps) = caps else {
+        return "not set up: a setting is wrong (see containment under details)".into();
+    };
+    let tasks = match &plan.tasks {
+        Cap::None => "tasks NOT capped".to_string(),
+        c => format!("at most {} tasks ({})", caps.tasks, c.name()),
+    };
+    let memory = match &plan.memory {
+        Cap::CgroupV2(_) | Cap::CgroupV1(_) => {
+            format!("{} of memory in all ({})", describe_size(caps.memory), plan.memory.name())
+        }
+        Cap::Nproc | Cap::None => "memory NOT capped in all".to_string(),
+    };
+    format!("{tasks}, {memory}; no network; seccomp filter; no capabilities")
+}
+
 #[cfg(test)]
 mod tests {
     use super::host::unescape;

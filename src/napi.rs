@@ -62,13 +62,15 @@ pub fn display_line(text: String) -> String {
 /// Kill every sandbox and delete every session directory of this process,
 /// synchronously. For `process.on("exit")`: a `process.exit()` skips the
 /// addon's own environment cleanup.
-/// Why no sandbox can start on this host (bubblewrap missing, or unable
-/// to make namespaces), with the fix; null when one can. Asked once per
-/// process, for a warning at session start.
+/// Why no sandbox can start on this host (bubblewrap missing or unable to
+/// make namespaces, the interpreter missing), with the fix; null when one
+/// can. The bubblewrap probe runs once per process; for a warning at
+/// session start.
 #[napi]
 #[allow(dead_code)] // called from JS only
 pub async fn sandbox_probe() -> Option<String> {
-    crate::probe::sandbox_works().await.err().map(|e| e.to_string())
+    let _ = crate::probe::sandbox_works().await;
+    crate::probe::known_unavailable(crate::options::Settings::from_env().interpreter.as_deref())
 }
 
 #[napi]

@@ -412,6 +412,37 @@ impl From<&crate::capture::Excerpt> for StreamText {
     }
 }
 
+/// An exception as Python prints it: the traceback, whose last line names
+/// the type and the message; `Type: message` alone when there is no
+/// traceback, or after one that does not end with the message (cut, or a
+/// custom `__str__`). For a refused read (`refused`), the traceback without
+/// that last line: the refusal is told by its own sentence.
+fn exception_text(e: &ExceptionText, refused: bool) -> String {
+    let traceback = e.traceback.trim_end();
+    let message = e.message.trim_end();
+    let own = if message.is_empty() {
+        display_line(&e.type_name).into_owned()
+    } else {
+        format!("{}: {}", display_line(&e.type_name), display_text(message))
+    };
+    if traceback.trim().is_empty() {
+        return own;
+    }
+    let short = e.type_name.rsplit('.').next().unwrap_or(&e.type_name);
+    let ends_with_it = if message.is_empty() { traceback.ends_with(short) } else { traceback.ends_with(message) };
+    if !ends_with_it {
+        return format!("{}\n{own}", display_text(traceback));
+    }
+    if refused {
+        // Every line of the traceback but the exception's own (which may span lines).
+        let at = traceback.len() - message.len();
+        if let Some(start) = traceback[..at].rfind('\n') {
+            return display_text(&traceback[..start]).into_owned();
+        }
+    }
+    display_text(traceback).into_owned()
+}
+
 /// The text the model sees.
 pub fn render(o: &Outcome) -> String {
     let mut t = String::new();
@@ -420,7 +451,9 @@ pub fn render(o: &Outcome) -> String {
         let _ = write!(t, "{:.1}s of it waiting for the user, ", o.waited_ms as f64 / 1000.0);
     }
     let _ = write!(t, "worker generation {})", o.generation);
-    if let Some(path) = &o.permission_path {
+    // A refused read is told once: by the diagnostic where there is one (the
+    // grant loop's advice names the path), else by this sentence.
+    if let Some(path) = o.permission_path.as_ref().filter(|_| o.diagnostic.is_none()) {
         if o.permission_secret {
             let _ = write!(
                 t,
@@ -452,13 +485,7 @@ pub fn render(o: &Outcome) -> String {
     // The streams share what the rest leaves of the ceiling.
     let mut tail = String::new();
     if let Some(e) = &o.exception {
-        let _ = write!(tail, "\n\n--- exception: {} ---", display_line(&e.type_name));
-        if !e.message.is_empty() {
-            let _ = write!(tail, "\n{}", display_text(&e.message));
-        }
-        if !e.traceback.trim().is_empty() {
-            let _ = write!(tail, "\n\n{}", display_text(e.traceback.trim_end()));
-        }
+        let _ = write!(tail, "\n\n{}", exception_text(e, o.permission_path.is_some()));
     }
     if let Some(replay) = &o.replay {
         let _ = write!(tail, "\n\n{}", display_text(replay));
@@ -498,13 +525,20 @@ pub fn render(o: &Outcome) -> String {
     let used_bytes = t.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
     let used_lines = lines(&t) + lines(&tail) + lines(&after_logs) + 9;
     let mut cut = o.output_limit_exceeded;
+    // stdout alone under the status line needs no header (a traceback, the
+    // state and the diagnostic after it say what they are).
+    let bare_stdout = streams.len() == 1 && streams[0].0 == "stdout" && o.repr.is_none() && o.images.is_empty();
     if !streams.is_empty() {
         let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes) / streams.len();
         let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines) / streams.len();
         for (name, s) in streams {
             let (text, shortened) = fit_stream(&s, budget_bytes, budget_lines);
             cut |= shortened;
-            let _ = write!(t, "\n\n--- {name} ---\n{text}");
+            if bare_stdout {
+                let _ = write!(t, "\n\n{text}");
+            } else {
+                let _ = write!(t, "\n\n--- {name} ---\n{text}");
+            }
         }
     }
     if cut {
@@ -692,6 +726,35 @@ mod tests {
     }
 
     #[test]
+    fn an_exception_is_told_once() {
+        let tb = "Traceback (most recent call last):\n  File \"<python-1>\", line 1, in <module>\nValueError: bad\nsecond line";
+        let e = |message: &str, traceback: &str| ExceptionText {
+            type_name: "ValueError".into(),
+            message: message.into(),
+            traceback: traceback.into(),
+        };
+        // The traceback's last line carries the type and the (multi-line) message.
+        assert_eq!(exception_text(&e("bad\nsecond line", tb), false), tb);
+        // No traceback: the type and the message.
+        assert_eq!(exception_text(&e("bad", ""), false), "ValueError: bad");
+        // A traceback that does not end with the message (cut): the message follows it.
+        assert_eq!(exception_text(&e("other", tb), false), format!("{tb}\nValueError: other"));
+        // A refused read: the traceback without the exception's line.
+        let read = "Traceback (most recent call last):\n  File \"<python-1>\", line 1\nSandboxReadDenied: /etc/x";
+        let denied =
+            ExceptionText { type_name: "SandboxReadDenied".into(), message: "/etc/x".into(), traceback: read.into() };
+        assert_eq!(exception_text(&denied, true), "Traceback (most recent call last):\n  File \"<python-1>\", line 1");
+        let text = render(&Outcome {
+            status: Status::RuntimeError,
+            exception: Some(e("bad\nsecond line", tb)),
+            stdout: StreamText { head: "out".into(), ..Default::default() },
+            ..ok()
+        });
+        assert_eq!(text.matches("bad").count(), 1, "{text}");
+        assert!(!text.contains("---"), "no header over the one stdout block: {text}");
+    }
+
+    #[test]
     fn every_field_is_shown_through_display() {
         let text = render(&hostile());
         assert!(inert(&text), "{text:?}");
@@ -704,7 +767,6 @@ mod tests {
             "Type",
             "message",
             "traceback",
-            "/etc/path",
             "/logs/out",
             "/scratch/img",
             "note",
@@ -714,6 +776,9 @@ mod tests {
         }
         assert!(text.contains("<U+009B>2J<U+202E>\u{2421}"), "{text}");
         assert!(text.contains("err\nmore"), "a CRLF split between head and tail is a line end: {text}");
+        // Without a diagnostic, the refused path is told by the result's own sentence.
+        let text = render(&Outcome { diagnostic: None, ..hostile() });
+        assert!(text.contains("/etc/path\u{241B}]52;c;aGk=\u{2407}"), "the path is shown escaped: {text}");
     }
 
     #[test]
@@ -747,15 +812,31 @@ mod tests {
         let report = StatusReport::new("/p".into(), MountConfig::default(), false);
         let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&report, &settings);
-        assert!(text.starts_with("python tool: not started yet (no execution so far)\n"), "{text}");
-        assert!(text.contains("spare sandbox: off (PI_SANDBOX_PREWARM)"), "{text}");
+        assert!(text.starts_with("python tool: not started yet (no call so far)\n"), "{text}");
+        // Short first (a few lines), the rest under details.
+        let (short, details) = text.split_once("\ndetails:\n").expect("a details section");
+        assert!(short.lines().count() <= 7, "{short}");
+        assert!(short.contains("\ninterpreter: not running (one starts on the first call)\n"), "{short}");
+        assert!(
+            short.contains("\nafter a failed call: the interpreter goes back to its state before that call"),
+            "{short}"
+        );
+        assert!(short.contains("\ncontainment: at most 256 tasks"), "{short}");
+        for word in ["generation", "rollback point", "spare", "entries", "last reset reason"] {
+            assert!(!text.contains(word), "{word}: {text}");
+        }
+        assert!(
+            details.contains("next sandbox started ahead (so that a restart is quick): off (PI_SANDBOX_PREWARM)"),
+            "{text}"
+        );
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
         assert!(text.contains("\ncontainment: ") && text.contains("PI_SANDBOX_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
-        assert!(text
-            .contains("\npermission mode: none announced (no tool-permissions:mode event) (/workspace read-only)\n"));
-        assert!(!text.contains("last reset reason") && !text.contains("last failed call"), "{text}");
+        assert!(
+            text.contains("\nmode: none announced (no permission extension); /workspace read-only; read roots: none\n")
+        );
+        assert!(!text.contains("discarded") && !text.contains("last failed call"), "{text}");
         let rolled = StatusReport {
             last_rollback: Some(ResetReason::Timeout),
             permission_mode: Some("edits".into()),
@@ -763,9 +844,16 @@ mod tests {
             ..report
         };
         let text = status_text(&rolled, &settings);
-        assert!(text.contains("\nlast failed call: timeout, rolled back (the interpreter kept its state"), "{text}");
-        assert!(!text.contains("last reset reason"), "a rollback resets nothing: {text}");
-        assert!(text.contains("\npermission mode: edits (/workspace read-write)\n"), "{text}");
+        assert!(text.contains("\nlast failed call: a timeout, rolled back (the interpreter kept its state"), "{text}");
+        assert!(!text.contains("discarded"), "a rollback resets nothing: {text}");
+        assert!(text.contains("\nmode: edits; /workspace read-write; read roots: none\n"), "{text}");
+        let lost = StatusReport {
+            last_reset_reason: Some(ResetReason::Timeout),
+            executions: 1,
+            ..StatusReport::new("/p".into(), MountConfig::default(), false)
+        };
+        let text = status_text(&lost, &settings);
+        assert!(text.contains("\ninterpreter state last discarded by: a timeout\n"), "{text}");
         let reset = reset_text(None, ResetDone::Killed, &["x was renamed".into()]);
         assert!(reset.contains("no scratch directory was allocated yet") && reset.ends_with("\n\nnote: x was renamed"));
         assert!(reset.starts_with("Interpreter reset: sandbox killed, interpreter state discarded."), "{reset}");
@@ -804,9 +892,12 @@ mod tests {
     fn the_rollback_line_says_whether_it_is_on_and_when_the_last_point_was_taken() {
         let now = std::time::SystemTime::now();
         let ago = now - std::time::Duration::from_millis(2500);
-        assert_eq!(rollback_line(true, Some(ago), now), "rollback: on (last rollback point 2.5 s ago)\n");
-        assert!(rollback_line(true, None, now).contains("no rollback point"));
-        assert!(rollback_line(false, Some(ago), now).starts_with("rollback: off (PI_PYTHON_TOOL_ROLLBACK=0"));
+        assert_eq!(
+            rollback_line(true, Some(ago), now),
+            "after a failed call: the interpreter goes back to its state before that call (state last saved 2.5 s ago)\n"
+        );
+        assert!(rollback_line(true, None, now).contains("nothing saved yet"));
+        assert!(rollback_line(false, Some(ago), now).ends_with("state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"));
     }
 
     #[test]

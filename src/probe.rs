@@ -330,8 +330,24 @@ pub fn namespace_hint(stderr: &str) -> Option<&'static str> {
 /// process: `Err` holds what it said and what to do. For a warning before
 /// the first call; every start still says its own failure.
 pub async fn sandbox_works() -> Result<(), NoSandbox> {
-    static ASKED: tokio::sync::OnceCell<Result<(), NoSandbox>> = tokio::sync::OnceCell::const_new();
-    ASKED.get_or_init(sandbox_works_now).await.clone()
+    SANDBOX_WORKS.get_or_init(sandbox_works_now).await.clone()
+}
+
+static SANDBOX_WORKS: tokio::sync::OnceCell<Result<(), NoSandbox>> = tokio::sync::OnceCell::const_new();
+
+/// Why no sandbox can start here, as far as is known without starting
+/// one: the host probe's answer once [`sandbox_works`] was asked,
+/// bubblewrap not on the path, or the interpreter (`configured`, else the
+/// default) missing. For `status` before the first call; None when nothing
+/// known stands in the way.
+pub fn known_unavailable(configured: Option<&str>) -> Option<String> {
+    let asked = SANDBOX_WORKS.get().and_then(|r| r.as_ref().err()).map(|e| e.to_string());
+    let path_env = std::env::var("PATH").ok();
+    asked
+        .or_else(|| {
+            find_bwrap(path_env.as_deref(), |p| p.is_file()).is_none().then(|| BwrapError::NotFound.to_string())
+        })
+        .or_else(|| resolve_interpreter(configured).err().map(|e| e.to_string()))
 }
 
 /// Why no sandbox can start on this host, worded with the fix.

@@ -176,6 +176,11 @@ impl<H: Host> Session<H> {
     }
 
     /// A snapshot for `status`; starts nothing and never waits.
+    /// The options the session was made with.
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+
     pub fn status(&self) -> StatusReport {
         let spare = self.spare.state();
         let mut report = self.shared.lock().report.clone();

@@ -113,11 +113,17 @@ pub struct ExecProgress {
 
 pub(super) fn to_js(finished: Finished) -> ExecResult {
     use base64::Engine;
-    let o = finished.outcome;
+    let mut o = finished.outcome;
+    let mut extra = finished.diagnostic;
+    // Why the grant loop stopped at a denial is the result's closing
+    // paragraph, and then its one word on the refused read.
+    if o.diagnostic.is_none() {
+        o.diagnostic = extra.take();
+    }
     let mut text = render(&o);
     let mut diagnostic = closing(&o);
-    // Why the grant loop stopped at a denial: told after the result's own text.
-    if let Some(why) = finished.diagnostic.map(displayed) {
+    // Else it is told after the result's own text.
+    if let Some(why) = extra.map(displayed) {
         if diagnostic.as_deref().map(|d| displayed(d.to_string())).as_deref() != Some(why.as_str()) {
             text = format!("{text}\n\n{why}");
         }

@@ -261,10 +261,16 @@ impl PythonSandbox {
                 skipped: vec![],
             };
         };
+        // The roots skipped already were told: a change names only new ones.
+        let skipped_before = self.session.status().skipped_roots;
         self.grants.set_mode(event.clone());
         let (plan, wanted, result, late) = self.apply(event, Some(&current));
+        let told = permissions::MountPlan {
+            skipped: plan.skipped.iter().filter(|s| !skipped_before.contains(s)).cloned().collect(),
+            ..plan.clone()
+        };
         let mut notification =
-            result.and_then(|discarded| permissions::change_notification(&current, &wanted, &plan, discarded));
+            result.and_then(|discarded| permissions::change_notification(&current, &wanted, &told, discarded));
         if let (Some(note), Some(late)) = (notification.as_mut(), late) {
             note.push_str(&displayed_line(format!(
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
@@ -356,6 +362,14 @@ impl PythonSandbox {
     #[napi]
     pub fn status(&self) -> StatusResult {
         let mut report = self.session.status();
+        // Before the first start: what is already known to stand in the way.
+        if report.availability == crate::outcome::Availability::Unverified {
+            let configured =
+                self.session.options().interpreter.clone().or(crate::options::Settings::from_env().interpreter);
+            if let Some(why) = crate::probe::known_unavailable(configured.as_deref()) {
+                report.availability = crate::outcome::Availability::Unavailable(why);
+            }
+        }
         report.denied_reads = self.grants.denied();
         report.permission_mode = self.grants.mode().and_then(|m| m.mode);
         status_to_js(report)

@@ -110,22 +110,47 @@ pub enum SpareState {
 }
 
 /// The `status` line about rollback: whether it is on, and how long ago
-/// the running interpreter took its last rollback point.
+/// the running interpreter last saved the state a failed call goes back to.
 pub(super) fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
     if !on {
-        return "rollback: off (PI_PYTHON_TOOL_ROLLBACK=0: a failed call kills the sandbox)\n".into();
+        return "after a failed call: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"
+            .into();
     }
     match last.and_then(|t| now.duration_since(t).ok()) {
-        Some(ago) => format!("rollback: on (last rollback point {:.1} s ago)\n", ago.as_secs_f64()),
-        None => "rollback: on (no rollback point taken yet)\n".into(),
+        Some(ago) => format!(
+            "after a failed call: the interpreter goes back to its state before that call (state last saved {:.1} s \
+             ago)\n",
+            ago.as_secs_f64()
+        ),
+        None => "after a failed call: the interpreter goes back to its state before that call (nothing saved yet: \
+                 a first call's failure gives a fresh interpreter)\n"
+            .into(),
     }
 }
 
-/// The `status` text: what the session has, what the next sandbox start
-/// would get (`settings`), and what is and is not hardened.
+/// What a [`ResetReason`] was, in words.
+fn reason_words(r: &ResetReason) -> String {
+    match r {
+        ResetReason::Explicit => "a reset".into(),
+        ResetReason::StartupFailure => "a failed start".into(),
+        ResetReason::MountsChanged => "a change of the mounts".into(),
+        ResetReason::WorkerError => "the interpreter's death".into(),
+        ResetReason::DiedIdle => "the interpreter's death between calls".into(),
+        ResetReason::Timeout => "a timeout".into(),
+        ResetReason::Cancelled => "a cancel".into(),
+        ResetReason::OutputLimit => "too much output".into(),
+        other => crate::display::one_line(&other.to_string()).to_string(),
+    }
+}
+
+/// The `status` text: first the few lines a user needs (available, the
+/// interpreter, mode and mounts, the last failure and its recovery,
+/// containment in one line), then under `details:` what the session has,
+/// what the next sandbox start would get (`settings`), and what is and is
+/// not hardened.
 pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     let available = match &r.availability {
-        Availability::Unverified => "not started yet (no execution so far)",
+        Availability::Unverified => "not started yet (no call so far)",
         Availability::Available => "available",
         Availability::Unavailable(_) => "unavailable",
     };
@@ -140,30 +165,37 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
     let mut text = format!("python tool: {available}\n");
     if let Some(d) = &diagnostic {
-        text.push_str(&format!("diagnostic: {}\n", crate::display::one_line(d)));
+        text.push_str(&format!("cause: {}\n", crate::display::one_line(d)));
     }
+    let calls = match r.executions {
+        1 => "1 call so far".to_string(),
+        n => format!("{n} calls so far"),
+    };
+    text.push_str(&match (&r.runtime_version, r.worker_running) {
+        (Some(v), true) => format!("interpreter: Python {v}, running ({calls})\n"),
+        (Some(v), false) => format!("interpreter: Python {v}, not running ({calls}; one starts on the next call)\n"),
+        (None, _) => "interpreter: not running (one starts on the first call)\n".to_string(),
+    });
     text.push_str(&format!(
-        "worker running: {} (generation {}{})\n",
-        if r.worker_running { "yes" } else { "no" },
-        r.generation,
-        r.runtime_version.as_ref().map(|v| format!(", Python {v}")).unwrap_or_default()
+        "mode: {}; /workspace {mode}; read roots: {}\n",
+        match &r.permission_mode {
+            Some(m) => crate::display::one_line(m).to_string(),
+            None => "none announced (no permission extension)".to_string(),
+        },
+        if roots.is_empty() { "none".to_string() } else { roots.join(", ") }
     ));
-    if let Some(reason) = &r.last_reset_reason {
-        text.push_str(&format!("last reset reason: {}\n", crate::display::one_line(&reason.to_string())));
-    }
     if let Some(reason) = &r.last_rollback {
         text.push_str(&format!(
             "last failed call: {}, rolled back (the interpreter kept its state from before that call)\n",
-            crate::display::one_line(&reason.to_string())
+            reason_words(reason)
         ));
     }
-    text.push_str(&format!(
-        "permission mode: {} (/workspace {mode})\n",
-        match &r.permission_mode {
-            Some(m) => crate::display::one_line(m).to_string(),
-            None => "none announced (no tool-permissions:mode event)".to_string(),
-        }
-    ));
+    if let Some(reason) = &r.last_reset_reason {
+        text.push_str(&format!("interpreter state last discarded by: {}\n", reason_words(reason)));
+    }
+    text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
+    text.push_str(&format!("containment: {}\n", crate::contain::summary(crate::contain::host_plan(), &settings.caps)));
+    text.push_str("details:\n");
     if !r.site_dirs.is_empty() {
         let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
         text.push_str(&format!("python packages (read-only): {}\n", dirs.join(", ")));
@@ -171,9 +203,8 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     for note in &r.python_notes {
         text.push_str(&format!("python packages: {}\n", crate::display::one_line(note)));
     }
-    text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!(
-        "spare sandbox: {}\n",
+        "next sandbox started ahead (so that a restart is quick): {}\n",
         match (r.prewarm, r.spare) {
             (false, _) => "off (PI_SANDBOX_PREWARM)",
             (true, SpareState::None) => "none yet",
@@ -195,11 +226,6 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         scratch.as_deref().unwrap_or("(not allocated yet)"),
         logs.as_deref().unwrap_or("(not allocated yet)"),
     ));
-    if roots.is_empty() {
-        text.push_str("read roots mounted: none\n");
-    } else {
-        text.push_str(&format!("read roots mounted read-only: {}\n", roots.join(", ")));
-    }
     if !r.masked.is_empty() {
         let list: Vec<String> = r.masked.iter().map(|m| path_str(&m.path)).collect();
         text.push_str(&format!("host secrets masked in read roots: {}\n", list.join(", ")));

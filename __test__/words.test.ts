@@ -1,0 +1,276 @@
+/**
+ * What the model and the user read says what happened, once, in plain words (issue #23), through
+ * a REAL pi session (helpers/pi-session.ts; pi 1.x through scripts/pi1-host.mjs) and the real
+ * sandbox, with the setting in force (PI_PYTHON_TOOL_ROLLBACK: run with it unset and with 0):
+ * - a failure tells its exception once (no header over the traceback, whose last line says it);
+ * - a refused read is told once; one block of stdout has no header over it;
+ * - a tool that cannot run here (no addon, no interpreter; bubblewrap and user namespaces are
+ *   the same probe's) is said at session start, with the fix, and `status` says "unavailable"
+ *   with the cause before any call;
+ * - `status` is a few lines (the rest under "details:", shown on expand), true for the setting
+ *   in force after a timeout, in plain words; a reset says "sandbox killed" only when it was;
+ * - the demo's headings say what the setting in force does, and the next call shows it.
+ * Run: node --import tsx --test __test__/words.test.ts
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, type TestContext, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
+import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { waitUntil } from "./helpers/sandbox-fixture.ts";
+import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
+
+const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
+
+// A private TMPDIR: the sandboxes' runtime root belongs to this file.
+const PRIVATE_TMP = mkdtempSync(join(tmpdir(), "pi-python-words-"));
+const SAVED_TMPDIR = process.env.TMPDIR;
+process.env.TMPDIR = PRIVATE_TMP;
+after(() => {
+  if (SAVED_TMPDIR === undefined) delete process.env.TMPDIR;
+  else process.env.TMPDIR = SAVED_TMPDIR;
+  rmSync(PRIVATE_TMP, { recursive: true, force: true });
+});
+
+async function setup(t: TestContext): Promise<PiHarness> {
+  const cwd = await mkdtemp(join(tmpdir(), "pi-python-words-cwd-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE_DIR] });
+  t.after(() => h.dispose());
+  assert.deepEqual(h.resourceLoader.getExtensions().errors, []);
+  return h;
+}
+
+/** One agent turn calling python with `args`: the result exactly as the model received it. */
+async function modelSees(h: PiHarness, args: Record<string, unknown>): Promise<ToolResultMessage> {
+  let seen: Context["messages"] | undefined;
+  h.faux.setResponses([
+    fauxAssistantMessage([fauxToolCall("python", args)], { stopReason: "toolUse" }),
+    (c: Context) => {
+      seen = structuredClone(c.messages);
+      return fauxAssistantMessage("done");
+    },
+  ]);
+  await h.prompt("run python");
+  const results = (seen ?? []).filter((m): m is ToolResultMessage => m.role === "toolResult");
+  assert.ok(results.length > 0, "the model got the tool result");
+  return results.at(-1)!;
+}
+
+const occurrences = (text: string, what: string) => text.split(what).length - 1;
+
+/** The status text's short part and its details. */
+function statusParts(text: string): { short: string; details: string } {
+  const at = text.indexOf("\ndetails:\n");
+  assert.ok(at > 0, `a details section:\n${text}`);
+  return { short: text.slice(0, at), details: text.slice(at + "\ndetails:\n".length) };
+}
+
+const UNPLAIN = [/generation/, /rollback point/, /spare/, /\b1 entries\b/, /last reset reason/];
+
+test("an exception is told once: the traceback, no header, the message not repeated", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const r = await modelSees(h, { code: "def f():\n    raise ValueError('bad thing here')\nf()" });
+  const text = messageText(r);
+  assert.equal(r.isError, true);
+  assert.doesNotMatch(text, /---/, text);
+  assert.equal(occurrences(text, "ValueError: bad thing here"), 1, text);
+  // Once in the code line of the traceback, once in its last line.
+  assert.equal(occurrences(text, "bad thing here"), 2, text);
+  assert.match(text, /^Traceback \(most recent call last\):$/m);
+  assert.equal(occurrences(text, "Interpreter state kept"), 1, text);
+});
+
+test("a refused read is told once", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const path = "/opt/pi-words-nowhere/data.csv";
+  const text = messageText(await modelSees(h, { code: `open('${path}').read()` }));
+  assert.equal(occurrences(text, "outside the sandbox mounts"), 1, text);
+  assert.equal(occurrences(text, "SandboxReadDenied"), 0, text);
+  // The code line of the traceback, and the one sentence that says why and what to do.
+  assert.equal(occurrences(text, path), 2, text);
+  assert.match(text, /To allow it, grant read access/);
+  assert.doesNotMatch(text, /---/, text);
+});
+
+test("one block of stdout has no header; stdout and stderr keep theirs", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const one = messageText(await modelSees(h, { code: "print('one line')" }));
+  assert.match(one, /^status: ok \(\d+\.\ds, [^)]*\)\n\none line$/, one);
+  const two = messageText(await modelSees(h, { code: "import sys\nprint('out')\nprint('err', file=sys.stderr)" }));
+  assert.match(two, /\n--- stdout ---\nout\n\n--- stderr ---\nerr$/, two);
+});
+
+test("a missing interpreter: a warning with the fix at session start, and status says unavailable before any call", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const saved = process.env.PI_PYTHON_TOOL_INTERPRETER;
+  process.env.PI_PYTHON_TOOL_INTERPRETER = "/nonexistent/words/python3";
+  t.after(() => {
+    if (saved === undefined) delete process.env.PI_PYTHON_TOOL_INTERPRETER;
+    else process.env.PI_PYTHON_TOOL_INTERPRETER = saved;
+  });
+  const h = await setup(t);
+  const warned = () => h.notifications.filter((n) => /cannot run here/.test(n.message));
+  assert.ok(await waitUntil(() => warned().length > 0, 15_000), `a warning at session start: ${JSON.stringify(h.notifications)}`);
+  const [warning] = warned();
+  assert.equal(warning.type, "warning");
+  assert.match(warning.message, /Python interpreter not found at \/nonexistent\/words\/python3/);
+  assert.match(warning.message, /set PI_PYTHON_TOOL_INTERPRETER to a Python 3\.10\+ binary/, "the fix");
+  assert.equal(warned().length, 1, "said once");
+
+  const r = await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined);
+  const text = messageText(r);
+  assert.match(text, /^python tool: unavailable\ncause: Python interpreter not found at \/nonexistent\/words\/python3/, text);
+  assert.doesNotMatch(text, /not started yet/);
+  const report = (r.details as { report: { available: string; diagnostic: string } }).report;
+  assert.equal(report.available, "unavailable");
+  assert.match(report.diagnostic, /\/nonexistent\/words\/python3/);
+});
+
+test("no addon (a missing platform package): a warning with the fix at session start, and status says unavailable", () => {
+  // A child process: the addon is loaded once per process.
+  const out = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(new URL("fixtures/session-start-notes.ts", import.meta.url))], {
+    cwd: PACKAGE_DIR,
+    encoding: "utf8",
+    timeout: 60_000,
+    env: { ...process.env, NAPI_RS_NATIVE_LIBRARY_PATH: "/nonexistent/words/addon.node" },
+  });
+  assert.equal(out.status, 0, out.stderr);
+  const seen = JSON.parse(out.stdout.trim().split("\n").at(-1)!) as { notifications: { message: string; type: string }[]; status: string };
+  const warned = seen.notifications.filter((n) => /cannot run here/.test(n.message));
+  assert.equal(warned.length, 1, JSON.stringify(seen.notifications));
+  assert.equal(warned[0].type, "warning");
+  assert.match(warned[0].message, /native addon could not be loaded: NAPI_RS_NATIVE_LIBRARY_PATH=\/nonexistent\/words\/addon\.node/);
+  assert.match(warned[0].message, /To fix it, build the addon in this checkout .*`npm ci && npm run build`/, "the fix");
+  assert.match(seen.status, /^status: unavailable\n\npython tool unavailable: The sandbox's native addon could not be loaded/);
+});
+
+test("a tool that can run: no warning at session start; status before any call is short and plain", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  // The probe (once per process) has answered when a call could see it.
+  await new Promise((r) => setTimeout(r, 300));
+  assert.deepEqual(h.notifications.filter((n) => /cannot run here/.test(n.message)), []);
+  const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
+  const { short } = statusParts(text);
+  assert.match(short, /^python tool: not started yet \(no call so far\)\ninterpreter: not running \(one starts on the first call\)\nmode: /);
+  assert.ok(short.split("\n").length <= 7, short);
+  assert.match(short, /^containment: .+; no network; seccomp filter; no capabilities$/m);
+  for (const word of UNPLAIN) assert.doesNotMatch(text, word, text);
+});
+
+test("after a timeout, status and reset say what the setting in force did", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const tool = h.getTool("python");
+  await modelSees(h, { code: "kept = 1" });
+  await modelSees(h, { code: "warm = 2" });
+  const timeout = messageText(await modelSees(h, { code: "while True: pass", timeoutSeconds: 1 }));
+  assert.match(timeout, /^status: timeout/);
+  const text = messageText(await tool.execute("s", { action: "status" } as never, undefined, undefined));
+  const { short } = statusParts(text);
+  for (const word of UNPLAIN) assert.doesNotMatch(text, word, text);
+  assert.match(
+    short,
+    ROLLBACK
+      ? /^interpreter: Python 3\.\d+\.\d+, running \(3 calls so far\)$/m
+      : /^interpreter: Python 3\.\d+\.\d+, not running \(3 calls so far; one starts on the next call\)$/m,
+  );
+  const survived = messageText(await modelSees(h, { code: "'kept' in globals()" }));
+  if (ROLLBACK) {
+    assert.match(short, /^last failed call: a timeout, rolled back \(the interpreter kept its state from before that call\)$/m);
+    assert.doesNotMatch(short, /discarded/);
+    assert.match(short, /^after a failed call: the interpreter goes back to its state before that call/m);
+    assert.match(survived, /result: True/);
+  } else {
+    assert.match(short, /^interpreter state last discarded by: a timeout$/m);
+    assert.doesNotMatch(short, /rolled back/);
+    assert.match(short, /^after a failed call: the sandbox is killed and interpreter state is lost \(PI_PYTHON_TOOL_ROLLBACK=0\)$/m);
+    assert.match(survived, /result: False/);
+  }
+  const reset = messageText(await tool.execute("r", { action: "reset" } as never, undefined, undefined));
+  if (ROLLBACK) {
+    assert.doesNotMatch(reset, /killed/, reset);
+    assert.match(reset, /a fresh interpreter is ready in the same sandbox/);
+  } else {
+    assert.match(reset, /^Interpreter reset: sandbox killed/);
+  }
+});
+
+test("the TUI shows status's short part collapsed and its details on expand", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const { renderResult } = pythonRenderers(h);
+  const r = await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined);
+  const { short } = statusParts(messageText(r));
+  for (const width of [120, 80]) {
+    const render = (expanded: boolean) =>
+      shownResult(renderResult(r, { expanded, isPartial: false }, theme(), context({ expanded })) as never, width);
+    const collapsed = render(false);
+    assert.doesNotMatch(collapsed, /^details:$|hardening:/m, collapsed);
+    assert.match(collapsed, /^✓ python status\npython tool: not started yet/);
+    assert.match(collapsed, /containment: /);
+    assert.match(collapsed, /\(details: \d+ more lines, ctrl\+o to expand\)$/);
+    assert.ok(collapsed.split("\n").length <= short.split("\n").length * 3 + 2, collapsed);
+    const expanded = render(true);
+    assert.match(expanded, /\ndetails:\n/);
+    assert.match(expanded, /hardening: default-deny seccomp/);
+  }
+});
+
+test("the demo's headings say what the setting in force does", (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const out = spawnSync(process.execPath, ["scripts/demo.mjs"], { cwd: PACKAGE_DIR, encoding: "utf8", timeout: 120_000 });
+  assert.equal(out.status, 0, out.stderr);
+  const blocks = out.stdout.split("\n=== ").slice(1);
+  const after = (heading: RegExp) => {
+    const at = blocks.findIndex((b) => heading.test(b.split("\n")[0]));
+    assert.ok(at >= 0, `a heading ${heading}:\n${out.stdout}`);
+    return [blocks[at], blocks[at + 1]];
+  };
+  if (ROLLBACK) {
+    const [timeout, next] = after(/^A timeout rolls the interpreter back to its state before the call$/);
+    assert.match(timeout, /rolled back to its state before this call/);
+    assert.match(next, /^The variables survive it\n/);
+    assert.match(next, /result: True/);
+  } else {
+    const [timeout, next] = after(/^A timeout kills the sandbox \(rollback is off: PI_PYTHON_TOOL_ROLLBACK=0\)$/);
+    assert.match(timeout, /Interpreter state was LOST/);
+    assert.match(next, /^A fresh interpreter after it: the variables are gone\n/);
+    assert.match(next, /result: False/);
+  }
+  assert.doesNotMatch(out.stdout, ROLLBACK ? /kills the sandbox/ : /rolls the interpreter back/);
+  const status = out.stdout.slice(out.stdout.lastIndexOf("\n=== status\n"));
+  for (const word of UNPLAIN) assert.doesNotMatch(status, word, status);
+});
+
+test("a mode change's notification names only the roots newly skipped, and status names the mode", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  // Outside /tmp, which the sandbox mounts itself (a read root there is skipped).
+  const real = await mkdtemp("/var/tmp/pi-python-words-root-");
+  t.after(() => rm(real, { recursive: true, force: true }));
+  const missing = "/nonexistent/pi-words-missing-root";
+  const notes = () => h.notifications.filter((n) => /^python sandbox: /.test(n.message)).map((n) => n.message);
+  h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [missing, real] });
+  h.events.emit("tool-permissions:mode", { mode: "edits", readRoots: [missing, real] });
+  const [first, second] = notes();
+  assert.equal(notes().length, 2, JSON.stringify(h.notifications));
+  assert.ok(first.includes(`read roots mounted read-only: ${real}`), first);
+  assert.match(first, /skipped: \/nonexistent\/pi-words-missing-root/, first);
+  assert.match(second, /^python sandbox: \/workspace is now read-write/, second);
+  assert.doesNotMatch(second, /pi-words-missing-root/, "told once, not with every change");
+  const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
+  assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
+  assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
+});
