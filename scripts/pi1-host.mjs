@@ -24,6 +24,7 @@ export const PI1_TEST_FILES = [
   "__test__/output-order.test.ts",
   "__test__/permissions.test.ts",
   "__test__/permissions-client.test.ts",
+  "__test__/project-path.test.ts",
   "__test__/rich.test.ts",
   "__test__/rpc.test.ts",
 ];
