@@ -371,7 +371,7 @@ export interface SandboxOptions {
    * Other absolute host names of the project directory (the working
    * directory as pi gave it, before links were resolved). In the python
    * sandbox each of them, like `projectDir` and its resolved path, is a
-   * link to `/workspace` where one can be made (see docs/semantics.md).
+   * link to `/workspace` where one can be made (see docs/permissions.md).
    */
   projectNames?: Array<string>
   /**
