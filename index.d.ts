@@ -368,6 +368,13 @@ export interface SandboxOptions {
    */
   projectDir: string
   /**
+   * Other absolute host names of the project directory (the working
+   * directory as pi gave it, before links were resolved). In the python
+   * sandbox each of them, like `projectDir` and its resolved path, is a
+   * link to `/workspace` where one can be made (see docs/permissions.md).
+   */
+  projectNames?: Array<string>
+  /**
    * Parent of the session's private directory (default
    * `<os tmpdir>/pi-python-sandbox-<uid>`, created with mode 0700).
    */

@@ -173,11 +173,15 @@ describe("isolation", { concurrency: CONCURRENCY }, () => {
       }))
     `);
     const out = jsonOut(r);
+    // The project's host path is a link to /workspace; under /tmp (the sandbox's own tmpfs) the
+    // link and the directories above it are all /tmp holds, and all the sandbox's `base` holds.
+    const inTmp = project.startsWith("/tmp/");
     for (const [what, value] of Object.entries(out)) {
-      if (what === "tmp") continue;
+      if (what === "tmp" || (what === "base" && inTmp)) continue;
       assert.ok(!String(value).startsWith("READ:") && !String(value).startsWith("LISTED:"), `${what}: ${value}`);
     }
-    assert.equal(out.tmp, "LISTED:", "/tmp is a private, empty tmpfs");
+    assert.equal(out.tmp, `LISTED:${inTmp ? project.split("/")[2] : ""}`, "/tmp is a private tmpfs with the project's link alone");
+    if (inTmp) assert.equal(out.base, "LISTED:project", "the sandbox's own directory above the link, not the host's");
     assert.ok(!r.stdout.includes(canaryText));
   });
 

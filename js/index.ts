@@ -152,8 +152,10 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     }
     if (state.sandbox && state.projectDir === projectDir) return state.sandbox;
     if (state.sandbox) void disposeSandbox("project_dir_changed");
-    // The pi session's mode event, if any, sets its mounts.
-    const sandbox = new addon.binding.PythonSandbox({ projectDir }, permissions());
+    // The pi session's mode event, if any, sets its mounts. The working directory as pi names it
+    // goes too: in the sandbox it is a link to /workspace, like the resolved path.
+    const projectNames = cwd !== projectDir ? [resolve(cwd)] : [];
+    const sandbox = new addon.binding.PythonSandbox({ projectDir, projectNames }, permissions());
     state.sandbox = sandbox;
     state.projectDir = projectDir;
     return sandbox;

@@ -50,6 +50,11 @@ pub const RESERVED_MOUNTS: &[&str] = &[
     "/dev",
 ];
 
+/// The host's system directories every sandbox shows read-only at their
+/// own paths (`/bin` and the rest are links into `/usr` where the host's
+/// are): a project inside one is shown there too.
+pub const SYSTEM_MOUNTS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/fonts"];
+
 /// Kernel interfaces under `/proc` bound read-only onto themselves right
 /// after `--proc`, with why. Bubblewrap leaves them writable: its own
 /// read-only remount of `/proc/sys` depends on `access(W_OK)` on that
@@ -153,6 +158,12 @@ pub struct Policy {
     pub project_dir: PathBuf,
     /// Where the project is mounted (the payload's working directory).
     pub project_at: PathBuf,
+    /// The project's host names (its canonical path, the working directory
+    /// as the caller named it): each becomes a link to `project_at` in the
+    /// sandbox's root, so that the path pi and its own tools use works,
+    /// with the one mount's protections and masks. [`project_links`] says
+    /// which can be made.
+    pub project_links: Vec<PathBuf>,
     pub workspace_writable: bool,
     /// Mounted writable at [`SCRATCH`], the sandbox's home.
     pub scratch_dir: PathBuf,
@@ -222,6 +233,70 @@ pub struct Payload {
     pub chdir: Option<PathBuf>,
     /// The command and its arguments.
     pub argv: Vec<OsString>,
+}
+
+/// Where a name made a link to the project cannot be: on, inside or
+/// above another mount point (bubblewrap would make the link through it,
+/// or fail on the directory it made), except inside the sandbox's own
+/// `/tmp`, a tmpfs where the link and its directories live. A link name
+/// is absolute and plain (no `.` or `..`) and never the project's mount
+/// point, inside or above it.
+fn blocks_link(link: &Path, mount: &Path) -> bool {
+    if mount == Path::new("/tmp") && link.starts_with(mount) && link != mount {
+        return false;
+    }
+    link.starts_with(mount) || mount.starts_with(link)
+}
+
+/// The names of [`Policy::project_links`] made links in this sandbox, in
+/// order: those that no mount of the policy or the payload lands on,
+/// inside or above (see [`blocks_link`]), and not inside another such
+/// name. The payload's fd mounts inside a name go inside the project's
+/// mount point instead (see [`placed`]), so they block none. Where a name
+/// is not made, the path is what the mounts show there: the project read
+/// only through a read root or a system directory that holds it, or
+/// nothing.
+pub fn project_links(policy: &Policy, payload: &Payload) -> Vec<PathBuf> {
+    let system: Vec<PathBuf> =
+        ["/proc", "/dev", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+            .into_iter()
+            .chain(["/etc/ld.so.cache", "/etc/localtime", "/etc/fonts", SCRATCH])
+            .chain(READ_ONLY_PROC.iter().map(|(p, _)| *p))
+            .map(PathBuf::from)
+            .collect();
+    let host_masks = policy.host_masks.iter().chain(&policy.proc_masks).map(|m| &m.path);
+    let mut mounts: Vec<&PathBuf> = system.iter().chain(&payload.runtime_mounts).chain(host_masks).collect();
+    mounts.push(&policy.project_at);
+    mounts.extend(payload.code.iter().map(|(_, at)| at));
+    mounts.extend(policy.read_roots.iter().chain(&payload.read_mounts));
+    mounts.extend(policy.once.iter().map(|(_, at)| at));
+    mounts.extend(policy.root_masks.iter().map(|b| &b.dest));
+    let mut made: Vec<PathBuf> = Vec::new();
+    for link in &policy.project_links {
+        let plain = link.is_absolute()
+            && link.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+        let fd_blocks = payload.fd_mounts.iter().any(|b| !b.dest.starts_with(link) && blocks_link(link, &b.dest));
+        if !plain
+            || link.parent().is_none()
+            || fd_blocks
+            || mounts.iter().any(|m| blocks_link(link, m))
+            || made.iter().any(|l| blocks_link(link, l))
+        {
+            continue;
+        }
+        made.push(link.clone());
+    }
+    made
+}
+
+/// Where a mount of the payload at `dest` goes: inside the project's
+/// mount point when `dest` is inside one of the `links` to it (the link
+/// leads there, and bubblewrap must not mount through it).
+fn placed(dest: &Path, links: &[PathBuf], project_at: &Path) -> PathBuf {
+    links
+        .iter()
+        .find_map(|l| dest.strip_prefix(l).ok().map(|rel| project_at.join(rel)))
+        .unwrap_or_else(|| dest.to_path_buf())
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -336,8 +411,20 @@ pub fn bwrap_argv(policy: &Policy, payload: &Payload) -> Vec<OsString> {
     for bind in &policy.root_masks {
         push_fd_bind(&mut a, bind);
     }
+    let links = project_links(policy, payload);
     for bind in &payload.fd_mounts {
-        push_fd_bind(&mut a, bind);
+        push_fd_bind(&mut a, &FdBind { dest: placed(&bind.dest, &links, &policy.project_at), ..bind.clone() });
+    }
+    // The project's host names, links to its one mount, with the
+    // directories above them (in the sandbox's root, or in its /tmp).
+    for link in &links {
+        let mut dirs: Vec<&Path> = link.ancestors().skip(1).filter(|d| d.parent().is_some()).collect();
+        dirs.reverse();
+        for dir in dirs.into_iter().filter(|d| *d != Path::new("/tmp")) {
+            a.push("--dir".into());
+            a.push(dir.into());
+        }
+        push_bind(&mut a, "--symlink", &policy.project_at, link);
     }
     // Every mount point is made: the root (bubblewrap's tmpfs) becomes
     // read-only, so nothing in it is the sandbox's to write or fill.
@@ -371,6 +458,7 @@ pub(crate) fn test_policy() -> Policy {
         merged_usr: true,
         project_dir: "/home/u/proj".into(),
         project_at: WORKSPACE.into(),
+        project_links: vec![],
         workspace_writable: false,
         scratch_dir: "/tmp/s/scratch".into(),
         read_roots: vec![],
@@ -535,6 +623,81 @@ mod tests {
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /srv/real.csv /srv/link.csv"));
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/mask-file /etc/shadow"));
         assert!(at("--ro-bind-try /etc /etc") < at("--ro-bind /tmp/s/mask-dir /etc/sudoers.d"));
+    }
+
+    #[test]
+    fn the_project_s_host_names_are_links_to_its_one_mount_made_last_with_their_directories() {
+        let policy = Policy {
+            workspace_writable: true,
+            project_links: vec!["/home/u/proj".into(), "/srv/link/proj".into(), "/tmp/t/proj".into()],
+            ..test_policy()
+        };
+        let payload = Payload {
+            fd_mounts: vec![FdBind { fd: 9, dest: "/home/u/proj/.venv".into(), read_only: true }],
+            ..true_payload()
+        };
+        let joined = strings(&bwrap_argv(&policy, &payload)).join(" ");
+        // One mount of the project; its protections and masks go there only.
+        assert_eq!(joined.matches("/home/u/proj ").count(), 2, "{joined}");
+        assert!(joined.contains("--bind /home/u/proj /workspace --bind-fd 6 /workspace/sub"), "{joined}");
+        let links = "--ro-bind-fd 9 /workspace/.venv \
+            --dir /home --dir /home/u --symlink /workspace /home/u/proj \
+            --dir /srv --dir /srv/link --symlink /workspace /srv/link/proj \
+            --dir /tmp/t --symlink /workspace /tmp/t/proj --remount-ro /";
+        assert!(joined.contains(links), "{joined}");
+        assert_eq!(project_links(&policy, &payload), policy.project_links);
+    }
+
+    #[test]
+    fn no_link_is_made_on_in_or_above_another_mount_or_at_a_name_that_is_not_plain() {
+        use crate::hostsecrets::Mask;
+        let policy = Policy {
+            read_roots: vec!["/data".into()],
+            once: vec![("/srv/real.csv".into(), "/srv/once/f.csv".into())],
+            host_masks: vec![Mask { path: "/opt/pkgs/.netrc".into(), is_dir: false }],
+            project_links: [
+                "/workspace",
+                "/workspace/p",
+                "/",
+                "/scratch",
+                "/scratch/p",
+                "/tmp",
+                "/usr/local/p",
+                "/bin/p",
+                "/lib64",
+                "/proc/p",
+                "/dev/shm/p",
+                "/etc/fonts/p",
+                "/data/p",
+                "/srv",
+                "/opt",
+                "/rt",
+                "/worker.py",
+                "/etc/../home/p",
+                "relative/p",
+                "/home/u/p",
+                "/home/u/p/sub",
+                "/tmp/ok/p",
+            ]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect(),
+            ..test_policy()
+        };
+        let payload = Payload {
+            runtime_mounts: vec!["/rt/py".into()],
+            code: vec![("/tmp/s/worker.py".into(), "/worker.py".into())],
+            fd_mounts: vec![FdBind { fd: 9, dest: "/var/v".into(), read_only: true }],
+            ..true_payload()
+        };
+        let made = project_links(&policy, &payload);
+        assert_eq!(made, [PathBuf::from("/home/u/p"), "/tmp/ok/p".into()]);
+        // An fd mount above a name blocks it; inside it, it goes to the project.
+        let above = Policy { project_links: vec!["/var/v/p".into()], ..test_policy() };
+        assert!(project_links(&above, &payload).is_empty());
+        // Only the names made are in the argv.
+        let joined = strings(&bwrap_argv(&policy, &payload)).join(" ");
+        assert_eq!(joined.matches("--symlink /workspace ").count(), 2, "{joined}");
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub struct Request<'a> {
     pub project: &'a Path,
     /// Where the sandbox sees it.
     pub project_at: &'a Path,
+    /// Its other host names (the working directory as the caller named
+    /// it); with the canonical path, links to `project_at` when that is
+    /// elsewhere (see `bwrap::project_links`).
+    pub project_names: &'a [PathBuf],
     pub mounts: &'a MountConfig,
     /// Where the protection plan's findings between executions go.
     pub notes: protected::Notes,
@@ -60,6 +64,10 @@ pub struct Request<'a> {
     /// environment, a trusted extra read list): shown like a read root,
     /// so the host secrets in them are masked and kernel mounts hidden.
     pub payload_reads: &'a [PathBuf],
+    /// Host trees the runtime itself runs from (an interpreter's prefix),
+    /// read-only at their own paths: a project inside one gets its masks
+    /// there too.
+    pub runtime_mounts: &'a [PathBuf],
     /// The settings of this start, read once.
     pub settings: Settings,
     /// The host secrets in force (see [`host_secrets`]), built once per start.
@@ -251,7 +259,20 @@ fn add(masks: &mut Vec<crate::hostsecrets::Mask>, more: impl IntoIterator<Item =
 
 /// Make the confinement of one start (blocking parts run off the runtime).
 pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
-    let Request { host, dirs, project, project_at, mounts, payload_reads, mut settings, seccomp, secrets, .. } = req;
+    let Request {
+        host,
+        dirs,
+        project,
+        project_at,
+        project_names,
+        mounts,
+        payload_reads,
+        runtime_mounts,
+        mut settings,
+        seccomp,
+        secrets,
+        ..
+    } = req;
     // Git must never trust a file under this session's runtime root
     // (scratch is there).
     let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
@@ -329,6 +350,9 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
                 dirs,
                 project,
                 project_at,
+                project_names,
+                payload_reads,
+                runtime_mounts,
                 mounts,
                 caps: &caps,
                 sizes,
@@ -415,6 +439,9 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         dirs,
         project,
         project_at,
+        project_names,
+        payload_reads,
+        runtime_mounts,
         mounts,
         caps: &caps,
         sizes,
@@ -442,6 +469,9 @@ struct Finish<'a> {
     dirs: &'a Dirs,
     project: &'a Path,
     project_at: &'a Path,
+    project_names: &'a [PathBuf],
+    payload_reads: &'a [PathBuf],
+    runtime_mounts: &'a [PathBuf],
     mounts: &'a MountConfig,
     caps: &'a Result<crate::contain::Caps, crate::limits::SettingError>,
     sizes: Result<crate::limits::TmpfsSizes, crate::limits::SettingError>,
@@ -463,7 +493,20 @@ struct Finish<'a> {
 
 /// The mount fds, the containment and the policy of a planned start.
 fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
-    let Finish { host, dirs, project, project_at, mounts, mut plan_notes, report: masks, writable, .. } = f;
+    let Finish {
+        host,
+        dirs,
+        project,
+        project_at,
+        project_names,
+        payload_reads,
+        runtime_mounts,
+        mounts,
+        mut plan_notes,
+        report: masks,
+        writable,
+        ..
+    } = f;
     let mut mount_fds: Vec<OwnedFd> = Vec::new();
     let fd_binds = |binds: Vec<protected::Bind>, mount_fds: &mut Vec<OwnedFd>| -> Vec<FdBind> {
         binds
@@ -479,16 +522,19 @@ fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
             .collect()
     };
     let protected_binds = fd_binds(f.binds, &mut mount_fds);
-    // A read root that contains the project shows it at its host path as
-    // well (unless that is where the project is): the same masks go there
-    // (from copies of their fds).
+    // A read root, a directory allowed once, a tree of the payload or the
+    // runtime, or a system directory that contains the project shows it
+    // at a path of its own (its host path, where no link is made then):
+    // the same masks go there (from copies of their fds).
     let mut root_masks = Vec::new();
-    if project_at != project && mounts.read_roots.iter().any(|r| project.starts_with(r)) {
-        for b in f.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
-            let fd =
-                b.fd.try_clone()
-                    .map_err(|e| ConfineError::Prepare(format!("A secret mask could not be copied: {e}")))?;
-            root_masks.push((fd, project.join(&b.rel)));
+    if project_at != project {
+        for at in shown_elsewhere(project, mounts, &[payload_reads, runtime_mounts]) {
+            for b in f.masks.iter().filter(|b| masks.masked.iter().any(|m| m.rel == b.rel)) {
+                let fd =
+                    b.fd.try_clone()
+                        .map_err(|e| ConfineError::Prepare(format!("A secret mask could not be copied: {e}")))?;
+                root_masks.push((fd, at.join(&b.rel)));
+            }
         }
     }
     let mask_binds = fd_binds(f.masks, &mut mount_fds);
@@ -507,6 +553,7 @@ fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
         merged_usr: host.merged_usr,
         project_dir: project.to_path_buf(),
         project_at: project_at.to_path_buf(),
+        project_links: if project_at == project { Vec::new() } else { link_names(project, project_names) },
         workspace_writable: writable,
         scratch_dir: dirs.scratch.clone(),
         read_roots: mounts.read_roots.clone(),
@@ -542,10 +589,69 @@ fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
     Ok(confined)
 }
 
+/// Where the sandbox shows `project` besides its mount point: inside a
+/// read root, a directory allowed once (where the code read it), one of
+/// the `trees` (mounted at their own paths) or a system directory.
+fn shown_elsewhere(project: &Path, mounts: &MountConfig, trees: &[&[PathBuf]]) -> Vec<PathBuf> {
+    let own = mounts.read_roots.iter().chain(trees.iter().flat_map(|t| t.iter())).map(|r| (r.as_path(), r.as_path()));
+    let system = crate::bwrap::SYSTEM_MOUNTS.iter().map(|s| (Path::new(*s), Path::new(*s)));
+    let once = mounts.once.iter().filter(|m| m.is_dir).map(|m| (m.source.as_path(), m.path.as_path()));
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (source, at) in own.chain(system).chain(once) {
+        if let Ok(rel) = project.strip_prefix(source) {
+            let shown = at.join(rel);
+            if !out.contains(&shown) {
+                out.push(shown);
+            }
+        }
+    }
+    out
+}
+
+/// The project's host names made links to its mount point: its
+/// canonical path, then each other name, lexically normalised, once.
+fn link_names(project: &Path, names: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = vec![project.to_path_buf()];
+    for name in names.iter().filter_map(|n| crate::paths::normalize_path(n)) {
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::permissions::OnceMount;
+
+    #[test]
+    fn the_project_s_masks_go_wherever_a_mount_shows_it_besides_its_own() {
+        let project = Path::new("/srv/work/proj");
+        let mut mounts = MountConfig { read_roots: vec!["/srv".into(), "/data".into()], ..MountConfig::default() };
+        assert_eq!(shown_elsewhere(project, &mounts, &[]), [PathBuf::from("/srv/work/proj")]);
+        // A directory allowed once, where the code read it (a link to it).
+        mounts.read_roots.clear();
+        mounts.once.push(OnceMount { path: "/l/w".into(), source: "/srv/work".into(), is_dir: true });
+        mounts.once.push(OnceMount { path: "/srv/work/proj".into(), source: "/srv/work/proj".into(), is_dir: false });
+        assert_eq!(shown_elsewhere(project, &mounts, &[]), [PathBuf::from("/l/w/proj")]);
+        // A tree of the payload or the runtime, and a system directory.
+        let none = MountConfig::default();
+        assert_eq!(shown_elsewhere(project, &none, &[&[], &["/srv/work".into()]]), [PathBuf::from("/srv/work/proj")]);
+        let in_usr = Path::new("/usr/local/src/proj");
+        assert_eq!(shown_elsewhere(in_usr, &none, &[]), [in_usr.to_path_buf()]);
+        assert!(shown_elsewhere(Path::new("/home/u/proj"), &none, &[&["/home/u/venv".into()]]).is_empty());
+    }
+
+    #[test]
+    fn the_link_names_are_the_canonical_path_then_each_other_name_once_normalised() {
+        let names =
+            [PathBuf::from("/l/proj/"), "/real/proj".into(), "/l/x/../proj".into(), "rel".into(), "/m/p".into()];
+        assert_eq!(
+            link_names(Path::new("/real/proj"), &names),
+            [PathBuf::from("/real/proj"), "/l/proj".into(), "/m/p".into()]
+        );
+    }
 
     #[test]
     fn set_aside_scratches_are_masked_where_a_grant_shows_them() {

@@ -56,6 +56,8 @@ pub struct Start<'a, F = Facts> {
     pub dirs: &'a Dirs,
     /// The canonical project directory.
     pub project: PathBuf,
+    /// Its other host names (see `confine::Request::project_names`).
+    pub project_names: Vec<PathBuf>,
     pub mounts: MountConfig,
     /// Where the protection plan's findings between executions go.
     pub notes: protected::Notes,
@@ -110,11 +112,13 @@ async fn start_once(
         dirs,
         project,
         project_at: Path::new(WORKSPACE),
+        project_names: &start.project_names,
         mounts,
         notes: start.notes.clone(),
         tainted: start.tainted.clone(),
         known: start.known.clone(),
         payload_reads: &facts.python.mounts,
+        runtime_mounts: &facts.interpreter.mounts,
         settings,
         secrets,
         cache: None,

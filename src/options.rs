@@ -40,6 +40,10 @@ pub const PREWARM_ENV: &str = "PI_SANDBOX_PREWARM";
 pub struct SessionOptions {
     /// The project directory (mounted at /workspace).
     pub project_dir: PathBuf,
+    /// Other host names of it (the working directory as pi named it, before
+    /// links were resolved): like its canonical path and `project_dir`,
+    /// each is a link to /workspace in the sandbox where one can be made.
+    pub project_names: Vec<PathBuf>,
     /// Where session directories are made; default `<tmp>/pi-python-sandbox-<uid>`.
     pub runtime_root: Option<PathBuf>,
     /// Interpreter path; default `$PI_PYTHON_TOOL_INTERPRETER`, else /usr/bin/python3.

@@ -466,9 +466,12 @@ pub fn render(o: &Outcome) -> String {
                 write!(t, "\n\nThe code tried to read {}, which is outside the sandbox mounts.", display_line(path));
         }
     }
+    // The final value comes after the streams, as a notebook shows Out[]
+    // last (and the collapsed view, which keeps the tail, shows it).
+    let mut value = String::new();
     if let Some(repr) = &o.repr {
         let label = if o.repr_truncated { "result (truncated)" } else { "result" };
-        let _ = write!(t, "\n\n{label}: {}", display_text(repr));
+        let _ = write!(value, "\n\n{label}: {}", display_text(repr));
     }
     for (i, image) in o.images.iter().enumerate() {
         let _ = write!(
@@ -522,8 +525,8 @@ pub fn render(o: &Outcome) -> String {
         .filter(|(_, s)| !s.is_blank())
         .map(|(name, s)| (name, displayed_stream(s)))
         .collect();
-    let used_bytes = t.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
-    let used_lines = lines(&t) + lines(&tail) + lines(&after_logs) + 9;
+    let used_bytes = t.len() + value.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
+    let used_lines = lines(&t) + lines(&value) + lines(&tail) + lines(&after_logs) + 9;
     let mut cut = o.output_limit_exceeded;
     // stdout alone under the status line needs no header (a traceback, the
     // state and the diagnostic after it say what they are).
@@ -541,9 +544,13 @@ pub fn render(o: &Outcome) -> String {
             }
         }
     }
-    if cut {
+    // The value closes the output: a log line for the streams goes above it.
+    if cut && !value.is_empty() {
+        t.push_str(&log_line);
+    } else if cut {
         tail.push_str(&log_line);
     }
+    t.push_str(&value);
     tail.push_str(&after_logs);
     t.push_str(&tail);
     // Exception, repr and diagnostics are already bounded; this is the last
@@ -580,7 +587,30 @@ mod tests {
             ..ok()
         };
         // Lean: no sentence about kept state, no log path for output shown in full.
-        assert_eq!(render(&o), "status: ok (0.1s, worker generation 1)\n\nresult: 42\n\n--- stdout ---\nhi");
+        assert_eq!(render(&o), "status: ok (0.1s, worker generation 1)\n\n--- stdout ---\nhi\n\nresult: 42");
+    }
+
+    #[test]
+    fn the_final_value_comes_after_stdout_and_stderr_as_a_notebook_shows_it() {
+        let o = Outcome {
+            repr: Some("'finished'".into()),
+            stdout: StreamText { head: "line\n".repeat(20), total: 100, ..Default::default() },
+            stderr: StreamText { head: "warned\n".into(), total: 7, ..Default::default() },
+            notes: vec!["a note".into()],
+            ..ok()
+        };
+        let text = render(&o);
+        assert!(text.ends_with("--- stderr ---\nwarned\n\nresult: 'finished'"), "{text}");
+        assert!(text.find("note: a note").unwrap() < text.find("--- stdout ---").unwrap(), "{text}");
+        // Output cut to its log: the log line, then the value.
+        let cut = Outcome {
+            repr: Some("'end'".into()),
+            stdout: StreamText { head: "a\n".repeat(100), omitted: 5000, tail: "z\n".repeat(100), total: 5400 },
+            log_paths: LogFiles { stdout: Some("/l/0002-out.log".into()), stderr: None },
+            ..ok()
+        };
+        let text = render(&cut);
+        assert!(text.ends_with("z\nFull output saved to: /l/0002-out.log (stdout)\n\nresult: 'end'"), "{text}");
     }
 
     #[test]

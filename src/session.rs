@@ -440,6 +440,21 @@ impl<H: Host> Session<H> {
         &self.opts.project_dir
     }
 
+    /// The project's host names besides its canonical path: the directory
+    /// as given and the caller's other names for it.
+    pub fn project_names(&self) -> Vec<PathBuf> {
+        std::iter::once(&self.opts.project_dir).chain(&self.opts.project_names).cloned().collect()
+    }
+
+    /// Whether the sandbox path `path` (absolute, normalised) is the
+    /// project's: under /workspace, or under one of its host names (which
+    /// are links to /workspace there).
+    pub fn in_project(&self, path: &Path) -> bool {
+        let canonical = std::fs::canonicalize(&self.opts.project_dir).ok();
+        let names = self.project_names().into_iter().filter_map(|n| crate::paths::normalize_path(&n));
+        path.starts_with(crate::bwrap::WORKSPACE) || canonical.into_iter().chain(names).any(|n| path.starts_with(n))
+    }
+
     /// Where this session's directories are (scratch among them).
     pub fn runtime_root(&self) -> PathBuf {
         self.opts.runtime_root.clone().unwrap_or_else(default_runtime_root)

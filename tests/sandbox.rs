@@ -905,6 +905,7 @@ mod bare {
             merged_usr: probe::merged_usr(),
             project_dir: std::fs::canonicalize(&project).expect("project"),
             project_at: WORKSPACE.into(),
+            project_links: vec![],
             workspace_writable: false,
             scratch_dir: scratch,
             read_roots: vec![],

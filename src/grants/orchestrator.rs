@@ -65,6 +65,9 @@ pub trait Target {
     fn after_grant(&self) -> AfterGrant;
     /// What the session masks at `path`.
     fn mask_of(&self, path: &str) -> Mask;
+    /// Whether the sandbox path `path` is the project's (under its mount
+    /// point or one of its host names, links to it).
+    fn in_project(&self, path: &str) -> bool;
     /// A permission-mode event has been applied to the session.
     fn permissions_seen(&self) -> bool;
     /// Counts effective changes of the mounts.
@@ -197,6 +200,7 @@ impl GrantLoop {
         let secret = match t.mask_of(&d.path) {
             Mask::HostSecret(mask) => return Decision::Refuse(host_secret_refusal(&d.path, &mask)),
             Mask::Secret(host) => Some(host),
+            Mask::None if t.in_project(&d.path) => return Decision::Refuse(in_project_refusal(&d.path)),
             Mask::None => None,
         };
         match permissions::read_decision(&d.path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
@@ -215,6 +219,7 @@ impl GrantLoop {
         let secret = match t.mask_of(&d.path) {
             Mask::HostSecret(mask) => return Applied::Stop(host_secret_refusal(&d.path, &mask)),
             Mask::Secret(host) => Some(host),
+            Mask::None if t.in_project(&d.path) => return Applied::Stop(in_project_refusal(&d.path)),
             Mask::None => None,
         };
         let next = t.with_context(|ctx| {
@@ -310,6 +315,19 @@ impl GrantLoop {
     }
 }
 
+/// Why a read of a path in the project that the sandbox refused (it
+/// leads out of the mounts through a link there) is refused without
+/// asking: the project is mounted whole, under each of its names, and no
+/// grant mounts a path inside it.
+fn in_project_refusal(path: &str) -> String {
+    format!(
+        "{} is in the project, but it leads outside the sandbox mounts through a link; it was refused without \
+         asking, as no grant mounts a path inside the project. Grant read access to the link's target directory \
+         (pi-tool-permissions' readAllowPaths, or a read root), or copy the data into the project or /scratch.",
+        display_line(path)
+    )
+}
+
 /// Why a read of a host secret in the project is refused without asking.
 fn host_secret_refusal(path: &str, mask: &str) -> String {
     format!(
@@ -369,6 +387,9 @@ mod tests {
         }
         fn mask_of(&self, path: &str) -> Mask {
             self.masks.iter().find(|(p, _)| p == path).map_or(Mask::None, |(_, m)| m.clone())
+        }
+        fn in_project(&self, path: &str) -> bool {
+            ["/workspace", "/nonexistent-project"].iter().any(|p| Path::new(path).starts_with(p))
         }
         fn permissions_seen(&self) -> bool {
             false // the pi session's mode event says so (see `looped`)

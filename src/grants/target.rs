@@ -97,6 +97,10 @@ impl Target for SessionCall<'_> {
         }
     }
 
+    fn in_project(&self, path: &str) -> bool {
+        permissions::normalize(path).is_some_and(|p| self.session.in_project(&p))
+    }
+
     fn permissions_seen(&self) -> bool {
         self.session.status().permissions_seen
     }

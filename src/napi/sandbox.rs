@@ -27,6 +27,11 @@ pub struct SandboxOptions {
     /// Host project directory, mounted at `/workspace`. Resolved with realpath
     /// when the sandbox starts.
     pub project_dir: String,
+    /// Other absolute host names of the project directory (the working
+    /// directory as pi gave it, before links were resolved). In the python
+    /// sandbox each of them, like `projectDir` and its resolved path, is a
+    /// link to `/workspace` where one can be made (see docs/permissions.md).
+    pub project_names: Option<Vec<String>>,
     /// Parent of the session's private directory (default
     /// `<os tmpdir>/pi-python-sandbox-<uid>`, created with mode 0700).
     pub runtime_root: Option<String>,
@@ -131,6 +136,9 @@ impl PythonSandbox {
         if !options.project_dir.starts_with('/') {
             return Err(invalid("projectDir must be an absolute path"));
         }
+        if options.project_names.iter().flatten().any(|n| !n.starts_with('/')) {
+            return Err(invalid("projectNames must be absolute paths"));
+        }
         if options.runtime_root.as_deref().is_some_and(|r| !r.starts_with('/')) {
             return Err(invalid("runtimeRoot must be an absolute path"));
         }
@@ -141,6 +149,7 @@ impl PythonSandbox {
         }
         let session = Session::new(SessionOptions {
             project_dir: PathBuf::from(options.project_dir),
+            project_names: options.project_names.unwrap_or_default().into_iter().map(PathBuf::from).collect(),
             runtime_root: options.runtime_root.map(PathBuf::from),
             interpreter: options.interpreter,
             mounts: MountConfig {

@@ -221,7 +221,8 @@ mod tests {
                 FdBind { fd: 10, dest: "/workspace/deploy".into(), read_only: true },
                 FdBind { fd: 11, dest: "/workspace/deploy/key.pem".into(), read_only: true },
             ],
-            root_masks: vec![FdBind { fd: 12, dest: "/home/u/proj/deploy/key.pem".into(), read_only: true }],
+            // The project's canonical path and the name the caller gave it.
+            project_links: vec!["/home/u/proj".into(), "/srv/proj-link".into()],
             nofile: Some(4096),
             nproc: Some(512),
             ..test_policy()
@@ -251,7 +252,9 @@ mod tests {
     /// The argv of every part in use, argument for argument as the python
     /// tool has always built it (recorded from the builder before the
     /// policy and the payload were apart), less the task cap the worker was
-    /// once told: the host sets it now.
+    /// once told (the host sets it now), and with the project's host names
+    /// made links to /workspace last (a venv inside the project is then
+    /// mounted inside /workspace, where the links lead).
     #[test]
     fn the_full_python_sandbox_argv_is_the_recorded_one() {
         let (policy, py) = full();

@@ -170,6 +170,7 @@ impl<H: Host> Session<H> {
             facts,
             dirs,
             project,
+            project_names: self.project_names(),
             mounts,
             notes: self.notes.clone(),
             tainted: self.tainted.clone(),

@@ -370,8 +370,9 @@ def mountpoints():
 
 
 def install_read_hook(masks=()):
-    """Turn reads outside the mounts, and reads of masked secrets, into
-    SandboxReadDenied.
+    """Turn reads outside the mounts (where the path resolves: through the
+    project's host path, a link to /workspace, or a link in the project),
+    and reads of masked secrets, into SandboxReadDenied.
 
     Covers open (and all built on it), os.listdir and os.scandir in this
     process; never stat or existence checks. Subprocesses are not covered:
@@ -428,13 +429,17 @@ def install_read_hook(masks=()):
                     real = full
                 if secret(real):
                     raise SandboxReadDenied(real, is_dir, True)
-        if inside(full):
+        # Links are resolved before the mount points are compared: the
+        # project's host path is a link to /workspace, and a link in the
+        # project that leads out of the mounts is refused under either name
+        # (the tool then says so without asking), not met as a missing file.
+        if inside(full) and not (full == "/workspace" or full.startswith("/workspace/")):
             return
         try:
             real = os.path.realpath(full)
         except Exception:
             real = full
-        if real != full and inside(real):
+        if inside(real):
             return
         raise SandboxReadDenied(full, is_dir)
 
@@ -894,6 +899,7 @@ def keeper(gate):
     to_dev_null()
     undumpable()
     open_deaths()
+    seed = tmp_seed("/tmp")  # before any code runs: the gate holds it
     os.write(gate, b"1")
     os.close(gate)
     wanted = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2}
@@ -926,8 +932,45 @@ def keeper(gate):
         if info.si_signo == signal.SIGUSR2:
             for top in ("/tmp", "/dev/shm"):
                 empty_dir(top)
+            replant(seed)
         os.write(done_w, b"1")
         os.close(done_w)
+
+
+def tmp_seed(top):
+    """What bubblewrap made in `top` before any code ran (the project's
+    host path as a link to /workspace, and the directories above it, when
+    the project is under /tmp): what a new sandbox has there, for a reset
+    to make again. Directories come before what is in them; at most 64."""
+    seed, stack = [], [top]
+    while stack and len(seed) < 64:
+        path = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries[:64]:
+            try:
+                if entry.is_symlink():
+                    seed.append((entry.path, os.readlink(entry.path)))
+                elif entry.is_dir(follow_symlinks=False):
+                    seed.append((entry.path, None))
+                    stack.append(entry.path)
+            except OSError:
+                pass
+    return seed[:64]
+
+
+def replant(seed):
+    """Make the directories and links of `seed` again (see tmp_seed)."""
+    for path, target in seed:
+        try:
+            if target is None:
+                os.mkdir(path, 0o755)
+            else:
+                os.symlink(target, path)
+        except OSError:
+            pass
 
 
 def empty_dir(top):

@@ -1,0 +1,83 @@
+/**
+ * The order of a result, through a real pi session: the final value (the repr of the last
+ * expression) comes after stdout and stderr, as a notebook shows Out[] last, in the text the
+ * model receives and in what pi's TUI shows of it, collapsed (the tail) and expanded.
+ */
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type TestContext, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
+import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
+
+async function setup(t: TestContext): Promise<PiHarness> {
+  const cwd = mkdtempSync(join(tmpdir(), "pps-order-"));
+  t.after(() => rmSync(cwd, { recursive: true, force: true }));
+  const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE] });
+  t.after(() => h.dispose());
+  return h;
+}
+
+/** One model turn that calls the tool with `code`: the tool result as the model received it. */
+async function modelSees(h: PiHarness, code: string): Promise<ToolResultMessage> {
+  const seen: Context["messages"][] = [];
+  h.faux.setResponses([
+    fauxAssistantMessage([fauxToolCall("python", { code })], { stopReason: "toolUse" }),
+    (context: Context) => {
+      seen.push(structuredClone(context.messages));
+      return fauxAssistantMessage("done");
+    },
+  ]);
+  await h.prompt("run it");
+  const result = seen[0]?.findLast((m): m is ToolResultMessage => m.role === "toolResult");
+  assert.ok(result, "the model received the tool result");
+  return result;
+}
+
+const TWENTY_LINES = "import sys\nfor i in range(20):\n    print('line', i)\nprint('warned', file=sys.stderr)\n'finished'";
+
+test("the final value is the last line of the model's text and of the collapsed TUI tail, after stdout and stderr", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const result = await modelSees(h, TWENTY_LINES);
+  assert.equal(result.isError, false, messageText(result));
+  const text = messageText(result);
+  const lines = text.split("\n");
+  assert.equal(lines.at(-1), "result: 'finished'", text);
+  assert.ok(text.indexOf("line 19") < text.indexOf("--- stderr ---"), text);
+  assert.ok(text.indexOf("warned") < text.indexOf("result: 'finished'"), text);
+
+  // The TUI lays out the same text: collapsed, the tail keeps the value as its last line.
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  const render = (expanded: boolean) =>
+    shownResult(renderResult({ content: r.content, details: r.details }, { expanded, isPartial: false }, theme(), context({ expanded })));
+  const collapsed = render(false).split("\n");
+  assert.match(collapsed[1], /^\.\.\. \(\d+ earlier lines, ctrl\+o to expand\)$/, collapsed.join("\n"));
+  assert.equal(collapsed.at(-1), "result: 'finished'", collapsed.join("\n"));
+  assert.ok(collapsed.includes("warned"), collapsed.join("\n"));
+  assert.ok(!collapsed.includes("line 0"), "the head is among the earlier lines");
+  const expanded = render(true).split("\n");
+  assert.equal(expanded.at(-1), "result: 'finished'");
+  assert.ok(expanded.indexOf("line 0") < expanded.indexOf("result: 'finished'"));
+});
+
+test("a value alone, and a value after output cut to its log, still come after the streams", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const tool = h.getTool("python");
+  const alone = messageText(await tool.execute("a", { code: "6 * 7" }, undefined, undefined));
+  assert.match(alone, /^status: ok [^\n]*\n\nresult: 42$/, alone);
+  const cut = messageText(await tool.execute("c", { code: "for i in range(20000): print('row', i)\n'end'" }, undefined, undefined));
+  const value = cut.indexOf("result: 'end'");
+  assert.ok(value > cut.indexOf("row 19999"), cut.slice(-400));
+  // The log line names where the streams went, under them; the value closes the text.
+  assert.match(cut, /row 19999\nFull output saved to: [^\n]+\n\nresult: 'end'$/, cut.slice(-400));
+});
