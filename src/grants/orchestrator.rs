@@ -71,11 +71,13 @@ pub trait Target {
     fn mount_epoch(&self) -> u64;
     /// Call `f` with what deciding a grant needs (its `resolve` is realpath).
     fn with_context<R>(&self, f: impl FnOnce(&Context<'_>) -> R) -> R;
-    /// Mount `once` in the next sandbox only; false when it already is.
-    fn mount_once(&self, once: OnceMount) -> bool;
-    /// Unmask the project's secret at `host` in the next sandbox only;
-    /// false when it already is.
-    fn unmask_once(&self, host: PathBuf) -> bool;
+    /// Mount `once` in the next sandbox only, together with `kept` (the
+    /// paths allowed once earlier in the same call, which a restart would
+    /// otherwise drop); false when `once` already is.
+    fn mount_once(&self, once: OnceMount, kept: &[OnceMount]) -> bool;
+    /// Unmask the project's secret at `host` in the next sandbox only,
+    /// with `kept` as for [`Target::mount_once`]; false when it already is.
+    fn unmask_once(&self, host: PathBuf, kept: &[PathBuf]) -> bool;
 }
 
 /// Whether to ask the user about a denial.
@@ -180,6 +182,16 @@ pub struct GrantLoop {
     /// Told by the next result that ran: a grant made through
     /// [`GrantLoop::apply`] alone, outside [`GrantLoop::run`].
     pending_note: Mutex<Option<String>>,
+    /// What was allowed once during the call [`GrantLoop::run`] runs: kept
+    /// for its reruns (a call that reads two such files needs both).
+    this_call: Mutex<CallGrants>,
+}
+
+/// The allow-once grants of one call.
+#[derive(Debug, Default)]
+struct CallGrants {
+    once: Vec<OnceMount>,
+    unmasked: Vec<PathBuf>,
 }
 
 impl GrantLoop {
@@ -224,7 +236,9 @@ impl GrantLoop {
         match next {
             Next::Replay => Applied::Granted(Grant::Remounted),
             Next::Unmask(host) => {
-                if t.unmask_once(host) {
+                let kept = self.this_call.lock().unmasked.clone();
+                if t.unmask_once(host.clone(), &kept) {
+                    self.this_call.lock().unmasked.push(host);
                     Applied::Granted(Grant::Unmasked)
                 } else {
                     Applied::Stop(format!(
@@ -235,7 +249,9 @@ impl GrantLoop {
             }
             Next::Once(m) => {
                 let is_dir = m.is_dir;
-                if t.mount_once(m) {
+                let kept = self.this_call.lock().once.clone();
+                if t.mount_once(m.clone(), &kept) {
+                    self.this_call.lock().once.push(m);
                     Applied::Granted(Grant::Once { is_dir })
                 } else {
                     // Nothing changed: a rerun would meet the same sandbox.
@@ -275,6 +291,7 @@ impl GrantLoop {
     {
         let started = Instant::now();
         let mut waited = Duration::ZERO;
+        *self.this_call.lock() = CallGrants::default();
         let mut outcome = self.run_once(t).await;
         let mut diagnostic = None;
         while let Some(d) = Denial::of(&outcome) {
@@ -301,6 +318,7 @@ impl GrantLoop {
                 outcome.replay = Some(grant.rerun_note(&d.path));
             }
         }
+        *self.this_call.lock() = CallGrants::default();
         let waited_ms = waited.as_millis() as u64;
         if waited_ms > 0 {
             outcome.duration_ms = started.elapsed().as_millis() as u64;
@@ -343,6 +361,8 @@ mod tests {
         epoch: Arc<AtomicU64>,
         once: Mutex<Vec<OnceMount>>,
         unmasked: Mutex<Vec<PathBuf>>,
+        /// Each grant restarts: the allow-once paths are only what it names.
+        forgets: bool,
     }
 
     impl Fake {
@@ -355,6 +375,7 @@ mod tests {
                 epoch: Arc::default(),
                 once: Mutex::default(),
                 unmasked: Mutex::default(),
+                forgets: false,
             }
         }
     }
@@ -386,16 +407,21 @@ mod tests {
                 project_secrets: Some(&[]),
             })
         }
-        fn mount_once(&self, once: OnceMount) -> bool {
+        fn mount_once(&self, once: OnceMount, kept: &[OnceMount]) -> bool {
             let mut all = self.once.lock();
             if all.contains(&once) {
                 return false;
+            }
+            // A restart forgets what the last sandbox had allowed once.
+            if self.forgets {
+                all.clear();
+                all.extend(kept.iter().cloned());
             }
             all.push(once);
             self.epoch.fetch_add(1, Ordering::SeqCst);
             true
         }
-        fn unmask_once(&self, host: PathBuf) -> bool {
+        fn unmask_once(&self, host: PathBuf, _kept: &[PathBuf]) -> bool {
             let mut all = self.unmasked.lock();
             if all.contains(&host) {
                 return false;
@@ -589,6 +615,26 @@ mod tests {
         let (f, _) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
         assert_eq!(fake.ran.load(Ordering::SeqCst), 2);
         assert!(f.diagnostic.unwrap().contains("that file is already mounted for this sandbox"));
+    }
+
+    #[test]
+    fn allow_once_grants_of_one_call_stay_for_its_reruns() {
+        let (_t, p) = data_file();
+        let (_u, q) = data_file();
+        // Reads p then q; after each restart only what is mounted counts.
+        let mut fake = Fake::new(vec![denied(&p, false), denied(&q, false), ran(Status::Ok)]);
+        fake.forgets = true;
+        let l = looped();
+        let (f, asked) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
+        assert_eq!(asked.len(), 2, "asked once per file");
+        assert_eq!(f.outcome.status, Status::Ok);
+        let mounted: Vec<PathBuf> = fake.once.lock().iter().map(|m| m.path.clone()).collect();
+        assert_eq!(mounted, [p.clone(), q.clone()], "the second rerun's sandbox has both");
+        // The next call starts afresh: nothing of this call is carried into it.
+        let fake = Fake { forgets: true, ..Fake::new(vec![denied(&q, false), ran(Status::Ok)]) };
+        let (_, asked) = drive(&l, &fake, true, &[Answer::Allow]);
+        assert_eq!(asked.len(), 1);
+        assert_eq!(fake.once.lock().iter().map(|m| m.path.clone()).collect::<Vec<_>>(), [q]);
     }
 
     #[test]
