@@ -250,6 +250,29 @@ test("host secrets: a granted directory masks them, the note names them (baselin
   assert.equal(existsSync(join(base, "vault", "token")), true);
 });
 
+test("a host secret outside the project is refused at once with the reason, without a dialog (baseline: unlisted, it is asked about)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-client-hostsecret-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  mkdirSync(join(base, "vault"));
+  writeFileSync(join(base, "vault", "token"), "vault-token-value\n");
+  const code = `open('${base}/vault/token').read()`;
+  {
+    const s = await setup(t, { ui: { select: choose("Deny once") } });
+    if (!s) return;
+    await s.run({ code });
+    assert.equal(s.log.prompts.length, 1, "baseline: asked");
+    await s.h.dispose();
+  }
+  withEnv(t, "PI_PYTHON_TOOL_HOST_SECRETS", `${base}/vault`);
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  const r = await s.run({ code });
+  assert.equal(r.details.status, "permission_needed");
+  assert.equal(s.log.prompts.length, 0, "no dialog");
+  assert.match(r.text, /can never be made readable: a host secret/);
+  assert.doesNotMatch(r.text, /vault-token-value/);
+});
+
 test("granting /etc for /etc/hostname masks /etc/shadow and the sudoers files", async (t) => {
   const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async (_t, prefill) => prefill } });
   if (!s) return;

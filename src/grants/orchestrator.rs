@@ -211,6 +211,11 @@ impl GrantLoop {
             Mask::Secret(host) => Some(host),
             Mask::None => None,
         };
+        if secret.is_none() {
+            if let Some(why) = t.with_context(|ctx| never_granted(&d.path, ctx)) {
+                return Decision::Refuse(why);
+            }
+        }
         match permissions::read_decision(&d.path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
             ReadDecision::Prompt => {
                 *self.prompt_epoch.lock() = Some(t.mount_epoch());
@@ -328,6 +333,32 @@ impl GrantLoop {
     }
 }
 
+/// Why no answer could ever make `path` readable, worded for the result:
+/// it is (or resolves to) a host secret, a reserved sandbox mount or the
+/// whole filesystem. A grant of a directory around a host secret masks
+/// it, and an allow once refuses it, so the user is not asked.
+fn never_granted(path: &str, ctx: &Context<'_>) -> Option<String> {
+    if permissions::not_plain(path) || path.len() > permissions::MAX_PROMPT_PATH_BYTES {
+        return None; // refused by `read_decision`, with its own words
+    }
+    let p = permissions::normalize(path)?;
+    let never = |r: &permissions::Refusal| {
+        matches!(
+            r,
+            permissions::Refusal::Reserved(_)
+                | permissions::Refusal::WholeFilesystem
+                | permissions::Refusal::HostSecret(_)
+        )
+    };
+    let reason =
+        ctx.refusal(&p).filter(never).or_else(|| ctx.resolve(&p).ok().and_then(|r| ctx.refusal(&r)).filter(never))?;
+    Some(format!(
+        "{} can never be made readable: {reason}. It was refused without asking: no grant mounts it (a grant of a \
+         directory around it masks it). Copy what the code needs into the project or /scratch.",
+        display_line(path)
+    ))
+}
+
 /// Why a read of a host secret in the project is refused without asking.
 fn host_secret_refusal(path: &str, mask: &str) -> String {
     format!(
@@ -363,6 +394,8 @@ mod tests {
         unmasked: Mutex<Vec<PathBuf>>,
         /// Each grant restarts: the allow-once paths are only what it names.
         forgets: bool,
+        /// The host secrets are those of this home directory.
+        home: Option<PathBuf>,
     }
 
     impl Fake {
@@ -376,6 +409,7 @@ mod tests {
                 once: Mutex::default(),
                 unmasked: Mutex::default(),
                 forgets: false,
+                home: None,
             }
         }
     }
@@ -399,10 +433,11 @@ mod tests {
         }
         fn with_context<R>(&self, f: impl FnOnce(&Context<'_>) -> R) -> R {
             let project = Path::new("/nonexistent-project");
+            let secrets = self.home.as_deref().map(|h| HostSecrets::new(None, Some(h), &[]));
             f(&Context {
                 project: Some(project),
-                home: None,
-                secrets: &NONE,
+                home: self.home.as_deref(),
+                secrets: secrets.as_ref().unwrap_or(&NONE),
                 writable: &[],
                 project_secrets: Some(&[]),
             })
@@ -569,6 +604,35 @@ mod tests {
         let d = Denial { path: "/workspace/.aws/credentials".into(), is_directory: false, secret: true };
         assert!(matches!(l.apply(&fake, &d, Answer::Allow), Applied::Stop(why) if why.contains("is a host secret")));
         assert!(fake.unmasked.lock().is_empty() && fake.once.lock().is_empty());
+    }
+
+    #[test]
+    fn a_path_no_grant_can_mount_is_refused_at_once_with_the_reason() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(home.join(".ssh")).unwrap();
+        std::fs::write(home.join(".ssh/id_ed25519"), "k").unwrap();
+        std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), home.join("innocent")).unwrap();
+        std::fs::write(home.join("plain.txt"), "p").unwrap();
+        let cases = [
+            (home.join(".ssh/id_ed25519"), false, "a host secret"),
+            (home.join("innocent"), false, "a host secret"),
+            (PathBuf::from("/lib64/nothing-here"), false, "reserved sandbox mount /lib64"),
+            (PathBuf::from("/"), true, "the whole filesystem"),
+        ];
+        for (path, is_dir, why) in cases {
+            let mut fake = Fake::new(vec![denied(&path, is_dir)]);
+            fake.home = Some(home.clone());
+            let (f, asked) = drive(&looped(), &fake, true, &[]);
+            assert!(asked.is_empty(), "{}: asked", path.display());
+            let d = f.diagnostic.unwrap();
+            assert!(d.contains("can never be made readable") && d.contains(why), "{}: {d}", path.display());
+        }
+        // Baseline: a plain file next to them is asked about.
+        let mut fake = Fake::new(vec![denied(&home.join("plain.txt"), false)]);
+        fake.home = Some(home.clone());
+        let (_, asked) = drive(&looped(), &fake, true, &[Answer::Deny]);
+        assert_eq!(asked.len(), 1);
     }
 
     #[test]
