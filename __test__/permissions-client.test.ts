@@ -137,6 +137,24 @@ test("allow once: exactly the file read is mounted for the replay, not its direc
   assert.deepEqual((await s.run({ action: "status" })).details.report.allowedOnce, []);
 });
 
+test("allow once, two files outside the project in one call: asked once per file, both printed", async (t) => {
+  // Bounded by the test: past four dialogs the stand-in denies, so a loop that asks p, q, p, q... ends.
+  let dialogs = 0;
+  const s = await setup(t, { ui: { select: async (_t, options) => (++dialogs <= 4 ? options[0] : "Deny once") } });
+  if (!s) return;
+  const code = `print(open('${s.outside}/data.csv').read())\nprint(open('${s.outside}/sibling.txt').read())`;
+  const r = await s.run({ code });
+  assert.deepEqual(
+    s.log.prompts.map((p) => p.path),
+    [`${s.outside}/data.csv`, `${s.outside}/sibling.txt`],
+    "one prompt per file",
+  );
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /1,2/);
+  assert.match(r.text, /sibling-data/);
+  assert.ok(s.log.answers.every((a) => a.outcome === "allow" && !a.modeEvent));
+});
+
 test("allow once is not remembered: after a reset the same read asks again", async (t) => {
   const s = await setup(t, { ui: { select: choose("Allow once") } });
   if (!s) return;
@@ -230,6 +248,29 @@ test("host secrets: a granted directory masks them, the note names them (baselin
   const again = await s.run({ code: `import os; os.listdir('${base}/vault')` });
   assert.doesNotMatch(again.text, /token/);
   assert.equal(existsSync(join(base, "vault", "token")), true);
+});
+
+test("a host secret outside the project is refused at once with the reason, without a dialog (baseline: unlisted, it is asked about)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-client-hostsecret-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  mkdirSync(join(base, "vault"));
+  writeFileSync(join(base, "vault", "token"), "vault-token-value\n");
+  const code = `open('${base}/vault/token').read()`;
+  {
+    const s = await setup(t, { ui: { select: choose("Deny once") } });
+    if (!s) return;
+    await s.run({ code });
+    assert.equal(s.log.prompts.length, 1, "baseline: asked");
+    await s.h.dispose();
+  }
+  withEnv(t, "PI_PYTHON_TOOL_HOST_SECRETS", `${base}/vault`);
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  const r = await s.run({ code });
+  assert.equal(r.details.status, "permission_needed");
+  assert.equal(s.log.prompts.length, 0, "no dialog");
+  assert.match(r.text, /can never be made readable: a host secret/);
+  assert.doesNotMatch(r.text, /vault-token-value/);
 });
 
 test("granting /etc for /etc/hostname masks /etc/shadow and the sudoers files", async (t) => {

@@ -9,8 +9,11 @@
 //! before it (no allocation, no locks), then `_exit`s. It reports one
 //! fixed-size record over a socket pair, with at most one fd (SCM_RIGHTS)
 //! for a step that opens one. What the steps mean (the sandbox's inotify
-//! limits, later a listener in its network namespace or a mount in its
-//! mount namespace) is the callers' business, not this module's.
+//! limits, later a listener in its network namespace) is the callers'
+//! business, not this module's. [`mount`] is the one job with more steps:
+//! a read-only tree attached to (or detached from) a running sandbox.
+
+pub mod mount;
 
 use std::ffi::CString;
 use std::io;
@@ -160,7 +163,7 @@ pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<
     }
 }
 
-fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(super) fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: socketpair writes two fresh fds into `fds`.
     if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } != 0 {
@@ -170,7 +173,7 @@ fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn set_receive_timeout(fd: &OwnedFd, t: Duration) -> io::Result<()> {
+pub(super) fn set_receive_timeout(fd: &OwnedFd, t: Duration) -> io::Result<()> {
     let tv = libc::timeval { tv_sec: t.as_secs() as libc::time_t, tv_usec: t.subsec_micros() as libc::suseconds_t };
     // SAFETY: setsockopt reads a timeval of the given size.
     let r = unsafe {
@@ -193,7 +196,7 @@ fn set_receive_timeout(fd: &OwnedFd, t: Duration) -> io::Result<()> {
 struct FdControl([u8; 32]);
 
 /// The child's one record and, when it sent one, the fd.
-fn receive(sock: &OwnedFd) -> io::Result<([i32; 3], Option<OwnedFd>)> {
+pub(super) fn receive(sock: &OwnedFd) -> io::Result<([i32; 3], Option<OwnedFd>)> {
     let mut record = [0i32; 3];
     let mut control = FdControl([0; 32]);
     let mut iov = libc::iovec { iov_base: record.as_mut_ptr().cast(), iov_len: std::mem::size_of_val(&record) };
@@ -236,7 +239,7 @@ fn receive(sock: &OwnedFd) -> io::Result<([i32; 3], Option<OwnedFd>)> {
     Ok((record, fd))
 }
 
-fn reap(child: i32) {
+pub(super) fn reap(child: i32) {
     let mut status = 0;
     loop {
         // SAFETY: waitpid on our own child.
@@ -249,7 +252,7 @@ fn reap(child: i32) {
 
 // Below: the forked child. Raw system calls on prepared memory only.
 
-fn errno() -> i32 {
+pub(super) fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
@@ -298,7 +301,7 @@ fn child_steps(joins: &[(RawFd, libc::c_int)], steps: &[Step]) -> ([i32; 3], Raw
     ([OK, 0, 0], handed)
 }
 
-fn child_report(sock: RawFd, record: &[i32; 3], fd: RawFd) {
+pub(super) fn child_report(sock: RawFd, record: &[i32; 3], fd: RawFd) {
     let mut control = FdControl([0; 32]);
     let mut iov =
         libc::iovec { iov_base: record.as_ptr() as *mut libc::c_void, iov_len: std::mem::size_of_val(record) };

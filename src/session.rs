@@ -72,6 +72,9 @@ struct Shared {
     /// Why the next mount change restarts the sandbox, when it is not the
     /// plain "the mode changed" (see [`Session::set_mounts_because`]).
     remount_reason: Option<String>,
+    /// Allow-once paths that the sandbox being replaced had and the next
+    /// one keeps: the same call's reruns need them (see [`Session::keep_once`]).
+    kept_once: (Vec<crate::permissions::OnceMount>, Vec<PathBuf>),
 }
 
 struct Inner<H: Host> {
@@ -164,6 +167,7 @@ impl<H: Host> Session<H> {
                 cancelled: HashSet::new(),
                 active_guard: None,
                 remount_reason: None,
+                kept_once: Default::default(),
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
@@ -415,14 +419,22 @@ impl<H: Host> Session<H> {
         tokio::task::spawn_blocking(move || watch.stale()).await.ok().flatten()
     }
 
-    /// A sandbox with allow-once paths ends: they are not mounted again.
+    /// A sandbox with allow-once paths ends: they are not mounted again,
+    /// except those the call that is being run again keeps.
     fn forget_once(&self, had: &MountConfig) {
+        let mut sh = self.shared.lock();
+        let (keep, keep_unmasked) = std::mem::take(&mut sh.kept_once);
         if !had.has_once() {
             return;
         }
-        let mut sh = self.shared.lock();
-        sh.report.mounts.once.retain(|m| !had.once.contains(m));
-        sh.report.mounts.unmasked_once.retain(|p| !had.unmasked_once.contains(p));
+        sh.report.mounts.once.retain(|m| !had.once.contains(m) || keep.contains(m));
+        sh.report.mounts.unmasked_once.retain(|p| !had.unmasked_once.contains(p) || keep_unmasked.contains(p));
+    }
+
+    /// The next sandbox keeps these allow-once paths of the one it
+    /// replaces: they were allowed during the call that runs again.
+    pub fn keep_once(&self, once: Vec<crate::permissions::OnceMount>, unmasked: Vec<PathBuf>) {
+        self.shared.lock().kept_once = (once, unmasked);
     }
 
     fn remount_reason(&self) -> String {

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use pi_python_sandbox::outcome::{render, Status};
 use pi_python_sandbox::session::{Session, SessionOptions};
 
+#[path = "sandbox/live_mounts.rs"]
+mod live_mounts;
+
 struct Fixture {
     dir: PathBuf,
     session: Arc<Session>,

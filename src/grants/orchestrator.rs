@@ -74,11 +74,13 @@ pub trait Target {
     fn mount_epoch(&self) -> u64;
     /// Call `f` with what deciding a grant needs (its `resolve` is realpath).
     fn with_context<R>(&self, f: impl FnOnce(&Context<'_>) -> R) -> R;
-    /// Mount `once` in the next sandbox only; false when it already is.
-    fn mount_once(&self, once: OnceMount) -> bool;
-    /// Unmask the project's secret at `host` in the next sandbox only;
-    /// false when it already is.
-    fn unmask_once(&self, host: PathBuf) -> bool;
+    /// Mount `once` in the next sandbox only, together with `kept` (the
+    /// paths allowed once earlier in the same call, which a restart would
+    /// otherwise drop); false when `once` already is.
+    fn mount_once(&self, once: OnceMount, kept: &[OnceMount]) -> bool;
+    /// Unmask the project's secret at `host` in the next sandbox only,
+    /// with `kept` as for [`Target::mount_once`]; false when it already is.
+    fn unmask_once(&self, host: PathBuf, kept: &[PathBuf]) -> bool;
 }
 
 /// Whether to ask the user about a denial.
@@ -183,6 +185,16 @@ pub struct GrantLoop {
     /// Told by the next result that ran: a grant made through
     /// [`GrantLoop::apply`] alone, outside [`GrantLoop::run`].
     pending_note: Mutex<Option<String>>,
+    /// What was allowed once during the call [`GrantLoop::run`] runs: kept
+    /// for its reruns (a call that reads two such files needs both).
+    this_call: Mutex<CallGrants>,
+}
+
+/// The allow-once grants of one call.
+#[derive(Debug, Default)]
+struct CallGrants {
+    once: Vec<OnceMount>,
+    unmasked: Vec<PathBuf>,
 }
 
 impl GrantLoop {
@@ -203,6 +215,11 @@ impl GrantLoop {
             Mask::None if t.in_project(&d.path) => return Decision::Refuse(in_project_refusal(&d.path)),
             Mask::None => None,
         };
+        if secret.is_none() {
+            if let Some(why) = t.with_context(|ctx| never_granted(&d.path, ctx)) {
+                return Decision::Refuse(why);
+            }
+        }
         match permissions::read_decision(&d.path, &self.grants.denied(), seen, has_ui, secret.as_deref()) {
             ReadDecision::Prompt => {
                 *self.prompt_epoch.lock() = Some(t.mount_epoch());
@@ -229,7 +246,9 @@ impl GrantLoop {
         match next {
             Next::Replay => Applied::Granted(Grant::Remounted),
             Next::Unmask(host) => {
-                if t.unmask_once(host) {
+                let kept = self.this_call.lock().unmasked.clone();
+                if t.unmask_once(host.clone(), &kept) {
+                    self.this_call.lock().unmasked.push(host);
                     Applied::Granted(Grant::Unmasked)
                 } else {
                     Applied::Stop(format!(
@@ -240,7 +259,9 @@ impl GrantLoop {
             }
             Next::Once(m) => {
                 let is_dir = m.is_dir;
-                if t.mount_once(m) {
+                let kept = self.this_call.lock().once.clone();
+                if t.mount_once(m.clone(), &kept) {
+                    self.this_call.lock().once.push(m);
                     Applied::Granted(Grant::Once { is_dir })
                 } else {
                     // Nothing changed: a rerun would meet the same sandbox.
@@ -280,6 +301,7 @@ impl GrantLoop {
     {
         let started = Instant::now();
         let mut waited = Duration::ZERO;
+        *self.this_call.lock() = CallGrants::default();
         let mut outcome = self.run_once(t).await;
         let mut diagnostic = None;
         while let Some(d) = Denial::of(&outcome) {
@@ -306,6 +328,7 @@ impl GrantLoop {
                 outcome.replay = Some(grant.rerun_note(&d.path));
             }
         }
+        *self.this_call.lock() = CallGrants::default();
         let waited_ms = waited.as_millis() as u64;
         if waited_ms > 0 {
             outcome.duration_ms = started.elapsed().as_millis() as u64;
@@ -326,6 +349,32 @@ fn in_project_refusal(path: &str) -> String {
          (pi-tool-permissions' readAllowPaths, or a read root), or copy the data into the project or /scratch.",
         display_line(path)
     )
+}
+
+/// Why no answer could ever make `path` readable, worded for the result:
+/// it is (or resolves to) a host secret, a reserved sandbox mount or the
+/// whole filesystem. A grant of a directory around a host secret masks
+/// it, and an allow once refuses it, so the user is not asked.
+fn never_granted(path: &str, ctx: &Context<'_>) -> Option<String> {
+    if permissions::not_plain(path) || path.len() > permissions::MAX_PROMPT_PATH_BYTES {
+        return None; // refused by `read_decision`, with its own words
+    }
+    let p = permissions::normalize(path)?;
+    let never = |r: &permissions::Refusal| {
+        matches!(
+            r,
+            permissions::Refusal::Reserved(_)
+                | permissions::Refusal::WholeFilesystem
+                | permissions::Refusal::HostSecret(_)
+        )
+    };
+    let reason =
+        ctx.refusal(&p).filter(never).or_else(|| ctx.resolve(&p).ok().and_then(|r| ctx.refusal(&r)).filter(never))?;
+    Some(format!(
+        "{} can never be made readable: {reason}. It was refused without asking: no grant mounts it (a grant of a \
+         directory around it masks it). Copy what the code needs into the project or /scratch.",
+        display_line(path)
+    ))
 }
 
 /// Why a read of a host secret in the project is refused without asking.
@@ -361,6 +410,10 @@ mod tests {
         epoch: Arc<AtomicU64>,
         once: Mutex<Vec<OnceMount>>,
         unmasked: Mutex<Vec<PathBuf>>,
+        /// Each grant restarts: the allow-once paths are only what it names.
+        forgets: bool,
+        /// The host secrets are those of this home directory.
+        home: Option<PathBuf>,
     }
 
     impl Fake {
@@ -373,6 +426,8 @@ mod tests {
                 epoch: Arc::default(),
                 once: Mutex::default(),
                 unmasked: Mutex::default(),
+                forgets: false,
+                home: None,
             }
         }
     }
@@ -399,24 +454,30 @@ mod tests {
         }
         fn with_context<R>(&self, f: impl FnOnce(&Context<'_>) -> R) -> R {
             let project = Path::new("/nonexistent-project");
+            let secrets = self.home.as_deref().map(|h| HostSecrets::new(None, Some(h), &[]));
             f(&Context {
                 project: Some(project),
-                home: None,
-                secrets: &NONE,
+                home: self.home.as_deref(),
+                secrets: secrets.as_ref().unwrap_or(&NONE),
                 writable: &[],
                 project_secrets: Some(&[]),
             })
         }
-        fn mount_once(&self, once: OnceMount) -> bool {
+        fn mount_once(&self, once: OnceMount, kept: &[OnceMount]) -> bool {
             let mut all = self.once.lock();
             if all.contains(&once) {
                 return false;
+            }
+            // A restart forgets what the last sandbox had allowed once.
+            if self.forgets {
+                all.clear();
+                all.extend(kept.iter().cloned());
             }
             all.push(once);
             self.epoch.fetch_add(1, Ordering::SeqCst);
             true
         }
-        fn unmask_once(&self, host: PathBuf) -> bool {
+        fn unmask_once(&self, host: PathBuf, _kept: &[PathBuf]) -> bool {
             let mut all = self.unmasked.lock();
             if all.contains(&host) {
                 return false;
@@ -567,6 +628,35 @@ mod tests {
     }
 
     #[test]
+    fn a_path_no_grant_can_mount_is_refused_at_once_with_the_reason() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(home.join(".ssh")).unwrap();
+        std::fs::write(home.join(".ssh/id_ed25519"), "k").unwrap();
+        std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), home.join("innocent")).unwrap();
+        std::fs::write(home.join("plain.txt"), "p").unwrap();
+        let cases = [
+            (home.join(".ssh/id_ed25519"), false, "a host secret"),
+            (home.join("innocent"), false, "a host secret"),
+            (PathBuf::from("/lib64/nothing-here"), false, "reserved sandbox mount /lib64"),
+            (PathBuf::from("/"), true, "the whole filesystem"),
+        ];
+        for (path, is_dir, why) in cases {
+            let mut fake = Fake::new(vec![denied(&path, is_dir)]);
+            fake.home = Some(home.clone());
+            let (f, asked) = drive(&looped(), &fake, true, &[]);
+            assert!(asked.is_empty(), "{}: asked", path.display());
+            let d = f.diagnostic.unwrap();
+            assert!(d.contains("can never be made readable") && d.contains(why), "{}: {d}", path.display());
+        }
+        // Baseline: a plain file next to them is asked about.
+        let mut fake = Fake::new(vec![denied(&home.join("plain.txt"), false)]);
+        fake.home = Some(home.clone());
+        let (_, asked) = drive(&looped(), &fake, true, &[Answer::Deny]);
+        assert_eq!(asked.len(), 1);
+    }
+
+    #[test]
     fn a_project_secret_allowed_once_is_unmasked_alone() {
         let host = PathBuf::from("/home/u/proj/.env");
         let mut fake = Fake::new(vec![denied(Path::new("/workspace/.env"), false), ran(Status::Ok)]);
@@ -610,6 +700,26 @@ mod tests {
         let (f, _) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
         assert_eq!(fake.ran.load(Ordering::SeqCst), 2);
         assert!(f.diagnostic.unwrap().contains("that file is already mounted for this sandbox"));
+    }
+
+    #[test]
+    fn allow_once_grants_of_one_call_stay_for_its_reruns() {
+        let (_t, p) = data_file();
+        let (_u, q) = data_file();
+        // Reads p then q; after each restart only what is mounted counts.
+        let mut fake = Fake::new(vec![denied(&p, false), denied(&q, false), ran(Status::Ok)]);
+        fake.forgets = true;
+        let l = looped();
+        let (f, asked) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
+        assert_eq!(asked.len(), 2, "asked once per file");
+        assert_eq!(f.outcome.status, Status::Ok);
+        let mounted: Vec<PathBuf> = fake.once.lock().iter().map(|m| m.path.clone()).collect();
+        assert_eq!(mounted, [p.clone(), q.clone()], "the second rerun's sandbox has both");
+        // The next call starts afresh: nothing of this call is carried into it.
+        let fake = Fake { forgets: true, ..Fake::new(vec![denied(&q, false), ran(Status::Ok)]) };
+        let (_, asked) = drive(&l, &fake, true, &[Answer::Allow]);
+        assert_eq!(asked.len(), 1);
+        assert_eq!(fake.once.lock().iter().map(|m| m.path.clone()).collect::<Vec<_>>(), [q]);
     }
 
     #[test]

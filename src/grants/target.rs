@@ -114,22 +114,34 @@ impl Target for SessionCall<'_> {
     }
 
     /// The running sandbox is replaced; the path goes when the next one ends.
-    fn mount_once(&self, once: OnceMount) -> bool {
+    fn mount_once(&self, once: OnceMount, kept: &[OnceMount]) -> bool {
+        if self.session.status().mounts.once.contains(&once) {
+            return false;
+        }
+        self.session.keep_once(kept.to_vec(), Vec::new());
         self.remount(
             |m| {
-                if !m.once.contains(&once) {
-                    m.once.push(once)
+                for k in kept.iter().chain([&once]) {
+                    if !m.once.contains(k) {
+                        m.once.push(k.clone())
+                    }
                 }
             },
             "the sandbox was restarted to mount a path allowed once",
         )
     }
 
-    fn unmask_once(&self, host: PathBuf) -> bool {
+    fn unmask_once(&self, host: PathBuf, kept: &[PathBuf]) -> bool {
+        if self.session.status().mounts.unmasked_once.contains(&host) {
+            return false;
+        }
+        self.session.keep_once(Vec::new(), kept.to_vec());
         self.remount(
             |m| {
-                if !m.unmasked_once.contains(&host) {
-                    m.unmasked_once.push(host)
+                for k in kept.iter().chain([&host]) {
+                    if !m.unmasked_once.contains(k) {
+                        m.unmasked_once.push(k.clone())
+                    }
                 }
             },
             "the sandbox was restarted to unmask a secret allowed once",

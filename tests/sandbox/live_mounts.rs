@@ -1,0 +1,266 @@
+//! The namespace helper's mount job against a real bubblewrap sandbox
+//! started here as the product starts its own (`--unshare-user
+//! --disable-userns`, a read-only root): a tree attached while the
+//! sandbox runs, with its host secrets masked, a file mount point made
+//! where none was, a detach, and links the sandbox planted on the way to
+//! a mount point, never followed. The sandbox is a shell that runs the
+//! test's commands; `/mnt` is a tmpfs it may write (where the product's
+//! sandbox has /tmp and /scratch), so that it can plant links.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pi_python_sandbox::nshelper::mount::{attach, detach, Attach, Mask, MountError, Stage};
+
+struct Sandbox {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// A process inside (bubblewrap's child: the pid namespace's init).
+    inside: i32,
+}
+
+const SERVE: &str = "while IFS= read -r cmd; do eval \"$cmd\" 2>&1; echo \"@@END $?\"; done";
+
+impl Sandbox {
+    fn start() -> Sandbox {
+        let mut child = Command::new("bwrap")
+            .args(["--unshare-user", "--disable-userns", "--unshare-pid", "--die-with-parent"])
+            .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
+            .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--tmpfs", "/mnt", "--remount-ro", "/"])
+            .args(["--", "/bin/sh", "-c", SERVE])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("bwrap");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut s = Sandbox { inside: 0, child, stdin, stdout };
+        // Once the shell answers, bubblewrap's child is there.
+        assert_eq!(s.run("true").1, 0);
+        let pid = s.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+        s.inside = children.split_whitespace().next().expect("a process inside").parse().unwrap();
+        s
+    }
+
+    /// Run `cmd` in the sandbox's shell: its output and status.
+    fn run(&mut self, cmd: &str) -> (String, i32) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut out = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the sandbox's shell ended: {out}");
+            if let Some(code) = line.strip_prefix("@@END ") {
+                return (out, code.trim().parse().unwrap());
+            }
+            out.push_str(&line);
+        }
+    }
+
+    fn out(&mut self, cmd: &str) -> String {
+        self.run(cmd).0
+    }
+
+    fn mounted_at(&mut self, at: &str) -> bool {
+        self.out("cat /proc/self/mountinfo").lines().any(|l| l.split(' ').nth(4) == Some(at))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A host tree to grant: `data.txt`, a secret directory `vault` and a
+/// secret file `key.pem`, and the session's empty mask sources.
+struct Host {
+    dir: PathBuf,
+}
+
+impl Host {
+    fn new(name: &str) -> Host {
+        let dir = std::env::temp_dir().join(format!("pps-live-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["src/vault", "src/sub", "mask-dir"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("src/data.txt"), "granted-data\n").unwrap();
+        std::fs::write(dir.join("src/vault/token"), "vault-token\n").unwrap();
+        std::fs::write(dir.join("src/key.pem"), "private-key\n").unwrap();
+        std::fs::write(dir.join("src/sub/f.csv"), "1,2\n").unwrap();
+        std::fs::write(dir.join("mask-file"), "").unwrap();
+        // Readable by the sandbox's user whoever runs the test.
+        for d in ["", "src", "src/vault", "src/sub", "mask-dir"] {
+            std::fs::set_permissions(dir.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Host { dir: std::fs::canonicalize(&dir).unwrap() }
+    }
+
+    fn src(&self) -> PathBuf {
+        self.dir.join("src")
+    }
+
+    fn masks(&self) -> Vec<Mask> {
+        vec![
+            Mask { path: self.src().join("vault"), is_dir: true },
+            Mask { path: self.src().join("key.pem"), is_dir: false },
+        ]
+    }
+
+    fn grant<'a>(&'a self, source: &'a Path, at: &'a Path, is_dir: bool, masks: &'a [Mask]) -> Attach<'a> {
+        Attach { source, at, is_dir, masks, mask_file: self.mask_file(), mask_dir: self.mask_dir() }
+    }
+
+    fn mask_file(&self) -> &'static Path {
+        Box::leak(self.dir.join("mask-file").into_boxed_path())
+    }
+
+    fn mask_dir(&self) -> &'static Path {
+        Box::leak(self.dir.join("mask-dir").into_boxed_path())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ready(name: &str) -> Option<(Sandbox, Host)> {
+    if let Err(why) = super::can_sandbox() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+        eprintln!("SKIP {name}: {why}");
+        return None;
+    }
+    Some((Sandbox::start(), Host::new(name)))
+}
+
+fn refused_at(e: &MountError) -> Option<(Stage, i32)> {
+    match e {
+        MountError::Step { stage, source, .. } => Some((*stage, source.raw_os_error().unwrap_or(0))),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_tree_attached_to_a_running_sandbox_is_read_only_with_its_host_secrets_masked() {
+    let Some((mut sb, host)) = ready("attach") else { return };
+    let src = host.src();
+    // Neither /srv nor anything under it exists in the sandbox's root.
+    assert_ne!(sb.run("ls /srv").1, 0);
+    let masks = host.masks();
+    let at = Path::new("/srv/grant/tree");
+    let began = Instant::now();
+    let done = attach(sb.inside, &host.grant(&src, at, true, &masks)).expect("attached");
+    eprintln!("attach took {:?} (whole call {:?})", done.took, began.elapsed());
+    assert!(done.took < Duration::from_secs(2));
+    assert_eq!(sb.out("cat /srv/grant/tree/data.txt"), "granted-data\n");
+    assert_eq!(sb.out("ls -A /srv/grant/tree/vault"), "", "the secret directory is an empty one");
+    assert_eq!(sb.run("cat /srv/grant/tree/key.pem"), (String::new(), 0), "the secret file is an empty one");
+    let (text, status) = sb.run("echo x > /srv/grant/tree/new");
+    assert_ne!(status, 0);
+    assert!(text.contains("Read-only"), "{text}");
+    assert!(sb.mounted_at("/srv/grant/tree"));
+    let info = sb.out("cat /proc/self/mountinfo");
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some("/srv/grant/tree")).unwrap();
+    assert!(line.split(' ').nth(5).unwrap().split(',').any(|o| o == "ro"), "{line}");
+    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    // The root stays read-only to the sandbox (the mount points were made
+    // through a clone of its mount, never by lifting the sandbox's own).
+    let (text, status) = sb.run("mkdir /made-by-the-sandbox");
+    assert_ne!(status, 0);
+    assert!(text.contains("Read-only"), "{text}");
+    // Baseline: without the masks, the same tree carries the secrets along.
+    attach(sb.inside, &host.grant(&src, Path::new("/srv/plain"), true, &[])).expect("attached");
+    assert_eq!(sb.out("cat /srv/plain/vault/token /srv/plain/key.pem"), "vault-token\nprivate-key\n");
+    // And the host's own files are as they were.
+    assert_eq!(std::fs::read_to_string(src.join("vault/token")).unwrap(), "vault-token\n");
+}
+
+#[test]
+fn a_file_is_attached_at_a_file_mount_point_made_where_none_was() {
+    let Some((mut sb, host)) = ready("file") else { return };
+    let file = host.src().join("sub/f.csv");
+    attach(sb.inside, &host.grant(&file, Path::new("/opt/one/f.csv"), false, &[])).expect("attached");
+    assert_eq!(sb.out("cat /opt/one/f.csv"), "1,2\n");
+    assert_eq!(sb.out("ls -A /opt/one"), "f.csv\n", "just that file");
+    // A directory source for a file grant, and the other way round: refused before the fork.
+    let dir = host.src();
+    assert!(matches!(
+        attach(sb.inside, &host.grant(&dir, Path::new("/opt/two"), false, &[])),
+        Err(MountError::SourceKind { dir: true, .. })
+    ));
+    assert!(matches!(
+        attach(sb.inside, &host.grant(&file, Path::new("/opt/three"), true, &[])),
+        Err(MountError::SourceKind { dir: false, .. })
+    ));
+}
+
+#[test]
+fn a_link_the_sandbox_planted_at_a_parent_of_the_mount_point_is_not_followed() {
+    let Some((mut sb, host)) = ready("parent-link") else { return };
+    let src = host.src();
+    assert_eq!(sb.run("mkdir -p /mnt/real/sub && ln -s /mnt/real /mnt/p").1, 0);
+    let e = attach(sb.inside, &host.grant(&src, Path::new("/mnt/p/sub"), true, &[])).expect_err("refused");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    assert!(!sb.mounted_at("/mnt/real/sub"), "nothing was mounted where the link points");
+    assert_eq!(sb.out("ls -A /mnt/real/sub"), "");
+    // Baseline: mounted where the link points, the grant is what the
+    // planted name shows (what following the link would have done).
+    attach(sb.inside, &host.grant(&src, Path::new("/mnt/real/sub"), true, &[])).expect("attached");
+    assert_eq!(sb.out("cat /mnt/p/sub/data.txt"), "granted-data\n");
+}
+
+#[test]
+fn a_link_the_sandbox_planted_at_the_mount_point_itself_is_not_followed() {
+    let Some((mut sb, host)) = ready("point-link") else { return };
+    let (src, file) = (host.src(), host.src().join("sub/f.csv"));
+    let plant =
+        "mkdir -p /mnt/real/dir && touch /mnt/real/file && ln -s /mnt/real/dir /mnt/d && ln -s /mnt/real/file /mnt/f";
+    assert_eq!(sb.run(plant).1, 0);
+    let e = attach(sb.inside, &host.grant(&src, Path::new("/mnt/d"), true, &[])).expect_err("refused");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    let e = attach(sb.inside, &host.grant(&file, Path::new("/mnt/f"), false, &[])).expect_err("refused");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    assert!(!sb.mounted_at("/mnt/real/dir") && !sb.mounted_at("/mnt/real/file"));
+    assert_eq!(sb.out("cat /mnt/f; ls -A /mnt/d"), "");
+    // Baseline: at the targets themselves, both attach and show through the links.
+    attach(sb.inside, &host.grant(&src, Path::new("/mnt/real/dir"), true, &[])).expect("attached");
+    attach(sb.inside, &host.grant(&file, Path::new("/mnt/real/file"), false, &[])).expect("attached");
+    assert_eq!(sb.out("cat /mnt/f /mnt/d/data.txt"), "1,2\ngranted-data\n");
+}
+
+#[test]
+fn a_mount_point_is_never_made_under_another_mount() {
+    let Some((mut sb, host)) = ready("other-mount") else { return };
+    // /mnt is the sandbox's own tmpfs: the helper makes nothing there.
+    let e = attach(sb.inside, &host.grant(&host.src(), Path::new("/mnt/new/dir"), true, &[])).expect_err("refused");
+    assert_eq!(refused_at(&e), Some((Stage::NotOnRoot, libc::EXDEV)), "{e}");
+    assert_eq!(sb.out("ls -A /mnt"), "");
+}
+
+#[test]
+fn a_detached_tree_is_gone_for_new_opens_and_an_open_file_stays_readable() {
+    let Some((mut sb, host)) = ready("detach") else { return };
+    let src = host.src();
+    let at = Path::new("/srv/d");
+    attach(sb.inside, &host.grant(&src, at, true, &[])).expect("attached");
+    assert_eq!(sb.run("exec 3</srv/d/data.txt").1, 0);
+    detach(sb.inside, at).expect("detached");
+    assert!(!sb.mounted_at("/srv/d"));
+    assert_ne!(sb.run("cat /srv/d/data.txt").1, 0, "new opens fail");
+    assert_eq!(sb.out("cat <&3"), "granted-data\n", "the open file is still read");
+    // A link on the way is not followed by a detach either.
+    assert_eq!(sb.run("mkdir -p /mnt/x && ln -s /srv /mnt/l").1, 0);
+    attach(sb.inside, &host.grant(&src, at, true, &[])).expect("attached");
+    let e = detach(sb.inside, Path::new("/mnt/l/d")).expect_err("refused");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    assert!(sb.mounted_at("/srv/d"));
+}
