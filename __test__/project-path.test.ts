@@ -127,7 +127,7 @@ test("manual (read-only): a write through the host path fails, and a read of .en
   assert.equal(existsSync(join(s.project, "new.txt")), false);
   const env = await s.run(`open(${p} + '/.env').read()`);
   assert.equal(env.details.status, "permission_needed", env.text);
-  assert.match(env.text, /\/workspace\/\.env, which looks like a secret/, env.text);
+  assert.match(env.text, /\/workspace\/\.env looks like a secret/, env.text);
   assert.doesNotMatch(env.text, /host-path-secret/);
   assert.deepEqual(s.prompts, []);
 });
