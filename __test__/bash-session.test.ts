@@ -7,8 +7,8 @@
  * is in scripts/pi1-host.mjs's list, and the fixture runs under the same Node and flags as it.
  *
  * As nobody the fixture cannot assume it may read the checkout (CI's is in a private folder): it
- * runs in a mount namespace of its own where the checkout is bind-mounted under a world-readable
- * directory, and its files (home, project, agent dir) are nobody's own.
+ * runs in a mount namespace of its own where the checkout's entries are bound onto a world-readable
+ * tmpfs (the checkout's own directory is never traversed), and its files (home, project, agent dir) are nobody's own.
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -87,11 +87,21 @@ function fixtureArgv(pkg: string, what: string, base: string): string[] {
   return [node, ...process.execArgv, join(pkg, FIXTURE), what, base];
 }
 
+/**
+ * `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest: a tmpfs at `$1`
+ * (mode 755) with each entry of the checkout bound onto it, so that the checkout's own directory,
+ * which may be private (mode 700), is never traversed.
+ */
+const SHOW_CHECKOUT =
+  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
+  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
+  'shift && exec "$@"';
+
 /** Runs `argv` as root, or as nobody in a mount namespace where the checkout is at `base`/pkg. */
 function spawn(argv: string[], base: string, asNobody: boolean, env: NodeJS.ProcessEnv = {}) {
   const cmd = asNobody
     ? [
-        "unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"',
+        "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT,
         PACKAGE_DIR, join(base, "pkg"), "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", ...argv,
       ]
     : argv;
