@@ -83,7 +83,7 @@ test("an unknown key is named, and its part falls back while the rest applies", 
   // An unknown top-level key belongs to no part: every part is most restrictive.
   writeFileSync(join(dirname(c.path), "config.json"), JSON.stringify({ bash: "host", userbash: "sandbox" }));
   const top = load();
-  assert.deepEqual(top.errors, ["userbash: unknown key (the keys here are bash, userBash, filesystem, env)"]);
+  assert.deepEqual(top.errors, ["userbash: unknown key (the keys here are bash, userBash, filesystem, env, network)"]);
   assert.deepEqual(values(top), RESTRICTIVE);
 });
 
