@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { execFile, execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -84,15 +84,23 @@ describe("host file operations never follow what the sandbox planted", { concurr
     await writeFile(join(secret, "id_rsa"), "host secret key\n");
     const sb = open({ pythonPackages: join(project, ".venv") });
     sb.applyModeEvent({ mode: "yolo", readRoots: [] });
-    // Before: the next sandbox mounted the venv by its path, and bubblewrap followed the link
-    // to the host directory.
+    // The venv in the project is mounted read-only inside /workspace: this sandbox cannot swap
+    // it. A command of the bash tool in a writable mode can (the project is writable there, the
+    // venv is not mounted over it): the swap is made as that command would make it.
     const swap = await sb.execute(py`
       import projmod, shutil, os
-      shutil.rmtree("/workspace/.venv")
-      os.symlink(${lit(secret)}, "/workspace/.venv")
+      try:
+          shutil.rmtree("/workspace/.venv")
+      except OSError as e:
+          print(e.strerror)
       projmod.X
     `);
     assert.equal(swap.repr, "'project'", show(swap));
+    assert.match(swap.stdout, /Read-only file system/, show(swap));
+    // Before: the next sandbox mounted the venv by its path, and bubblewrap followed the link
+    // to the host directory.
+    await rm(join(project, ".venv"), { recursive: true, force: true });
+    await symlink(secret, join(project, ".venv"));
     await sb.reset();
     const r = await sb.execute(py`
       import json, os
