@@ -152,18 +152,36 @@ async function shellOnce(sb, cwd, command) {
   return now() - t;
 }
 
+/** The seed's engine, pinned; installed by the bench into `.bench/` (it asks for Node 22.12+, so
+ * it is not among the package's devDependencies, whose install must stay quiet on Node 20). */
+const SEED_ENGINE = "@anthropic-ai/sandbox-runtime@0.0.83";
+
+/** Import the seed's engine from `.bench/`, installing it there (npm, pinned) the first time. */
+async function importSeedEngine() {
+  const dir = join(root, ".bench");
+  const entry = join(dir, "node_modules", "@anthropic-ai", "sandbox-runtime");
+  if (!existsSync(entry)) {
+    mkdirSync(dir, { recursive: true });
+    const r = spawnSync("npm", ["install", "--prefix", dir, "--no-save", "--no-audit", "--no-fund", "--loglevel=error", SEED_ENGINE], {
+      encoding: "utf8",
+    });
+    if (r.status !== 0) throw new Error(`npm install ${SEED_ENGINE} failed: ${(r.stderr || r.stdout || "").trim().split("\n")[0]}`);
+  }
+  return createRequire(join(dir, "package.json"))("@anthropic-ai/sandbox-runtime");
+}
+
 /**
- * The seed's own engine, `@anthropic-ai/sandbox-runtime` (a devDependency, pinned): its proxies
- * started once (`initialize`), then per command `wrapWithSandbox` and the wrapped command run
- * through a shell, as the seed runs each Bash command. Resolves a function timing one command, or
- * why the row is skipped (not installed, no socat or ripgrep, its sandbox does not start).
+ * The seed's own engine (SEED_ENGINE): its proxies started once (`initialize`), then per command
+ * `wrapWithSandbox` and the wrapped command run through a shell, as the seed runs each Bash
+ * command. Resolves a function timing one command, or why the row is skipped (it cannot be
+ * installed, no socat or ripgrep, its sandbox does not start).
  */
 async function seedEngine(cwd) {
   let SandboxManager;
   try {
-    ({ SandboxManager } = await import("@anthropic-ai/sandbox-runtime"));
+    ({ SandboxManager } = await importSeedEngine());
   } catch (err) {
-    return { skip: `@anthropic-ai/sandbox-runtime is not installed (npm ci installs it): ${err.message.split("\n")[0]}` };
+    return { skip: `${SEED_ENGINE} could not be loaded: ${err.message.split("\n")[0]}` };
   }
   const missing = ["socat", "rg"].filter((tool) => spawnSync("sh", ["-c", `command -v ${tool}`], { stdio: "ignore" }).status !== 0);
   if (missing.length) return { skip: `the seed's engine needs ${missing.join(" and ")} on PATH (apt-get install socat ripgrep)` };
