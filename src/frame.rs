@@ -62,6 +62,9 @@ pub enum Request {
     /// The first frame on fresh channels: the host has taken its ends;
     /// the restored frame echoes `nonce`.
     Resume { nonce: String },
+    /// The call's result has come: the worker ends that call's rollback
+    /// copy (until then a broken frame the code wrote still finds it).
+    Release,
 }
 
 /// Outcome class reported by the worker for one execution.

@@ -20,7 +20,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::capture::{Capture, Stream};
 use crate::contain::Contained;
-use crate::frame::{self, CallRequest, ExecReport, FrameError, Reply, PROTOCOL_VERSION};
+use crate::frame::{self, CallRequest, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
 use crate::limits::{
     BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES,
     STARTUP_DEADLINE,
@@ -392,7 +392,7 @@ impl Worker {
             self.execs = execs;
             self.expecting.store(false, Ordering::Release);
         }
-        self.point_taken = matches!(self.point, Some(Ok(_)));
+        self.point_taken = matches!(self.point, Some(Ok(_) | Err(NoPoint::Released)));
         if done.is_ok() {
             // The worker discards the copy once the call succeeded.
             self.point = None;
@@ -521,6 +521,17 @@ impl Worker {
                 msg = replies.recv() => match msg {
                     Some(Ok(Reply::Result(r))) if running && r.id == seq => {
                         report = Some(r);
+                        // Every frame the code wrote came before this one:
+                        // the copy is no longer needed. A failure from
+                        // here on (the drain) is one after the result.
+                        if matches!(point, Some(Ok(_))) {
+                            *point = Some(Err(NoPoint::Released));
+                            // A worker that is gone shows as the end of
+                            // its replies, next.
+                            if let (true, Ok(release)) = (written, frame::encode(&Request::Release)) {
+                                let _ = requests.write_all(&release).await;
+                            }
+                        }
                         drain_until = Instant::now() + DRAIN_CAP + DRAIN_SLACK;
                     }
                     Some(Ok(Reply::Begin { id, copy, why })) if running && !begun && id == seq => {

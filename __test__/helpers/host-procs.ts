@@ -86,7 +86,7 @@ export function workerPids(needle: string): number[] {
 
 /**
  * In a keeper layout (rollback on): host pids of the interpreter of the sandboxes whose
- * bubblewrap command line contains `needle` (and, during a call, its rollback copy): the workers
+ * bubblewrap command line contains `needle` (and, during a call until its result, its rollback copy): the workers
  * whose parent is a worker, PID 1 being the one whose parent is bubblewrap.
  */
 export function interpreterPids(needle: string): number[] {

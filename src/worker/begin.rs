@@ -27,6 +27,9 @@ pub enum NoPoint {
     Worker(String),
     #[error("none was taken")]
     NoneTaken,
+    /// The call's result had come: its copy was released.
+    #[error("it was released when the call's result came")]
+    Released,
 }
 
 impl BeginCheck {

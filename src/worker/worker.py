@@ -1297,8 +1297,25 @@ def discard(pid):
         pass
 
 
+def release(state):
+    """End the last call's rollback copy: the host has its result (a
+    broken frame that came before it still finds the copy), or a new call
+    or the end of the channel came first."""
+    pid = state.pop("copy", None)
+    if pid:
+        discard(pid)
+        state.setdefault("discarded", []).append(pid)
+
+
 def serve(gate=None):
     state = {"gate": gate}
+    try:
+        serve_calls(state)
+    finally:
+        release(state)  # an interpreter that ends leaves no copy behind
+
+
+def serve_calls(state):
     namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins,
                  "display": make_display(state)}
     while True:
@@ -1310,6 +1327,9 @@ def serve(gate=None):
         if request is None:
             return
         kind = request.get("type")
+        if kind == "release":
+            release(state)
+            continue
         req_id = request.get("id")
         if kind != "exec" or not isinstance(req_id, int) or not isinstance(request.get("code"), str) \
                 or not isinstance(request.get("mark"), str):
@@ -1322,6 +1342,7 @@ def serve(gate=None):
         except (ValueError, binascii.Error) as e:
             send({"type": "error", "id": req_id, "message": "exec code or mark is not base64 (UTF-8): %s" % e})
             continue
+        release(state)
         copy = None
         left = []
         for pid in state.pop("discarded", []):
@@ -1378,10 +1399,7 @@ def serve(gate=None):
         else:
             live = set()
         if copy:
-            # Killed, not waited for: it is reaped before the next copy.
-            discard(copy)
             live.discard(copy)
-            state.setdefault("discarded", []).append(copy)
         background = state["background"] = len(live)
         path = is_dir = secret = None
         if status == "permission_needed":
@@ -1392,6 +1410,12 @@ def serve(gate=None):
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "pathSecret": bool(secret),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
+        if copy:
+            # Kept until the host has the result (release): a broken frame
+            # the code wrote before it is still a failure of this call,
+            # rolled back (and so is a result that could not be sent).
+            # Killed then, not waited for: it is reaped before the next copy.
+            state["copy"] = copy
         marked = end_streams(mark, live - before)
         if background:
             # Processes that may hold this call's pipes live on: the next
