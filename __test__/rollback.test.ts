@@ -275,6 +275,27 @@ const FIND_COPY = py`
   copy = max(int(c) for c in open(f'/proc/{me}/task/{me}/children').read().split() if live(c))
 `;
 
+describe("the rollback point is made while the interpreter is idle", () => {
+  test("a call finds its copy waiting, made after the last call ended, and rolls back to it", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    await new Promise((r) => setTimeout(r, 500));
+    const r = await sb.execute(
+      FIND_COPY + "\n" + mutateThen(py`
+        start = int(open(f'/proc/{copy}/stat').read().rsplit(') ', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')
+        open('/scratch/age', 'w').write(str(float(open('/proc/uptime').read().split()[0]) - start))
+        while True: pass
+      `),
+      1,
+    );
+    assertRolledBack(r, "timeout");
+    await assertIntact(sb, r);
+    const age = Number((await sb.execute("float(open('/scratch/age').read())")).repr);
+    // Made at the request, the copy would be younger than this call (a clock tick is 10 ms).
+    assert.ok(age >= 0.3, `the copy was made ${age} s before the call's code ran, not while the interpreter was idle`);
+  });
+});
+
 describe("a failed call cannot reach its rollback point or PID 1", { concurrency: 4 }, () => {
   test("the rollback point's memory cannot be opened (baseline: a dumpable child's can)", async (t) => {
     if (skipWithoutSandbox(t)) return;
@@ -609,7 +630,7 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
       hold: false,
     });
     assert.equal((old.copy as number[]).length, 6, "baseline: a copy that does not hold its signals runs the handlers");
-    // The timer fires between calls too: its handler runs while the interpreter waits for a call.
+    // The timer fires between calls too: its signals wait, held, for the next call to start.
     assertOk(await sb.execute(HANDLERS + "\nsignal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)\ntime.sleep(0.05)"));
     const r = await sb.execute(
       FIND_COPY + "\n" + py`

@@ -129,8 +129,8 @@ async function coldStart() {
     off.push(ms);
     await sb.dispose();
   }
-  record("cold first execute (1+1, sandbox start)", median(ours), "ms", "bwrap + python3 -I -S -c pass", median(base), "<= 1.2x");
-  record("  the same, rollback off", median(off), "ms", "bwrap + python3 -I -S -c pass", median(base), "");
+  record("cold first execute (1+1, sandbox start)", median(ours), "ms", "bwrap + python3 -I -S -c pass", median(base), "<= 1.15x");
+  record("  the same, rollback off", median(off), "ms", "bwrap + python3 -I -S -c pass", median(base), "<= 1.15x");
   record("  the same, worker compiled from source", median(fromSource), "ms", "bwrap + python3 -I -S -c pass", median(base), "(once per interpreter)");
 }
 
@@ -359,14 +359,25 @@ async function warm() {
   mustOk(await sb.execute("1"), "warm-up");
   const ours = [];
   for (let i = 0; i < n; i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
-  record("warm execute x = 1, median", median(ours), "ms", "pipe round trip, plain python", median(base), "<= 0.5 ms");
+  record("warm execute x = 1, median", median(ours), "ms", "pipe round trip, plain python", median(base), "<= 0.3 ms");
   const off = new PythonSandbox({ projectDir: project, rollback: false });
   mustOk(await off.execute("1"), "warm-up, rollback off");
   const offMs = [];
   for (let i = 0; i < n; i++) offMs.push((await timed(() => off.execute("x = 1")))[0]);
   await off.dispose();
-  record("  the same, rollback off", median(offMs), "ms", "rollback on", median(ours), "(no slower than 0.1)");
+  record("  the same, rollback off", median(offMs), "ms", "rollback on", median(ours), "<= 0.1 ms");
   record("warm execute x = 1, p99", pct(ours, 0.99), "ms", "pipe round trip, plain python, p99", pct(base, 0.99));
+  // As a model calls: a pause between calls, in which the interpreter makes the next call's
+  // rollback point (the loop above leaves it none).
+  const pausedBase = [];
+  const paused = [];
+  for (let i = 0; i < runs(200); i++) {
+    await sleep(2);
+    pausedBase.push((await timed(() => raw.ask("x")))[0]);
+    await sleep(2);
+    paused.push((await timed(() => sb.execute("x = 1")))[0]);
+  }
+  record("  the same, 2 ms between calls", median(paused), "ms", "pipe round trip, the same pauses", median(pausedBase), "<= 0.3 ms");
 
   // -- 4. 1 MiB of stdout
   const bigBase = [];
@@ -420,7 +431,7 @@ async function recovery() {
     }
     record("execute after reset (rollback on)", median(afterReset), "ms", "cold first execute", median(cold), "<= 0.15x");
     record("execute after timeout (rollback on)", median(afterTimeout), "ms", "cold first execute", median(cold), "<= 0.15x");
-    record("  reset + execute, tight loop", median(loop), "ms", "cold first execute", median(cold), "<= 0.15x");
+    record("  reset + execute, tight loop", median(loop), "ms", "cold first execute", median(cold), "<= 0.1x");
     await sb.dispose();
   }
   for (const prewarm of [false, true]) {
@@ -494,7 +505,7 @@ async function rollback() {
     mustOk(fork, "bare fork");
     const bareFork = Number(fork.repr);
     const label = `${mib} MiB heap`;
-    record(`rollback point, warm x = 1 added (${label})`, median(onMs) - median(offMs), "ms", "bare fork() of the interpreter", bareFork, "<= 1.5x");
+    record(`rollback point, warm x = 1 added (${label})`, median(onMs) - median(offMs), "ms", "bare fork() of the interpreter", bareFork, mib >= 100 ? "<= 1.2x" : "<= 1.5x");
     // The copy's own memory while a call that touches nothing runs.
     const running = on.execute("import time\ntime.sleep(0.4)");
     await sleep(200);
@@ -616,7 +627,7 @@ async function jupyter() {
   mustOk(r, "cold");
   const ours = [];
   for (let i = 0; i < runs(200); i++) ours.push((await timed(() => sb.execute("x = 1")))[0]);
-  record("warm execute vs a Jupyter kernel", median(ours), "ms", "jupyter kernel execute x = 1", k.median, ">= 20x faster");
+  record("warm execute vs a Jupyter kernel", median(ours), "ms", "jupyter kernel execute x = 1", k.median, ">= 15x faster");
   record("start + first execute vs a Jupyter kernel", cold, "ms", "jupyter kernel start", k.start);
   await sb.dispose();
 }

@@ -123,6 +123,8 @@ pub struct Worker {
     streams_ready: bool,
     /// What the begin frame of the call in flight is checked against.
     begin_check: Option<BeginCheck>,
+    /// The same for the next call, when its copy was asked for ahead.
+    ahead: Option<BeginCheck>,
     /// The tasks reading streams of earlier calls until their last writer
     /// exits (at most MAX_RETIRED; past it the oldest is closed).
     retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
@@ -240,6 +242,7 @@ impl Worker {
             sent: false,
             streams_ready: false,
             begin_check: None,
+            ahead: None,
             retired: Default::default(),
             contained,
         };
@@ -393,9 +396,12 @@ impl Worker {
             self.expecting.store(false, Ordering::Release);
         }
         self.point_taken = matches!(self.point, Some(Ok(_) | Err(NoPoint::Released)));
-        if done.is_ok() {
+        if let Ok(done) = &done {
             // The worker discards the copy once the call succeeded.
             self.point = None;
+            if done.after.is_ok() {
+                self.point_ahead();
+            }
         }
         done
     }
@@ -452,10 +458,18 @@ impl Worker {
         // The copy must be a child the interpreter makes after this
         // request: a process of an earlier call that names itself in a
         // forged begin frame is not one.
+        // A copy made ahead (see `point_ahead`) is checked against the
+        // children listed before the interpreter was asked for it.
+        let ahead = self.ahead.take();
         self.begin_check = if checkpoint {
             let interp = self.interpreter();
-            let children_before = interp.map(children).unwrap_or_default();
-            Some(BeginCheck { seq, interp, keeper: self.init_pid, children_before, asked_at: boot_ticks() })
+            match ahead.filter(|c| c.interp.is_some() && c.interp == interp) {
+                Some(check) => Some(BeginCheck { seq, ..check }),
+                None => {
+                    let children_before = interp.map(children).unwrap_or_default();
+                    Some(BeginCheck { seq, interp, keeper: self.init_pid, children_before, asked_at: boot_ticks() })
+                }
+            }
         } else {
             None
         };

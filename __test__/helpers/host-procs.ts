@@ -86,12 +86,15 @@ export function workerPids(needle: string): number[] {
 
 /**
  * In a keeper layout (rollback on): host pids of the interpreter of the sandboxes whose
- * bubblewrap command line contains `needle` (and, during a call until its result, its rollback copy): the workers
- * whose parent is a worker, PID 1 being the one whose parent is bubblewrap.
+ * bubblewrap command line contains `needle`: the children of PID 1 (the worker whose parent is
+ * bubblewrap). The interpreter's rollback copies, its children, are not (the next call's waits
+ * between calls, the last call's until the host has its result); a copy whose interpreter died
+ * is PID 1's child until the next call.
  */
 export function interpreterPids(needle: string): number[] {
   const workers = workerPids(needle);
-  return workers.filter((pid) => workers.includes(parentOf(pid) ?? -1));
+  const keepers = workers.filter((pid) => !workers.includes(parentOf(pid) ?? -1));
+  return workers.filter((pid) => keepers.includes(parentOf(pid) ?? -1));
 }
 
 /** Number of open descriptors of this process. */

@@ -15,6 +15,36 @@ pub(super) struct BeginCheck {
     pub(super) asked_at: Option<u64>,
 }
 
+/// The frame that asks an idle interpreter for the next call's copy.
+const POINT_FRAME: &[u8] = b"\0\0\0\x10{\"type\":\"point\"}";
+
+impl super::Worker {
+    /// Ask the idle interpreter, in a keeper layout, to make the next
+    /// call's rollback point now, while the model thinks, so that the call
+    /// finds it waiting. Its children are listed first: the copy the next
+    /// begin frame names must be one it made after this (a process of an
+    /// earlier call that names itself in a forged frame is not one). The
+    /// frame is smaller than a pipe's atomic write; when the pipe has no
+    /// room, nothing is asked and the call takes its point as before.
+    pub(super) fn point_ahead(&mut self) {
+        self.ahead = None;
+        if !self.keeper || self.execs == 0 {
+            return;
+        }
+        let Some(interp) = self.interpreter() else { return };
+        let check = BeginCheck {
+            seq: 0,
+            interp: Some(interp),
+            keeper: self.init_pid,
+            children_before: children(interp),
+            asked_at: boot_ticks(),
+        };
+        if self.requests.try_write(POINT_FRAME).is_ok_and(|n| n == POINT_FRAME.len()) {
+            self.ahead = Some(check);
+        }
+    }
+}
+
 /// Why a call has no rollback point.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoPoint {

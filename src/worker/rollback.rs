@@ -123,6 +123,8 @@ impl Worker {
                 }
             }
         }
+        // A copy asked for ahead is killed with the rest (not the point).
+        self.ahead = None;
         let began = Instant::now();
         // The old channels: their reader must not act on what is left in
         // them, and nothing more is sent there.
@@ -223,6 +225,7 @@ impl Worker {
         if !matches!(recovery, Recovery::Restored) {
             self.execs = 0;
         }
+        self.point_ahead();
         tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
         Ok(recovery)
     }

@@ -1313,6 +1313,9 @@ def serve(gate=None):
         serve_calls(state)
     finally:
         release(state)  # an interpreter that ends leaves no copy behind
+        made = state.pop("ahead", None)
+        if made:
+            discard(made)
 
 
 def serve_calls(state):
@@ -1330,6 +1333,17 @@ def serve_calls(state):
         if kind == "release":
             release(state)
             continue
+        if kind == "point":
+            # The call is over and the model is thinking: the last call's
+            # copy goes and the next call's rollback point is made now, off
+            # its path (see ahead()).
+            release(state)
+            rich = value = exception = None
+            restored = ahead(state)
+            if restored is not None:
+                prepare_streams()
+                send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": restored})
+            continue
         req_id = request.get("id")
         if kind != "exec" or not isinstance(req_id, int) or not isinstance(request.get("code"), str) \
                 or not isinstance(request.get("mark"), str):
@@ -1344,6 +1358,7 @@ def serve_calls(state):
             continue
         release(state)
         copy = None
+        made = state.pop("ahead", None)
         left = []
         for pid in state.pop("discarded", []):
             try:
@@ -1361,7 +1376,13 @@ def serve_calls(state):
         # call's code starts, and runs no code of the user before: its
         # streams were flushed before its fork and have had no writes since.
         held = bool(PAUSED)
-        if request.get("checkpoint") is True and ALL_SIGNALS is not None:
+        if made and not (request.get("checkpoint") is True and _thr._count() == 0):
+            discard(made)  # not wanted (or, impossibly, a thread runs): a copy of today's kind
+            state.setdefault("discarded", []).append(made)
+            made = None
+        if made:
+            copy, why = made, None
+        elif request.get("checkpoint") is True and ALL_SIGNALS is not None:
             if not held:
                 flush_streams()  # before the copy: the code's sys.stdout is the code's
             copy, why = checkpoint()
@@ -1423,6 +1444,25 @@ def serve_calls(state):
             prepare_streams()
         send({"type": "drained", "id": req_id, "stdout": marked["stdout"], "stderr": marked["stderr"],
               "streams": PREPARED})
+
+
+def ahead(state):
+    """Fork the next call's rollback point while the interpreter is idle
+    (the host asks once a call is over). From the fork until that call's
+    code starts, every signal is held and the collector is off, and no
+    thread runs (else no copy is made): only the worker's own code runs in
+    the interpreter, so the copy stays exactly the state the call starts
+    from. Returns the nonce when this process is the copy, restored."""
+    if ALL_SIGNALS is None or state.get("ahead"):
+        return None
+    if not PAUSED:
+        flush_streams()  # before the copy: the code's sys.stdout is the code's
+    copy, why = checkpoint()
+    if copy == "restored":
+        return why
+    if copy:
+        state["ahead"] = copy
+    return None
 
 
 def send_code():
