@@ -40,7 +40,7 @@ pub use api::{
 };
 pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
-pub use rollback::{RecoverError, Recovery};
+pub use rollback::{NoReturn, RecoverError, Recovery};
 use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
 
 /// Kills a worker's whole process tree, without the worker.
@@ -393,9 +393,13 @@ impl Worker {
             self.expecting.store(false, Ordering::Release);
         }
         self.point_taken = matches!(self.point, Some(Ok(_)));
-        if done.is_ok() {
+        match &done {
+            // A refused read: the worker keeps the copy until its next
+            // call, so that a grant can run the call again from there.
+            Ok(d) if d.report.status == crate::frame::WorkerStatus::PermissionNeeded => {}
             // The worker discards the copy once the call succeeded.
-            self.point = None;
+            Ok(_) => self.point = None,
+            Err(_) => {}
         }
         done
     }

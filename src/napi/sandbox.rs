@@ -301,6 +301,14 @@ impl PythonSandbox {
         }
     }
 
+    /// What allowing a read costs here, for the prompt: `None` when a
+    /// grant reaches the running sandbox and the call runs again with its
+    /// state kept; otherwise why the sandbox restarts (state lost).
+    #[napi]
+    pub fn grant_cost(&self) -> Option<String> {
+        self.session.live_off_reason()
+    }
+
     /// What the mode event in force did to this sandbox, for the user at
     /// the start of a pi session (the event may have come before it).
     /// `None` when it leaves the defaults.
