@@ -5,11 +5,15 @@
  * call increments before its read is incremented once, not twice). Through a real pi session with
  * the pi-tool-permissions stand-in (fixtures/permissions-client). The fallback is forced with
  * PI_SANDBOX_LIVE_GRANTS=0 and by rollback off (PI_PYTHON_TOOL_ROLLBACK=0): the sandbox restarts as
- * before, and the result says why state was lost. Both majors (scripts/pi1-host.mjs lists it).
+ * before, and the result says why state was lost. Both majors (scripts/pi1-host.mjs lists it); run
+ * as root, the last test runs this whole file again as `nobody` (as bash-session.test.ts does: in a
+ * private mount namespace where the checkout's entries are bound onto a tmpfs, so that a private
+ * checkout folder is never traversed).
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { spawnSync } from "node:child_process";
+import { chmodSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
 import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type ClientLog, configureClient } from "./fixtures/permissions-client/index.ts";
@@ -233,4 +237,42 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
   assert.match(r.text, /rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)/);
   const after = await s.run({ code: "print(kept)" });
   assert.match(after.text, /NameError/);
+});
+
+const NOBODY = 65534;
+const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
+/** `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest (bash-session.test.ts's). */
+const SHOW_CHECKOUT =
+  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
+  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
+  'shift && exec "$@"';
+
+test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
+  if (process.getuid?.() !== 0) {
+    // Not root: the tests above already ran unprivileged.
+    t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
+    return;
+  }
+  if (skipWithoutSandbox(t)) return;
+  const pkgDir = realpathSync(PACKAGE);
+  const base = mkdtempSync("/var/tmp/pps-live-nobody-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  for (const d of ["pkg", "home"]) mkdirSync(join(base, d));
+  spawnSync("chown", [`${NOBODY}:${NOBODY}`, join(base, "home")]);
+  const pkg = join(base, "pkg");
+  const real = realpathSync(process.execPath);
+  const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
+  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, "__test__", "live-grants.test.ts")];
+  const cmd = [
+    "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
+    "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
+  ];
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: "/tmp", CI: "true", [AS_NOBODY_ENV]: "1" };
+  for (const name of ["PI_HOST", "PI_PYTHON_TOOL_ROLLBACK"]) if (process.env[name] !== undefined) env[name] = process.env[name];
+  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
+  const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
+  assert.equal(r.status, 0, out);
+  assert.match(out, /^# pass 8$/m, out);
+  assert.match(out, /^# fail 0$/m);
 });
