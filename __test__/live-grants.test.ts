@@ -43,9 +43,11 @@ function withEnv(t: TestContext, name: string, value: string): void {
 
 async function setup(
   t: TestContext,
-  opts: { readRoots?: (outside: string) => string[]; ui?: UIHooks; project?: string; outside?: string } = {},
+  opts: { readRoots?: (outside: string) => string[]; ui?: UIHooks; project?: string; outside?: string; rollbackOff?: boolean } = {},
 ): Promise<Setup | undefined> {
   if (skipWithoutSandbox(t)) return undefined;
+  // The live path needs rollback's copy: on for these tests whatever the run's setting, off where a test says.
+  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", opts.rollbackOff ? "0" : "1");
   let project = opts.project;
   if (!project) {
     const base = mkdtempSync("/var/tmp/pps-live-");
@@ -227,8 +229,7 @@ test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, 
 });
 
 test("rollback off: a grant restarts the sandbox as the spec's recovery does, and says why", async (t) => {
-  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", "0");
-  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  const s = await setup(t, { ui: { select: choose("Allow once") }, rollbackOff: true });
   if (!s) return;
   await s.run({ code: "kept = 'kept-value'" });
   const r = await s.run({ code: `print(open('${s.outside}/data.csv').read())` });
