@@ -228,6 +228,19 @@ test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, 
   assert.match(st.details.report.text, /grants: restart the sandbox \(interpreter state is lost\): live grants are off/);
 });
 
+test("PI_SANDBOX_LIVE_GRANTS=0: a session grant's notification says the sandbox restarted and why", async (t) => {
+  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
+  let typed = "";
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => typed } });
+  if (!s) return;
+  typed = s.outside;
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code: `print(open('${s.outside}/data.csv').read())` });
+  assert.match(r.text, /1,2/);
+  const note = s.h.notifications.find((n) => n.message.includes("read roots mounted read-only"))?.message ?? "";
+  assert.match(note, /the sandbox was restarted; interpreter state discarded.* not applied to the running sandbox: live grants are off \(PI_SANDBOX_LIVE_GRANTS=0\)/);
+});
+
 test("rollback off: a grant restarts the sandbox as the spec's recovery does, and says why", async (t) => {
   const s = await setup(t, { ui: { select: choose("Allow once") }, rollbackOff: true });
   if (!s) return;
@@ -274,6 +287,6 @@ test("as nobody: every test above passes unprivileged", { skip: process.env[AS_N
   const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
   const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
   assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 8$/m, out);
+  assert.match(out, /^# pass 9$/m, out);
   assert.match(out, /^# fail 0$/m);
 });

@@ -280,6 +280,10 @@ impl PythonSandbox {
         };
         let mut notification =
             result.and_then(|discarded| permissions::change_notification(&current, &wanted, &told, discarded));
+        // A restart says why the change could not reach the running sandbox.
+        if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
+            note.push_str(&displayed_line(format!(" — not applied to the running sandbox: {why}")));
+        }
         if let (Some(note), Some(late)) = (notification.as_mut(), late) {
             note.push_str(&displayed_line(format!(
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",

@@ -49,6 +49,12 @@ impl<H: Host> Session<H> {
         live_grants::plan(had, want).err().map(|e| e.to_string())
     }
 
+    /// Why the last mount change restarts the sandbox instead of reaching
+    /// the running one, until the next execution replaces it.
+    pub fn restart_pending(&self) -> Option<String> {
+        self.shared.lock().live.restarted_for.clone()
+    }
+
     /// The next execution is the call run again after a grant: it starts
     /// from the state before the call's first run.
     pub fn rerun_after_grant(&self) {
