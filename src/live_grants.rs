@@ -138,6 +138,9 @@ pub struct Env<'a> {
     /// The project's canonical path and the sandbox's secret masks in it.
     pub project: &'a Path,
     pub masks: &'a MaskReport,
+    /// The session's set-aside scratches (a canonical host path), when
+    /// there are any: hidden in a tree that holds them, as at a start.
+    pub quarantine: Option<&'a Path>,
 }
 
 /// Apply `plan` to the running sandbox: each tree with its host secrets
@@ -166,7 +169,12 @@ pub fn apply(plan: &Plan, env: &Env<'_>) -> Result<Vec<HostMask>, LiveError> {
         if tree.is_dir {
             let secrets = env.secrets.masks_under(&tree.source, env.trees);
             let kernel = crate::submounts::masks(&[(tree.source.as_path(), tree.source.as_path())]);
-            for m in secrets.iter().chain(&kernel) {
+            // The set-aside scratches may hold a secret (see `scratch::set_aside`).
+            let quarantine = env
+                .quarantine
+                .filter(|q| q.starts_with(&tree.source))
+                .map(|q| HostMask { path: q.to_path_buf(), is_dir: true });
+            for m in secrets.iter().chain(&kernel).chain(&quarantine) {
                 let mask = Mask { path: m.path.clone(), is_dir: m.is_dir };
                 if m.path.starts_with(&tree.source) && m.path != tree.source && !masks.contains(&mask) {
                     masks.push(mask);

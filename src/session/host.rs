@@ -35,6 +35,8 @@ pub struct LiveEnv<'a> {
     pub project: &'a Path,
     /// Trees no host-secret mask is needed in (the project, the runtime root).
     pub trees: &'a [&'a Path],
+    /// The session's set-aside scratches, when there are any.
+    pub quarantine: Option<&'a Path>,
 }
 
 /// One started sandbox, as the session uses it.
@@ -232,6 +234,7 @@ impl Sandbox for Worker {
             dirs_root: env.dirs_root,
             project: env.project,
             masks: &self.masks,
+            quarantine: env.quarantine,
         };
         let added = crate::live_grants::apply(&plan, &live)?;
         for m in added {

@@ -131,7 +131,11 @@ impl<H: Host> Session<H> {
         let root = self.runtime_root();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
         let trees = [project.as_path(), root.as_path()];
-        let env = LiveEnv { dirs_root: &dirs.root, project: &project, trees: &trees };
+        // Where a start finds the set-aside scratches (see `confine`).
+        let quarantine = dirs.root.file_name().map(|n| root.join(n).join(crate::scratch::QUARANTINE));
+        let quarantine = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
+        let env =
+            LiveEnv { dirs_root: &dirs.root, project: &project, trees: &trees, quarantine: quarantine.as_deref() };
         let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };
         let began = Instant::now();
         w.apply_live(wanted, &env)?;
