@@ -47,6 +47,12 @@ export declare class PythonSandbox {
    */
   applyModeEvent(payload: any): ModeChange
   /**
+   * What allowing a read costs here, for the prompt: `None` when a
+   * grant reaches the running sandbox and the call runs again with its
+   * state kept; otherwise why the sandbox restarts (state lost).
+   */
+  grantCost(): string | null
+  /**
    * What the mode event in force did to this sandbox, for the user at
    * the start of a pi session (the event may have come before it).
    * `None` when it leaves the defaults.

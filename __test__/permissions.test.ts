@@ -11,7 +11,12 @@ import { fileURLToPath } from "node:url";
 import { fauxAssistantMessage } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { context, pythonRenderers, setupTui, shown, shownResult, theme } from "./helpers/render.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+/** What the waiting line says allowing costs, as a pattern: nothing with rollback on; the state without. */
+const COST = ROLLBACK
+  ? "allowing keeps the python interpreter's state: the grant is added to the running sandbox"
+  : "allowing restarts the python sandbox: its interpreter state \\(variables, imports, loaded data\\) will be lost, because rollback is off \\(PI_PYTHON_TOOL_ROLLBACK=0\\), so no copy of the state before the call is kept";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 
@@ -163,7 +168,7 @@ test("a read root that contains the project is kept", async (t) => {
   assert.match(r.text, /project-data/);
 });
 
-test("allow: the sandbox remounts and the code runs once more, on a fresh interpreter", async (t) => {
+test("allow: the root reaches the running sandbox and the code runs once more, from the interpreter's state before the call", async (t) => {
   const s = await setup(t);
   if (!s) return;
   answerPrompts(s, () => ({ outcome: "allow", root: s.outside }));
@@ -178,10 +183,18 @@ test("allow: the sandbox remounts and the code runs once more, on a fresh interp
   assert.equal(r.details.status, "ok", r.text);
   assert.match(r.text, /outside-data/);
   assert.deepEqual(s.prompts.map((p) => p.path), [`${s.outside}/secret.txt`]);
-  // Once before the prompt, once after the grant: never twice on one interpreter.
+  // Once before the prompt, once after the grant (a file the first run wrote stays, as after a
+  // rollback); the interpreter's own state is the one from before the call.
   const count = await s.run({ code: "open('/scratch/count').read()" });
   assert.match(count.text, /result: '2'/);
-  assert.equal(r.details.stateLost, true, "the relaunch discarded the old interpreter");
+  if (ROLLBACK) {
+    assert.equal(r.details.stateLost, false, "the grant reached the running sandbox");
+    assert.match(r.text, /ran again on the same interpreter, from its state before the call/);
+  } else {
+    // Rollback off: the spec's restart, and the reason.
+    assert.equal(r.details.stateLost, true, "the relaunch discarded the old interpreter");
+    assert.match(r.text, /Interpreter state was lost: rollback is off/);
+  }
 });
 
 test("deny: the path is named, the directory is remembered, no second prompt", async (t) => {
@@ -222,7 +235,8 @@ test("while the prompt waits, progress says what for; the duration includes the 
   assert.ok(waiting.length >= 2, `the wait is reported, and again as it goes on (${waiting.length} updates)`);
   assert.equal(waiting[0].details.waitingFor, path);
   const partial = shown(renderResult({ content: [{ type: "text", text: waiting.at(-1)!.text }], details: waiting.at(-1)!.details }, { expanded: false, isPartial: true }, theme(), context()), 300);
-  assert.match(partial, new RegExp(`^⋯ waiting for your answer: may the code read ${path}\\? \\(no answer in 30 s counts as no\\) 1s$`));
+  // A long waiting line wraps at the width: one line for the match.
+  assert.match(partial.replace(/\n/g, " "), new RegExp(`^⋯ waiting for your answer: may the code read ${path}\\? \\(${COST}; no answer in 30 s counts as no\\) 1s$`));
 
   const details = result.details as Record<string, any>;
   const text = messageText(result);

@@ -108,7 +108,12 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   }
 
   /** Ask pi-tool-permissions about a read; resolves with the verdict. */
-  function askToRead(path: string, isDirectory: boolean, signal: AbortSignal | undefined): Promise<PromptOutcome> {
+  function askToRead(
+    path: string,
+    isDirectory: boolean,
+    cost: string,
+    signal: AbortSignal | undefined,
+  ): Promise<PromptOutcome> {
     if (signal?.aborted) return Promise.resolve("aborted");
     const id = state.nextPromptId++;
     return new Promise((resolve) => {
@@ -125,7 +130,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       signal?.addEventListener("abort", onAbort, { once: true });
       // Registered before the emit: a synchronous bus may answer inside it.
       state.pending.set(id, finish);
-      pi.events.emit(PROMPT_CHANNEL, { id, path: displayLine(path), isDirectory });
+      pi.events.emit(PROMPT_CHANNEL, { id, path: displayLine(path), isDirectory, cost });
     });
   }
 
@@ -248,15 +253,21 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       /** Ask about `path` on the bus, telling the UI what the call waits for (once a second, for the count). */
       const ask = async (path: string, isDirectory: boolean): Promise<PromptOutcome> => {
         const since = Date.now();
+        // What allowing costs: nothing where the grant reaches the running sandbox.
+        const why = target.grantCost();
+        const cost = why
+          ? `allowing restarts the python sandbox: its interpreter state (variables, imports, loaded data) will be lost, because ${displayLine(why)}`
+          : "allowing keeps the python interpreter's state: the grant is added to the running sandbox";
+        if (why) state.ui?.notify(`python: may the code read ${displayLine(path)}? ${cost}.`, "warning");
         const tell = () =>
           onUpdate?.({
-            content: [{ type: "text", text: `waiting for your answer: may the code read ${displayLine(path)}? (no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)` }],
+            content: [{ type: "text", text: `waiting for your answer: may the code read ${displayLine(path)}? (${cost}; no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)` }],
             details: { action: "execute", status: "waiting", waitingFor: displayLine(path), elapsedMs: Date.now() - since },
           });
         tell();
         const ticker = setInterval(tell, 1000);
         try {
-          return await askToRead(path, isDirectory, signal);
+          return await askToRead(path, isDirectory, cost, signal);
         } finally {
           clearInterval(ticker);
         }

@@ -10,7 +10,7 @@ import { prepare, root } from "./prepare.mjs";
 import { hostPidsWithCmdline } from "./lib/procs.mjs";
 
 prepare();
-const { PythonSandbox } = createRequire(import.meta.url)(join(root, "index.cjs"));
+const { PythonSandbox, ToolPermissions } = createRequire(import.meta.url)(join(root, "index.cjs"));
 const quick = process.argv.includes("--quick");
 const runs = (n) => (quick ? Math.max(3, Math.ceil(n / 10)) : n);
 const work = mkdtempSync(join(tmpdir(), "pps-bench-"));
@@ -395,6 +395,52 @@ async function warm() {
   await sb.dispose();
 }
 
+// -- grants that keep the interpreter -------------------------------------------
+
+/**
+ * Time to apply a grant: from the user's answer arriving (the `ask` callback returns "allow", an
+ * allow once) to the rerun's result, minus the rerun's own execution (the same code run again once
+ * the path is readable). Baseline: a cold first execute in the same run.
+ */
+async function liveGrant() {
+  const cold = [];
+  for (let i = 0; i < runs(10); i++) {
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+    const [ms, r] = await timed(() => sb.execute("1"));
+    mustOk(r, "cold");
+    cold.push(ms);
+    await sb.dispose();
+  }
+  const outside = mkdtempSync("/var/tmp/pps-bench-outside-");
+  try {
+    const permissions = new ToolPermissions();
+    permissions.setMode({ mode: "manual", readRoots: [] });
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false }, permissions);
+    mustOk(await sb.execute("state = 1"), "first");
+    const apply = [];
+    for (let i = 0; i < runs(20); i++) {
+      const file = join(outside, `f${i}.txt`);
+      writeFileSync(file, "x\n");
+      const code = `state += 1\nopen('${file}').read()`;
+      let answered = 0;
+      const ask = async () => {
+        answered = now();
+        return "allow";
+      };
+      const r = await sb.execute(code, 30, undefined, undefined, ask, true);
+      const total = now() - answered;
+      mustOk(r, "rerun after the grant");
+      if (r.stateLost || !answered) throw new Error(`the grant did not keep the state: ${r.text}`);
+      const [own] = await timed(() => sb.execute(code));
+      apply.push(total - own);
+    }
+    record("apply a grant (allow once, answer to rerun)", median(apply), "ms", "cold first execute", median(cold), "<= 0.2x");
+    await sb.dispose();
+  } finally {
+    rmSync(outside, { recursive: true, force: true });
+  }
+}
+
 // -- 3. recovery with and without the spare -------------------------------------
 
 async function recovery() {
@@ -637,7 +683,7 @@ console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} 
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
   if (only) {
-    const sections = { coldStart, shell, writableStart, secretScan, warm, recovery, rollback, timeoutPrecision, manySessions };
+    const sections = { coldStart, shell, writableStart, secretScan, warm, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
     if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
     await sections[only]();
   } else {
@@ -646,6 +692,7 @@ try {
     await writableStart();
     await secretScan();
     await warm();
+    await liveGrant();
     await recovery();
     await rollback();
     await timeoutPrecision();

@@ -21,6 +21,7 @@ export const PI1_TEST_FILES = [
   "__test__/bash-tool.test.ts",
   "__test__/describe.test.ts",
   "__test__/extension.test.ts",
+  "__test__/live-grants.test.ts",
   "__test__/listeners.test.ts",
   "__test__/output-order.test.ts",
   "__test__/permissions.test.ts",

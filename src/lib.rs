@@ -22,6 +22,7 @@ pub mod hostsecrets;
 pub mod inotify;
 pub mod launch;
 pub mod limits;
+pub mod live_grants;
 pub mod network;
 pub mod nshelper;
 pub mod options;

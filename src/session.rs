@@ -53,6 +53,7 @@ mod call;
 #[cfg(test)]
 mod fake;
 mod host;
+mod live;
 mod shell;
 mod start;
 #[cfg(test)]
@@ -75,6 +76,8 @@ struct Shared {
     /// Allow-once paths that the sandbox being replaced had and the next
     /// one keeps: the same call's reruns need them (see [`Session::keep_once`]).
     kept_once: (Vec<crate::permissions::OnceMount>, Vec<PathBuf>),
+    /// Grants reach the running sandbox (see `live`).
+    live: live::LiveState,
 }
 
 struct Inner<H: Host> {
@@ -168,6 +171,7 @@ impl<H: Host> Session<H> {
                 active_guard: None,
                 remount_reason: None,
                 kept_once: Default::default(),
+                live: Default::default(),
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
@@ -191,6 +195,7 @@ impl<H: Host> Session<H> {
         report.spare = spare;
         report.rollback = self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback);
         report.scratch = self.scratch.last();
+        report.grants = Some(crate::live_grants::status_line(report.rollback));
         report
     }
 
@@ -378,9 +383,19 @@ impl<H: Host> Session<H> {
             ?reason,
             "mounts changed"
         );
+        // A change that only adds grants reaches the running sandbox at
+        // its next execution (see `live`): it is not killed.
+        let restart = self.restart_why(&sh.report.mounts, &mounts);
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
         sh.report.mount_epoch += 1;
+        let Some(why) = restart else {
+            drop(sh);
+            self.discard_spare();
+            self.wake.send_modify(|n| *n += 1);
+            return Some(false);
+        };
+        sh.live.restarted_for = Some(why);
         let pid = sh.worker_pid;
         let guard = sh.active_guard.clone();
         drop(sh);

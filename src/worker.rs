@@ -40,7 +40,7 @@ pub use api::{
 };
 pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
-pub use rollback::{RecoverError, Recovery};
+pub use rollback::{NoReturn, RecoverError, Recovery};
 use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
 
 /// Kills a worker's whole process tree, without the worker.
@@ -396,12 +396,19 @@ impl Worker {
             self.expecting.store(false, Ordering::Release);
         }
         self.point_taken = matches!(self.point, Some(Ok(_) | Err(NoPoint::Released)));
-        if let Ok(done) = &done {
-            // The worker discards the copy once the call succeeded.
-            self.point = None;
-            if done.after.is_ok() {
-                self.point_ahead();
+        match &done {
+            // A refused read: the worker keeps the copy until its next
+            // call, so that a grant can run the call again from there.
+            Ok(d) if d.report.status == crate::frame::WorkerStatus::PermissionNeeded => {}
+            // The worker discards the copy once the call succeeded, and
+            // makes the next one while the model thinks.
+            Ok(d) => {
+                self.point = None;
+                if d.after.is_ok() {
+                    self.point_ahead();
+                }
             }
+            Err(_) => {}
         }
         done
     }
@@ -534,11 +541,14 @@ impl Worker {
                 }
                 msg = replies.recv() => match msg {
                     Some(Ok(Reply::Result(r))) if running && r.id == seq => {
+                        let refused = r.status == crate::frame::WorkerStatus::PermissionNeeded;
                         report = Some(r);
                         // Every frame the code wrote came before this one:
                         // the copy is no longer needed. A failure from
                         // here on (the drain) is one after the result.
-                        if matches!(point, Some(Ok(_))) {
+                        // A refused read keeps it (until the next call):
+                        // a grant may run the call again from there.
+                        if matches!(point, Some(Ok(_))) && !refused {
                             *point = Some(Err(NoPoint::Released));
                             // A worker that is gone shows as the end of
                             // its replies, next.

@@ -81,6 +81,14 @@ pub trait Target {
     /// Unmask the project's secret at `host` in the next sandbox only,
     /// with `kept` as for [`Target::mount_once`]; false when it already is.
     fn unmask_once(&self, host: PathBuf, kept: &[PathBuf]) -> bool;
+    /// The next run is the call run again after a grant: it starts from
+    /// the state before the call's first run where it can.
+    fn rerun_after_grant(&self) {}
+    /// How that run went: `Ok` with the interpreter's state kept (the
+    /// grant reached the running sandbox), or why the sandbox restarted.
+    fn take_rerun(&self) -> Option<Result<(), crate::live_grants::Restarted>> {
+        None
+    }
 }
 
 /// Whether to ask the user about a denial.
@@ -140,6 +148,31 @@ impl Grant {
                 "Read access to {shown}, which looks like a secret, was allowed once: the sandbox restarted with just \
                  that path unmasked, and this call ran again. It stays readable {UNTIL_RESTART} and is masked again \
                  after that."
+            ),
+        }
+    }
+
+    /// What the result of the call run again tells when the grant reached
+    /// the running sandbox: its state was kept.
+    pub fn live_note(&self, path: &str) -> String {
+        let shown = display_line(path);
+        let again = "this call ran again on the same interpreter, from its state before the call (variables kept; \
+                     nothing of the first run remains)";
+        match self {
+            Grant::Remounted => {
+                format!("Read access to {shown} was granted and mounted in the running sandbox; {again}.")
+            }
+            Grant::Once { is_dir } => {
+                let what = Grant::what(*is_dir);
+                format!(
+                    "Read access to {shown} was allowed once: just that {what} was mounted read-only in the running \
+                     sandbox, and {again}. The {what} stays readable {UNTIL_RESTART} and is not mounted again after \
+                     that."
+                )
+            }
+            Grant::Unmasked => format!(
+                "Read access to {shown}, which looks like a secret, was allowed once: just that path was unmasked in \
+                 the running sandbox, and {again}. It stays readable {UNTIL_RESTART} and is masked again after that."
             ),
         }
     }
@@ -323,9 +356,15 @@ impl GrantLoop {
                 diagnostic = Some(grant.not_rerun_text(&d.path));
                 break;
             }
+            t.rerun_after_grant();
             outcome = t.run().await;
+            let way = t.take_rerun();
             if outcome.started {
-                outcome.replay = Some(grant.rerun_note(&d.path));
+                outcome.replay = Some(match way {
+                    Some(Ok(())) => grant.live_note(&d.path),
+                    Some(Err(why)) => format!("{} Interpreter state was lost: {why}.", grant.rerun_note(&d.path)),
+                    None => grant.rerun_note(&d.path),
+                });
             }
         }
         *self.this_call.lock() = CallGrants::default();

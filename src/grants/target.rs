@@ -131,6 +131,14 @@ impl Target for SessionCall<'_> {
         )
     }
 
+    fn rerun_after_grant(&self) {
+        self.session.rerun_after_grant();
+    }
+
+    fn take_rerun(&self) -> Option<Result<(), crate::live_grants::Restarted>> {
+        self.session.take_rerun()
+    }
+
     fn unmask_once(&self, host: PathBuf, kept: &[PathBuf]) -> bool {
         if self.session.status().mounts.unmasked_once.contains(&host) {
             return false;

@@ -280,6 +280,10 @@ impl PythonSandbox {
         };
         let mut notification =
             result.and_then(|discarded| permissions::change_notification(&current, &wanted, &told, discarded));
+        // A restart says why the change could not reach the running sandbox.
+        if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
+            note.push_str(&displayed_line(format!(" — not applied to the running sandbox: {why}")));
+        }
         if let (Some(note), Some(late)) = (notification.as_mut(), late) {
             note.push_str(&displayed_line(format!(
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
@@ -299,6 +303,14 @@ impl PythonSandbox {
                 .map(|s| SkippedRoot { root: displayed_line(s.root), reason: displayed_line(s.reason.to_string()) })
                 .collect(),
         }
+    }
+
+    /// What allowing a read costs here, for the prompt: `None` when a
+    /// grant reaches the running sandbox and the call runs again with its
+    /// state kept; otherwise why the sandbox restarts (state lost).
+    #[napi]
+    pub fn grant_cost(&self) -> Option<String> {
+        self.session.live_off_reason()
     }
 
     /// What the mode event in force did to this sandbox, for the user at

@@ -63,6 +63,9 @@ pub struct StatusReport {
     pub set_aside: Vec<PathBuf>,
     /// What the running (or last) sandbox masks; none before a start.
     pub masks: Option<crate::secrets::MaskReport>,
+    /// How grants are applied in this session (to the running sandbox,
+    /// or by a restart and why), when the session says.
+    pub grants: Option<String>,
 }
 
 impl StatusReport {
@@ -98,6 +101,7 @@ impl StatusReport {
             scratch: None,
             set_aside: Vec::new(),
             masks: None,
+            grants: None,
         }
     }
 }
@@ -212,6 +216,9 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
             (true, SpareState::Ready) => "ready",
         }
     ));
+    if let Some(grants) = &r.grants {
+        text.push_str(&format!("{grants}\n"));
+    }
     if !settings.shadowed.is_empty() {
         let list: Vec<String> = settings
             .shadowed

@@ -32,12 +32,10 @@ impl<H: Host> Session<H> {
         }
         let timeout_seconds = timeout_seconds.clamp(MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS);
 
-        // A sandbox started with other mounts than the session's is replaced.
-        let wanted = self.shared.lock().report.mounts.clone();
-        if inner.worker.as_ref().is_some_and(|w| w.mounts() != &wanted) {
-            inner.pending_loss = Some(self.remount_reason());
-            self.drop_worker(inner, ResetReason::MountsChanged).await;
-        }
+        // A sandbox started with other mounts than the session's gets the
+        // grants added since, or is replaced; a call run again after a
+        // grant starts from the state before its first run.
+        self.follow_mounts(inner).await;
         // A host secret that appeared in a read root since the sandbox
         // started is not masked in it (the watch stops it at once where
         // inotify works; this is the check that always runs).
@@ -308,7 +306,7 @@ impl<H: Host> Session<H> {
                 Some(Halt::Disposed)
             } else if call.is_some_and(|c| self.is_cancelled(c)) {
                 Some(Halt::Cancelled)
-            } else if self.shared.lock().report.mounts != mounts {
+            } else if self.shared.lock().live.restarted_for.is_some() && self.shared.lock().report.mounts != mounts {
                 Some(Halt::Remounted)
             } else {
                 None

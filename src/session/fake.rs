@@ -16,6 +16,7 @@ use super::host::{Host, Sandbox};
 use crate::capture::Capture;
 use crate::frame::{ExecReport, WorkerStatus};
 use crate::launch::{ProbeError, Start};
+use crate::live_grants::LiveError;
 use crate::options::SessionOptions;
 use crate::outcome::StatusReport;
 use crate::permissions::MountConfig;
@@ -44,6 +45,8 @@ pub struct Script {
     pub recovers: VecDeque<Result<Recovery, RecoverError>>,
     /// How the next starts fail (none left: they succeed).
     pub start_fails: VecDeque<StartError>,
+    /// How the next live changes fail (none left: they succeed).
+    pub live_fails: VecDeque<LiveError>,
     /// Sandboxes that ended by themselves (their pids).
     pub dead: HashSet<i32>,
     /// Sandboxes whose interpreter ended while their PID 1 stays.
@@ -225,6 +228,24 @@ impl Sandbox for FakeSandbox {
             return Ok(Recovery::Reset);
         }
         s.recovers.pop_front().unwrap_or(Ok(Recovery::Restored))
+    }
+    fn apply_live(&mut self, want: &MountConfig, _env: &super::host::LiveEnv<'_>) -> Result<(), LiveError> {
+        let mut s = self.script.lock();
+        s.note(format!("live {}", self.pid));
+        crate::live_grants::plan(&self.mounts, want)?;
+        if let Some(e) = s.live_fails.pop_front() {
+            return Err(e);
+        }
+        self.mounts = want.clone();
+        Ok(())
+    }
+    async fn restore_point(&mut self) -> Result<Recovery, crate::worker::NoReturn> {
+        let mut s = self.script.lock();
+        s.note(format!("restore {}", self.pid));
+        if !self.keeper {
+            return Err(crate::worker::NoReturn::RollbackOff);
+        }
+        s.recovers.pop_front().unwrap_or(Ok(Recovery::Restored)).map_err(crate::worker::NoReturn::Failed)
     }
     async fn interpreter_death(&mut self) -> Option<ExitStatus> {
         None

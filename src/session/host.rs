@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::capture::Capture;
 use crate::launch::{Facts, ProbeError, Start};
+use crate::live_grants::LiveError;
 use crate::options::SessionOptions;
 use crate::outcome::StatusReport;
 use crate::permissions::MountConfig;
@@ -23,8 +24,20 @@ use crate::protected::{Guard, SecretWatch};
 use crate::rundir::AfterKill;
 use crate::secrets::MaskReport;
 use crate::worker::{
-    Call, CodeForm, Dead, ExecDone, Interrupt, Ready, RecoverError, Recovery, StartError, Stop, Worker,
+    Call, CodeForm, Dead, ExecDone, Interrupt, NoReturn, Ready, RecoverError, Recovery, StartError, Stop, Worker,
 };
+
+/// What a live change needs of the session besides the sandbox.
+pub struct LiveEnv<'a> {
+    /// The session's directory (the empty mask sources are there).
+    pub dirs_root: &'a Path,
+    /// The project's canonical path.
+    pub project: &'a Path,
+    /// Trees no host-secret mask is needed in (the project, the runtime root).
+    pub trees: &'a [&'a Path],
+    /// The session's set-aside scratches, when there are any.
+    pub quarantine: Option<&'a Path>,
+}
 
 /// One started sandbox, as the session uses it.
 pub trait Sandbox: Send + 'static {
@@ -75,6 +88,12 @@ pub trait Sandbox: Send + 'static {
         capture: Option<&mut Capture>,
         reset: bool,
     ) -> impl Future<Output = Result<Recovery, RecoverError>> + Send;
+    /// Add `want`'s grants to it while it runs (see `live_grants`): its
+    /// mounts become `want`. `Err`: it must be restarted.
+    fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError>;
+    /// Return its interpreter to its state before the last call, which a
+    /// refused read ended; `Err` says why it cannot be.
+    fn restore_point(&mut self) -> impl Future<Output = Result<Recovery, NoReturn>> + Send;
     /// How its interpreter ended, as its PID 1 recorded it.
     fn interpreter_death(&mut self) -> impl Future<Output = Option<ExitStatus>> + Send;
     /// Wait (bounded) for it to end by itself.
@@ -205,6 +224,29 @@ impl Sandbox for Worker {
     }
     async fn recover(&mut self, capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
         Worker::recover(self, capture, reset).await
+    }
+    fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError> {
+        let plan = crate::live_grants::plan(&self.mounts, want)?;
+        let live = crate::live_grants::Env {
+            pid: self.init_pid.unwrap_or(0),
+            secrets: &self.host_secrets,
+            trees: env.trees,
+            dirs_root: env.dirs_root,
+            project: env.project,
+            masks: &self.masks,
+            quarantine: env.quarantine,
+        };
+        let added = crate::live_grants::apply(&plan, &live)?;
+        for m in added {
+            if !self.host_masks.contains(&m) {
+                self.host_masks.push(m);
+            }
+        }
+        self.mounts = want.clone();
+        Ok(())
+    }
+    async fn restore_point(&mut self) -> Result<Recovery, NoReturn> {
+        Worker::restore_point(self).await
     }
     async fn interpreter_death(&mut self) -> Option<ExitStatus> {
         Worker::interpreter_death(self).await

@@ -296,3 +296,65 @@ async fn a_cancel_that_lands_before_the_request_was_sent_leaves_the_interpreter_
     assert_eq!(f.run().await.status, Status::Ok);
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "exec 1 #2"]);
 }
+
+fn with_root(root: &str) -> MountConfig {
+    MountConfig { read_roots: vec![root.into()], ..Default::default() }
+}
+
+#[tokio::test]
+async fn an_added_grant_reaches_the_running_sandbox_and_a_rerun_returns_to_its_rollback_point() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.session.set_mounts(with_root("/data")), Some(false), "not killed");
+    f.session.rerun_after_grant();
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(o.lost_before, None);
+    assert_eq!(f.session.take_rerun(), Some(Ok(())));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "restore 1", "exec 1 #2"]);
+    assert_eq!(f.session.status().last_reset_reason, None);
+}
+
+#[tokio::test]
+async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
+    // Rollback off: no copy to return to, so no live path.
+    let f = fixture(false, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.session.set_mounts(with_root("/data")), Some(true), "killed as before");
+    f.session.rerun_after_grant();
+    let o = f.run().await;
+    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("PI_PYTHON_TOOL_ROLLBACK=0")), "{o:?}");
+    assert!(f.session.take_rerun().is_some_and(|r| r.is_err()));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+
+    // A step that fails restarts the sandbox, with the step's words.
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().live_fails.push_back(crate::live_grants::LiveError::NoProcess);
+    assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
+    f.session.rerun_after_grant();
+    let o = f.run().await;
+    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("the sandbox's process is not known")), "{o:?}");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill 1", "start 2", "exec 2 #2"]);
+
+    // No rollback point to return to: restarted, never run twice on changed state.
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().recovers.push_back(Err(RecoverError::KeeperGone));
+    f.session.set_mounts(with_root("/data"));
+    f.session.rerun_after_grant();
+    let o = f.run().await;
+    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("could not run again on its state")), "{o:?}");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "restore 1", "kill 1", "start 2", "exec 2 #2"]);
+}
+
+#[tokio::test]
+async fn a_mode_change_is_never_made_live() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let writable = MountConfig { workspace_writable: true, ..with_root("/data") };
+    assert_eq!(f.session.set_mounts(writable), Some(true));
+    let o = f.run().await;
+    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+}

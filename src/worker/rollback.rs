@@ -31,6 +31,24 @@ pub enum Recovery {
     Reset,
 }
 
+/// Why a call cannot run again from its state before the call (the
+/// caller then restarts the sandbox).
+#[derive(Debug, thiserror::Error)]
+pub enum NoReturn {
+    #[error("rollback is off (PI_PYTHON_TOOL_ROLLBACK=0)")]
+    RollbackOff,
+    #[error("the rollback point was gone (killed from inside the sandbox)")]
+    Gone,
+    #[error("there was no rollback point: {0}")]
+    NoPoint(super::begin::NoPoint),
+    #[error("no rollback point had been taken")]
+    NotTaken,
+    #[error("the interpreter was replaced instead of returned to its state before the call")]
+    Replaced,
+    #[error("the interpreter could not be returned to its state before the call: {0}")]
+    Failed(RecoverError),
+}
+
 /// Why the sandbox could not be kept (the caller then kills it).
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
@@ -91,6 +109,28 @@ impl Worker {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Return to the state before the last call, which a refused read
+    /// ended (its copy waits): the copy carries on as the interpreter, or,
+    /// after an interpreter's first call, a fresh one. `Err` says why
+    /// there is no such point (the caller then restarts the sandbox).
+    pub async fn restore_point(&mut self) -> Result<Recovery, NoReturn> {
+        if !self.keeper {
+            return Err(NoReturn::RollbackOff);
+        }
+        match &self.point {
+            Some(Ok(pid)) if !crate::spawn::exited(*pid) => {}
+            Some(Ok(_)) => return Err(NoReturn::Gone),
+            Some(Err(why)) => return Err(NoReturn::NoPoint(why.clone())),
+            None if self.execs <= 1 => {}
+            None => return Err(NoReturn::NotTaken),
+        }
+        match self.recover(None, false).await {
+            Ok(r @ (Recovery::Restored | Recovery::Fresh)) => Ok(r),
+            Ok(_) => Err(NoReturn::Replaced),
+            Err(e) => Err(NoReturn::Failed(e)),
         }
     }
 

@@ -383,16 +383,41 @@ def install_read_hook(masks=()):
     """
     # The hook runs on every open (each import's included): prefixes are
     # built once, and the mount points ("/" never among them) match exactly.
-    allowed = frozenset(mountpoints())
-    prefixes = tuple(m + "/" for m in allowed)
-    masked = frozenset(masks)
-    masked_prefixes = tuple(m + "/" for m in masked)
+    # The host may attach a mount or detach a mask while the sandbox runs
+    # (a grant applied live): a read the lists refuse reads the mount table
+    # again before it is refused, in the interpreter and in a rollback copy
+    # alike, so that what they know follows the sandbox's mounts.
+    known = {}
+
+    def learn(points):
+        known["points"] = points
+        allowed = frozenset(points)
+        known["allowed"] = allowed
+        known["prefixes"] = tuple(m + "/" for m in allowed)
+        # A mask the host detached is no mount point any more (one that
+        # never was a mount point stays).
+        first = known.setdefault("first", allowed)
+        masked = frozenset(m for m in masks if m in allowed or m not in first)
+        known["masked"] = masked
+        known["masked_prefixes"] = tuple(m + "/" for m in masked)
+
+    learn(mountpoints())
+
+    def refresh():
+        try:
+            points = mountpoints()
+        except OSError:
+            return False
+        if points == known["points"]:
+            return False
+        learn(points)
+        return True
 
     def inside(path):
-        return path in allowed or path.startswith(prefixes)
+        return path in known["allowed"] or path.startswith(known["prefixes"])
 
     def secret(path):
-        return path in masked or path.startswith(masked_prefixes)
+        return path in known["masked"] or path.startswith(known["masked_prefixes"])
 
     def hook(event, args):
         if event == "open":
@@ -418,8 +443,8 @@ def install_read_hook(masks=()):
             full = os.path.normpath(path if path.startswith("/") else os.path.join(os.getcwd(), path))
         except Exception:
             return
-        if masked:
-            if secret(full):
+        if known["masked"]:
+            if secret(full) and not (refresh() and not secret(full)):
                 raise SandboxReadDenied(full, is_dir, True)
             if not full.startswith("/usr/"):
                 # A link (in /scratch, /tmp, /proc/self/...) to a secret.
@@ -427,7 +452,7 @@ def install_read_hook(masks=()):
                     real = os.path.realpath(full)
                 except Exception:
                     real = full
-                if secret(real):
+                if secret(real) and not (refresh() and not secret(real)):
                     raise SandboxReadDenied(real, is_dir, True)
         # Links are resolved before the mount points are compared: the
         # project's host path is a link to /workspace, and a link in the
@@ -439,7 +464,7 @@ def install_read_hook(masks=()):
             real = os.path.realpath(full)
         except Exception:
             real = full
-        if inside(real):
+        if inside(real) or (refresh() and inside(real)):
             return
         raise SandboxReadDenied(full, is_dir)
 
@@ -1313,9 +1338,9 @@ def serve(gate=None):
         serve_calls(state)
     finally:
         release(state)  # an interpreter that ends leaves no copy behind
-        made = state.pop("ahead", None)
-        if made:
-            discard(made)
+        for kept in ("ahead", "held"):
+            if state.get(kept):
+                discard(state.pop(kept))
 
 
 def serve_calls(state):
@@ -1359,6 +1384,11 @@ def serve_calls(state):
         release(state)
         copy = None
         made = state.pop("ahead", None)
+        # The copy a refused read kept (the host did not return to it).
+        held_copy = state.pop("held", None)
+        if held_copy:
+            discard(held_copy)
+            state.setdefault("discarded", []).append(held_copy)
         left = []
         for pid in state.pop("discarded", []):
             try:
@@ -1431,7 +1461,12 @@ def serve_calls(state):
               "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
               "pathSecret": bool(secret),
               "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
-        if copy:
+        if copy and status == "permission_needed":
+            # A refused read: the host may grant it and run the call again
+            # on this copy (the state before the call); the next call
+            # discards it otherwise.
+            state["held"] = copy
+        elif copy:
             # Kept until the host has the result (release): a broken frame
             # the code wrote before it is still a failure of this call,
             # rolled back (and so is a result that could not be sent).

@@ -1,0 +1,292 @@
+/**
+ * Grants that keep the interpreter: a read root granted while the sandbox runs, an allow once and
+ * an unmasked secret reach the running sandbox, and the call runs again on the same interpreter
+ * returned to its state before the call (a variable set by an earlier call is kept; a counter the
+ * call increments before its read is incremented once, not twice). Through a real pi session with
+ * the pi-tool-permissions stand-in (fixtures/permissions-client). The fallback is forced with
+ * PI_SANDBOX_LIVE_GRANTS=0 and by rollback off (PI_PYTHON_TOOL_ROLLBACK=0): the sandbox restarts as
+ * before, and the result says why state was lost. Both majors (scripts/pi1-host.mjs lists it); run
+ * as root, the last test runs this whole file again as `nobody` (as bash-session.test.ts does: in a
+ * private mount namespace where the checkout's entries are bound onto a tmpfs, so that a private
+ * checkout folder is never traversed).
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { chmodSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import { type TestContext, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { type ClientLog, configureClient } from "./fixtures/permissions-client/index.ts";
+import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./helpers/pi-session.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
+const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
+
+interface Setup {
+  h: PiHarness;
+  project: string;
+  outside: string;
+  log: ClientLog;
+  run(params: Record<string, unknown>): Promise<{ text: string; details: Record<string, any> }>;
+}
+
+/** Set an environment variable for one test. */
+function withEnv(t: TestContext, name: string, value: string): void {
+  const old = process.env[name];
+  process.env[name] = value;
+  t.after(() => {
+    if (old === undefined) delete process.env[name];
+    else process.env[name] = old;
+  });
+}
+
+async function setup(
+  t: TestContext,
+  opts: { readRoots?: (outside: string) => string[]; ui?: UIHooks; project?: string; outside?: string; rollbackOff?: boolean } = {},
+): Promise<Setup | undefined> {
+  if (skipWithoutSandbox(t)) return undefined;
+  // The live path needs rollback's copy: on for these tests whatever the run's setting, off where a test says.
+  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", opts.rollbackOff ? "0" : "1");
+  let project = opts.project;
+  if (!project) {
+    const base = mkdtempSync("/var/tmp/pps-live-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    project = join(base, "project");
+    mkdirSync(project);
+  }
+  let outside = opts.outside;
+  if (!outside) {
+    const dir = mkdtempSync("/var/tmp/pps-live-outside-");
+    t.after(() => rmSync(dir, { recursive: true, force: true }));
+    writeFileSync(join(dir, "data.csv"), "a,b\n1,2\n");
+    writeFileSync(join(dir, "sibling.txt"), "sibling-data\n");
+    outside = dir;
+  }
+  const log = configureClient("manual", opts.readRoots?.(outside) ?? []);
+  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui });
+  t.after(() => h.dispose());
+  let n = 0;
+  return {
+    h,
+    project,
+    outside,
+    log,
+    async run(params) {
+      const r = await h.getTool("python").execute(`call-${++n}`, params, undefined, undefined);
+      return { text: messageText(r), details: r.details as Record<string, any> };
+    },
+  };
+}
+
+const choose = (prefix: string) => async (_title: string, options: string[]) => options.find((o) => o.startsWith(prefix));
+
+/** A variable set before, a counter incremented by the call before its read, then the read. */
+const READ_AFTER_COUNT = (path: string) => `counter += 1\ndata = open('${path}').read()\nprint('counter', counter)`;
+
+async function keepsState(s: Setup, path: string, expect: RegExp): Promise<string> {
+  const first = await s.run({ code: "kept = 'kept-value'\ncounter = 0" });
+  assert.equal(first.details.status, "ok", first.text);
+  const r = await s.run({ code: READ_AFTER_COUNT(path) });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /counter 1/, "the rerun started from the state before the call");
+  assert.match(r.text, /ran again on the same interpreter, from its state before the call/);
+  assert.doesNotMatch(r.text, /fresh interpreter|Interpreter state was lost|state was LOST/i);
+  const after = await s.run({ code: "print(kept, counter, data)" });
+  assert.match(after.text, /kept-value 1/);
+  assert.match(after.text, expect);
+  return r.text;
+}
+
+test("allow once: the file is mounted in the running sandbox; the variable is kept and the counter counts once", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  const text = await keepsState(s, `${s.outside}/data.csv`, /1,2/);
+  assert.match(text, /just that file was mounted read-only in the running sandbox/);
+  assert.equal(s.log.prompts.length, 1);
+  // The status says which way grants go here.
+  const st = await s.run({ action: "status" });
+  assert.match(st.details.report.text, /grants: applied to the running sandbox; the call runs again with its state kept/);
+});
+
+test("a session grant (the client's mode event adds a read root): the variable is kept and the counter counts once", async (t) => {
+  let typed = "";
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => typed } });
+  if (!s) return;
+  typed = s.outside;
+  const text = await keepsState(s, `${s.outside}/data.csv`, /1,2/);
+  assert.match(text, /was granted and mounted in the running sandbox/);
+  assert.equal(s.log.answers[0].modeEvent, true);
+  // The whole root came: a sibling needs no prompt.
+  const sibling = await s.run({ code: `print(open('${s.outside}/sibling.txt').read())` });
+  assert.match(sibling.text, /sibling-data/);
+  assert.equal(s.log.prompts.length, 1);
+});
+
+test("an unmasked secret of the project: its mask is detached live; the variable is kept and the counter counts once", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  writeFileSync(join(s.project, ".env"), "API_KEY=env-secret-value\n");
+  writeFileSync(join(s.project, ".env.production"), "API_KEY=prod-secret-value\n");
+  const text = await keepsState(s, "/workspace/.env", /env-secret-value/);
+  assert.match(text, /just that path was unmasked in the running sandbox/);
+  // Just that file: the other secret stays masked.
+  s.h.ui.select = choose("Deny once");
+  const other = await s.run({ code: "print(repr(open('/workspace/.env.production').read()))" });
+  assert.doesNotMatch(other.text, /prod-secret-value/);
+});
+
+test("two files in one call, each allowed once: asked once per file, both printed, the counter counts once", async (t) => {
+  let dialogs = 0;
+  const s = await setup(t, { ui: { select: async (_t, options) => (++dialogs <= 4 ? options[0] : "Deny once") } });
+  if (!s) return;
+  await s.run({ code: "counter = 0" });
+  const r = await s.run({
+    code: `counter += 1\nprint(open('${s.outside}/data.csv').read())\nprint(open('${s.outside}/sibling.txt').read())\nprint('counter', counter)`,
+  });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.deepEqual(s.log.prompts.map((p) => p.path), [`${s.outside}/data.csv`, `${s.outside}/sibling.txt`]);
+  assert.match(r.text, /1,2/);
+  assert.match(r.text, /sibling-data/);
+  assert.match(r.text, /counter 1/);
+});
+
+test("a granted root's host secrets are masked before it is reachable (baseline: unlisted, the grant shows the token)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-live-vault-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  mkdirSync(join(base, "vault"));
+  writeFileSync(join(base, "vault", "token"), "vault-token-value\n");
+  writeFileSync(join(base, "notes.txt"), "notes\n");
+  const code = `print(open('${base}/notes.txt').read())\ntry:\n    print(repr(open('${base}/vault/token').read()))\nexcept OSError as e:\n    print('error', e)`;
+  const grant = (s: { h: PiHarness }) => {
+    s.h.ui.select = choose("Allow reads from");
+    s.h.ui.editor = async () => base;
+  };
+  {
+    const s = await setup(t, {});
+    if (!s) return;
+    grant(s);
+    await s.run({ code: "kept = 1" });
+    const r = await s.run({ code });
+    assert.match(r.text, /mounted in the running sandbox/);
+    assert.match(r.text, /vault-token-value/, "baseline: unlisted, the grant carries the token along");
+    await s.h.dispose();
+  }
+  withEnv(t, "PI_PYTHON_TOOL_HOST_SECRETS", `${base}/vault`);
+  const s = await setup(t, {});
+  if (!s) return;
+  grant(s);
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code });
+  assert.match(r.text, /mounted in the running sandbox/);
+  assert.match(r.text, /notes/);
+  assert.doesNotMatch(r.text, /vault-token-value/);
+});
+
+/**
+ * The sandbox's mount table without mount ids or device numbers: mount point, options, type. The
+ * worker's file is /worker.py in a process's first sandbox and /worker.pyc (its compiled form) in
+ * later ones: one name for both.
+ */
+const MOUNTS =
+  "import json\nrows = []\nfor line in open('/proc/self/mountinfo'):\n    a, b = line.rstrip('\\n').split(' - ')\n" +
+  "    f = a.split(' ')\n    rows.append(' '.join([f[4].replace('/worker.pyc', '/worker.py'), f[5], b.split(' ')[0]]))\nprint(json.dumps(sorted(rows)))";
+
+test("after a live grant the mount table equals a fresh start's with the same read root", async (t) => {
+  let typed = "";
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => typed } });
+  if (!s) return;
+  typed = s.outside;
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code: `open('${s.outside}/data.csv').read()\n${MOUNTS}` });
+  assert.match(r.text, /mounted in the running sandbox/);
+  const live = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
+  await s.h.dispose();
+  const fresh = await setup(t, { project: s.project, outside: s.outside, readRoots: (o) => [o] });
+  if (!fresh) return;
+  const f = await fresh.run({ code: MOUNTS });
+  const cold = JSON.parse(f.text.split("\n").find((l) => l.startsWith("["))!);
+  assert.ok(live.some((row: string) => row.startsWith(`${s.outside} `)), "the root is in the live table");
+  assert.deepEqual(live, cold);
+});
+
+test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
+  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  await s.run({ code: "kept = 'kept-value'\ncounter = 0" });
+  const r = await s.run({ code: `data = open('${s.outside}/data.csv').read()\nprint(data)` });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /1,2/);
+  assert.match(r.text, /live grants are off \(PI_SANDBOX_LIVE_GRANTS=0\)/);
+  assert.match(r.text, /fresh interpreter/);
+  const warn = s.h.notifications.find((n) => n.message.includes("may the code read"))?.message ?? "";
+  assert.match(warn, /interpreter state .* will be lost, because live grants are off/);
+  const after = await s.run({ code: "print(kept)" });
+  assert.match(after.text, /NameError/);
+  const st = await s.run({ action: "status" });
+  assert.match(st.details.report.text, /grants: restart the sandbox \(interpreter state is lost\): live grants are off/);
+});
+
+test("PI_SANDBOX_LIVE_GRANTS=0: a session grant's notification says the sandbox restarted and why", async (t) => {
+  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
+  let typed = "";
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => typed } });
+  if (!s) return;
+  typed = s.outside;
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code: `print(open('${s.outside}/data.csv').read())` });
+  assert.match(r.text, /1,2/);
+  const note = s.h.notifications.find((n) => n.message.includes("read roots mounted read-only"))?.message ?? "";
+  assert.match(note, /the sandbox was restarted; interpreter state discarded.* not applied to the running sandbox: live grants are off \(PI_SANDBOX_LIVE_GRANTS=0\)/);
+});
+
+test("rollback off: a grant restarts the sandbox as the spec's recovery does, and says why", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Allow once") }, rollbackOff: true });
+  if (!s) return;
+  await s.run({ code: "kept = 'kept-value'" });
+  const r = await s.run({ code: `print(open('${s.outside}/data.csv').read())` });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /1,2/);
+  assert.match(r.text, /rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)/);
+  const after = await s.run({ code: "print(kept)" });
+  assert.match(after.text, /NameError/);
+});
+
+const NOBODY = 65534;
+const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
+/** `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest (bash-session.test.ts's). */
+const SHOW_CHECKOUT =
+  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
+  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
+  'shift && exec "$@"';
+
+test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
+  if (process.getuid?.() !== 0) {
+    // Not root: the tests above already ran unprivileged.
+    t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
+    return;
+  }
+  if (skipWithoutSandbox(t)) return;
+  const pkgDir = realpathSync(PACKAGE);
+  const base = mkdtempSync("/var/tmp/pps-live-nobody-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  for (const d of ["pkg", "home"]) mkdirSync(join(base, d));
+  spawnSync("chown", [`${NOBODY}:${NOBODY}`, join(base, "home")]);
+  const pkg = join(base, "pkg");
+  const real = realpathSync(process.execPath);
+  const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
+  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, "__test__", "live-grants.test.ts")];
+  const cmd = [
+    "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
+    "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
+  ];
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: "/tmp", CI: "true", [AS_NOBODY_ENV]: "1" };
+  for (const name of ["PI_HOST", "PI_PYTHON_TOOL_ROLLBACK"]) if (process.env[name] !== undefined) env[name] = process.env[name];
+  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
+  const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
+  assert.equal(r.status, 0, out);
+  assert.match(out, /^# pass 9$/m, out);
+  assert.match(out, /^# fail 0$/m);
+});

@@ -1,0 +1,145 @@
+//! Grants that reach the running sandbox (see `live_grants`): the
+//! session's side. A mount change that only adds grants does not kill the
+//! sandbox; the next execution attaches them, and a call run again after
+//! a grant first returns its interpreter to the state before the call's
+//! first run. Anything else, or a step that fails, restarts the sandbox,
+//! and the result says why state was lost.
+
+use super::*;
+use crate::live_grants;
+use crate::session::host::LiveEnv;
+
+/// What the session remembers of live grants.
+#[derive(Debug, Default)]
+pub(super) struct LiveState {
+    /// Why the last mount change kills the sandbox instead (until the
+    /// next execution replaces it).
+    pub(super) restarted_for: Option<String>,
+    /// The next execution is a call run again after a grant.
+    restore_next: bool,
+    /// How the last such run went: with its state kept, or why not.
+    rerun: Option<Result<(), live_grants::Restarted>>,
+}
+
+impl<H: Host> Session<H> {
+    fn rollback_on(&self) -> bool {
+        self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback)
+    }
+
+    /// Why grants restart the sandbox in this session, or `None` when
+    /// they reach the running one.
+    pub fn live_off_reason(&self) -> Option<String> {
+        live_grants::restart_reason(self.rollback_on())
+    }
+
+    /// What `status` says of how grants are applied here.
+    pub fn grants_line(&self) -> String {
+        live_grants::status_line(self.rollback_on())
+    }
+
+    /// Why going from `had` to `want` restarts the sandbox, or `None`
+    /// when the change can be made live.
+    pub(super) fn restart_why(&self, had: &MountConfig, want: &MountConfig) -> Option<String> {
+        if had == want {
+            return None;
+        }
+        if let Some(why) = self.live_off_reason() {
+            return Some(why);
+        }
+        live_grants::plan(had, want).err().map(|e| e.to_string())
+    }
+
+    /// Why the last mount change restarts the sandbox instead of reaching
+    /// the running one, until the next execution replaces it.
+    pub fn restart_pending(&self) -> Option<String> {
+        self.shared.lock().live.restarted_for.clone()
+    }
+
+    /// The next execution is the call run again after a grant: it starts
+    /// from the state before the call's first run.
+    pub fn rerun_after_grant(&self) {
+        let mut sh = self.shared.lock();
+        sh.live.restore_next = true;
+        sh.live.rerun = None;
+    }
+
+    /// How the last run after a grant went: `Ok` with the interpreter's
+    /// state kept, or why the sandbox restarted.
+    pub fn take_rerun(&self) -> Option<Result<(), live_grants::Restarted>> {
+        self.shared.lock().live.rerun.take()
+    }
+
+    /// Bring the running sandbox to the session's mounts: attach the
+    /// grants added since it started, or replace it and say why; then,
+    /// for a call run again after a grant, return to its rollback point.
+    pub(super) async fn follow_mounts(&self, inner: &mut Inner<H>) {
+        let wanted = self.shared.lock().report.mounts.clone();
+        let (restore, killed_for) = {
+            let mut sh = self.shared.lock();
+            (std::mem::take(&mut sh.live.restore_next), sh.live.restarted_for.take())
+        };
+        let granted = self.shared.lock().remount_reason.is_some() || restore;
+        let changed = inner.worker.as_ref().is_some_and(|w| w.mounts() != &wanted);
+        let mut failed = None;
+        if changed {
+            let result = match killed_for {
+                Some(why) => Err(why),
+                None => self.apply_live(inner, &wanted).map_err(|e| e.to_string()),
+            };
+            match result {
+                Ok(()) => {
+                    // Nothing is lost: the allow-once paths stay with this
+                    // sandbox (its mounts now name them).
+                    let mut sh = self.shared.lock();
+                    sh.remount_reason = None;
+                    sh.kept_once = Default::default();
+                }
+                Err(why) => {
+                    let reason = self.remount_reason();
+                    // A grant says why it was not applied live; a mode change
+                    // is a restart anyway.
+                    inner.pending_loss =
+                        Some(if granted { format!("{reason}: the grant could not reach it ({why})") } else { reason });
+                    self.drop_worker(inner, ResetReason::MountsChanged).await;
+                    failed = Some(why);
+                }
+            }
+        } else if restore && inner.worker.is_none() {
+            failed = Some(self.live_off_reason().unwrap_or_else(|| "the sandbox was no longer running".into()));
+        }
+        if !restore {
+            return;
+        }
+        if failed.is_none() {
+            if let Some(w) = inner.worker.as_mut() {
+                if let Err(why) = w.restore_point().await.map_err(|e| e.to_string()) {
+                    inner.pending_loss = Some(format!(
+                        "the sandbox was restarted because the call could not run again on its state before the call \
+                         ({why})"
+                    ));
+                    self.drop_worker(inner, ResetReason::MountsChanged).await;
+                    failed = Some(why);
+                }
+            }
+        }
+        self.shared.lock().live.rerun = Some(failed.map_or(Ok(()), |why| Err(live_grants::Restarted(why))));
+    }
+
+    fn apply_live(&self, inner: &mut Inner<H>, wanted: &MountConfig) -> Result<(), live_grants::LiveError> {
+        let Some(dirs) = inner.dirs.clone() else { return Err(live_grants::LiveError::NoDirectory) };
+        let project = std::fs::canonicalize(&self.opts.project_dir).map_err(live_grants::LiveError::Project)?;
+        let root = self.runtime_root();
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        let trees = [project.as_path(), root.as_path()];
+        // Where a start finds the set-aside scratches (see `confine`).
+        let quarantine = dirs.root.file_name().map(|n| root.join(n).join(crate::scratch::QUARANTINE));
+        let quarantine = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
+        let env =
+            LiveEnv { dirs_root: &dirs.root, project: &project, trees: &trees, quarantine: quarantine.as_deref() };
+        let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };
+        let began = Instant::now();
+        w.apply_live(wanted, &env)?;
+        tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "grants applied to the running sandbox");
+        Ok(())
+    }
+}
