@@ -193,6 +193,11 @@ export interface ExecProgress {
   /** The latest stdout (up to 2 KiB). */
   stdoutTail: string
   stderrTail: string
+  /**
+   * The latest output of both streams in the order written, each run of
+   * one stream's lines under its header (none while stderr is empty).
+   */
+  outputTail: string
 }
 
 /**

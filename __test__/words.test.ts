@@ -107,7 +107,7 @@ test("one block of stdout has no header; stdout and stderr keep theirs", async (
   const one = messageText(await modelSees(h, { code: "print('one line')" }));
   assert.match(one, /^status: ok \(\d+\.\ds, [^)]*\)\n\none line$/, one);
   const two = messageText(await modelSees(h, { code: "import sys\nprint('out')\nprint('err', file=sys.stderr)" }));
-  assert.match(two, /\n--- stdout ---\nout\n\n--- stderr ---\nerr$/, two);
+  assert.match(two, /\n--- stdout ---\nout\n--- stderr ---\nerr$/, two);
 });
 
 test("a missing interpreter: a warning with the fix at session start, and status says unavailable before any call", async (t) => {

@@ -238,7 +238,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       // Partial output for the UI while the code runs (about twice a second).
       const onProgress = onUpdate
         ? (p: ExecProgress) => {
-            const tail = [p.stdoutTail, p.stderrTail].filter((s) => s.trim() !== "").join("\n--- stderr ---\n");
+            const tail = p.outputTail.trim() === "" ? "" : p.outputTail.trimEnd();
             onUpdate({
               content: [{ type: "text", text: displayText(`${progressLine(p)}${tail ? `\n${tail}` : ""}`) }],
               details: { action: "execute", status: "running", ...p },

@@ -142,7 +142,7 @@ export function hostImagePath(sandboxPath: string, scratchDir: string | undefine
 
 /** The warning under a result whose output was cut: each log, its size, what the result left out. */
 function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> | undefined): string | undefined {
-  const omitted = [...text.matchAll(/\.\.\.\[(\d+) bytes omitted; the full stream is in the log file\]\.\.\./g)].map((m) => Number(m[1]));
+  const omitted = [...text.matchAll(/\.\.\.\[[\d,]+ lines?, (\d+) bytes? omitted; the full output is in the log files\]\.\.\./g)].map((m) => Number(m[1]));
   const cut = d.excerptTruncated || d.outputLimitExceeded || omitted.length > 0;
   if (!cut) return undefined;
   const parts: string[] = [];

@@ -219,6 +219,7 @@ impl PythonSandbox {
                         stderr_bytes: p.stderr_bytes as f64,
                         stdout_tail: displayed(p.stdout_tail),
                         stderr_tail: displayed(p.stderr_tail),
+                        output_tail: crate::outcome::laid_out(&p.output_tail, None, p.stderr_bytes == 0),
                     },
                     ThreadsafeFunctionCallMode::NonBlocking,
                 );
