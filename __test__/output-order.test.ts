@@ -132,3 +132,32 @@ test("stdout and stderr read in the order written, in the model's text and the T
   assert.deepEqual(lines.filter((l) => l.startsWith("stdout")), ["stdout: before", "stdout: child out", "stdout: after"], sub);
   assert.ok(lines.includes("stderr: child err"), sub);
 });
+
+test("terminal output reads as a terminal shows it: colour dropped, \\r progress at its last state, other controls escaped", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const code =
+    "import sys\nprint('\\x1b[31mred\\x1b[0m and \\x1b[1;32mgreen\\x1b[m')\n" +
+    "for p in range(0, 101, 20):\n    sys.stderr.write('\\rdownloading %3d%%' % p)\nsys.stderr.write('\\n')\n" +
+    "print('title \\x1b]0;pwned\\x07 bell \\x07 nul \\x00 end')";
+  const result = await modelSees(h, code);
+  const text = messageText(result);
+  assert.match(text, /\nred and green\n/, text);
+  assert.match(text, /\n--- stderr ---\ndownloading 100%\n--- stdout ---\n/, text);
+  assert.ok(text.includes("title \u241B]0;pwned\u2407 bell \u2407 nul \u2400 end"), text);
+  assert.doesNotMatch(text, /[\x00-\x08\x0b-\x1f\x7f]/, "no raw control reaches the model");
+  assert.doesNotMatch(text, /\u241B\[|\u240D|downloading {2}0%/, "no colour stand-in, no CR stand-in, no overwritten progress");
+
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  for (const expanded of [false, true]) {
+    const shown = shownResult(
+      renderResult({ content: r.content, details: r.details }, { expanded, isPartial: false }, theme(), context({ expanded })),
+    );
+    const lines = shown.split("\n");
+    assert.ok(lines.includes("red and green") && lines.includes("downloading 100%"), shown);
+    assert.ok(lines.includes("title \u241B]0;pwned\u2407 bell \u2407 nul \u2400 end"), shown);
+    assert.doesNotMatch(shown, /\u241B\[|\u240D/, shown);
+  }
+});
