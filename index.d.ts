@@ -119,6 +119,16 @@ export declare class ToolPermissions {
   setMode(payload: any): boolean
   /** A mode event has been seen. */
   get hasMode(): boolean
+  /**
+   * The directories whose reads were denied in this session (a later
+   * read under one is refused without asking), as one-line text.
+   */
+  denials(): Array<string>
+  /**
+   * Forget the session's denials: the next read under one asks again.
+   * Returns how many were forgotten.
+   */
+  clearDenials(): number
   /** Forget everything (the pi session ended). */
   clear(): void
 }
