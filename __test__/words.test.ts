@@ -274,3 +274,31 @@ test("a mode change's notification names only the roots newly skipped, and statu
   assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
   assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
 });
+
+test("what a mode change did is the next result's first line; a first mode event that only skips roots still notifies", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const notes = () => h.notifications.filter((n) => /^python sandbox: /.test(n.message)).map((n) => n.message);
+  const missing = "/nonexistent/pi-words-only-skipped";
+  h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [missing] });
+  assert.equal(notes().length, 1, JSON.stringify(h.notifications));
+  assert.match(notes()[0], /^python sandbox: read roots not mounted: \/nonexistent\/pi-words-only-skipped \(/, notes()[0]);
+
+  h.events.emit("tool-permissions:mode", { mode: "edits", readRoots: [missing] });
+  const change = notes()[1];
+  assert.match(change, /^python sandbox: \/workspace is now read-write/, change);
+  const result = await modelSees(h, { code: "print('after the change')" });
+  const lines = messageText(result).split("\n");
+  assert.match(lines[0], /^status: ok /);
+  assert.equal(lines[1], change, "the line under the status says what the change did");
+  // The TUI's body starts with it (the status line is the header).
+  setupTui();
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  const shown = shownResult(renderResult({ content: r.content, details: r.details }, { expanded: false, isPartial: false }, theme(), context({})));
+  const flat = (x: string) => x.replace(/\s+/g, " ");
+  assert.ok(flat(shown).includes(flat(change)), shown);
+  // Told once: the result after it has no such line.
+  const next = messageText(await modelSees(h, { code: "print(1)" }));
+  assert.doesNotMatch(next, /python sandbox: /, next);
+});

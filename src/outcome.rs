@@ -160,6 +160,9 @@ pub struct Outcome {
     pub lost_before: Option<String>,
     /// This call ran again after a read was allowed; what to tell.
     pub replay: Option<String>,
+    /// What a mode change since the last call did (one line, under the
+    /// status line).
+    pub mode_note: Option<String>,
     pub repr: Option<String>,
     pub repr_truncated: bool,
     pub stdout: StreamText,
@@ -241,6 +244,7 @@ impl Outcome {
             state_lost_reason: None,
             lost_before: None,
             replay: None,
+            mode_note: None,
             repr: None,
             repr_truncated: false,
             stdout: StreamText::default(),
@@ -585,6 +589,9 @@ pub fn render(o: &Outcome) -> String {
         let _ = write!(t, "{:.1}s of it waiting for the user, ", o.waited_ms as f64 / 1000.0);
     }
     let _ = write!(t, "worker generation {})", o.generation);
+    if let Some(note) = &o.mode_note {
+        let _ = write!(t, "\n{}", display_line(note));
+    }
     // A refused read is told once: by the diagnostic where there is one (the
     // grant loop's advice names the path), else by this sentence.
     if let Some(path) = o.permission_path.as_ref().filter(|_| o.diagnostic.is_none()) {

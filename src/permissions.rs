@@ -380,7 +380,12 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
         }
     }
     if changes.is_empty() {
-        return None;
+        // Nothing changed, but what was asked for was not mounted: say why.
+        if plan.skipped.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = plan.skipped.iter().map(|s| format!("{} ({})", s.root, s.reason)).collect();
+        return Some(format!("python sandbox: read roots not mounted: {}", list.join(", ")));
     }
     let mut note = format!("python sandbox: {}", changes.join("; "));
     note.push_str(if discarded {
