@@ -306,7 +306,8 @@ impl PythonSandbox {
         // The next result that runs says it too (a notification can be
         // replaced on screen by another extension's).
         if let Some(note) = &notification {
-            *self.mode_note.lock() = Some(note.clone());
+            let what = note.replacen(permissions::CHANGE_DISCARDED, "", 1).replacen(permissions::CHANGE_LATER, "", 1);
+            *self.mode_note.lock() = Some(what);
         }
         ModeChange {
             applied: true,
