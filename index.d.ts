@@ -125,6 +125,16 @@ export declare class ToolPermissions {
   setMode(payload: any): boolean
   /** A mode event has been seen. */
   get hasMode(): boolean
+  /**
+   * The directories whose reads were denied in this session (a later
+   * read under one is refused without asking), as one-line text.
+   */
+  denials(): Array<string>
+  /**
+   * Forget the session's denials: the next read under one asks again.
+   * Returns how many were forgotten.
+   */
+  clearDenials(): number
   /** Forget everything (the pi session ended). */
   clear(): void
 }
@@ -199,6 +209,11 @@ export interface ExecProgress {
   /** The latest stdout (up to 2 KiB). */
   stdoutTail: string
   stderrTail: string
+  /**
+   * The latest output of both streams in the order written, each run of
+   * one stream's lines under its header (none while stderr is empty).
+   */
+  outputTail: string
 }
 
 /**

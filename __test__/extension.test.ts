@@ -912,7 +912,7 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
   assert.ok(last > 1, "the tail is shown");
   assert.deepEqual(collapsed.slice(last - 2, last + 1), ["line 19997", "line 19998", "line 19999"]);
   const note = collapsed.slice(last + 1).join(" ");
-  assert.match(note, new RegExp(`^\\[Full stdout: ${d.logPaths.stdout} \\(20,000 lines, [\\d.]+KB\\)\\. [\\d.]+KB left out of the result\\]$`));
+  assert.match(note, new RegExp(`^\\[Full stdout: ${d.logPaths.stdout} \\(20,000 lines, [\\d.]+KB\\)\\. [\\d,]+ lines, [\\d.]+KB left out of the result\\]$`));
   const expanded = render(many, true);
   const body = messageText(many as never).split("\n").filter((l) => !/^(status: |Full output saved to: )/.test(l));
   for (const line of body) assert.ok(expanded.includes(line), `expanded shows ${JSON.stringify(line)}`);

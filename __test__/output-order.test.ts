@@ -81,3 +81,83 @@ test("a value alone, and a value after output cut to its log, still come after t
   // The log line names where the streams went, under them; the value closes the text.
   assert.match(cut, /row 19999\nFull output saved to: [^\n]+\n\nresult: 'end'$/, cut.slice(-400));
 });
+
+/** Lines of `text` from its first `--- stdout ---` or `--- stderr ---` on, each prefixed by the stream it sits under. */
+function streamLines(text: string): string[] {
+  let stream = "";
+  const out: string[] = [];
+  for (const line of text.split("\n")) {
+    const header = /^--- (stdout|stderr) ---$/.exec(line);
+    if (header) stream = header[1];
+    else if (stream && line !== "" && !line.startsWith("result: ")) out.push(`${stream}: ${line}`);
+  }
+  return out;
+}
+
+const ALTERNATING =
+  "import sys\nfor i in range(150):\n    print('out', i)\n    print('err', i, file=sys.stderr)\nprint('done')\n'finished'";
+
+test("stdout and stderr read in the order written, in the model's text and the TUI, the value last", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const result = await modelSees(h, ALTERNATING);
+  assert.equal(result.isError, false, messageText(result));
+  const text = messageText(result);
+  const want = [...Array.from({ length: 150 }, (_, i) => [`stdout: out ${i}`, `stderr: err ${i}`]).flat(), "stdout: done"];
+  assert.deepEqual(streamLines(text), want, text);
+  assert.equal(text.split("\n").at(-1), "result: 'finished'", text);
+
+  // The TUI shows the same text: collapsed, its tail holds both streams and the value last.
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  const render = (expanded: boolean) =>
+    shownResult(renderResult({ content: r.content, details: r.details }, { expanded, isPartial: false }, theme(), context({ expanded })));
+  const collapsed = render(false).split("\n");
+  assert.equal(collapsed.at(-1), "result: 'finished'", collapsed.join("\n"));
+  assert.ok(collapsed.includes("out 149") && collapsed.includes("err 149") && collapsed.includes("done"), collapsed.join("\n"));
+  assert.ok(collapsed.indexOf("out 149") < collapsed.indexOf("err 149"), collapsed.join("\n"));
+  const expanded = render(true);
+  assert.deepEqual(streamLines(expanded), want, expanded);
+
+  // A subprocess's lines arrive in its own order on each stream; every line is there.
+  const sub = messageText(
+    await modelSees(
+      h,
+      "import subprocess, sys\nprint('before', flush=True)\n" +
+        "subprocess.run([sys.executable, '-c', \"import sys\\nprint('child out')\\nprint('child err', file=sys.stderr)\"])\nprint('after')",
+    ),
+  );
+  const lines = streamLines(sub);
+  assert.deepEqual(lines.filter((l) => l.startsWith("stdout")), ["stdout: before", "stdout: child out", "stdout: after"], sub);
+  assert.ok(lines.includes("stderr: child err"), sub);
+});
+
+test("terminal output reads as a terminal shows it: colour dropped, \\r progress at its last state, other controls escaped", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const h = await setup(t);
+  const code =
+    "import sys\nprint('\\x1b[31mred\\x1b[0m and \\x1b[1;32mgreen\\x1b[m')\n" +
+    "for p in range(0, 101, 20):\n    sys.stderr.write('\\rdownloading %3d%%' % p)\nsys.stderr.write('\\n')\n" +
+    "print('title \\x1b]0;pwned\\x07 bell \\x07 nul \\x00 end')";
+  const result = await modelSees(h, code);
+  const text = messageText(result);
+  assert.match(text, /\nred and green\n/, text);
+  assert.match(text, /\n--- stderr ---\ndownloading 100%\n--- stdout ---\n/, text);
+  assert.ok(text.includes("title \u241B]0;pwned\u2407 bell \u2407 nul \u2400 end"), text);
+  assert.doesNotMatch(text, /[\x00-\x08\x0b-\x1f\x7f]/, "no raw control reaches the model");
+  assert.doesNotMatch(text, /\u241B\[|\u240D|downloading {2}0%/, "no colour stand-in, no CR stand-in, no overwritten progress");
+
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  for (const expanded of [false, true]) {
+    const shown = shownResult(
+      renderResult({ content: r.content, details: r.details }, { expanded, isPartial: false }, theme(), context({ expanded })),
+    );
+    const lines = shown.split("\n");
+    assert.ok(lines.includes("red and green") && lines.includes("downloading 100%"), shown);
+    assert.ok(lines.includes("title \u241B]0;pwned\u2407 bell \u2407 nul \u2400 end"), shown);
+    assert.doesNotMatch(shown, /\u241B\[|\u240D/, shown);
+  }
+});

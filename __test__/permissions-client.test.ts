@@ -369,3 +369,35 @@ test("a secret of the project: the client's 'Allow reads from /workspace' grant 
   await s.run({ action: "reset" });
   assert.match((await s.run({ code: "print(open('/workspace/conf/.env').read())" })).text, /conf-secret-value/);
 });
+
+test("/sandbox shows the session's denials and clear-denials forgets them: the next read asks again", async (t) => {
+  const s = await setup(t, { ui: { select: choose("Deny once") } });
+  if (!s) return;
+  const file = `${s.outside}/data.csv`;
+  const first = await s.run({ code: `open('${file}').read()` });
+  assert.equal(first.details.status, "permission_needed");
+  assert.equal(s.log.prompts.length, 1);
+  // Denied for the session: refused again without a dialog.
+  await s.run({ code: `open('${file}').read()` });
+  assert.equal(s.log.prompts.length, 1, "the denial is remembered");
+
+  const notes = () => s.h.notifications.map((n) => n.message);
+  const before = s.h.notifications.length;
+  await s.h.prompt("/sandbox");
+  const report = notes().slice(before).join("\n");
+  assert.match(report, /^python tool: available$/m, report);
+  assert.match(report, /^mode: manual; \/workspace read-only/m, "the mode and the mounts");
+  assert.ok(report.includes(`denied this session (reads there are refused without asking): ${s.outside}`), report);
+  assert.match(report, /\/sandbox clear-denials forgets them\./, report);
+
+  const cleared = s.h.notifications.length;
+  await s.h.prompt("/sandbox clear-denials");
+  assert.deepEqual(notes().slice(cleared), ["Cleared 1 denied directory: a read there asks again."]);
+  const again = await s.run({ code: `open('${file}').read()` });
+  assert.equal(again.details.status, "permission_needed");
+  assert.equal(s.log.prompts.length, 2, "asked again after the clear");
+
+  const last = s.h.notifications.length;
+  await s.h.prompt("/sandbox nonsense");
+  assert.match(notes().slice(last).join("\n"), /Unknown \/sandbox subcommand nonsense; one of: clear-denials\./);
+});

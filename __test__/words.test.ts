@@ -107,7 +107,7 @@ test("one block of stdout has no header; stdout and stderr keep theirs", async (
   const one = messageText(await modelSees(h, { code: "print('one line')" }));
   assert.match(one, /^status: ok \(\d+\.\ds, [^)]*\)\n\none line$/, one);
   const two = messageText(await modelSees(h, { code: "import sys\nprint('out')\nprint('err', file=sys.stderr)" }));
-  assert.match(two, /\n--- stdout ---\nout\n\n--- stderr ---\nerr$/, two);
+  assert.match(two, /\n--- stdout ---\nout\n--- stderr ---\nerr$/, two);
 });
 
 test("a missing interpreter: a warning with the fix at session start, and status says unavailable before any call", async (t) => {
@@ -273,4 +273,33 @@ test("a mode change's notification names only the roots newly skipped, and statu
   const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
   assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
   assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
+});
+
+test("what a mode change did is the next result's first line; a first mode event that only skips roots still notifies", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const notes = () => h.notifications.filter((n) => /^python sandbox: /.test(n.message)).map((n) => n.message);
+  const missing = "/nonexistent/pi-words-only-skipped";
+  h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [missing] });
+  assert.equal(notes().length, 1, JSON.stringify(h.notifications));
+  assert.match(notes()[0], /^python sandbox: read roots not mounted: \/nonexistent\/pi-words-only-skipped \(/, notes()[0]);
+
+  h.events.emit("tool-permissions:mode", { mode: "edits", readRoots: [missing] });
+  const change = notes()[1];
+  assert.match(change, /^python sandbox: \/workspace is now read-write/, change);
+  const result = await modelSees(h, { code: "print('after the change')" });
+  const lines = messageText(result).split("\n");
+  assert.match(lines[0], /^status: ok /);
+  const what = change.replace(/ \((the sandbox was restarted|applies from)[^)]*\)/, "");
+  assert.equal(lines[1], what, "the line under the status says what the change did (the state statement says the rest)");
+  // The TUI's body starts with it (the status line is the header).
+  setupTui();
+  const { renderResult } = pythonRenderers(h);
+  const r = h.toolResults().at(-1)!;
+  const shown = shownResult(renderResult({ content: r.content, details: r.details }, { expanded: false, isPartial: false }, theme(), context({})));
+  const flat = (x: string) => x.replace(/\s+/g, " ");
+  assert.ok(flat(shown).includes(flat(what)), shown);
+  // Told once: the result after it has no such line.
+  const next = messageText(await modelSees(h, { code: "print(1)" }));
+  assert.doesNotMatch(next, /python sandbox: /, next);
 });

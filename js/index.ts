@@ -243,7 +243,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       // Partial output for the UI while the code runs (about twice a second).
       const onProgress = onUpdate
         ? (p: ExecProgress) => {
-            const tail = [p.stdoutTail, p.stderrTail].filter((s) => s.trim() !== "").join("\n--- stderr ---\n");
+            const tail = p.outputTail.trim() === "" ? "" : p.outputTail.trimEnd();
             onUpdate({
               content: [{ type: "text", text: displayText(`${progressLine(p)}${tail ? `\n${tail}` : ""}`) }],
               details: { action: "execute", status: "running", ...p },
@@ -321,6 +321,58 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       return renderResult(result, options, theme, context);
     },
   });
+
+  // /sandbox: what this session's sandbox has mounted, granted, masked and denied, and the
+  // subcommands that change it (`/sandbox clear-denials`). Another subcommand is one more entry.
+  const subcommands: Record<string, { description: string; run: () => string }> = {
+    "clear-denials": {
+      description: "forget this session's denied reads (the next read there asks again)",
+      run: () => {
+        const n = permissions()?.clearDenials() ?? 0;
+        return n === 0 ? "No denied reads to clear." : `Cleared ${n === 1 ? "1 denied directory" : `${n} denied directories`}: a read there asks again.`;
+      },
+    },
+  };
+  pi.registerCommand("sandbox", {
+    description: "What the sandbox mounts, grants, masks and denies in this session; /sandbox clear-denials",
+    getArgumentCompletions: (prefix) =>
+      Object.entries(subcommands)
+        .filter(([name]) => name.startsWith(prefix.trim()))
+        .map(([name, s]) => ({ value: name, label: name, description: s.description })),
+    handler: async (args, ctx) => {
+      const name = args.trim();
+      const sub = subcommands[name];
+      if (name && !sub) {
+        ctx.ui.notify(displayText(`Unknown /sandbox subcommand ${displayLine(name)}; one of: ${Object.keys(subcommands).join(", ")}.`), "warning");
+        return;
+      }
+      if (sub) {
+        ctx.ui.notify(displayText(sub.run()), "info");
+        return;
+      }
+      ctx.ui.notify(displayText(sandboxReport(ctx.cwd)), "info");
+    },
+  });
+
+  /** The /sandbox report: the status's short part, then the session's denials. */
+  function sandboxReport(cwd: string): string {
+    const target = sandboxFor(cwd);
+    const lines: string[] = [];
+    if ("error" in target) lines.push(`python sandbox: unavailable: ${target.error}`);
+    else {
+      const text = target.status().text;
+      const short = text.split("\n");
+      const cut = short.indexOf("details:");
+      lines.push(...(cut >= 0 ? short.slice(0, cut) : short));
+    }
+    const denied = permissions()?.denials() ?? [];
+    if (denied.length === 0) lines.push("denied this session: none");
+    else {
+      lines.push(`denied this session (reads there are refused without asking): ${denied.join(", ")}`);
+      lines.push("/sandbox clear-denials forgets them.");
+    }
+    return lines.join("\n");
+  }
 
   // pi 0.73 ignores an `isError` returned by execute; this marks failures
   // on every version while keeping the details.

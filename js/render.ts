@@ -142,7 +142,10 @@ export function hostImagePath(sandboxPath: string, scratchDir: string | undefine
 
 /** The warning under a result whose output was cut: each log, its size, what the result left out. */
 function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> | undefined): string | undefined {
-  const omitted = [...text.matchAll(/\.\.\.\[(\d+) bytes omitted; the full stream is in the log file\]\.\.\./g)].map((m) => Number(m[1]));
+  const omitted = [...text.matchAll(/\.\.\.\[(\d+) lines?, (\d+) bytes? omitted; the full output is in the log files\]\.\.\./g)].map((m) => ({
+    lines: Number(m[1]),
+    bytes: Number(m[2]),
+  }));
   const cut = d.excerptTruncated || d.outputLimitExceeded || omitted.length > 0;
   if (!cut) return undefined;
   const parts: string[] = [];
@@ -155,8 +158,9 @@ function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> 
       .join(", ");
     parts.push(`${d.logComplete === false ? "Partial" : "Full"} ${name}: ${displayLine(path)}${size ? ` (${size})` : ""}`);
   }
-  const left = omitted.reduce((a, b) => a + b, 0);
-  if (left > 0) parts.push(`${formatSize(left)} left out of the result`);
+  const left = omitted.reduce((a, b) => a + b.bytes, 0);
+  const leftLines = omitted.reduce((a, b) => a + b.lines, 0);
+  if (left > 0) parts.push(`${count(leftLines, "line")}, ${formatSize(left)} left out of the result`);
   if (d.outputLimitExceeded) parts.push("output limit reached, the sandbox was stopped");
   return parts.length > 0 ? `[${parts.join(". ")}]` : undefined;
 }

@@ -58,6 +58,22 @@ impl MarkScanner {
     }
 }
 
+/// In the merged view ([`Capture::output`]), where the lines of stdout
+/// begin. Never in shown text: every control but tab and newline is a
+/// stand-in there.
+pub const TO_STDOUT: char = '\x1f';
+/// In the merged view, where the lines of stderr begin.
+pub const TO_STDERR: char = '\x1e';
+
+/// The stream a switch mark names.
+pub fn mark_stream(byte: u8) -> Option<Stream> {
+    match byte {
+        0x1f => Some(Stream::Stdout),
+        0x1e => Some(Stream::Stderr),
+        _ => None,
+    }
+}
+
 /// Head and tail of a stream's shown text, with the stream's total size.
 #[derive(Debug, Clone, Default)]
 pub struct Excerpt {
@@ -65,6 +81,10 @@ pub struct Excerpt {
     tail: VecDeque<u8>,
     /// Bytes of shown text so far (head, tail and what fell between).
     shown: usize,
+    /// Lines of shown text so far (newlines).
+    lines: usize,
+    /// The last switch mark that fell out between head and tail.
+    dropped_mark: Option<u8>,
     /// What the stream still holds back: an unfinished line or sequence.
     text: StreamText,
     /// Bytes the stream wrote (raw, as the budget counts them).
@@ -72,16 +92,23 @@ pub struct Excerpt {
 }
 
 impl Excerpt {
-    /// Take raw bytes of the stream.
-    pub fn push(&mut self, bytes: &[u8]) {
+    /// Take raw bytes of the stream; returns the text it made final.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
         self.total += bytes.len();
         let shown = self.text.push(bytes);
         self.keep(shown.as_bytes());
+        shown
+    }
+
+    /// What the stream holds back (an unfinished line), as it stands.
+    fn held(&self) -> String {
+        self.text.clone().finish()
     }
 
     /// Keep shown text in the head, else the tail.
     fn keep(&mut self, mut bytes: &[u8]) {
         self.shown += bytes.len();
+        self.lines += memchr::memchr_iter(b'\n', bytes).count();
         let room = EXCERPT_HEAD_BYTES - self.head.len();
         if room > 0 {
             let n = room.min(bytes.len());
@@ -89,13 +116,32 @@ impl Excerpt {
             bytes = &bytes[n..];
         }
         if bytes.len() >= EXCERPT_TAIL_BYTES {
+            let (a, b) = self.tail.as_slices();
+            let mark = last_mark_in(&[a, b, &bytes[..bytes.len() - EXCERPT_TAIL_BYTES]]);
+            self.dropped_mark = mark.or(self.dropped_mark);
             self.tail.clear();
             self.tail.extend(&bytes[bytes.len() - EXCERPT_TAIL_BYTES..]);
         } else {
             let overflow = (self.tail.len() + bytes.len()).saturating_sub(EXCERPT_TAIL_BYTES);
+            if overflow > 0 {
+                let (a, b) = self.tail.as_slices();
+                let (a, b) =
+                    if overflow <= a.len() { (&a[..overflow], &b[..0]) } else { (a, &b[..overflow - a.len()]) };
+                let mark = last_mark_in(&[a, b]);
+                self.dropped_mark = mark.or(self.dropped_mark);
+            }
             self.tail.drain(..overflow);
             self.tail.extend(bytes);
         }
+    }
+
+    /// Lines of shown text so far, an unfinished last line counted.
+    fn line_count(&self) -> usize {
+        let ends_open = match self.tail.back().or(self.head.last()) {
+            Some(b) => *b != b'\n',
+            None => false,
+        };
+        self.lines + usize::from(ends_open)
     }
 
     /// This excerpt with what the stream holds back shown as it stands
@@ -130,7 +176,35 @@ impl Excerpt {
     /// (head, bytes of shown text omitted, tail), cut on character
     /// boundaries; what the stream holds back is shown as it stands.
     pub fn parts(&self) -> (String, usize, String) {
-        let e = self.settled();
+        Self::cut(&self.settled())
+    }
+
+    /// [`Self::parts`] with the lines omitted (whole or partial lines
+    /// between head and tail) and, for the merged view, the stream in
+    /// force where the tail begins.
+    pub fn cut_parts(&self) -> Cut {
+        Self::counted(&self.settled())
+    }
+
+    fn counted(e: &Excerpt) -> Cut {
+        let (head, omitted, tail) = Self::cut(e);
+        let omitted_lines = if omitted == 0 {
+            0
+        } else {
+            let open = |s: &str| usize::from(!s.is_empty() && !s.ends_with('\n'));
+            let kept = head.matches('\n').count() + tail.matches('\n').count() + open(&tail);
+            // A line cut by the head's end and the tail's start counts as omitted once.
+            e.line_count().saturating_sub(kept).max(1)
+        };
+        let lead = if omitted == 0 {
+            None
+        } else {
+            e.dropped_mark.or_else(|| memchr::memrchr2(0x1e, 0x1f, head.as_bytes()).map(|i| head.as_bytes()[i]))
+        };
+        Cut { head, omitted, omitted_lines, tail, lead: lead.and_then(mark_stream) }
+    }
+
+    fn cut(e: &Excerpt) -> (String, usize, String) {
         let kept = e.head.len() + e.tail.len();
         let omitted = e.shown - kept;
         let tail: Vec<u8> = e.tail.iter().copied().collect();
@@ -144,6 +218,25 @@ impl Excerpt {
         let omitted = e.shown - head.len() - tail.len();
         (String::from_utf8_lossy(head).into_owned(), omitted, String::from_utf8_lossy(tail).into_owned())
     }
+}
+
+/// An excerpt as a result shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub head: String,
+    /// Bytes of shown text between head and tail.
+    pub omitted: usize,
+    /// Lines between head and tail (a line cut by either counted).
+    pub omitted_lines: usize,
+    pub tail: String,
+    /// In the merged view with an omission: the stream whose lines the tail
+    /// begins with (its mark fell out with the omitted text).
+    pub lead: Option<Stream>,
+}
+
+/// The last switch mark in `parts` (in order).
+fn last_mark_in(parts: &[&[u8]]) -> Option<u8> {
+    parts.iter().rev().find_map(|p| memchr::memrchr2(0x1e, 0x1f, p).map(|i| p[i]))
 }
 
 /// Drop a UTF-8 sequence cut off at the end of `b`.
@@ -220,10 +313,42 @@ impl LazyLog {
     }
 }
 
+/// Both streams' shown text in the order it was made final (a line where
+/// it ends), each run of one stream's lines after its switch mark
+/// ([`TO_STDOUT`], [`TO_STDERR`]).
+#[derive(Debug, Clone, Default)]
+pub struct Merged {
+    excerpt: Excerpt,
+    current: Option<Stream>,
+}
+
+impl Merged {
+    fn add(&mut self, stream: Stream, shown: &str) {
+        if shown.is_empty() {
+            return;
+        }
+        if self.current != Some(stream) {
+            self.current = Some(stream);
+            let mark = match stream {
+                Stream::Stdout => TO_STDOUT,
+                Stream::Stderr => TO_STDERR,
+            };
+            self.excerpt.keep(mark.encode_utf8(&mut [0; 1]).as_bytes());
+        }
+        self.excerpt.keep(shown.as_bytes());
+    }
+
+    /// Total raw bytes of both streams.
+    pub fn total(&self) -> usize {
+        self.excerpt.total
+    }
+}
+
 /// Capture state of one execution.
 pub struct Capture {
     pub stdout: Excerpt,
     pub stderr: Excerpt,
+    merged: Merged,
     out_mark: MarkScanner,
     err_mark: MarkScanner,
     out_log: LazyLog,
@@ -238,6 +363,7 @@ impl Capture {
         Self {
             stdout: Excerpt::default(),
             stderr: Excerpt::default(),
+            merged: Merged::default(),
             out_mark: MarkScanner::new(mark.clone()),
             err_mark: MarkScanner::new(mark),
             out_log: LazyLog::new(out_log),
@@ -249,6 +375,37 @@ impl Capture {
 
     pub fn accepted(&self) -> usize {
         self.stdout.total + self.stderr.total
+    }
+
+    /// Both streams in one excerpt, in the order written, with what each
+    /// holds back (an unfinished line) at the end: stdout's, then stderr's.
+    pub fn output(&self) -> Cut {
+        let mut m = self.merged.clone();
+        m.add(Stream::Stdout, &self.stdout.held());
+        m.add(Stream::Stderr, &self.stderr.held());
+        Excerpt::counted(&m.excerpt)
+    }
+
+    /// The latest `max` bytes of the merged view (switch marks included).
+    pub fn latest_output(&self, max: usize) -> String {
+        let mut m = self.merged.clone();
+        m.add(Stream::Stdout, &self.stdout.held());
+        m.add(Stream::Stderr, &self.stderr.held());
+        let latest = m.excerpt.latest(max);
+        if latest.as_bytes().first().copied().and_then(mark_stream).is_some() {
+            return latest;
+        }
+        // The stream in force where the latest text begins.
+        let all = m.excerpt.latest(usize::MAX);
+        let before = &all.as_bytes()[..all.len() - latest.len()];
+        let lead = memchr::memrchr2(0x1e, 0x1f, before).map(|i| before[i]).or_else(|| {
+            let e = &m.excerpt;
+            e.dropped_mark.or_else(|| memchr::memrchr2(0x1e, 0x1f, &e.head).map(|i| e.head[i]))
+        });
+        match lead {
+            Some(mark) => format!("{}{latest}", mark as char),
+            None => latest,
+        }
     }
 
     pub fn mark_seen(&self, stream: Stream) -> bool {
@@ -289,7 +446,9 @@ impl Capture {
             Stream::Stdout => (&mut self.stdout, &mut self.out_log),
             Stream::Stderr => (&mut self.stderr, &mut self.err_log),
         };
-        excerpt.push(take);
+        let shown = excerpt.push(take);
+        self.merged.excerpt.total += take.len();
+        self.merged.add(stream, &shown);
         if let Err(e) = log.write(take) {
             self.log_error.get_or_insert(e);
         }
@@ -391,6 +550,44 @@ mod tests {
         assert!(head.starts_with("bold line\n") && tail.ends_with("bold line\n"));
         assert_eq!(head.len() + omitted + tail.len(), 100_000);
         assert_eq!(e.total, 180_000);
+    }
+
+    fn capture() -> (tempfile::TempDir, Capture) {
+        let tmp = tempfile::tempdir().expect("dir");
+        let c = Capture::new(b"\0M\0".to_vec(), tmp.path().join("out"), tmp.path().join("err"));
+        (tmp, c)
+    }
+
+    #[test]
+    fn merged_output_keeps_the_order_of_arrival_with_switch_marks() {
+        let (_tmp, mut c) = capture();
+        c.feed(Stream::Stdout, b"a\nb");
+        c.feed(Stream::Stderr, b"\x1b[31mwarn\x1b[0m\n");
+        c.feed(Stream::Stdout, b"\nc\n");
+        c.feed(Stream::Stderr, b"late");
+        let out = c.output();
+        // A line is placed where it ends; an unfinished one at the end.
+        assert_eq!(out.head, "\x1fa\n\x1ewarn\n\x1fb\nc\n\x1elate");
+        assert_eq!((out.omitted, out.omitted_lines, out.lead), (0, 0, None));
+        assert_eq!(c.latest_output(7), "\x1fc\n\x1elate", "the latest text names its stream");
+        assert_eq!(c.latest_output(4), "\x1elate");
+        assert_eq!(c.stdout.parts().0, "a\nb\nc\n", "each stream's own excerpt is unchanged");
+    }
+
+    #[test]
+    fn merged_output_cut_says_lines_and_the_stream_after_the_gap() {
+        let (_tmp, mut c) = capture();
+        let line = "0123456789\n";
+        let lines = (EXCERPT_HEAD_BYTES + EXCERPT_TAIL_BYTES) / line.len() + 100;
+        c.feed(Stream::Stdout, line.repeat(lines / 2).as_bytes());
+        c.feed(Stream::Stderr, line.repeat(lines - lines / 2).as_bytes());
+        let out = c.output();
+        assert!(out.omitted > 0);
+        assert_eq!(out.lead, Some(Stream::Stderr), "the tail is stderr's, its mark fell in the gap");
+        let kept = out.head.matches('\n').count() + out.tail.matches('\n').count();
+        // One line may be cut by the head's end and another by the tail's start.
+        assert!((lines - kept..=lines - kept + 2).contains(&out.omitted_lines), "{} of {lines}", out.omitted_lines);
+        assert_eq!(out.head.len() + out.omitted + out.tail.len(), lines * line.len() + 2, "two marks");
     }
 
     #[test]

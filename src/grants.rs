@@ -121,6 +121,12 @@ impl Grants {
         }
     }
 
+    /// Forget the session's denials (the user cleared them); returns how
+    /// many there were. Mode, grants and abandoned prompts stay.
+    pub fn clear_denials(&self) -> usize {
+        std::mem::take(&mut self.state.lock().denied).len()
+    }
+
     /// Forget everything (the pi session ended).
     pub fn clear(&self) {
         *self.state.lock() = State::default();

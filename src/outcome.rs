@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use crate::capture::{mark_stream, Stream, TO_STDERR, TO_STDOUT};
 use crate::display::{display_line, display_text, format_size};
 use crate::frame::{ExecReport, WorkerStatus};
 use crate::limits::*;
@@ -72,11 +73,38 @@ pub struct StreamText {
     pub tail: String,
     /// Bytes the execution wrote on this stream (as accepted into the budget).
     pub total: usize,
+    /// Lines left out between head and tail.
+    pub omitted_lines: usize,
+    /// Of the merged output with an omission: the stream the tail begins in.
+    pub lead: Option<Stream>,
 }
 
 impl StreamText {
     pub fn is_blank(&self) -> bool {
-        self.head.trim().is_empty() && self.tail.trim().is_empty()
+        let blank = |s: &str| s.chars().all(|c| c.is_whitespace() || c == TO_STDOUT || c == TO_STDERR);
+        blank(&self.head) && blank(&self.tail)
+    }
+
+    /// Both streams one after the other: the merged output of an outcome
+    /// made without a capture (from its two excerpts), as if all of its
+    /// stderr came after its stdout. A gap in stderr is counted in the one
+    /// gap the result has.
+    pub fn sequential(stdout: &StreamText, stderr: &StreamText) -> StreamText {
+        let marked = |s: &str, mark: char| if s.is_empty() { String::new() } else { format!("{mark}{s}") };
+        let err = marked(&format!("{}{}", stderr.head, stderr.tail), TO_STDERR);
+        let (head, tail) = if stdout.omitted > 0 {
+            (marked(&stdout.head, TO_STDOUT), format!("{}{err}", stdout.tail))
+        } else {
+            (format!("{}{err}", marked(&format!("{}{}", stdout.head, stdout.tail), TO_STDOUT)), String::new())
+        };
+        StreamText {
+            head,
+            omitted: stdout.omitted + stderr.omitted,
+            tail,
+            total: stdout.total + stderr.total,
+            omitted_lines: stdout.omitted_lines + stderr.omitted_lines,
+            lead: (stdout.omitted > 0).then_some(Stream::Stdout),
+        }
     }
 }
 
@@ -132,10 +160,16 @@ pub struct Outcome {
     pub lost_before: Option<String>,
     /// This call ran again after a read was allowed; what to tell.
     pub replay: Option<String>,
+    /// What a mode change since the last call did (one line, under the
+    /// status line).
+    pub mode_note: Option<String>,
     pub repr: Option<String>,
     pub repr_truncated: bool,
     pub stdout: StreamText,
     pub stderr: StreamText,
+    /// Both streams in the order written (see [`crate::capture::Merged`]):
+    /// what the text shows.
+    pub output: StreamText,
     pub exception: Option<ExceptionText>,
     pub permission_path: Option<String>,
     pub permission_is_dir: bool,
@@ -210,10 +244,12 @@ impl Outcome {
             state_lost_reason: None,
             lost_before: None,
             replay: None,
+            mode_note: None,
             repr: None,
             repr_truncated: false,
             stdout: StreamText::default(),
             stderr: StreamText::default(),
+            output: StreamText::default(),
             exception: None,
             permission_path: None,
             permission_is_dir: false,
@@ -254,41 +290,121 @@ fn cut_tail(text: &str, max_bytes: usize, max_lines: usize) -> &str {
     &text[start..]
 }
 
-/// `s` with its text made safe to show. Without a gap, head and tail are
-/// shown as one text, so that a CRLF split between them stays a line end.
-fn displayed_stream(s: &StreamText) -> Cow<'_, StreamText> {
-    match (display_text(&s.head), display_text(&s.tail)) {
+/// The last switch mark in `text`.
+fn last_mark(text: &str) -> Option<Stream> {
+    memchr::memrchr2(0x1e, 0x1f, text.as_bytes()).and_then(|i| mark_stream(text.as_bytes()[i]))
+}
+
+/// `text` made safe to show, its switch marks kept.
+fn displayed_marked(text: &str) -> Cow<'_, str> {
+    if !text.contains([TO_STDOUT, TO_STDERR]) {
+        return display_text(text);
+    }
+    let marks = text.chars().filter(|c| *c == TO_STDOUT || *c == TO_STDERR);
+    let mut rebuilt = String::with_capacity(text.len() + 16);
+    let mut pieces = text.split([TO_STDOUT, TO_STDERR]);
+    if let Some(first) = pieces.next() {
+        rebuilt.push_str(&display_text(first));
+    }
+    for (mark, piece) in marks.zip(pieces) {
+        rebuilt.push(mark);
+        rebuilt.push_str(&display_text(piece));
+    }
+    Cow::Owned(rebuilt)
+}
+
+/// `s` with its text made safe to show, its marks kept. Without a gap, head
+/// and tail are shown as one text, so that a CRLF split between them stays
+/// a line end.
+fn displayed_output(s: &StreamText) -> Cow<'_, StreamText> {
+    match (displayed_marked(&s.head), displayed_marked(&s.tail)) {
         (Cow::Borrowed(_), Cow::Borrowed(_)) => Cow::Borrowed(s),
         _ if s.omitted == 0 => Cow::Owned(StreamText {
-            head: display_text(&format!("{}{}", s.head, s.tail)).into_owned(),
+            head: displayed_marked(&format!("{}{}", s.head, s.tail)).into_owned(),
             tail: String::new(),
-            ..*s
+            ..s.clone()
         }),
-        (head, tail) => Cow::Owned(StreamText { head: head.into_owned(), tail: tail.into_owned(), ..*s }),
+        (head, tail) => Cow::Owned(StreamText { head: head.into_owned(), tail: tail.into_owned(), ..s.clone() }),
     }
 }
 
-/// A stream excerpt fitted into `max_bytes` / `max_lines`: three quarters for
-/// the head, one for the tail, with one line saying how much is omitted.
-/// Also says whether anything of the stream was left out.
-fn fit_stream(s: &StreamText, max_bytes: usize, max_lines: usize) -> (String, bool) {
+/// Merged output laid out for a reader: each run of one stream's lines
+/// under its header (`--- stderr ---`), where the stream changes; `lead` is
+/// the stream of the text before its first mark. `bare`: no headers (the
+/// output is stdout alone). Blank runs are left out; the text is made safe
+/// to show.
+pub fn laid_out(text: &str, lead: Option<Stream>, bare: bool) -> String {
+    layout(&displayed_marked(text), lead, bare)
+}
+
+/// [`laid_out`] of text already safe to show.
+fn layout(text: &str, lead: Option<Stream>, bare: bool) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut shown_stream: Option<Stream> = None;
+    let mut stream = lead;
+    let mut rest = text;
+    loop {
+        let next = memchr::memchr2(0x1e, 0x1f, rest.as_bytes());
+        let piece = &rest[..next.unwrap_or(rest.len())];
+        if !piece.trim().is_empty() {
+            if !bare && stream.is_some() && stream != shown_stream {
+                if !out.is_empty() && !out.ends_with('\n') {
+                    out.push('\n');
+                }
+                let name = if stream == Some(Stream::Stderr) { "stderr" } else { "stdout" };
+                let _ = writeln!(out, "--- {name} ---");
+                shown_stream = stream;
+            }
+            out.push_str(piece);
+        }
+        match next {
+            Some(i) => {
+                stream = mark_stream(rest.as_bytes()[i]);
+                rest = &rest[i + 1..];
+            }
+            None => return out,
+        }
+    }
+}
+
+/// The merged output fitted into `max_bytes` / `max_lines` (three quarters
+/// for the head, one for the tail, with one line saying how much is
+/// omitted) and laid out by [`laid_out`]. Also says whether anything of it
+/// was left out.
+fn fit_output(s: &StreamText, max_bytes: usize, max_lines: usize, bare: bool) -> (String, bool) {
     let whole_len = s.head.len() + s.tail.len();
     let whole_lines = s.head.matches('\n').count() + s.tail.matches('\n').count();
     if s.omitted == 0 && whole_len <= max_bytes && whole_lines < max_lines {
-        return (format!("{}{}", s.head, s.tail).trim_end().to_string(), false);
+        return (layout(&format!("{}{}", s.head, s.tail), None, bare).trim_end().to_string(), false);
     }
     let head = cut_head(&s.head, max_bytes * 3 / 4, max_lines * 3 / 4);
     let joined_tail;
-    let tail_source = if s.omitted == 0 {
+    let (tail_source, head_rest) = if s.omitted == 0 {
         joined_tail = format!("{}{}", &s.head[head.len()..], s.tail);
-        &joined_tail
+        (&joined_tail[..], "")
     } else {
-        &s.tail
+        (&s.tail[..], &s.head[head.len()..])
     };
     let tail = cut_tail(tail_source, max_bytes / 4, max_lines / 4);
-    // In bytes of shown text: colour and collapsed progress are not counted.
-    let omitted = (s.head.len() + s.omitted + s.tail.len()).saturating_sub(head.len() + tail.len());
-    (format!("{head}\n...[{omitted} bytes omitted; the full stream is in the log file]...\n{}", tail.trim_end()), true)
+    let before_tail = &tail_source[..tail_source.len() - tail.len()];
+    let lead = last_mark(before_tail).or(s.lead).or_else(|| last_mark(head_rest)).or_else(|| last_mark(head));
+    // In shown text: colour, collapsed progress and the switch marks are not counted.
+    let marks = |t: &str| memchr::memchr2_iter(0x1e, 0x1f, t.as_bytes()).count();
+    let newlines = |t: &str| memchr::memchr_iter(b'\n', t.as_bytes()).count();
+    let omitted = head_rest.len() - marks(head_rest) + s.omitted + before_tail.len() - marks(before_tail);
+    let omitted_lines = (newlines(head_rest) + s.omitted_lines + newlines(before_tail)).max(1);
+    let head = layout(head, None, bare);
+    let tail = layout(tail, lead, bare);
+    (format!("{}\n{}\n{}", head.trim_end_matches('\n'), omission(omitted_lines, omitted), tail.trim_end()), true)
+}
+
+/// The line that stands for output left out of a result.
+pub fn omission(lines: usize, bytes: usize) -> String {
+    format!(
+        "...[{}, {} omitted; the full output is in the log files]...",
+        crate::display::count(lines, "line", "lines"),
+        crate::display::count(bytes, "byte", "bytes")
+    )
 }
 
 /// What the interpreter's files keep after a rollback.
@@ -407,8 +523,30 @@ fn bound_bytes(mut s: String, max: usize) -> (String, bool) {
 
 impl From<&crate::capture::Excerpt> for StreamText {
     fn from(e: &crate::capture::Excerpt) -> Self {
-        let (head, omitted, tail) = e.parts();
-        StreamText { head, omitted, tail, total: e.total }
+        let c = e.cut_parts();
+        StreamText {
+            head: c.head,
+            omitted: c.omitted,
+            tail: c.tail,
+            total: e.total,
+            omitted_lines: c.omitted_lines,
+            lead: None,
+        }
+    }
+}
+
+impl StreamText {
+    /// The merged output of a capture.
+    pub fn output_of(capture: &crate::capture::Capture) -> Self {
+        let c = capture.output();
+        StreamText {
+            head: c.head,
+            omitted: c.omitted,
+            tail: c.tail,
+            total: capture.accepted(),
+            omitted_lines: c.omitted_lines,
+            lead: c.lead,
+        }
     }
 }
 
@@ -451,6 +589,9 @@ pub fn render(o: &Outcome) -> String {
         let _ = write!(t, "{:.1}s of it waiting for the user, ", o.waited_ms as f64 / 1000.0);
     }
     let _ = write!(t, "worker generation {})", o.generation);
+    if let Some(note) = &o.mode_note {
+        let _ = write!(t, "\n{}", display_line(note));
+    }
     // A refused read is told once: by the diagnostic where there is one (the
     // grant loop's advice names the path), else by this sentence.
     if let Some(path) = o.permission_path.as_ref().filter(|_| o.diagnostic.is_none()) {
@@ -520,29 +661,23 @@ pub fn render(o: &Outcome) -> String {
     }
     let lines = |s: &str| s.matches('\n').count() + 1;
     let reserve = 200; // section headers
-    let streams: Vec<(&str, Cow<'_, StreamText>)> = [("stdout", &o.stdout), ("stderr", &o.stderr)]
-        .into_iter()
-        .filter(|(_, s)| !s.is_blank())
-        .map(|(name, s)| (name, displayed_stream(s)))
-        .collect();
     let used_bytes = t.len() + value.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
     let used_lines = lines(&t) + lines(&value) + lines(&tail) + lines(&after_logs) + 9;
     let mut cut = o.output_limit_exceeded;
     // stdout alone under the status line needs no header (a traceback, the
     // state and the diagnostic after it say what they are).
-    let bare_stdout = streams.len() == 1 && streams[0].0 == "stdout" && o.repr.is_none() && o.images.is_empty();
-    if !streams.is_empty() {
-        let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes) / streams.len();
-        let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines) / streams.len();
-        for (name, s) in streams {
-            let (text, shortened) = fit_stream(&s, budget_bytes, budget_lines);
-            cut |= shortened;
-            if bare_stdout {
-                let _ = write!(t, "\n\n{text}");
-            } else {
-                let _ = write!(t, "\n\n--- {name} ---\n{text}");
-            }
-        }
+    let bare = o.stderr.is_blank() && o.repr.is_none() && o.images.is_empty();
+    let output = if o.output == StreamText::default() {
+        Cow::Owned(StreamText::sequential(&o.stdout, &o.stderr))
+    } else {
+        Cow::Borrowed(&o.output)
+    };
+    if !output.is_blank() {
+        let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes);
+        let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines);
+        let (text, shortened) = fit_output(&displayed_output(&output), budget_bytes, budget_lines, bare);
+        cut |= shortened;
+        let _ = write!(t, "\n\n{text}");
     }
     // The value closes the output: a log line for the streams goes above it.
     if cut && !value.is_empty() {
@@ -605,12 +740,65 @@ mod tests {
         // Output cut to its log: the log line, then the value.
         let cut = Outcome {
             repr: Some("'end'".into()),
-            stdout: StreamText { head: "a\n".repeat(100), omitted: 5000, tail: "z\n".repeat(100), total: 5400 },
+            stdout: StreamText {
+                head: "a\n".repeat(100),
+                omitted: 5000,
+                tail: "z\n".repeat(100),
+                total: 5400,
+                ..Default::default()
+            },
             log_paths: LogFiles { stdout: Some("/l/0002-out.log".into()), stderr: None },
             ..ok()
         };
         let text = render(&cut);
         assert!(text.ends_with("z\nFull output saved to: /l/0002-out.log (stdout)\n\nresult: 'end'"), "{text}");
+    }
+
+    #[test]
+    fn interleaved_output_reads_in_the_order_written_under_one_header_per_run() {
+        let o = Outcome {
+            repr: Some("7".into()),
+            stdout: StreamText { head: "a\nc\n".into(), total: 4, ..Default::default() },
+            stderr: StreamText { head: "b\n".into(), total: 2, ..Default::default() },
+            output: StreamText { head: "\x1fa\n\x1eb\n\x1e \n\x1fc\n".into(), total: 6, ..Default::default() },
+            ..ok()
+        };
+        assert_eq!(
+            render(&o),
+            "status: ok (0.1s, worker generation 1)\n\n--- stdout ---\na\n--- stderr ---\nb\n--- stdout ---\nc\n\nresult: 7"
+        );
+        // stdout alone: no header.
+        let bare = Outcome {
+            stdout: StreamText { head: "a\n".into(), total: 2, ..Default::default() },
+            output: StreamText { head: "\x1fa\n".into(), total: 2, ..Default::default() },
+            ..ok()
+        };
+        assert_eq!(render(&bare), "status: ok (0.1s, worker generation 1)\n\na");
+    }
+
+    #[test]
+    fn a_cut_output_counts_lines_and_bytes_and_names_the_stream_after_the_gap() {
+        let o = Outcome {
+            stdout: StreamText { head: "x\n".into(), total: 3000, ..Default::default() },
+            stderr: StreamText { head: "y\n".into(), total: 3000, ..Default::default() },
+            output: StreamText {
+                head: "\x1fout\n".into(),
+                omitted: 131,
+                omitted_lines: 13,
+                tail: "err\n".into(),
+                total: 6000,
+                lead: Some(Stream::Stderr),
+            },
+            log_paths: LogFiles { stdout: Some("/l/out".into()), stderr: Some("/l/err".into()) },
+            ..ok()
+        };
+        let text = render(&o);
+        assert!(
+            text.contains(
+                "--- stdout ---\nout\n...[13 lines, 131 bytes omitted; the full output is in the log files]...\n--- stderr ---\nerr"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -639,7 +827,13 @@ mod tests {
             "\n\nInterpreter state kept: what ran before the error remains (execution is not transactional)."
         ));
         let cut = Outcome {
-            stdout: StreamText { head: "a\n".repeat(100), omitted: 5000, tail: "z\n".repeat(100), total: 5400 },
+            stdout: StreamText {
+                head: "a\n".repeat(100),
+                omitted: 5000,
+                tail: "z\n".repeat(100),
+                total: 5400,
+                ..Default::default()
+            },
             log_paths: LogFiles { stdout: Some("/l/0002-out.log".into()), stderr: Some("/l/0002-err.log".into()) },
             ..ok()
         };
@@ -664,14 +858,26 @@ mod tests {
     #[test]
     fn huge_streams_fit_the_ceiling_with_head_and_tail() {
         let line = "0123456789abcdef0123456789abcdef0123456789\n";
-        let big = StreamText { head: line.repeat(400), omitted: 900_000, tail: line.repeat(200), total: 1_000_000 };
-        let many_lines = StreamText { head: "x\n".repeat(8000), omitted: 0, tail: "y\n".repeat(4000), total: 24000 };
+        let big = StreamText {
+            head: line.repeat(400),
+            omitted: 900_000,
+            tail: line.repeat(200),
+            total: 1_000_000,
+            ..Default::default()
+        };
+        let many_lines = StreamText {
+            head: "x\n".repeat(8000),
+            omitted: 0,
+            tail: "y\n".repeat(4000),
+            total: 24000,
+            ..Default::default()
+        };
         let log_paths = LogFiles { stdout: Some("/l/out".into()), stderr: None };
         let o = Outcome { stdout: big, stderr: many_lines, log_paths, ..ok() };
         let text = render(&o);
         assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
-        assert!(text.contains("bytes omitted; the full stream is in the log file"));
+        assert!(text.contains("bytes omitted; the full output is in the log files"));
         assert!(text.contains("\ny\n"), "the tail of a stream is kept");
         assert!(text.ends_with("\nFull output saved to: /l/out (stdout)"), "the log line is never cut");
     }
@@ -686,8 +892,20 @@ mod tests {
             state: StateFate::Lost(Loss::Stopped),
             state_lost_reason: Some(h("reason")),
             repr: Some(h("repr")),
-            stdout: StreamText { head: h("out-head"), omitted: 10, tail: h("out-tail"), total: 100 },
-            stderr: StreamText { head: format!("{}err\r", h("err")), omitted: 0, tail: "\nmore".into(), total: 20 },
+            stdout: StreamText {
+                head: h("out-head"),
+                omitted: 10,
+                tail: h("out-tail"),
+                total: 100,
+                ..Default::default()
+            },
+            stderr: StreamText {
+                head: format!("{}err\r", h("err")),
+                omitted: 0,
+                tail: "\nmore".into(),
+                total: 20,
+                ..Default::default()
+            },
             exception: Some(ExceptionText { type_name: h("Type"), message: h("message"), traceback: h("traceback") }),
             permission_path: Some(h("/etc/path")),
             log_paths: LogFiles { stdout: Some(h("/logs/out").into()), stderr: None },
@@ -816,8 +1034,20 @@ mod tests {
         // Each control grows to three bytes when shown.
         let esc = "\x1b".repeat(40_000);
         let o = Outcome {
-            stdout: StreamText { head: esc.clone(), omitted: 0, tail: esc.clone(), total: 80_000 },
-            stderr: StreamText { head: "\r\n".repeat(30_000), omitted: 0, tail: String::new(), total: 60_000 },
+            stdout: StreamText {
+                head: esc.clone(),
+                omitted: 0,
+                tail: esc.clone(),
+                total: 80_000,
+                ..Default::default()
+            },
+            stderr: StreamText {
+                head: "\r\n".repeat(30_000),
+                omitted: 0,
+                tail: String::new(),
+                total: 60_000,
+                ..Default::default()
+            },
             status: Status::RuntimeError,
             ..ok()
         };

@@ -343,6 +343,12 @@ pub fn shown_with_masks(path: &Path, masked: &[Mask]) -> String {
     format!("{} (host secrets masked: {})", crate::display::one_line(&path), list.join(", "))
 }
 
+/// What a change did to the sandbox, after the notification's list (a
+/// result leaves it out: its own state statement says it).
+pub const CHANGE_DISCARDED: &str = " (the sandbox was restarted; interpreter state discarded, scratch files kept)";
+/// What a change does while no sandbox runs.
+pub const CHANGE_LATER: &str = " (applies from the next execution)";
+
 /// The user-facing note for a change of mounts. `discarded`: a running
 /// interpreter was killed.
 pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPlan, discarded: bool) -> Option<String> {
@@ -380,14 +386,15 @@ pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPla
         }
     }
     if changes.is_empty() {
-        return None;
+        // Nothing changed, but what was asked for was not mounted: say why.
+        if plan.skipped.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = plan.skipped.iter().map(|s| format!("{} ({})", s.root, s.reason)).collect();
+        return Some(format!("python sandbox: read roots not mounted: {}", list.join(", ")));
     }
     let mut note = format!("python sandbox: {}", changes.join("; "));
-    note.push_str(if discarded {
-        " (the sandbox was restarted; interpreter state discarded, scratch files kept)"
-    } else {
-        " (applies from the next execution)"
-    });
+    note.push_str(if discarded { CHANGE_DISCARDED } else { CHANGE_LATER });
     if !plan.skipped.is_empty() {
         let list: Vec<String> = plan.skipped.iter().map(|s| format!("{} ({})", s.root, s.reason)).collect();
         note.push_str(&format!("; skipped: {}", list.join(", ")));

@@ -536,6 +536,7 @@ impl Worker {
                             stderr_bytes: capture.stderr.total,
                             stdout_tail: capture.stdout.latest(PROGRESS_TAIL_BYTES),
                             stderr_tail: capture.stderr.latest(PROGRESS_TAIL_BYTES),
+                            output_tail: capture.latest_output(PROGRESS_TAIL_BYTES),
                         });
                     }
                 }

@@ -632,6 +632,13 @@ mod tests {
         let (again, asked) = drive(&l, &fake, true, &[]);
         assert!(asked.is_empty());
         assert!(again.diagnostic.unwrap().contains("were denied earlier in this session"));
+        // Cleared by the user (/sandbox clear-denials): the next read asks again.
+        assert_eq!(l.grants().clear_denials(), 1);
+        assert!(l.grants().denied().is_empty());
+        assert_eq!(l.grants().clear_denials(), 0);
+        let fresh = Fake::new(vec![denied(&file, false)]);
+        let (_, asked) = drive(&l, &fresh, true, &[Answer::Deny]);
+        assert_eq!(asked.len(), 1, "asked again after the clear");
     }
 
     #[test]

@@ -83,6 +83,20 @@ impl ToolPermissions {
         self.grants.mode().is_some()
     }
 
+    /// The directories whose reads were denied in this session (a later
+    /// read under one is refused without asking), as one-line text.
+    #[napi]
+    pub fn denials(&self) -> Vec<String> {
+        self.grants.denied().iter().map(|p| crate::display::one_line(p).to_string()).collect()
+    }
+
+    /// Forget the session's denials: the next read under one asks again.
+    /// Returns how many were forgotten.
+    #[napi]
+    pub fn clear_denials(&self) -> u32 {
+        self.grants.clear_denials() as u32
+    }
+
     /// Forget everything (the pi session ended).
     #[napi]
     pub fn clear(&self) {

@@ -109,6 +109,9 @@ pub struct ExecProgress {
     /// The latest stdout (up to 2 KiB).
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// The latest output of both streams in the order written, each run of
+    /// one stream's lines under its header (none while stderr is empty).
+    pub output_tail: String,
 }
 
 pub(super) fn to_js(finished: Finished) -> ExecResult {

@@ -77,9 +77,19 @@ pub struct PythonSandbox {
     session: Arc<Session>,
     grants: Arc<Grants>,
     grant_loop: GrantLoop,
+    /// What the last mode change did, told by the next result that ran.
+    mode_note: parking_lot::Mutex<Option<String>>,
 }
 
 impl PythonSandbox {
+    /// `finished` with the last mode change's note, when its code ran.
+    fn with_mode_note(&self, mut finished: Finished) -> Finished {
+        if finished.outcome.started {
+            finished.outcome.mode_note = self.mode_note.lock().take();
+        }
+        finished
+    }
+
     /// The session (for the bash tool's entry points, `napi_shell`).
     pub(crate) fn session(&self) -> &Arc<Session> {
         &self.session
@@ -164,7 +174,12 @@ impl PythonSandbox {
             guard_inotify: None,
         });
         let grants = permissions.map(|p| p.grants.clone()).unwrap_or_default();
-        let sandbox = PythonSandbox { grant_loop: GrantLoop::new(grants.clone()), session, grants };
+        let sandbox = PythonSandbox {
+            grant_loop: GrantLoop::new(grants.clone()),
+            session,
+            grants,
+            mode_note: parking_lot::Mutex::new(None),
+        };
         if let Some(event) = sandbox.grants.mode() {
             sandbox.apply(event, None);
         }
@@ -219,6 +234,7 @@ impl PythonSandbox {
                         stderr_bytes: p.stderr_bytes as f64,
                         stdout_tail: displayed(p.stdout_tail),
                         stderr_tail: displayed(p.stderr_tail),
+                        output_tail: crate::outcome::laid_out(&p.output_tail, None, p.stderr_bytes == 0),
                     },
                     ThreadsafeFunctionCallMode::NonBlocking,
                 );
@@ -227,7 +243,8 @@ impl PythonSandbox {
         let call_id = call_id.map(call_id_of).transpose()?;
         let call = SessionCall { session: &self.session, code, timeout_seconds: timeout, call_id, progress };
         let Some(ask) = ask else {
-            return Ok(to_js(Finished { outcome: self.grant_loop.run_once(&call).await, diagnostic: None }));
+            let finished = Finished { outcome: self.grant_loop.run_once(&call).await, diagnostic: None };
+            return Ok(to_js(self.with_mode_note(finished)));
         };
         let ask = Arc::new(ask);
         let asking = |d: &Denial| {
@@ -240,7 +257,8 @@ impl PythonSandbox {
                 answer.as_deref().and_then(Answer::parse).unwrap_or(Answer::Aborted)
             }
         };
-        Ok(to_js(self.grant_loop.run(&call, has_ui.unwrap_or(true), asking).await))
+        let finished = self.grant_loop.run(&call, has_ui.unwrap_or(true), asking).await;
+        Ok(to_js(self.with_mode_note(finished)))
     }
 
     /// Cancel the call named `callId` (queued or running), or the running
@@ -278,8 +296,7 @@ impl PythonSandbox {
             skipped: plan.skipped.iter().filter(|s| !skipped_before.contains(s)).cloned().collect(),
             ..plan.clone()
         };
-        let mut notification =
-            result.and_then(|discarded| permissions::change_notification(&current, &wanted, &told, discarded));
+        let mut notification = permissions::change_notification(&current, &wanted, &told, result == Some(true));
         // A restart says why the change could not reach the running sandbox.
         if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
             note.push_str(&displayed_line(format!(" — not applied to the running sandbox: {why}")));
@@ -289,6 +306,12 @@ impl PythonSandbox {
                 " — this came from a late answer to the prompt about {}, which the call had stopped waiting for",
                 crate::display::one_line(&late)
             )));
+        }
+        // The next result that runs says it too (a notification can be
+        // replaced on screen by another extension's).
+        if let Some(note) = &notification {
+            let what = note.replacen(permissions::CHANGE_DISCARDED, "", 1).replacen(permissions::CHANGE_LATER, "", 1);
+            *self.mode_note.lock() = Some(what);
         }
         ModeChange {
             applied: true,

@@ -287,6 +287,7 @@ impl<H: Host> Session<H> {
         let (out_path, err_path) = log_paths(dirs, seq);
         o.stdout = StreamText::from(&capture.stdout);
         o.stderr = StreamText::from(&capture.stderr);
+        o.output = StreamText::output_of(capture);
         o.log_paths = LogFiles {
             stdout: (capture.stdout.total > 0).then_some(out_path),
             stderr: (capture.stderr.total > 0).then_some(err_path),

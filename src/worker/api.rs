@@ -41,6 +41,9 @@ pub struct Progress {
     /// The latest output of each stream (a few KiB).
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// The latest output of both, in the order written, with the switch
+    /// marks of [`crate::capture::Merged`].
+    pub output_tail: String,
 }
 
 /// Receives progress reports; must not block.

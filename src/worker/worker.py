@@ -676,6 +676,85 @@ def flush_streams():
             pass
 
 
+# The interpreter's own writes reach the host in the order they were made:
+# sys.stdout and sys.stderr write through (-u), and before a write to one
+# of them follows a write to the other, the other's pipe is waited on until
+# the host has read it (bounded: ORDER_WAIT per switch, and after one wait
+# runs out no more waits until the next call). The host reads the two pipes
+# in one loop, so what it read first was written first. Writes made around
+# these objects (os.write, sys.stdout.buffer, subprocesses) arrive as they
+# arrive.
+ORDER_WAIT = 0.2
+_order = {"last": None, "waits": True}
+_fionread = []
+
+
+def wait_read(fd):
+    """Wait (bounded) until the host has read everything in `fd`'s pipe."""
+    if not _fionread:
+        try:
+            import termios
+            _fionread.append(termios.FIONREAD)
+        except (ImportError, AttributeError):
+            _fionread.append(0x541B)
+        import fcntl
+        _fionread.append(fcntl.ioctl)
+    request, ioctl = _fionread
+    buf = bytearray(4)
+    deadline = None
+    pause = 0.00005
+    while True:
+        try:
+            ioctl(fd, request, buf)
+        except (OSError, ValueError, TypeError):
+            return  # not a pipe (the code moved it): nothing to wait on
+        if buf == b"\0\0\0\0":
+            return
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + ORDER_WAIT
+        elif now >= deadline:
+            _order["waits"] = False
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+
+
+def ordered(stream, fd):
+    """`stream` (a TextIOWrapper) as one whose writes keep their order with
+    those of the other standard stream."""
+    base = type(stream)
+
+    class Ordered(base):
+        __slots__ = ()
+
+        def write(self, text):
+            last = _order["last"]
+            if last != fd:
+                if last is not None and _order["waits"]:
+                    wait_read(last)
+                _order["last"] = fd
+            return base.write(self, text)
+
+    return Ordered(stream.buffer, encoding=stream.encoding, errors=stream.errors,
+                   line_buffering=stream.line_buffering, write_through=True)
+
+
+def order_streams():
+    """Install the ordered standard streams (sys.__stdout__ and
+    sys.__stderr__ stay the interpreter's own)."""
+    try:
+        sys.stdout = ordered(sys.stdout, 1)
+        sys.stderr = ordered(sys.stderr, 2)
+    except (AttributeError, TypeError, ValueError):
+        pass
+
+
+def new_call_order():
+    _order["last"] = None
+    _order["waits"] = True
+
+
 def last_pid():
     """The newest pid of this pid namespace (the kernel writes it last in
     /proc/loadavg), or None."""
@@ -1304,6 +1383,7 @@ def call_streams(flush=True):
     holds their read ends by now). `flush` false: they were flushed right
     before the rollback copy was made."""
     global PREPARED
+    new_call_order()
     if not PREPARED:
         return  # none were made: the call keeps the pipes it has
     if flush:
@@ -1570,6 +1650,7 @@ def main():
     masks = [sys.argv[i + 1] for i in range(1, len(sys.argv) - 1) if sys.argv[i] == "--masks"]
     install_read_hook(loads(masks[0]) if masks else ())
     watch_linecache()
+    order_streams()
     ready = {"type": "ready", "protocol": PROTOCOL,
              "runtimeVersion": "%d.%d.%d" % tuple(sys.version_info[:3]),
              "siteNotes": [bound(n, 1024)[0] for n in site_notes[:16]]}
