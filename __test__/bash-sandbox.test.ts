@@ -276,6 +276,37 @@ test("an extra read that holds the project or lies in the sandbox's own /tmp is 
   assert.ok(r.notes.some((n) => n.includes("/tmp/elsewhere") && n.includes("own mount")), r.notes.join("\n"));
 });
 
+test("a host secret that appears in a tree commands read is masked in the next command, though the check of the trees is kept", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  // The fixture outside /tmp, where an extra read can be shown.
+  withEnv(t, "TMPDIR", "/var/tmp");
+  const f = await makeFixture(t);
+  const tools = join(f.base, "tools");
+  mkdirSync(join(tools, "bin"), { recursive: true });
+  writeFileSync(join(tools, "bin", "tool.txt"), "tool\n");
+  f.sb.setShellConfig({ additionalAllowRead: [tools] });
+  const look = `cd ${tools}; cat bin/tool.txt .ssh/id_rsa .config/age/keys.txt .netrc 2>/dev/null; echo end`;
+  // The check of the trees is made by the first command and kept by the next ones.
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  // Between commands, secrets of a home appear in the tree (any tree may be a home): a new
+  // directory, one two levels down, a file; and a link replaced in place, as update-alternatives does.
+  mkdirSync(join(tools, ".ssh"));
+  writeFileSync(join(tools, ".ssh", "id_rsa"), "PRIVATE-KEY\n");
+  mkdirSync(join(tools, ".config", "age"), { recursive: true });
+  writeFileSync(join(tools, ".config", "age", "keys.txt"), "AGE-SECRET-KEY\n");
+  writeFileSync(join(tools, ".netrc"), "machine x password NETRC-PASSWORD\n");
+  assert.match(host(tools, "cat .ssh/id_rsa .config/age/keys.txt .netrc").out, /PRIVATE-KEY\nAGE-SECRET-KEY\n.*NETRC-PASSWORD/s, "baseline");
+  const after = await sh(f.sb, f.project, look);
+  assert.equal(after.out, "tool\nend\n", "a secret that appeared after the check was made is shown");
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  // It goes again: the next command starts and reads what is left.
+  rmSync(join(tools, ".ssh"), { recursive: true });
+  const gone = await sh(f.sb, f.project, `ls -a ${tools}; cat ${join(tools, "bin", "tool.txt")}`);
+  assert.equal(gone.r.exitCode, 0, gone.out);
+  assert.match(gone.out, /tool\n$/);
+});
+
 test("the host probe says before any call when no sandbox can start here, with the fix", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const script = `require(${JSON.stringify(INDEX_CJS)}).sandboxProbe().then((why) => console.log("PROBE " + JSON.stringify(why)))`;

@@ -76,6 +76,9 @@ pub struct Request<'a> {
     /// Where a read-only project's walk is kept for the next start (the
     /// bash tool's commands); none: walk every time.
     pub cache: Option<&'a PlanCache>,
+    /// Where the host-secret check of `payload_reads` is kept for the
+    /// next start (the bash tool's commands); none: check every time.
+    pub kept_reads: Option<&'a crate::hostsecrets::KeptReads>,
 }
 
 /// A read-only project's walk (its secret masks), kept between starts
@@ -284,10 +287,15 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     let trees = [project, canonical_root.as_path()];
     let mut host_masks = host_masks(&secrets, mounts, &trees);
     // A tree the payload reads outside the project is a host directory
-    // shown to the sandbox like a read root.
-    for dir in payload_reads.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)) {
-        add(&mut host_masks, secrets.masks_under(dir, &trees));
-    }
+    // shown to the sandbox like a read root (its check kept between
+    // starts where the caller keeps it).
+    let outside: Vec<PathBuf> =
+        payload_reads.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)).cloned().collect();
+    let reads_check = match req.kept_reads {
+        Some(kept) => kept.check(&secrets, &outside, &trees),
+        None => crate::hostsecrets::check_anew(&secrets, &outside, &trees),
+    };
+    add(&mut host_masks, reads_check.masks);
     // The scratches set aside, where a grant shows the session directory.
     let quarantine = dirs.root.file_name().map(|n| canonical_root.join(n).join(crate::scratch::QUARANTINE));
     if let Some(q) = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir())) {
@@ -306,9 +314,13 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         .iter()
         .map(PathBuf::as_path)
         .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| m.source.as_path()))
-        .chain(payload_reads.iter().map(PathBuf::as_path))
         .collect();
-    let secret_watch = secrets.watch_points(&granted, &trees);
+    let mut secret_watch = secrets.watch_points(&granted, &trees);
+    for point in reads_check.points {
+        if !secret_watch.contains(&point) {
+            secret_watch.push(point);
+        }
+    }
     let mut plan_notes = Vec::new();
     // The session's empty file and directory: the source of every mask,
     // the kernel's information files, the project's secrets and the host

@@ -65,6 +65,9 @@ pub struct Context<'a> {
     pub config: &'a ShellConfig,
     /// The read-only project's walk, kept between the session's commands.
     pub plans: &'a confine::PlanCache,
+    /// The host-secret check of the trees a command reads, kept between
+    /// the session's commands.
+    pub kept_reads: &'a crate::hostsecrets::KeptReads,
 }
 
 /// One command, as the tool hands it over.
@@ -312,6 +315,7 @@ pub async fn run(
         settings,
         secrets,
         cache: Some(ctx.plans),
+        kept_reads: Some(ctx.kept_reads),
         seccomp: crate::seccomp::Profile::Shell,
     })
     .await
