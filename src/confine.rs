@@ -76,64 +76,14 @@ pub struct Request<'a> {
     /// Where a read-only project's walk is kept for the next start (the
     /// bash tool's commands); none: walk every time.
     pub cache: Option<&'a PlanCache>,
+    /// Where the host-secret check of `payload_reads` is kept for the
+    /// next start (the bash tool's commands); none: check every time.
+    pub kept_reads: Option<&'a crate::hostsecrets::KeptReads>,
 }
 
-/// A read-only project's walk (its secret masks), kept between starts
-/// while it stays right. Right means: the same project, settings, grants
-/// and known secrets (the key), the walk's own watch saying that no name
-/// it would mask appeared since (`SecretWatch::stale`, the check the
-/// python tool makes before each call), and every masked entry still
-/// there. A read-only project is written by no sandbox, so only the
-/// host's own programs change it, and those changes are what the watch
-/// sees. A writable mode always walks (its guard is per sandbox).
-#[derive(Default, Clone)]
-pub struct PlanCache(Arc<parking_lot::Mutex<Option<Cached>>>);
-
-struct Cached {
-    key: String,
-    masks: Vec<protected::Bind>,
-    report: MaskReport,
-    watch: Option<Arc<protected::SecretWatch>>,
-}
-
-fn clone_binds(binds: &[protected::Bind]) -> std::io::Result<Vec<protected::Bind>> {
-    binds
-        .iter()
-        .map(|b| Ok(protected::Bind { fd: b.fd.try_clone()?, rel: b.rel.clone(), read_only: b.read_only }))
-        .collect()
-}
-
-impl PlanCache {
-    /// The kept walk for `key`, when it is still right (blocking: the
-    /// watch may walk where it does not cover the project).
-    fn fresh(
-        &self,
-        key: &str,
-        project: &Path,
-    ) -> Option<(Vec<protected::Bind>, MaskReport, Option<Arc<protected::SecretWatch>>)> {
-        let guard = self.0.lock();
-        let kept = guard.as_ref().filter(|c| c.key == key)?;
-        if kept.watch.as_ref().is_some_and(|w| w.stale().is_some()) {
-            return None;
-        }
-        let tree = crate::beneath::Tree::open(project).ok()?;
-        let all_there = kept.report.masked.iter().all(|m| tree.lstat(&m.rel).is_ok_and(|st| st.is_some()));
-        if !all_there {
-            return None;
-        }
-        Some((clone_binds(&kept.masks).ok()?, kept.report.clone(), kept.watch.clone()))
-    }
-
-    fn keep(
-        &self,
-        key: String,
-        masks: &[protected::Bind],
-        report: &MaskReport,
-        watch: Option<Arc<protected::SecretWatch>>,
-    ) {
-        *self.0.lock() = clone_binds(masks).ok().map(|masks| Cached { key, masks, report: report.clone(), watch });
-    }
-}
+mod cache;
+pub use cache::PlanCache;
+use cache::{clone_binds, Kept};
 
 /// A start's confinement, ready for a payload.
 pub struct Confined {
@@ -284,10 +234,15 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     let trees = [project, canonical_root.as_path()];
     let mut host_masks = host_masks(&secrets, mounts, &trees);
     // A tree the payload reads outside the project is a host directory
-    // shown to the sandbox like a read root.
-    for dir in payload_reads.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)) {
-        add(&mut host_masks, secrets.masks_under(dir, &trees));
-    }
+    // shown to the sandbox like a read root (its check kept between
+    // starts where the caller keeps it).
+    let outside: Vec<PathBuf> =
+        payload_reads.iter().filter(|d| !d.starts_with(project) && !d.starts_with(&canonical_root)).cloned().collect();
+    let reads_check = match req.kept_reads {
+        Some(kept) => kept.check(&secrets, &outside, &trees),
+        None => crate::hostsecrets::check_anew(&secrets, &outside, &trees),
+    };
+    add(&mut host_masks, reads_check.masks);
     // The scratches set aside, where a grant shows the session directory.
     let quarantine = dirs.root.file_name().map(|n| canonical_root.join(n).join(crate::scratch::QUARANTINE));
     if let Some(q) = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir())) {
@@ -306,9 +261,13 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         .iter()
         .map(PathBuf::as_path)
         .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| m.source.as_path()))
-        .chain(payload_reads.iter().map(PathBuf::as_path))
         .collect();
-    let secret_watch = secrets.watch_points(&granted, &trees);
+    let mut secret_watch = secrets.watch_points(&granted, &trees);
+    for point in reads_check.points {
+        if !secret_watch.contains(&point) {
+            secret_watch.push(point);
+        }
+    }
     let mut plan_notes = Vec::new();
     // The session's empty file and directory: the source of every mask,
     // the kernel's information files, the project's secrets and the host
@@ -332,19 +291,37 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     // read-only for this sandbox.
     let guard_init = host.guard_inotify;
     let cache_key = format!(
-        "{project:?}|{unmasked:?}|{:?}|{:?}|{:?}|{:?}|{}|{host_list:?}",
+        "{project:?}|{writable_mode}|{:?}|{unmasked:?}|{:?}|{:?}|{:?}|{:?}|{}|{host_list:?}",
+        req.tainted.lock(),
         settings.secrets,
         settings.scan,
         settings.protected,
         known.masks,
         known.idents.len()
     );
-    let cache = req.cache.filter(|_| !writable_mode);
+    let cache = req.cache;
     if let Some(cache) = cache {
         let (key, root, kept) = (cache_key.clone(), project.to_path_buf(), cache.clone());
         let hit = tokio::task::spawn_blocking(move || kept.fresh(&key, &root)).await.ok().flatten();
-        if let Some((masks, report, watch)) = hit {
-            tracing::debug!(masks = masks.len(), "the kept walk of the read-only project is reused");
+        // A writable project's kept walk: a guard of its own for this
+        // sandbox, watching the same holders (none to be had: walk).
+        let renewed = |(binds, seed): (Vec<protected::Bind>, Arc<protected::Guard>)| {
+            let guard = seed.renew(req.notes.clone()).ok()?;
+            let mut watcher = protected::Watcher::new(guard_init).ok()?;
+            watcher.watch_holders(&guard).ok()?;
+            Some((binds, Arc::new(guard), watcher))
+        };
+        let hit = hit.and_then(|k| match k.writable {
+            None => Some((k.masks, k.report, k.watch, None)),
+            Some(w) => renewed(w).map(|w| (k.masks, k.report, k.watch, Some(w))),
+        });
+        if let Some((masks, report, watch, writable)) = hit {
+            tracing::debug!(masks = masks.len(), "the kept walk of the project is reused");
+            let (binds, guard, watcher) = match writable {
+                Some((b, g, w)) => (b, Some(g), Some(w)),
+                None => (Vec::new(), None, None),
+            };
+            let writable = guard.is_some();
             return finish(Finish {
                 host,
                 dirs,
@@ -363,13 +340,13 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
                 mask_sources: (sources.file.clone(), sources.dir.clone()),
                 secret_watch,
                 plan_notes: report.incomplete_note().into_iter().collect(),
-                binds: Vec::new(),
+                binds,
                 masks,
                 report,
                 masks_watch: watch,
-                guard: None,
-                watcher: None,
-                writable: false,
+                guard,
+                watcher,
+                writable,
             });
         }
     }
@@ -431,8 +408,27 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         w.register();
         Arc::new(w)
     });
-    if let Some(cache) = cache {
-        cache.keep(cache_key, &plan.masks, &plan.report, masks_watch.clone());
+    // A writable project's walk is kept when the project is writable and
+    // the watch covers it (see `SecretWatch::unchanged`).
+    let guard = plan.guard.map(Arc::new);
+    let keepable = match (&guard, writable_mode) {
+        (_, false) => Some(None),
+        (Some(g), true) if writable && masks_watch.as_ref().is_some_and(|w| w.unchanged()) => {
+            clone_binds(&plan.binds).ok().map(|b| Some((b, g.clone())))
+        }
+        _ => None,
+    };
+    match (cache, keepable) {
+        (Some(cache), Some(protection)) => {
+            let masks = clone_binds(&plan.masks)
+                .map_err(|e| ConfineError::Prepare(format!("A mask could not be kept: {e}")))?;
+            let walk = Kept { masks, report: plan.report.clone(), watch: masks_watch.clone(), writable: protection };
+            let root = project.to_path_buf();
+            let kept = cache.clone();
+            let _ = tokio::task::spawn_blocking(move || kept.keep(cache_key, &root, walk)).await;
+        }
+        (Some(cache), None) => cache.forget(),
+        _ => {}
     }
     finish(Finish {
         host,
@@ -456,7 +452,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         masks: plan.masks,
         report: plan.report,
         masks_watch,
-        guard: plan.guard.map(Arc::new),
+        guard,
         watcher,
         writable,
     })

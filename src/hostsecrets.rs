@@ -22,6 +22,8 @@
 use std::path::{Path, PathBuf};
 
 mod cache;
+mod kept;
+pub use kept::{check_anew, KeptReads, ReadsCheck};
 
 /// Extra entries, colon separated, added to [`DEFAULT_HOST_SECRETS`].
 pub const HOST_SECRETS_ENV: &str = "PI_SANDBOX_HOST_SECRETS";
@@ -428,9 +430,12 @@ pub async fn watch(
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else { return };
     let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
-    let mut wds = Vec::new();
+    let mut wds: Vec<(nix::sys::inotify::WatchDescriptor, WatchPoint)> = Vec::new();
     for p in points {
-        if let Ok(wd) = inotify.add_watch(&p.dir, flags) {
+        // Many points share a directory: one watch each.
+        if let Some(wd) = wds.iter().find(|(_, q)| q.dir == p.dir).map(|(wd, _)| *wd) {
+            wds.push((wd, p));
+        } else if let Ok(wd) = inotify.add_watch(&p.dir, flags) {
             wds.push((wd, p));
         }
     }

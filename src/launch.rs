@@ -122,6 +122,7 @@ async fn start_once(
         settings,
         secrets,
         cache: None,
+        kept_reads: None,
         seccomp: seccomp::Profile::Python,
     })
     .await

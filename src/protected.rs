@@ -489,6 +489,15 @@ fn guard_of(tree: Tree, rules: Rules, found: Found, summary: Summary, sink: Note
     }
 }
 
+impl Guard {
+    /// A guard of the same plan for another sandbox (its own arming,
+    /// budget and notes), while the project is unchanged since the walk.
+    pub fn renew(&self, sink: Notes) -> std::io::Result<Guard> {
+        let (rules, found, scan) = (self.rules.clone(), self.found.clone(), self.scan.clone());
+        Ok(guard_of(self.tree.try_clone()?, rules, found, scan, sink, self.tainted.clone()))
+    }
+}
+
 /// `None` when `rel` exists; else its shallowest missing prefix.
 fn first_missing(tree: &Tree, rel: &Path) -> std::io::Result<Option<PathBuf>> {
     let mut prefix = PathBuf::new();

@@ -65,6 +65,9 @@ pub struct Context<'a> {
     pub config: &'a ShellConfig,
     /// The read-only project's walk, kept between the session's commands.
     pub plans: &'a confine::PlanCache,
+    /// The host-secret check of the trees a command reads, kept between
+    /// the session's commands.
+    pub kept_reads: &'a crate::hostsecrets::KeptReads,
 }
 
 /// One command, as the tool hands it over.
@@ -312,6 +315,7 @@ pub async fn run(
         settings,
         secrets,
         cache: Some(ctx.plans),
+        kept_reads: Some(ctx.kept_reads),
         seccomp: crate::seccomp::Profile::Shell,
     })
     .await
@@ -368,6 +372,7 @@ pub async fn run(
         g.arm(pid, killed_for.clone());
         g.set_budget(budget.clone());
     }
+    let project_watch = masks_watch.clone();
     let watches = crate::watches::start(crate::watches::Armed {
         pid,
         guard: guard.clone(),
@@ -450,9 +455,17 @@ pub async fn run(
     kill_group(pid);
     let mut ended_notes = Vec::new();
     if let Some(guard) = guard {
+        // Nothing new in the project since the walk (no entry made, moved
+        // or removed where the walk looks): no new protected name either,
+        // and the walk is kept for the next command. Else the whole check.
         let found = Arc::new(parking_lot::Mutex::new(protected::NoteList::default()));
         let sink = found.clone();
-        let _ = tokio::task::spawn_blocking(move || protected::settle_and_check(&guard, None, &sink)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            if !project_watch.is_some_and(|w| w.unchanged()) {
+                protected::settle_and_check(&guard, None, &sink);
+            }
+        })
+        .await;
         ended_notes.extend(found.lock().take());
     }
     ended_notes.extend(plan_notes.lock().take());

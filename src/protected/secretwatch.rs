@@ -46,8 +46,17 @@ const DRAIN_READS: usize = 256;
 
 /// Added through `/proc/self/fd/N` of the directory's own fd (a magic
 /// link to what was opened beneath the project, so it is followed).
-const FLAGS: AddWatchFlags =
-    AddWatchFlags::IN_CREATE.union(AddWatchFlags::IN_MOVED_TO).union(AddWatchFlags::IN_ONLYDIR);
+/// Names removed, moved away or changed in their attributes are not
+/// looked at: they only tell that the project changed (see
+/// [`SecretWatch::unchanged`]).
+const FLAGS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_ATTRIB)
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_MOVE_SELF)
+    .union(AddWatchFlags::IN_ONLYDIR);
 
 /// Why a start's masks are stale: what appeared in the project, by its
 /// host path.
@@ -134,6 +143,9 @@ struct State {
     stale: Option<String>,
     /// When a reaction last walked the project.
     walked: Option<std::time::Instant>,
+    /// An entry of a watched directory was made, removed, moved or
+    /// changed since the walk (it stays so).
+    changed: bool,
 }
 
 /// A running sandbox's watch on the project's secrets.
@@ -157,7 +169,14 @@ impl SecretWatch {
             plan,
             inotify: None,
             raw: inotify,
-            state: parking_lot::Mutex::new(State { wds, complete, listed: 0, stale: None, walked: None }),
+            state: parking_lot::Mutex::new(State {
+                wds,
+                complete,
+                listed: 0,
+                stale: None,
+                walked: None,
+                changed: false,
+            }),
         }
     }
 
@@ -207,6 +226,25 @@ impl SecretWatch {
         state.stale.clone()
     }
 
+    /// Blocking: whether the project is as the walk saw it: no entry of a
+    /// watched directory made, removed, moved or changed since, every
+    /// directory the walk entered watched, the queue never overflowed.
+    /// What the watch does not cover (dependency trees, protected and
+    /// masked directories) the walk does not look at either.
+    pub fn unchanged(&self) -> bool {
+        let mut state = self.state.lock();
+        if state.stale.is_some() {
+            return false;
+        }
+        match self.drain(&mut state, DRAIN_READS) {
+            Err(why) => {
+                state.stale = Some(why.to_string());
+                false
+            }
+            Ok(drained) => drained && state.complete && !state.changed,
+        }
+    }
+
     /// Blocking: one batch of the watch's reactions (at most
     /// [`BATCH_READS`] reads of the queue): why the masks are stale, or
     /// whether events are left. Where the watch does not cover the whole
@@ -251,8 +289,12 @@ impl SecretWatch {
                     state.complete = false;
                     continue;
                 }
+                state.changed = true;
                 if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
                     state.wds.remove(&ev.wd);
+                    continue;
+                }
+                if !ev.mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
                     continue;
                 }
                 let (Some(dir), Some(name)) = (state.wds.get(&ev.wd).cloned(), ev.name) else { continue };

@@ -18,6 +18,8 @@ pub(super) struct Shells {
     config: parking_lot::Mutex<ShellConfig>,
     /// A read-only project's walk, kept between commands (see `confine`).
     plans: crate::confine::PlanCache,
+    /// The host-secret check of the trees commands read, kept between them.
+    kept_reads: crate::hostsecrets::KeptReads,
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
@@ -92,6 +94,7 @@ impl<H: Host> Session<H> {
             known: self.known_secrets.clone(),
             config: &config,
             plans: &self.shells.plans,
+            kept_reads: &self.shells.kept_reads,
         };
         let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
         if ended.secret_appeared {
