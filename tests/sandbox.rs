@@ -12,6 +12,8 @@ use pi_python_sandbox::session::{Session, SessionOptions};
 
 #[path = "sandbox/live_mounts.rs"]
 mod live_mounts;
+#[path = "sandbox/net_listener.rs"]
+mod net_listener;
 
 struct Fixture {
     dir: PathBuf,
