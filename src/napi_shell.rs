@@ -142,6 +142,7 @@ impl PythonSandbox {
             additional_reads: reads,
             passthrough: settings.env_passthrough.unwrap_or_default(),
             config_path: settings.config_path.map(PathBuf::from),
+            network: None,
         });
         Ok(())
     }

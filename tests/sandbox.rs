@@ -14,6 +14,8 @@ use pi_python_sandbox::session::{Session, SessionOptions};
 mod live_mounts;
 #[path = "sandbox/net_listener.rs"]
 mod net_listener;
+#[path = "sandbox/net_shell.rs"]
+mod net_shell;
 
 struct Fixture {
     dir: PathBuf,

@@ -108,6 +108,33 @@ impl Summary {
     }
 }
 
+/// The reviewer where no one can review (no UI): an unmatched destination
+/// is refused at once.
+pub struct NoReviewer;
+
+impl Reviewer for NoReviewer {
+    async fn review(&self, _dest: &Destination) -> super::decide::Review {
+        super::decide::Review::Unavailable
+    }
+}
+
+/// The variables that point a command's clients at its proxy on
+/// `127.0.0.1:port`: `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (SOCKS5 with
+/// names resolved by the proxy) and their lowercase forms, and `NO_PROXY`
+/// for the sandbox's own loopback by name.
+pub fn environment(port: u16) -> Vec<(String, String)> {
+    let http = format!("http://127.0.0.1:{port}");
+    let socks = format!("socks5h://127.0.0.1:{port}");
+    let mut env = Vec::new();
+    for (name, value) in [("HTTP_PROXY", &http), ("HTTPS_PROXY", &http), ("ALL_PROXY", &socks)] {
+        env.push((name.to_string(), value.clone()));
+        env.push((name.to_ascii_lowercase(), value.clone()));
+    }
+    env.push(("NO_PROXY".into(), "localhost".into()));
+    env.push(("no_proxy".into(), "localhost".into()));
+    env
+}
+
 struct Shared<R, V> {
     policy: Policy,
     resolver: R,

@@ -2,7 +2,6 @@
 //! (a test listener on `127.0.0.1:0` stands in for the sandbox's).
 
 use super::*;
-use crate::network::decide::Review;
 use crate::network::policy::{parse_private, parse_rule, List};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,14 +16,6 @@ impl Resolver for Arc<Names> {
     async fn resolve(&self, name: &str, _port: u16) -> std::io::Result<Vec<IpAddr>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         self.table.get(name).cloned().ok_or_else(|| std::io::Error::other("no such name"))
-    }
-}
-
-struct NoReviewer;
-
-impl Reviewer for NoReviewer {
-    async fn review(&self, _dest: &Destination) -> Review {
-        Review::Unavailable
     }
 }
 
