@@ -57,6 +57,9 @@ pub struct ShellConfig {
     /// The proxy's policy when commands have a network (`network.mode`
     /// `"proxy"`); none: no network at all.
     pub network: Option<crate::network::proxy::Policy>,
+    /// Why commands have no network when the configuration's network part
+    /// is in error (said in every result).
+    pub network_off: Option<String>,
 }
 
 /// Where a command runs: the session's facts, directories and mounts.
@@ -338,6 +341,9 @@ pub async fn run(
         ..
     } = confined;
     notes.extend(start_notes);
+    if let Some(why) = &ctx.config.network_off {
+        notes.push(format!("The command had no network: {}.", crate::display::one_line(why.trim_end_matches('.'))));
+    }
     let mut env = environment(&cmd, ctx.config, &search.value);
     if ctx.config.network.is_some() {
         env.extend(crate::network::proxy::environment(PROXY_PORT));

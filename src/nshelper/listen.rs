@@ -5,10 +5,15 @@
 //! namespace (`NS_GET_USERNS` on `/proc/PID/ns/net`, asked by the parent:
 //! with `--disable-userns` the payload's own user namespace is a nested
 //! one, from which the network namespace cannot be joined), then the
-//! network namespace; it brings `lo` up if it is down, makes the socket
-//! (close-on-exec, non-blocking: the host serves it with tokio), binds it
-//! without `SO_REUSEPORT` (the sandbox shares its uid and could bind the
-//! same port beside it), listens, and sends it back over `SCM_RIGHTS`.
+//! network namespace; it makes the socket (close-on-exec, non-blocking:
+//! the host serves it with tokio), binds it without `SO_REUSEPORT` (the
+//! sandbox shares its uid and could bind the same port beside it), listens,
+//! and sends it back over `SCM_RIGHTS`. It never touches `lo`: bubblewrap
+//! sets loopback up in the sandbox's namespace while the helper may already
+//! run (the held process is announced before that), and a second writer
+//! makes bubblewrap's own setup fail; `IP_FREEBIND` lets the socket bind
+//! `127.0.0.1` before bubblewrap has added it, and the payload, released
+//! after bubblewrap's setup, finds both.
 //! The socket stays in the sandbox's namespace: a client inside connects
 //! to `127.0.0.1:<port>`, and only the host accepts.
 
@@ -28,10 +33,9 @@ const NS_GET_USERNS: libc::c_ulong = 0xb701;
 const OK: i32 = 0;
 const FAILED_JOIN_USER: i32 = 1;
 const FAILED_JOIN_NET: i32 = 2;
-const FAILED_LOOPBACK: i32 = 3;
-const FAILED_SOCKET: i32 = 4;
-const FAILED_BIND: i32 = 5;
-const FAILED_LISTEN: i32 = 6;
+const FAILED_SOCKET: i32 = 3;
+const FAILED_BIND: i32 = 4;
+const FAILED_LISTEN: i32 = 5;
 
 /// A listening socket on `127.0.0.1:port` in the network namespace of
 /// process `pid` (held at bubblewrap's `--block-fd`). Blocking: a fork, a
@@ -54,11 +58,6 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
         sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
         sin_zero: [0; 8],
     };
-    // SAFETY: an all-zero ifreq is valid; the name is set below.
-    let mut lo: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in lo.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
     let (ours, theirs) = socket_pair().map_err(HelperError::Fork)?;
     set_receive_timeout(&ours, HELPER_DEADLINE).map_err(HelperError::Fork)?;
     let (user_fd, net_fd, report_fd) = (user.as_raw_fd(), net.as_raw_fd(), theirs.as_raw_fd());
@@ -68,7 +67,7 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
     // `_exit`s.
     let child = match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
-            let (record, fd) = child_listen(user_fd, net_fd, &mut lo, &addr);
+            let (record, fd) = child_listen(user_fd, net_fd, &addr);
             child_report(report_fd, &record, fd);
             // SAFETY: _exit ends the child without running the parent's handlers.
             unsafe { libc::_exit(0) }
@@ -90,7 +89,6 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
         OK => return fd.ok_or_else(|| HelperError::NoReport("no socket came back".into())),
         FAILED_JOIN_USER => return Err(HelperError::Join { ns: "user", source }),
         FAILED_JOIN_NET => return Err(HelperError::Join { ns: "net", source }),
-        FAILED_LOOPBACK => "bring the loopback interface up",
         FAILED_SOCKET => "make a TCP socket",
         FAILED_BIND => "bind 127.0.0.1",
         FAILED_LISTEN => "listen",
@@ -101,7 +99,7 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
 
 // Below: the forked child. Raw system calls on prepared memory only.
 
-fn child_listen(user: i32, net: i32, lo: &mut libc::ifreq, addr: &libc::sockaddr_in) -> ([i32; 3], i32) {
+fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in) -> ([i32; 3], i32) {
     let fail = |what: i32| ([what, 0, errno()], -1);
     // SAFETY: setns on fds the child holds.
     if unsafe { libc::setns(user, libc::CLONE_NEWUSER) } != 0 {
@@ -112,29 +110,26 @@ fn child_listen(user: i32, net: i32, lo: &mut libc::ifreq, addr: &libc::sockaddr
         return fail(FAILED_JOIN_NET);
     }
     // SAFETY: socket(2) with constant arguments.
-    let ctl = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if ctl < 0 {
-        return fail(FAILED_LOOPBACK);
-    }
-    // SAFETY: SIOCGIFFLAGS / SIOCSIFFLAGS read and write the prepared ifreq.
-    let up = unsafe {
-        let mut ok = libc::ioctl(ctl, libc::SIOCGIFFLAGS, lo as *mut libc::ifreq) == 0;
-        if ok && lo.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
-            lo.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            ok = libc::ioctl(ctl, libc::SIOCSIFFLAGS, lo as *mut libc::ifreq) == 0;
-        }
-        ok
-    };
-    let e = errno();
-    // SAFETY: close of the fd just made.
-    unsafe { libc::close(ctl) };
-    if !up {
-        return ([FAILED_LOOPBACK, 0, e], -1);
-    }
-    // SAFETY: socket(2) with constant arguments.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
     if fd < 0 {
         return fail(FAILED_SOCKET);
+    }
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one int of the given size.
+    let freebind = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_IP,
+            libc::IP_FREEBIND,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if freebind != 0 {
+        let r = ([FAILED_BIND, 0, errno()], -1);
+        // SAFETY: close of the fd just made.
+        unsafe { libc::close(fd) };
+        return r;
     }
     let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     // SAFETY: bind(2) reads the prepared address of the given size.
