@@ -62,7 +62,9 @@ async fn curl_reaches_an_allowed_origin_through_the_proxy_and_nothing_else() {
          curl -sS --max-time 10 http://127.0.0.1:1/; echo \"literal=$?\"; \
          curl -sS --max-time 10 http://example.com/; echo \"unreviewed=$?\"; \
          curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{port}/ 2>/dev/null; echo \"bypass=$?\"; \
-         curl -sS --max-time 5 --noproxy '*' http://example.com/ 2>/dev/null; echo \"dns=$?\""
+         curl -sS --max-time 5 --noproxy '*' http://example.com/ 2>/dev/null; echo \"dns=$?\"; \
+         /usr/bin/python3 -c \"import urllib.request as u; print('urllib', u.urlopen('http://127.0.0.1:{port}/').read().decode())\"; \
+         /usr/bin/python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 3)\" 2>&1 | tail -1"
     );
     let (out, notes) = run(&f, Some(policy), &script).await;
     assert!(out.contains("hello-from-origin\nallowed=0"), "{out}");
@@ -71,6 +73,9 @@ async fn curl_reaches_an_allowed_origin_through_the_proxy_and_nothing_else() {
     // Without the proxy nothing leaves: no route to the host's loopback, no DNS.
     assert!(out.contains("bypass=7"), "{out}");
     assert!(out.contains("dns=6"), "{out}");
+    assert!(out.contains("urllib hello-from-origin"), "{out}");
+    // A raw connection to the host's loopback reaches the sandbox's own.
+    assert!(out.contains("ConnectionRefusedError"), "{out}");
     assert!(notes.iter().any(|n| n == &format!("network: allowed 127.0.0.1:{port}.")), "{notes:?}");
     assert!(notes.iter().any(|n| n.contains("(to allow it: network.allowedDomains \"example.com:80\")")), "{notes:?}");
     // Baseline: without a network the same allowed request cannot even
