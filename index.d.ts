@@ -353,6 +353,16 @@ export interface ModeChange {
   skipped: Array<SkippedRoot>
 }
 
+/** The sandboxes' network as the trusted file says (see `docs/network.md`). */
+export interface NetworkSettings {
+  mode: 'off' | 'proxy'
+  allowedDomains: Array<string>
+  deniedDomains: Array<string>
+  allowPrivate: Array<string>
+  /** Why the network is off when an error turned it off. */
+  offBecause?: string
+}
+
 /** What an answer to a read prompt does. */
 export interface ReadAnswer {
   /** Run the code again (the sandbox now has the path). */
@@ -492,6 +502,8 @@ export interface ShellSettings {
   envPassthrough?: Array<string>
   /** Where that configuration is (the hints name it). */
   configPath?: string
+  /** The trusted file's `network` part; none: no network. */
+  network?: NetworkSettings
 }
 
 export interface SkippedRoot {
@@ -629,4 +641,6 @@ export interface TrustedConfig {
   path: string
   /** The file was there (and so was read, or its error is in `errors`). */
   found: boolean
+  /** The `network` part, entries in canonical form. */
+  network: NetworkSettings
 }

@@ -6,7 +6,8 @@
  * so that it tells "refused" from "could not work anyway".
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { once } from "node:events";
 import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -288,6 +289,31 @@ test("pass-through names reach a command, but never one the sandbox refuses", as
   f.sb.setShellConfig({ envPassthrough: ["PPS_PASSED", "LD_LIBRARY_PATH"] });
   const { out } = await sh(f.sb, f.project, 'echo "$PPS_PASSED|$LD_LIBRARY_PATH"');
   assert.equal(out, "passed-value|\n");
+});
+
+test("the trusted network part gives a command the proxy: an allowPrivate origin is reached, a malformed entry turns the network off", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const server = spawn(process.execPath, ["-e", `
+    const s = require("node:net").createServer((c) => c.end("HTTP/1.0 200 OK\\r\\n\\r\\nHOST-ORIGIN\\n"));
+    s.listen(0, "127.0.0.1", () => console.log(s.address().port));`], { stdio: ["ignore", "pipe", "inherit"] });
+  t.after(() => {
+    server.kill("SIGKILL");
+  });
+  const [line] = (await once(server.stdout!, "data")) as [Buffer];
+  const port = Number(line.toString().trim());
+  const cmd = `curl -sS -m 10 http://127.0.0.1:${port}/ 2>&1; echo "rc=$?"`;
+  const network = { mode: "proxy" as const, allowedDomains: [], deniedDomains: ["*:22"], allowPrivate: [`127.0.0.1:${port}`] };
+  f.sb.setShellConfig({ network });
+  const { out, r } = await sh(f.sb, f.project, cmd);
+  assert.match(out, /HOST-ORIGIN\nrc=0/, out);
+  assert.ok(r.notes.includes(`network: allowed 127.0.0.1:${port}.`), r.notes.join("\n"));
+  // Baseline for the refusal below: the same command, an entry in error: no network at all.
+  f.sb.setShellConfig({ network: { ...network, allowPrivate: ["localhost"] } });
+  const off = await sh(f.sb, f.project, cmd);
+  assert.doesNotMatch(off.out, /HOST-ORIGIN/);
+  assert.match(off.out, /rc=7/, off.out);
+  assert.ok(off.r.notes.some((n) => n.startsWith("The command had no network: an entry of the configuration's network part is malformed")), off.r.notes.join("\n"));
 });
 
 test("an extra read that holds the project or lies in the sandbox's own /tmp is not shown, and the result says why", async (t) => {

@@ -181,6 +181,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         additionalAllowRead: trusted?.additionalAllowRead ?? [],
         envPassthrough: trusted?.envPassthrough ?? [],
         configPath: trusted?.path,
+        network: trusted?.network,
       });
       return addonShell(sandbox, () => {
         // The trusted configuration's errors, in the first result as well as at session start.

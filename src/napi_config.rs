@@ -42,6 +42,32 @@ pub struct TrustedConfig {
     pub path: String,
     /// The file was there (and so was read, or its error is in `errors`).
     pub found: bool,
+    /// The `network` part, entries in canonical form.
+    pub network: NetworkSettings,
+}
+
+/// The sandboxes' network as the trusted file says (see `docs/network.md`).
+#[napi(object)]
+#[derive(Clone)]
+pub struct NetworkSettings {
+    #[napi(ts_type = "'off' | 'proxy'")]
+    pub mode: String,
+    pub allowed_domains: Vec<String>,
+    pub denied_domains: Vec<String>,
+    pub allow_private: Vec<String>,
+    /// Why the network is off when an error turned it off.
+    pub off_because: Option<String>,
+}
+
+fn network_settings(n: &config::NetworkConfig) -> NetworkSettings {
+    use crate::network::policy::Mode;
+    NetworkSettings {
+        mode: if n.mode == Mode::Proxy { "proxy" } else { "off" }.into(),
+        allowed_domains: n.lists.allowed.iter().map(|r| r.to_string()).collect(),
+        denied_domains: n.lists.denied.iter().map(|r| r.to_string()).collect(),
+        allow_private: n.lists.allow_private.iter().map(|r| r.to_string()).collect(),
+        off_because: n.off_because.clone().map(displayed_line),
+    }
 }
 
 /// Read the trusted configuration at session start: `agentDir` is pi's
@@ -57,7 +83,9 @@ pub fn load_trusted_config(agent_dir: String, project_dir: String) -> TrustedCon
 
 fn converted(l: Loaded) -> TrustedConfig {
     let lossy = |p: &Path| p.to_string_lossy().into_owned();
+    let network = network_settings(&l.config.network);
     TrustedConfig {
+        network,
         bash: l.config.bash.as_str().into(),
         bash_source: l.bash_source.as_str().into(),
         user_bash: l.config.user_bash.as_str().into(),

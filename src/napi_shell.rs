@@ -54,6 +54,38 @@ pub struct ShellSettings {
     pub env_passthrough: Option<Vec<String>>,
     /// Where that configuration is (the hints name it).
     pub config_path: Option<String>,
+    /// The trusted file's `network` part; none: no network.
+    pub network: Option<crate::napi_config::NetworkSettings>,
+}
+
+/// Why the network is off when its part is in error (not when it is off
+/// by choice).
+fn network_off(n: Option<&crate::napi_config::NetworkSettings>) -> Option<String> {
+    let n = n?;
+    if let Some(why) = &n.off_because {
+        return Some(format!("the configuration's network part is in error ({why})"));
+    }
+    (n.mode == "proxy" && proxy_policy(Some(n.clone())).is_none())
+        .then(|| "an entry of the configuration's network part is malformed".to_string())
+}
+
+/// The proxy's policy from the trusted file's network part, entries read
+/// again by the same grammar; `off` or any entry in error: no network.
+fn proxy_policy(n: Option<crate::napi_config::NetworkSettings>) -> Option<crate::network::proxy::Policy> {
+    use crate::network::policy::{parse_private, parse_rule, List, Lists, YoloReview};
+    let n = n.filter(|n| n.mode == "proxy" && n.off_because.is_none())?;
+    let rules = |v: &[String], list| v.iter().map(|e| parse_rule(e, list).ok()).collect::<Option<Vec<_>>>();
+    let lists = Lists {
+        allowed: rules(&n.allowed_domains, List::Allowed)?,
+        denied: rules(&n.denied_domains, List::Denied)?,
+        allow_private: n.allow_private.iter().map(|e| parse_private(e).ok()).collect::<Option<Vec<_>>>()?,
+    };
+    Some(crate::network::proxy::Policy {
+        lists,
+        own: crate::network::addr::own_addresses(),
+        yolo: false,
+        yolo_review: YoloReview::Review,
+    })
 }
 
 fn ending_name(e: &Ending) -> &'static str {
@@ -142,6 +174,8 @@ impl PythonSandbox {
             additional_reads: reads,
             passthrough: settings.env_passthrough.unwrap_or_default(),
             config_path: settings.config_path.map(PathBuf::from),
+            network_off: network_off(settings.network.as_ref()),
+            network: proxy_policy(settings.network),
         });
         Ok(())
     }

@@ -17,4 +17,5 @@
 pub mod addr;
 pub mod decide;
 pub mod policy;
+pub mod proxy;
 pub mod wire;

@@ -9,10 +9,12 @@
 //! before it (no allocation, no locks), then `_exit`s. It reports one
 //! fixed-size record over a socket pair, with at most one fd (SCM_RIGHTS)
 //! for a step that opens one. What the steps mean (the sandbox's inotify
-//! limits, later a listener in its network namespace) is the callers'
+//! limits, the proxy's listener in its network namespace) is the callers'
 //! business, not this module's. [`mount`] is the one job with more steps:
-//! a read-only tree attached to (or detached from) a running sandbox.
+//! a read-only tree attached to (or detached from) a running sandbox;
+//! [`listen`] makes the listener of the sandbox's proxy.
 
+pub mod listen;
 pub mod mount;
 
 use std::ffi::CString;
@@ -97,6 +99,8 @@ pub enum HelperError {
     Write { path: String, source: io::Error },
     #[error("the helper did not report ({0})")]
     NoReport(String),
+    #[error("the helper could not {step} (port {port}) in the sandbox's network namespace: {source}")]
+    Listen { step: &'static str, port: u16, source: io::Error },
     #[error("more than one step hands an fd back")]
     TwoFds,
 }

@@ -146,10 +146,10 @@ const fn eperm_when(syscall: &'static str, when: When, reason: &'static str) -> 
 
 /// The system calls a payload may make, by what it runs. [`allowlist`] and
 /// [`rules`] are the python profile; every other profile is named by how
-/// it differs from them ([`allowlist_for`], [`rules_for`]). No profile has
-/// network sockets: they belong to a policy whose network is a host proxy
-/// (`socket(AF_INET)` in the sandbox's empty network namespace), and there
-/// is none yet.
+/// it differs from them ([`allowlist_for`], [`rules_for`]). Only
+/// [`Profile::ShellNet`] has network sockets: TCP ones, for a policy whose
+/// network is a host proxy (`socket(AF_INET)` in the sandbox's empty
+/// network namespace).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Profile {
     /// The python tool: no sockets of any kind.
@@ -157,17 +157,63 @@ pub enum Profile {
     Python,
     /// A shell: also a connected pair of Unix sockets.
     Shell,
+    /// A shell whose network is the host's proxy: also TCP sockets
+    /// (`AF_INET`/`AF_INET6`, `SOCK_STREAM`) in its own network namespace,
+    /// where the proxy's listener is the one way out.
+    ShellNet,
 }
 
 impl Profile {
-    pub const ALL: [Profile; 2] = [Profile::Python, Profile::Shell];
+    pub const ALL: [Profile; 3] = [Profile::Python, Profile::Shell, Profile::ShellNet];
 
     fn index(self) -> usize {
         match self {
             Profile::Python => 0,
             Profile::Shell => 1,
+            Profile::ShellNet => 2,
         }
     }
+
+    fn is_shell(self) -> bool {
+        matches!(self, Profile::Shell | Profile::ShellNet)
+    }
+}
+
+/// Socket domains and types of [`Profile::ShellNet`]'s TCP sockets.
+pub const AF_INET: u64 = 2;
+pub const AF_INET6: u64 = 10;
+pub const SOCK_STREAM: u64 = 1;
+/// The socket types other than `SOCK_STREAM` (the low four bits of
+/// `socket`'s type; the others are flags): datagram, raw, RDM, seqpacket,
+/// DCCP, packet.
+const OTHER_SOCKET_TYPES: [u64; 6] = [2, 3, 4, 5, 6, 10];
+
+const SOCKET_TCP: &str = "TCP sockets, in the sandbox's own network namespace: its loopback, where the host's \
+    proxy listens, is the only place they reach";
+
+/// `socket`'s refusals in [`Profile::ShellNet`], every one testing the
+/// domain first: every domain but `AF_INET`/`AF_INET6` (each of 0-63 by
+/// value, every larger one by a bit it sets), and those two with a type
+/// other than `SOCK_STREAM`.
+fn tcp_only_socket_rules() -> Vec<Rule> {
+    const WHY: &str = "no socket but a TCP one (AF_INET/AF_INET6, SOCK_STREAM): no netlink, packet, raw or datagram \
+        socket, no Unix socket to a host service bound into a mount";
+    let refuse = |when| Rule { syscall: "socket", action: Action::Eperm, when, required: true, reason: WHY };
+    let low = u64::from(u32::MAX);
+    let mut rules: Vec<Rule> = (0..64u64)
+        .filter(|f| *f != AF_INET && *f != AF_INET6)
+        .map(|f| refuse(When::ArgMasked { arg: 0, mask: low, value: f }))
+        .collect();
+    rules.extend((6..32).map(|bit| refuse(When::ArgMasked { arg: 0, mask: 1 << bit, value: 1 << bit })));
+    for family in [AF_INET, AF_INET6] {
+        for ty in OTHER_SOCKET_TYPES {
+            rules.push(refuse(When::Both(
+                Cmp::Masked { arg: 0, mask: low, value: family },
+                Cmp::Masked { arg: 1, mask: 0xf, value: ty },
+            )));
+        }
+    }
+    rules
 }
 
 /// `socketpair`'s domain for a pair of Unix sockets.
@@ -181,8 +227,11 @@ const SOCKETPAIR_UNIX: &str = "a shell's pipelines and tools it runs (sort, copr
 /// `socketpair` (refused below for every domain but `AF_UNIX`).
 pub fn allowlist_for(profile: Profile) -> Vec<Allowed> {
     let mut allowed = allowlist();
-    if profile == Profile::Shell {
+    if profile.is_shell() {
         allowed.push(allow(&["socketpair"], SOCKETPAIR_UNIX));
+    }
+    if profile == Profile::ShellNet {
+        allowed.push(allow(&["socket"], SOCKET_TCP));
     }
     allowed
 }
@@ -191,7 +240,11 @@ pub fn allowlist_for(profile: Profile) -> Vec<Allowed> {
 /// refusal of `socketpair` narrowed to every domain but `AF_UNIX`.
 pub fn rules_for(profile: Profile) -> Vec<Rule> {
     let mut rules = rules();
-    if profile == Profile::Shell {
+    if profile == Profile::ShellNet {
+        rules.retain(|r| r.syscall != "socket");
+        rules.extend(tcp_only_socket_rules());
+    }
+    if profile.is_shell() {
         for rule in rules.iter_mut().filter(|r| r.syscall == "socketpair") {
             *rule = Rule {
                 syscall: "socketpair",
@@ -665,6 +718,45 @@ mod tests {
             ("socketpair", Action::Eperm, When::ArgNot { arg: 0, value: AF_UNIX })
         );
         assert!(is.required && !is.reason.is_empty());
+    }
+
+    #[test]
+    fn the_network_shell_profile_allows_tcp_sockets_and_refuses_every_other_socket() {
+        let net = profile_program(Profile::ShellNet);
+        let shell = profile_program(Profile::Shell);
+        let socket = nr("socket");
+        const CLOEXEC_NONBLOCK: u64 = 0o2000000 | 0o4000;
+        for (domain, ty) in [(AF_INET, SOCK_STREAM), (AF_INET6, SOCK_STREAM), (AF_INET, SOCK_STREAM | CLOEXEC_NONBLOCK)]
+        {
+            let args = [domain, ty, 0, 0, 0, 0];
+            assert_eq!(run(&net, AUDIT_ARCH, socket, args), RET_ALLOW, "{domain} {ty:#x}");
+            // Baseline: the shell without a network refuses the same call.
+            assert_eq!(run(&shell, AUDIT_ARCH, socket, args), EPERM, "{domain} {ty:#x} without a network");
+        }
+        const AF_UNIX_: u64 = 1;
+        const AF_NETLINK: u64 = 16;
+        const AF_PACKET: u64 = 17;
+        const SOCK_DGRAM: u64 = 2;
+        const SOCK_RAW: u64 = 3;
+        for (domain, ty) in [
+            (AF_NETLINK, SOCK_RAW),
+            (AF_NETLINK, SOCK_DGRAM),
+            (AF_PACKET, SOCK_RAW),
+            (AF_UNIX_, SOCK_STREAM),
+            (0, SOCK_STREAM),
+            (AF_INET, SOCK_RAW),
+            (AF_INET, SOCK_DGRAM),
+            (AF_INET6, SOCK_DGRAM | CLOEXEC_NONBLOCK),
+            (AF_INET6, SOCK_RAW),
+            (45, SOCK_STREAM),
+            (64, SOCK_STREAM),
+            (0x8000_0002, SOCK_STREAM),
+        ] {
+            assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty:#x}");
+        }
+        // The Unix pair stays as in the shell profile.
+        assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_UNIX_, 1, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_INET, 1, 0, 0, 0, 0]), EPERM);
     }
 
     #[test]

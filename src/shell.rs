@@ -17,11 +17,14 @@ use tokio::sync::watch;
 use crate::bwrap::bwrap_argv;
 use crate::confine::{self, Confined, HostFacts};
 use crate::limits::{CLEANUP_DEADLINE, SHELL_OUTPUT_CAP_BYTES};
+use crate::network::decide::SystemResolver;
+use crate::network::proxy::NoReviewer;
+use crate::nshelper::listen::PROXY_PORT;
 use crate::permissions::MountConfig;
 use crate::protected;
 use crate::rundir::Dirs;
 use crate::runtime::shell::{self as payload, Shell};
-use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
+use crate::spawn::{kill_group, prepare_inside_with, spawn_sandbox};
 
 pub mod hints;
 
@@ -51,6 +54,12 @@ pub struct ShellConfig {
     pub passthrough: Vec<String>,
     /// Where the trusted configuration is, for the hints that name it.
     pub config_path: Option<PathBuf>,
+    /// The proxy's policy when commands have a network (`network.mode`
+    /// `"proxy"`); none: no network at all.
+    pub network: Option<crate::network::proxy::Policy>,
+    /// Why commands have no network when the configuration's network part
+    /// is in error (said in every result).
+    pub network_off: Option<String>,
 }
 
 /// Where a command runs: the session's facts, directories and mounts.
@@ -316,7 +325,10 @@ pub async fn run(
         secrets,
         cache: Some(ctx.plans),
         kept_reads: Some(ctx.kept_reads),
-        seccomp: crate::seccomp::Profile::Shell,
+        seccomp: match ctx.config.network {
+            Some(_) => crate::seccomp::Profile::ShellNet,
+            None => crate::seccomp::Profile::Shell,
+        },
     })
     .await
     .map_err(not_started)?;
@@ -333,21 +345,41 @@ pub async fn run(
         ..
     } = confined;
     notes.extend(start_notes);
-    let sh = Shell {
-        shell,
-        command: cmd.command.clone(),
-        cwd,
-        env: environment(&cmd, ctx.config, &search.value),
-        files,
-        reads: reads.clone(),
-    };
+    if let Some(why) = &ctx.config.network_off {
+        notes.push(format!("The command had no network: {}.", crate::display::one_line(why.trim_end_matches('.'))));
+    }
+    let mut env = environment(&cmd, ctx.config, &search.value);
+    if ctx.config.network.is_some() {
+        env.extend(crate::network::proxy::environment(PROXY_PORT));
+    }
+    let sh = Shell { shell, command: cmd.command.clone(), cwd, env, files, reads: reads.clone() };
     let argv = bwrap_argv(&policy, &payload::payload(&sh));
     let filter =
         crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
     let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join())
         .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
     let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
-    if let Err(why) = prepare_inside(child.info, &child.release, &policy.held_rlimits(), steps).await {
+    let listen = ctx.config.network.as_ref().map(|_| PROXY_PORT);
+    let (prepared, listener) =
+        match prepare_inside_with(child.info, &child.release, &policy.held_rlimits(), steps, listen).await {
+            Ok(listener) => (Ok(()), listener),
+            Err(why) => (Err(why), None),
+        };
+    let proxy = match (listener, &ctx.config.network) {
+        (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
+            Ok(l) => Some(crate::network::proxy::serve(l, net.clone(), SystemResolver, NoReviewer)),
+            Err(e) => {
+                notes.push(format!("The command had no network: its proxy could not serve its listener ({e})."));
+                None
+            }
+        },
+        (Some(Err(e)), _) => {
+            notes.push(format!("The command had no network: {e}."));
+            None
+        }
+        _ => None,
+    };
+    if let Err(why) = prepared {
         kill_group(child.pid);
         let mut err = String::new();
         let _ = tokio::time::timeout(CLEANUP_DEADLINE, async {
@@ -483,6 +515,9 @@ pub async fn run(
             None => Ending::Exited(-1),
         },
     };
+    if let Some(proxy) = proxy {
+        ended_notes.extend(proxy.summary().lines());
+    }
     if let Some(oom) = contained.oom_note(true) {
         ended_notes.push(oom);
     }

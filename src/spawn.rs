@@ -309,6 +309,20 @@ pub async fn prepare_inside(
     limits: &[(Resource, u64)],
     steps: Vec<crate::nshelper::Step>,
 ) -> Result<(), Unprepared> {
+    prepare_inside_with(info, release, limits, steps, None).await.map(|_| ())
+}
+
+/// [`prepare_inside`], and with `listen` a listener on `127.0.0.1:PORT`
+/// in the sandbox's network namespace (`nshelper::listen`), made before
+/// the payload is released. The listener's failure does not stop the
+/// start: the sandbox then has no network, and the error says why.
+pub async fn prepare_inside_with(
+    info: OwnedFd,
+    release: &OwnedFd,
+    limits: &[(Resource, u64)],
+    steps: Vec<crate::nshelper::Step>,
+    listen: Option<u16>,
+) -> Result<Option<Result<OwnedFd, crate::nshelper::HelperError>>, Unprepared> {
     let began = std::time::Instant::now();
     let info = pipe::Receiver::from_owned_fd(info).map_err(Unprepared::InfoPipe)?;
     let mut text = Vec::new();
@@ -331,13 +345,21 @@ pub async fn prepare_inside(
             .await
             .map_err(Unprepared::HelperThread)??;
     }
+    let listener = match listen {
+        Some(port) => Some(
+            tokio::task::spawn_blocking(move || crate::nshelper::listen::listen(pid, port))
+                .await
+                .map_err(Unprepared::HelperThread)?,
+        ),
+        None => None,
+    };
     match nix::unistd::write(release, b"1") {
         Ok(1) => {}
         Ok(_) => return Err(Unprepared::NotReleased),
         Err(e) => return Err(Unprepared::Release(e)),
     }
     tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
-    Ok(())
+    Ok(listener)
 }
 
 /// SIGKILL the sandbox's process group: bwrap, the namespace's init and

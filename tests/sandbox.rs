@@ -12,6 +12,10 @@ use pi_python_sandbox::session::{Session, SessionOptions};
 
 #[path = "sandbox/live_mounts.rs"]
 mod live_mounts;
+#[path = "sandbox/net_listener.rs"]
+mod net_listener;
+#[path = "sandbox/net_shell.rs"]
+mod net_shell;
 
 struct Fixture {
     dir: PathBuf,

@@ -1,0 +1,182 @@
+//! The proxy against local origins, with a fake resolver and no reviewer
+//! (a test listener on `127.0.0.1:0` stands in for the sandbox's).
+
+use super::*;
+use crate::network::policy::{parse_private, parse_rule, List};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Default)]
+struct Names {
+    table: HashMap<String, Vec<IpAddr>>,
+    asked: AtomicUsize,
+}
+
+impl Resolver for Arc<Names> {
+    async fn resolve(&self, name: &str, _port: u16) -> std::io::Result<Vec<IpAddr>> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.table.get(name).cloned().ok_or_else(|| std::io::Error::other("no such name"))
+    }
+}
+
+/// An origin that answers every connection with what it received (the
+/// head, and for a tunnel the first bytes), and counts connections.
+async fn origin() -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = l.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 65536 {
+                    match tokio::time::timeout(Duration::from_millis(300), conn.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", got.len());
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.write_all(&got).await;
+            });
+        }
+    });
+    (port, count, task)
+}
+
+struct Setup {
+    proxy: SocketAddr,
+    served: Served<Arc<Names>, NoReviewer>,
+    names: Arc<Names>,
+}
+
+async fn proxy(allowed: &[&str], private: &[String], names: &[(&str, &str)]) -> Setup {
+    let lists = Lists {
+        allowed: allowed.iter().map(|e| parse_rule(e, List::Allowed).unwrap()).collect(),
+        denied: vec![parse_rule("*:22", List::Denied).unwrap()],
+        allow_private: private.iter().map(|e| parse_private(e).unwrap()).collect(),
+    };
+    let mut n = Names::default();
+    for (name, ip) in names {
+        n.table.insert(name.to_string(), vec![ip.parse().unwrap()]);
+    }
+    let names = Arc::new(n);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = l.local_addr().unwrap();
+    let policy = Policy { lists, own: vec![], yolo: false, yolo_review: YoloReview::Allow };
+    let served = serve(l, policy, names.clone(), NoReviewer);
+    Setup { proxy, served, names }
+}
+
+/// Send `bytes` to the proxy; everything it answers until it closes.
+async fn exchange(proxy: SocketAddr, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    c.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await.unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn a_plain_request_allowed_by_allow_private_reaches_the_origin_rewritten() {
+    let (port, count, _o) = origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let req = format!(
+        "GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic eDp5\r\n\
+         Connection: keep-alive\r\n\r\n"
+    );
+    let out = exchange(s.proxy, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    assert!(out.contains("GET /x HTTP/1.1\r\n"), "{out}");
+    assert!(out.contains(&format!("Host: 127.0.0.1:{port}\r\n")), "{out}");
+    assert!(!out.contains("Proxy-Authorization") && !out.contains("keep-alive"), "{out}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(s.served.summary().lines(), vec![format!("network: allowed 127.0.0.1:{port}.")]);
+}
+
+#[tokio::test]
+async fn a_host_header_other_than_the_authority_is_refused_before_any_connection() {
+    let (port, count, _o) = origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let req = format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: evil.example\r\n\r\n");
+    let out = exchange(s.proxy, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(out.contains("the Host header names `evil.example`"), "{out}");
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_empty_allowlist_without_a_reviewer_refuses_a_name_before_any_lookup() {
+    // CVE-2025-66479's regression: an empty list is not "allow all".
+    let s = proxy(&[], &[], &[("example.com", "93.184.216.34")]).await;
+    let out = exchange(s.proxy, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(out.contains("no one can review it") && out.contains("network.allowedDomains"), "{out}");
+    assert_eq!(s.names.asked.load(Ordering::SeqCst), 0);
+    let lines = s.served.summary().lines();
+    assert!(lines[0].contains("(to allow it: network.allowedDomains \"example.com:443\")"), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_denied_port_and_an_address_no_entry_names_are_refused_with_their_rule() {
+    let s = proxy(&["example.com"], &[], &[("example.com", "93.184.216.34")]).await;
+    let out = exchange(s.proxy, b"CONNECT example.com:22 HTTP/1.1\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 403") && out.contains("refused by network.deniedDomains \"*:22\""), "{out}");
+    let out = exchange(s.proxy, b"CONNECT 127.0.0.1:80 HTTP/1.1\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 403") && out.contains("is an IP address that no allow entry names"), "{out}");
+}
+
+#[tokio::test]
+async fn a_name_that_resolves_to_a_private_address_is_refused_unless_allow_private_names_it() {
+    let (port, count, _o) = origin().await;
+    let req = format!("GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n");
+    let s = proxy(&["origin.test"], &[], &[("origin.test", "127.0.0.1")]).await;
+    let out = exchange(s.proxy, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 403") && out.contains("resolves to 127.0.0.1"), "{out}");
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    // Baseline: the same request with the name in allowPrivate goes through.
+    let s = proxy(&[], &["origin.test".to_string()], &[("origin.test", "127.0.0.1")]).await;
+    let out = exchange(s.proxy, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_tunnel_whose_tls_server_name_is_not_its_host_is_closed_before_the_origin_gets_a_byte() {
+    let (port, _count, _o) = origin().await;
+    let s = proxy(&[], &["origin.test".to_string()], &[("origin.test", "127.0.0.1")]).await;
+    let connect = format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n");
+    let mut lying = connect.clone().into_bytes();
+    lying.extend(tls::build_client_hello(Some(b"other.test"), &[]));
+    let out = exchange(s.proxy, &lying).await;
+    assert_eq!(out, "HTTP/1.1 200 Connection established\r\n\r\n");
+    assert!(s.served.summary().lines().iter().any(|l| l.contains("`other.test` is not the CONNECT host")));
+    // Baseline: the matching name reaches the origin (which echoes it).
+    let mut honest = connect.into_bytes();
+    honest.extend(tls::build_client_hello(Some(b"origin.test"), &[]));
+    let out = exchange(s.proxy, &honest).await;
+    assert!(out.contains("200 Connection established\r\n\r\nHTTP/1.1 200 OK"), "{out}");
+}
+
+#[tokio::test]
+async fn a_socks_name_with_a_nul_byte_is_refused_and_a_clean_one_connects() {
+    let (port, count, _o) = origin().await;
+    let s = proxy(&["*.allowed.test"], &["127.0.0.1".to_string()], &[("a.allowed.test", "127.0.0.1")]).await;
+    let socks_to = |name: &[u8]| {
+        let mut b = vec![5, 1, 0, 5, 1, 0, 3, name.len() as u8];
+        b.extend_from_slice(name);
+        b.extend_from_slice(&port.to_be_bytes());
+        b
+    };
+    let out = exchange(s.proxy, &socks_to(b"evil.test\0.a.allowed.test")).await.into_bytes();
+    assert_eq!(out[..4], [5, 0, 5, socks::reply::NOT_ALLOWED], "{out:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    let mut clean = socks_to(b"a.allowed.test");
+    clean.extend_from_slice(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    let out = exchange(s.proxy, &clean).await.into_bytes();
+    assert_eq!(out[..4], [5, 0, 5, socks::reply::SUCCEEDED], "{out:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}

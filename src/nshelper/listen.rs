@@ -1,0 +1,167 @@
+//! The listener job: a TCP socket bound to `127.0.0.1:<port>` inside a
+//! held sandbox's network namespace, listening, handed to the host.
+//!
+//! The helper joins the user namespace that **owns** the sandbox's network
+//! namespace (`NS_GET_USERNS` on `/proc/PID/ns/net`, asked by the parent:
+//! with `--disable-userns` the payload's own user namespace is a nested
+//! one, from which the network namespace cannot be joined), then the
+//! network namespace; it makes the socket (close-on-exec, non-blocking:
+//! the host serves it with tokio), binds it without `SO_REUSEPORT` (the
+//! sandbox shares its uid and could bind the same port beside it), listens,
+//! and sends it back over `SCM_RIGHTS`. It never touches `lo`: bubblewrap
+//! sets loopback up in the sandbox's namespace while the helper may already
+//! run (the held process is announced before that), and a second writer
+//! makes bubblewrap's own setup fail; `IP_FREEBIND` lets the socket bind
+//! `127.0.0.1` before bubblewrap has added it, and the payload, released
+//! after bubblewrap's setup, finds both.
+//! The socket stays in the sandbox's namespace: a client inside connects
+//! to `127.0.0.1:<port>`, and only the host accepts.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::{child_report, errno, reap, receive, set_receive_timeout, socket_pair, HelperError, HELPER_DEADLINE};
+
+/// The port the listener binds inside every sandbox with a proxy.
+pub const PROXY_PORT: u16 = 3128;
+/// Connections the kernel queues before the host accepts them.
+const BACKLOG: libc::c_int = 128;
+
+const NS_GET_USERNS: libc::c_ulong = 0xb701;
+
+// The record's first word: which step failed (0: none).
+const OK: i32 = 0;
+const FAILED_JOIN_USER: i32 = 1;
+const FAILED_JOIN_NET: i32 = 2;
+const FAILED_SOCKET: i32 = 3;
+const FAILED_BIND: i32 = 4;
+const FAILED_LISTEN: i32 = 5;
+
+/// A listening socket on `127.0.0.1:port` in the network namespace of
+/// process `pid` (held at bubblewrap's `--block-fd`). Blocking: a fork, a
+/// few system calls, a wait (about a millisecond).
+pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
+    let net = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|source| HelperError::OpenNamespace { ns: "net", source })?;
+    let net = OwnedFd::from(net);
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new fd.
+    let user = unsafe { libc::ioctl(net.as_raw_fd(), NS_GET_USERNS) };
+    if user < 0 {
+        return Err(HelperError::OpenNamespace { ns: "user", source: io::Error::last_os_error() });
+    }
+    // SAFETY: a fresh fd the ioctl made.
+    let user = unsafe { OwnedFd::from_raw_fd(user) };
+    // Everything the child touches, made before the fork.
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
+        sin_zero: [0; 8],
+    };
+    let (ours, theirs) = socket_pair().map_err(HelperError::Fork)?;
+    set_receive_timeout(&ours, HELPER_DEADLINE).map_err(HelperError::Fork)?;
+    let (user_fd, net_fd, report_fd) = (user.as_raw_fd(), net.as_raw_fd(), theirs.as_raw_fd());
+
+    // SAFETY: the child runs only `child_listen` and `child_report`, which
+    // make async-signal-safe system calls on memory prepared above, and
+    // `_exit`s.
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let (record, fd) = child_listen(user_fd, net_fd, &addr);
+            child_report(report_fd, &record, fd);
+            // SAFETY: _exit ends the child without running the parent's handlers.
+            unsafe { libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
+        Err(e) => return Err(HelperError::Fork(e.into())),
+    };
+    drop((theirs, user, net));
+    let report = receive(&ours);
+    if report.is_err() {
+        // SAFETY: kill(2) of our own child; no memory effects.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+    }
+    reap(child);
+    let (record, fd) = report.map_err(|e| HelperError::NoReport(e.to_string()))?;
+    let [what, _, e] = record;
+    let source = io::Error::from_raw_os_error(e);
+    let step = match what {
+        OK => return fd.ok_or_else(|| HelperError::NoReport("no socket came back".into())),
+        FAILED_JOIN_USER => return Err(HelperError::Join { ns: "user", source }),
+        FAILED_JOIN_NET => return Err(HelperError::Join { ns: "net", source }),
+        FAILED_SOCKET => "make a TCP socket",
+        FAILED_BIND => "bind 127.0.0.1",
+        FAILED_LISTEN => "listen",
+        other => return Err(HelperError::NoReport(format!("record {other}"))),
+    };
+    Err(HelperError::Listen { step, port, source })
+}
+
+// Below: the forked child. Raw system calls on prepared memory only.
+
+fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in) -> ([i32; 3], i32) {
+    let fail = |what: i32| ([what, 0, errno()], -1);
+    // SAFETY: setns on fds the child holds.
+    if unsafe { libc::setns(user, libc::CLONE_NEWUSER) } != 0 {
+        return fail(FAILED_JOIN_USER);
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setns(net, libc::CLONE_NEWNET) } != 0 {
+        return fail(FAILED_JOIN_NET);
+    }
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return fail(FAILED_SOCKET);
+    }
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one int of the given size.
+    let freebind = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_IP,
+            libc::IP_FREEBIND,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if freebind != 0 {
+        let r = ([FAILED_BIND, 0, errno()], -1);
+        // SAFETY: close of the fd just made.
+        unsafe { libc::close(fd) };
+        return r;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: bind(2) reads the prepared address of the given size.
+    if unsafe { libc::bind(fd, (addr as *const libc::sockaddr_in).cast(), len) } != 0 {
+        let r = ([FAILED_BIND, 0, errno()], -1);
+        // SAFETY: close of the fd just made.
+        unsafe { libc::close(fd) };
+        return r;
+    }
+    // SAFETY: listen(2) on the fd just bound.
+    if unsafe { libc::listen(fd, BACKLOG) } != 0 {
+        let r = ([FAILED_LISTEN, 0, errno()], -1);
+        // SAFETY: close of the fd just made.
+        unsafe { libc::close(fd) };
+        return r;
+    }
+    ([OK, 0, 0], fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_whose_namespaces_cannot_be_joined_gets_a_worded_error() {
+        // Our own user namespace cannot be re-entered: the join fails and
+        // says which namespace.
+        let me = std::process::id() as i32;
+        let err = listen(me, PROXY_PORT).unwrap_err();
+        assert!(matches!(err, HelperError::Join { ns: "user", .. }), "{err}");
+        assert!(err.to_string().starts_with("the helper could not join the sandbox's user namespace"), "{err}");
+        let gone = listen(i32::MAX, PROXY_PORT).unwrap_err();
+        assert!(matches!(gone, HelperError::OpenNamespace { ns: "net", .. }), "{gone}");
+    }
+}
