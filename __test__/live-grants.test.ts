@@ -183,6 +183,32 @@ test("a granted root's host secrets are masked before it is reachable (baseline:
   assert.doesNotMatch(r.text, /vault-token-value/);
 });
 
+test("a granted root that contains the project shows the project's secrets masked at its host path (baseline: a file beside them reads)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-live-parent-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  const project = join(base, "project");
+  mkdirSync(project);
+  writeFileSync(join(project, ".env"), "API_KEY=project-secret-value\n");
+  writeFileSync(join(project, "notes.txt"), "project-notes\n");
+  writeFileSync(join(base, "other.txt"), "other-data\n");
+  const read = (p: string) => `try:\n    print('${p}', repr(open('${p}').read()))\nexcept OSError as e:\n    print('${p}', 'error', e)`;
+  const code = [`${base}/other.txt`, `${project}/notes.txt`, `${project}/.env`].map(read).join("\n");
+  // The grant of the parent; a prompt for a secret (the masked file, once masked) is denied.
+  const select = async (title: string, options: string[]) =>
+    options.find((o) => o.startsWith(/secret/i.test(title) ? "Deny once" : "Allow reads from"));
+  const s = await setup(t, { project, outside: base, ui: { select, editor: async () => base } });
+  if (!s) return;
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code });
+  assert.match(r.text, /mounted in the running sandbox/);
+  assert.match(r.text, /other-data/);
+  // Baseline: the project is reachable at its host path through the grant.
+  assert.match(r.text, /project-notes/);
+  assert.doesNotMatch(r.text, /project-secret-value/);
+  // Masked as on a start with the same root: read as the empty mask, or refused as a secret.
+  assert.match(r.text, new RegExp(`${project}/\\.env ('' *$|error )`, "m"));
+});
+
 /**
  * The sandbox's mount table without mount ids or device numbers: mount point, options, type. The
  * worker's file is /worker.py in a process's first sandbox and /worker.pyc (its compiled form) in
@@ -287,6 +313,6 @@ test("as nobody: every test above passes unprivileged", { skip: process.env[AS_N
   const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
   const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
   assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 9$/m, out);
+  assert.match(out, /^# pass 10$/m, out);
   assert.match(out, /^# fail 0$/m);
 });

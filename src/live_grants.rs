@@ -174,7 +174,12 @@ pub fn apply(plan: &Plan, env: &Env<'_>) -> Result<Vec<HostMask>, LiveError> {
                 .quarantine
                 .filter(|q| q.starts_with(&tree.source))
                 .map(|q| HostMask { path: q.to_path_buf(), is_dir: true });
-            for m in secrets.iter().chain(&kernel).chain(&quarantine) {
+            // A tree that contains the project shows it at its host path:
+            // the project's masks go there too, as a start binds them.
+            let project = env.masks.masked.iter().filter(|_| env.project.starts_with(&tree.source));
+            let project = project.map(|m| HostMask { path: env.project.join(&m.rel), is_dir: m.dir });
+            let project: Vec<HostMask> = project.collect();
+            for m in secrets.iter().chain(&kernel).chain(&quarantine).chain(&project) {
                 let mask = Mask { path: m.path.clone(), is_dir: m.is_dir };
                 if m.path.starts_with(&tree.source) && m.path != tree.source && !masks.contains(&mask) {
                     masks.push(mask);
