@@ -841,6 +841,7 @@ module.exports.cleanupAll = nativeBinding.cleanupAll
 module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
 module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
+module.exports.PartKind = nativeBinding.PartKind
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
 module.exports.sandboxProbe = nativeBinding.sandboxProbe
 module.exports.Status = nativeBinding.Status

@@ -228,6 +228,14 @@ export interface ExecResult {
   isError: boolean
   /** The model-facing text, within 50 KiB and 2,000 lines. */
   text: string
+  /**
+   * Its status line, image lines, notes, log line and closing
+   * paragraph, where it has them, in order.
+   */
+  parts: Array<TextPart>
+  /** Lines and bytes of output `text` leaves out (0 when none). */
+  omittedLines: number
+  omittedBytes: number
   /** The call's time; after a read prompt, its runs and the wait. */
   durationMs: number
   /**
@@ -362,6 +370,9 @@ export interface NetworkSettings {
   /** Why the network is off when an error turned it off. */
   offBecause?: string
 }
+
+/** What a part of the text is. JavaScript gets the string union `PartKind`. */
+export type PartKind = 'status' | 'image' | 'note' | 'logs' | 'closing'
 
 /** What an answer to a read prompt does. */
 export interface ReadAnswer {
@@ -587,6 +598,16 @@ export interface StatusResult {
   secretScanComplete?: boolean
   /** The report as text for the model. */
   text: string
+}
+
+/**
+ * A part of `text` that a reader shows its own way, as UTF-16 offsets
+ * (`text.slice(start, end)`).
+ */
+export interface TextPart {
+  kind: PartKind
+  start: number
+  end: number
 }
 
 /** The settings the tool's description is built from. */

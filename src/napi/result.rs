@@ -6,7 +6,7 @@ use napi_derive::napi;
 use super::path_str;
 use crate::display::{displayed, displayed_line};
 use crate::grants::orchestrator::Finished;
-use crate::outcome::{closing, render, Status};
+use crate::outcome::{closing, render_parts, PartKind, Status};
 
 #[napi(object)]
 pub struct ExceptionResult {
@@ -33,6 +33,15 @@ pub struct ImageResult {
     pub description: String,
 }
 
+/// A part of `text` that a reader shows its own way, as UTF-16 offsets
+/// (`text.slice(start, end)`).
+#[napi(object)]
+pub struct TextPart {
+    pub kind: PartKind,
+    pub start: u32,
+    pub end: u32,
+}
+
 #[napi(object)]
 pub struct LogPaths {
     pub stdout: Option<String>,
@@ -50,6 +59,12 @@ pub struct ExecResult {
     pub is_error: bool,
     /// The model-facing text, within 50 KiB and 2,000 lines.
     pub text: String,
+    /// Its status line, image lines, notes, log line and closing
+    /// paragraph, where it has them, in order.
+    pub parts: Vec<TextPart>,
+    /// Lines and bytes of output `text` leaves out (0 when none).
+    pub omitted_lines: f64,
+    pub omitted_bytes: f64,
     /// The call's time; after a read prompt, its runs and the wait.
     pub duration_ms: f64,
     /// Of `durationMs`, the time spent waiting for the user's answer to
@@ -123,15 +138,17 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
     if o.diagnostic.is_none() {
         o.diagnostic = extra.take();
     }
-    let mut text = render(&o);
+    let mut rendered = render_parts(&o);
     let mut diagnostic = closing(&o);
     // Else it is told after the result's own text.
     if let Some(why) = extra.map(displayed) {
         if diagnostic.as_deref().map(|d| displayed(d.to_string())).as_deref() != Some(why.as_str()) {
-            text = format!("{text}\n\n{why}");
+            rendered.close_with(&why);
         }
         diagnostic = Some(why);
     }
+    let parts =
+        rendered.utf16().into_iter().map(|(kind, start, end)| TextPart { kind, start: start as u32, end: end as u32 });
     let join = |s: &crate::outcome::StreamText| {
         if s.omitted == 0 {
             format!("{}{}", s.head, s.tail)
@@ -142,7 +159,10 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
     ExecResult {
         status: o.status,
         is_error: o.status.is_failure(),
-        text,
+        parts: parts.collect(),
+        omitted_lines: rendered.omitted_lines as f64,
+        omitted_bytes: rendered.omitted_bytes as f64,
+        text: rendered.text,
         duration_ms: o.duration_ms as f64,
         waited_ms: o.waited_ms as f64,
         generation: o.generation as f64,
