@@ -145,6 +145,12 @@ export interface BwrapInfo {
   setuid: boolean
 }
 
+/**
+ * What became of the interpreter's state in the call (the engine's
+ * `StateFate`; the text says it in one sentence).
+ */
+export type CallState = 'untouched' | 'kept' | 'rolled_back' | 'lost'
+
 export declare function cleanupAll(): void
 
 /** What caps one sandbox's totals (see `contain` and `scratch`). */
@@ -245,7 +251,13 @@ export interface ExecResult {
   waitedMs: number
   /** Worker generation: 1 for the session's first interpreter, +1 per start. */
   generation: number
-  /** Interpreter state from before this call is gone. */
+  /** What the call did to the interpreter's state, and why it was lost. */
+  state: CallState
+  lossCause?: LossCause
+  /**
+   * Interpreter state from before this call is gone (lost by the call,
+   * or discarded before it ran: `lostBefore`).
+   */
   stateLost: boolean
   stateLostReason?: string
   /**
@@ -345,6 +357,9 @@ export interface LogPaths {
   stdout?: string
   stderr?: string
 }
+
+/** Why a call lost the interpreter's state (the engine's `Loss`). */
+export type LossCause = 'rollback_off' | 'no_rollback_point' | 'rollback_failed' | 'stopped' | 'after_result'
 
 /** What applying a `tool-permissions:mode` payload did. */
 export interface ModeChange {

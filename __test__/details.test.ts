@@ -10,7 +10,7 @@ import { test } from "node:test";
 import type { ExecResult } from "../index.d.ts";
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
 
 /** Lines that look like the tool's own: an image, a note, a log line, an omission. */
@@ -69,6 +69,9 @@ test("details are the addon's result, and every field the renderer reads is in i
   assert.ok(!("data" in a.images[0]));
   assert.equal(a.images[0].hostPath, `${scratchDir}${a.images[0].sandboxPath.slice("/scratch".length)}`);
   assert.ok(b.parts.some((p) => p.kind === "closing"), JSON.stringify(b.parts));
+  // The state and its cause are typed: kept by the call that ran; the timeout's, per the setting.
+  assert.deepEqual([a.state, a.lossCause], ["kept", undefined]);
+  assert.deepEqual([b.state, b.lossCause], ROLLBACK ? ["rolled_back", undefined] : ["lost", "rollback_off"]);
 });
 
 test("the renderer reads the parts and the omitted counts, and shows output that imitates them as output", async (t) => {
