@@ -145,6 +145,12 @@ export interface BwrapInfo {
   setuid: boolean
 }
 
+/**
+ * What became of the interpreter's state in the call (the engine's
+ * `StateFate`; the text says it in one sentence).
+ */
+export type CallState = 'untouched' | 'kept' | 'rolled_back' | 'lost'
+
 export declare function cleanupAll(): void
 
 /** What caps one sandbox's totals (see `contain` and `scratch`). */
@@ -228,6 +234,14 @@ export interface ExecResult {
   isError: boolean
   /** The model-facing text, within 50 KiB and 2,000 lines. */
   text: string
+  /**
+   * Its status line, image lines, notes, log line and closing
+   * paragraph, where it has them, in order.
+   */
+  parts: Array<TextPart>
+  /** Lines and bytes of output `text` leaves out (0 when none). */
+  omittedLines: number
+  omittedBytes: number
   /** The call's time; after a read prompt, its runs and the wait. */
   durationMs: number
   /**
@@ -237,7 +251,13 @@ export interface ExecResult {
   waitedMs: number
   /** Worker generation: 1 for the session's first interpreter, +1 per start. */
   generation: number
-  /** Interpreter state from before this call is gone. */
+  /** What the call did to the interpreter's state, and why it was lost. */
+  state: CallState
+  lossCause?: LossCause
+  /**
+   * Interpreter state from before this call is gone (lost by the call,
+   * or discarded before it ran: `lostBefore`).
+   */
   stateLost: boolean
   stateLostReason?: string
   /**
@@ -338,6 +358,9 @@ export interface LogPaths {
   stderr?: string
 }
 
+/** Why a call lost the interpreter's state (the engine's `Loss`). */
+export type LossCause = 'rollback_off' | 'no_rollback_point' | 'rollback_failed' | 'stopped' | 'after_result'
+
 /** What applying a `tool-permissions:mode` payload did. */
 export interface ModeChange {
   /** The payload was an object and was applied. */
@@ -362,6 +385,9 @@ export interface NetworkSettings {
   /** Why the network is off when an error turned it off. */
   offBecause?: string
 }
+
+/** What a part of the text is. JavaScript gets the string union `PartKind`. */
+export type PartKind = 'status' | 'image' | 'note' | 'logs' | 'closing'
 
 /** What an answer to a read prompt does. */
 export interface ReadAnswer {
@@ -587,6 +613,16 @@ export interface StatusResult {
   secretScanComplete?: boolean
   /** The report as text for the model. */
   text: string
+}
+
+/**
+ * A part of `text` that a reader shows its own way, as UTF-16 offsets
+ * (`text.slice(start, end)`).
+ */
+export interface TextPart {
+  kind: PartKind
+  start: number
+  end: number
 }
 
 /** The settings the tool's description is built from. */

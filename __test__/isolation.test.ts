@@ -2,7 +2,9 @@
  * Integration tests of the PythonSandbox addon against the real bubblewrap + seccomp sandbox:
  * what the sandbox can see and reach (mounts, environment, /proc, host files and sockets,
  * privileges, read roots).
- * Run: node --import tsx --test __test__/isolation.test.ts
+ * Run: node --import tsx --test __test__/isolation.test.ts (with or without
+ * PI_PYTHON_TOOL_ROLLBACK=0: where the process tree depends on it, the test asserts the setting
+ * in force).
  *
  * One named test per behaviour. Every test skips loudly (never under CI=true) where bwrap cannot
  * run, and owns its project directory, runtime root and sandboxes (cleaned up in t.after).
@@ -28,7 +30,7 @@ import {
   py,
   sleep,
 } from "./helpers/sandbox-fixture.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const CONCURRENCY = 4;
 
@@ -115,20 +117,38 @@ describe("isolation", { concurrency: CONCURRENCY }, () => {
     }
   });
 
-  test("/proc shows only the sandbox's own processes", async (t) => {
+  test("/proc shows only the sandbox's own processes: PID 1, the interpreter and, with rollback, its copy", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await makeFixture(t);
-    const r = await sb.execute(py`
+    const look = py`
       import json, os
       pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+      def parent(p):
+          return int(open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()[1])
       print(json.dumps({"pids": pids, "me": os.getpid(), "host": os.path.exists("/proc/${process.pid}"),
-                        "init": open("/proc/1/cmdline").read().split("\0")[0]}))
-    `);
-    const out = jsonOut(r);
-    assert.deepEqual(out.pids, [1, 2], "only bwrap's init and the worker");
-    assert.equal(out.me, 2);
-    assert.equal(out.host, false, "the host node process is visible");
-    assert.match(out.init, /bwrap$/);
+                        "init": open("/proc/1/cmdline").read().split("\0"), "parents": [parent(p) for p in pids]}))
+    `;
+    const first = jsonOut(await sb.execute(look));
+    const second = jsonOut(await sb.execute(look));
+    for (const out of [first, second]) {
+      assert.equal(out.me, 2);
+      assert.equal(out.host, false, "the host node process is visible");
+    }
+    if (ROLLBACK) {
+      // PID 1 is the keeper (the worker that never runs code), the interpreter its child; from
+      // the second call on, the call's rollback copy (forked by the interpreter between calls).
+      assert.match(first.init[0], /python3[.\d]*$/, first.init.join(" "));
+      assert.ok(first.init.includes("/worker.py") && first.init.includes("--keeper"), first.init.join(" "));
+      assert.deepEqual([first.pids, first.parents], [[1, 2], [0, 1]], "the keeper and the interpreter");
+      assert.equal(second.pids.length, 3, JSON.stringify(second));
+      assert.deepEqual([second.pids.slice(0, 2), second.parents], [[1, 2], [0, 1, 2]], "and the interpreter's copy");
+    } else {
+      // PID 1 is bubblewrap's init, the interpreter its only child, the same on every call.
+      for (const out of [first, second]) {
+        assert.match(out.init[0], /bwrap$/, out.init.join(" "));
+        assert.deepEqual([out.pids, out.parents], [[1, 2], [0, 1]], "only bwrap's init and the worker");
+      }
+    }
   });
 
   test("host secrets are unreachable: /etc/shadow, the home directory, host temp files", async (t) => {

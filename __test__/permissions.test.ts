@@ -242,7 +242,7 @@ test("while the prompt waits, progress says what for; the duration includes the 
   const text = messageText(result);
   assert.equal(details.status, "permission_needed");
   assert.ok(details.durationMs >= 1600, `the duration includes the wait: ${details.durationMs} ms`);
-  assert.ok(details.waitMs >= 1600);
+  assert.ok(details.waitedMs >= 1600);
   assert.match(text, /^status: permission_needed \((1\.[6-9]|[2-9]\.\d)s, (1\.[6-9]|[2-9]\.\d)s of it waiting for the user, worker generation 1\)/);
   assert.doesNotMatch(text, /worker\.py|in hook/, "the tool's own frames never appear");
 

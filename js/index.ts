@@ -22,7 +22,7 @@ import { addonShell, type BashConfig, registerSandboxedBash } from "./bash.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
-import { hostImagePath, renderCall, renderResult } from "./render.ts";
+import { executeDetails, renderCall, renderResult } from "./render.ts";
 
 const TOOL = "python";
 
@@ -67,11 +67,13 @@ function textResult(text: string, details: Record<string, unknown>, images: Cont
 }
 
 function unavailable(action: string, diagnostic: string) {
-  return textResult(`status: unavailable\n\npython tool unavailable: ${diagnostic}`, {
+  const head = "status: unavailable";
+  return textResult(`${head}\n\npython tool unavailable: ${diagnostic}`, {
     action,
     status: "unavailable",
     isError: true,
     diagnostic,
+    parts: [{ kind: "status", start: 0, end: head.length }],
   });
 }
 
@@ -278,37 +280,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         // decides, asks through `ask`, applies the answer and runs again.
         const r = await target.execute(params.code, params.timeoutSeconds, callId, onProgress, ask, ctx.hasUI);
         const scratchDir = target.status().paths.scratchDir ?? undefined;
-        return textResult(r.text, {
-          action: "execute",
-          status: r.status,
-          isError: r.isError,
-          durationMs: r.durationMs,
-          waitMs: r.waitedMs,
-          generation: r.generation,
-          stateLost: r.stateLost,
-          stateLostReason: r.stateLostReason,
-          rolledBack: r.rolledBack,
-          lostBefore: r.lostBefore,
-          reprTruncated: r.reprTruncated,
-          stdoutBytes: r.stdoutBytes,
-          stderrBytes: r.stderrBytes,
-          excerptTruncated: r.excerptTruncated,
-          outputLimitExceeded: r.outputLimitExceeded,
-          logPaths: r.logPaths,
-          logComplete: r.logComplete,
-          diagnostic: r.diagnostic,
-          exceptionType: r.exception?.type,
-          permissionPath: r.permissionPath,
-          scratchDir,
-          images: r.images.map((i) => ({
-            path: i.sandboxPath,
-            hostPath: hostImagePath(i.sandboxPath, scratchDir),
-            mimeType: i.mimeType,
-            width: i.width,
-            height: i.height,
-          })),
-          notes: r.notes,
-        }, r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType })));
+        const images = r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType }));
+        return textResult(r.text, executeDetails(r, scratchDir), images);
       } finally {
         signal?.removeEventListener("abort", onAbort);
       }

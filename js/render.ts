@@ -12,6 +12,7 @@
 import { readFileSync } from "node:fs";
 import { formatSize, highlightCode, keyHint, keyText, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
 import { type Component, getCapabilities, imageFallback, Text, truncateToWidth } from "@mariozechner/pi-tui";
+import type { ExecResult, ImageResult } from "../index.d.ts";
 import { displayLine, displayText } from "./display.ts";
 
 /** Lines of code shown by a collapsed call (pi's write tool shows 10 of a file). */
@@ -88,32 +89,67 @@ export function renderCall(args: unknown, theme: Theme, context: RenderContext |
   return new Text(`${title("python")}${timeout}\n${body.join("\n")}${hint}`, 0, 0);
 }
 
-interface ImageDetail {
-  path: string;
-  hostPath?: string;
-  mimeType: string;
-  width?: number;
-  height?: number;
+/** An image of a result as pi keeps it: the addon's, without its bytes (pi has them), and its host file. */
+export type ImageDetail = Omit<ImageResult, "data"> & { hostPath?: string };
+
+/**
+ * What an execute result gives pi as `details` (kept in the session file): the addon's result
+ * (`ExecResult`, typed from the Rust side) as it is, without what pi already holds in the
+ * content (the text, the images' bytes) and the raw pieces the text shows (the streams, the
+ * value, the exception, of which the type is kept).
+ */
+export type ExecuteDetails = Omit<ExecResult, "text" | "stdout" | "stderr" | "repr" | "exception" | "images"> & {
+  action: "execute";
+  exceptionType?: string;
+  /** The host folder of the sandbox's /scratch, where the images are. */
+  scratchDir?: string;
+  images: ImageDetail[];
+};
+
+/** `details` for an execute result, derived from the addon's: no field copied by hand. */
+export function executeDetails(r: ExecResult, scratchDir: string | undefined): ExecuteDetails {
+  const { text: _text, stdout: _stdout, stderr: _stderr, repr: _repr, exception, images, ...facts } = r;
+  return {
+    action: "execute",
+    ...facts,
+    exceptionType: exception?.type,
+    scratchDir,
+    images: images.map(({ data: _data, ...image }) => ({ ...image, hostPath: hostImagePath(image.sandboxPath, scratchDir) })),
+  };
 }
 
-interface ResultDetails {
+/** What the renderer reads of any result's details: an execute result's, a report's, a wait's. */
+type ResultDetails = Partial<Omit<ExecuteDetails, "action" | "status" | "images">> & {
   action?: string;
   status?: string;
-  isError?: boolean;
-  durationMs?: number;
-  diagnostic?: string;
-  excerptTruncated?: boolean;
-  outputLimitExceeded?: boolean;
-  logPaths?: { stdout?: string; stderr?: string };
-  logComplete?: boolean;
-  stdoutBytes?: number;
-  stderrBytes?: number;
-  scratchDir?: string;
-  images?: ImageDetail[];
+  /** A session file is read as it is: an image kept before `sandboxPath` has `path`. */
+  images?: Array<Partial<ImageDetail> & { path?: string }>;
   // While running or waiting.
   elapsedMs?: number;
   waitingFor?: string;
-}
+};
+
+/**
+ * The fields of an execute result the renderer reads (a test checks that the addon's result has
+ * each: a field renamed on one side only fails it, and `tsc` fails on a name the type lacks).
+ */
+export const RENDERED_FIELDS = [
+  "status",
+  "isError",
+  "durationMs",
+  "parts",
+  "omittedLines",
+  "omittedBytes",
+  "excerptTruncated",
+  "outputLimitExceeded",
+  "logPaths",
+  "logComplete",
+  "stdoutBytes",
+  "stderrBytes",
+  "images",
+] as const satisfies readonly (keyof ExecuteDetails)[];
+/** The fields of an image the renderer reads. */
+export const RENDERED_IMAGE_FIELDS = ["sandboxPath", "mimeType", "width", "height"] as const satisfies readonly (keyof ImageDetail)[];
 
 /** A stream's log: its lines, counted once per render slot (the log can be 1 MiB). */
 function logLines(path: string, state: Record<string, unknown> | undefined): number | undefined {
@@ -141,12 +177,9 @@ export function hostImagePath(sandboxPath: string, scratchDir: string | undefine
 }
 
 /** The warning under a result whose output was cut: each log, its size, what the result left out. */
-function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> | undefined): string | undefined {
-  const omitted = [...text.matchAll(/\.\.\.\[(\d+) lines?, (\d+) bytes? omitted; the full output is in the log files\]\.\.\./g)].map((m) => ({
-    lines: Number(m[1]),
-    bytes: Number(m[2]),
-  }));
-  const cut = d.excerptTruncated || d.outputLimitExceeded || omitted.length > 0;
+function cutNote(d: ResultDetails, state: Record<string, unknown> | undefined): string | undefined {
+  const left = d.omittedBytes ?? 0;
+  const cut = d.excerptTruncated || d.outputLimitExceeded || left > 0;
   if (!cut) return undefined;
   const parts: string[] = [];
   for (const [name, bytes] of [["stdout", d.stdoutBytes], ["stderr", d.stderrBytes]] as const) {
@@ -158,9 +191,7 @@ function cutNote(d: ResultDetails, text: string, state: Record<string, unknown> 
       .join(", ");
     parts.push(`${d.logComplete === false ? "Partial" : "Full"} ${name}: ${displayLine(path)}${size ? ` (${size})` : ""}`);
   }
-  const left = omitted.reduce((a, b) => a + b.bytes, 0);
-  const leftLines = omitted.reduce((a, b) => a + b.lines, 0);
-  if (left > 0) parts.push(`${count(leftLines, "line")}, ${formatSize(left)} left out of the result`);
+  if (left > 0) parts.push(`${count(d.omittedLines ?? 0, "line")}, ${formatSize(left)} left out of the result`);
   if (d.outputLimitExceeded) parts.push("output limit reached, the sandbox was stopped");
   return parts.length > 0 ? `[${parts.join(". ")}]` : undefined;
 }
@@ -212,23 +243,32 @@ class ResultView implements Component {
   }
 }
 
-/** The text of a result without what the renderer shows its own way. */
-function bodyLines(text: string, d: ResultDetails): string[] {
-  const lines = text.split("\n");
-  // The status line of an execute result is the header; a report's first line is content.
-  if (/^status: \S+/.test(lines[0] ?? "")) lines.shift();
+/**
+ * The text of a result without what the renderer shows its own way, read from the result's parts
+ * (never from the text: the sandbox can print any line): the status line (the header), the image
+ * lines (shown inline or by their host file), the log line (the warning under the result names
+ * the logs); a note names the host file the user can open, not the sandbox's /scratch. The
+ * closing paragraph (the diagnostic) comes back apart, to be shown whole also collapsed.
+ */
+function bodyLines(text: string, d: ResultDetails, apart: boolean): { lines: string[]; closing?: string } {
   const scratch = d.scratchDir ? displayLine(d.scratchDir) : undefined;
-  const kept = lines
-    // Images are shown inline or by their host file below.
-    .filter((l) => !/^image \d+: \/scratch\/\S+ \(.*\), attached$/.test(l))
-    // The warning under the result names the logs.
-    .filter((l) => !/^(Full|Partial) output saved to: /.test(l))
-    // A note names the host file the user can open, not the sandbox's /scratch.
-    .map((l) => (scratch && l.startsWith("note: ") ? l.replaceAll("/scratch/.pi-images/", `${scratch}/.pi-images/`) : l));
+  let body = "";
+  let closing: string | undefined;
+  let at = 0;
+  for (const part of Array.isArray(d.parts) ? d.parts : []) {
+    body += text.slice(at, part.start);
+    at = part.end;
+    const piece = text.slice(part.start, part.end);
+    if (part.kind === "note" && scratch) body += piece.replaceAll("/scratch/.pi-images/", `${scratch}/.pi-images/`);
+    else if (part.kind === "closing" && apart) closing = piece.trim();
+    else if (part.kind === "note" || part.kind === "closing") body += piece;
+  }
+  body += text.slice(at);
+  const kept = body.split("\n");
   while (kept[0] === "") kept.shift();
   while (kept.length > 0 && kept[kept.length - 1] === "") kept.pop();
   // Blank lines left doubled by the lines taken out.
-  return kept.filter((l, i) => !(l === "" && kept[i - 1] === ""));
+  return { lines: kept.filter((l, i) => !(l === "" && kept[i - 1] === "")), closing };
 }
 
 /** `⋯ running 1.5s · ...` and the latest output, or what a wait is for. */
@@ -264,20 +304,12 @@ export function renderResult(
   const secs = !report && typeof d.durationMs === "number" ? theme.fg("muted", ` ${(d.durationMs / 1000).toFixed(1)}s`) : "";
   const header = `${mark} ${theme.fg("toolTitle", "python")} ${label}${secs}`;
 
-  let lines = bodyLines(text, d);
-  const after: string[] = [];
   const expanded = options.expanded || context?.expanded === true;
-  // The advice of a refused read (or any diagnostic) is shown whole, also collapsed.
-  const diagnostic = d.diagnostic ? displayText(d.diagnostic).trim() : "";
-  if (!expanded && diagnostic) {
-    const dl = diagnostic.split("\n");
-    const at = lines.length - dl.length;
-    if (at >= 0 && dl.every((l, i) => lines[at + i] === l)) {
-      lines = lines.slice(0, at);
-      while (lines.length > 0 && lines[lines.length - 1] === "") lines.pop();
-      after.push(theme.fg("warning", diagnostic));
-    }
-  }
+  // The closing paragraph (the advice of a refused read, any diagnostic) is shown whole, also collapsed.
+  const parted = bodyLines(text, d, !expanded);
+  let lines = parted.lines;
+  const after: string[] = [];
+  if (parted.closing) after.push(theme.fg("warning", parted.closing));
   // A status report collapsed is its short part: the details are on expand.
   const details = d.action === "status" && !expanded ? lines.indexOf("details:") : -1;
   if (details > 0) {
@@ -291,15 +323,16 @@ export function renderResult(
     after.push(
       images
         .map((i) => {
-          const host = hostImagePath(i.path, d.scratchDir);
+          const host = i.hostPath;
+          const path = i.sandboxPath ?? i.path ?? "";
           const dims = i.width && i.height ? { widthPx: i.width, heightPx: i.height } : undefined;
-          const name = imageFallback(displayLine(i.mimeType), dims, displayLine(host ?? i.path));
+          const name = imageFallback(displayLine(i.mimeType ?? ""), dims, displayLine(host ?? path));
           return theme.fg("accent", name) + theme.fg("muted", host ? " (deleted with the session)" : "");
         })
         .join("\n"),
     );
   }
-  const note = cutNote(d, text, context?.state);
+  const note = cutNote(d, context?.state);
   if (note) after.push(theme.fg("warning", note));
   const body = lines.map((l) => theme.fg(refused ? "error" : "toolOutput", l)).join("\n");
   return new ResultView(header, body, expanded || details > 0 ? "none" : report ? "head" : "tail", after, theme);

@@ -95,14 +95,23 @@ try {
   // Every suite but the rollback suite runs with rollback off (the spec's
   // recovery: kill, state lost, fresh interpreter). The rollback suite, and
   // the suites whose behaviour depends on the setting (lifecycle, faults,
-  // permissions, protocol, output, pi end-to-end), run again with rollback on, the default:
+  // containment, isolation, permissions, protocol, output, pi end-to-end), run again with rollback on, the default:
   // those assert the exact behaviour of the setting in force
   // (__test__/helpers/sandbox-env.ts). The rest (escapes, limits, output,
   // secrets, ...) either behave the same in both or set it per test.
   const rollbackSuite = join("__test__", "rollback.test.ts");
-  const onDefault = ["lifecycle", "faults", "permissions", "permissions-client", "protocol", "output", "extension", "rpc"].map((name) =>
-    join("__test__", `${name}.test.ts`),
-  );
+  const onDefault = [
+    "lifecycle",
+    "faults",
+    "containment",
+    "isolation",
+    "permissions",
+    "permissions-client",
+    "protocol",
+    "output",
+    "extension",
+    "rpc",
+  ].map((name) => join("__test__", `${name}.test.ts`));
   const rollbackOff = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
   const rollbackOn = { ...process.env };
   delete rollbackOn.PI_PYTHON_TOOL_ROLLBACK;
@@ -111,7 +120,7 @@ try {
       env: rollbackOff,
     }),
   );
-  await step("rollback, lifecycle, fault, permission, protocol, output and pi 0.73 end-to-end suites (rollback on, the default)", () =>
+  await step("rollback, lifecycle, fault, containment, isolation, permission, protocol, output and pi 0.73 end-to-end suites (rollback on, the default)", () =>
     run(process.execPath, ["--import", "tsx", "--test", "--test-concurrency=1", rollbackSuite, ...onDefault], {
       env: rollbackOn,
     }),

@@ -59,9 +59,12 @@ pub use crate::worker::{Progress, ProgressFn};
 mod status;
 pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
 mod causes;
+mod parts;
 pub use causes::{
     death_text, exit_text, interruption, recovered_text, start_failure, with_oom, OomKill, Recovered, ResetReason,
 };
+use parts::{cut_head, cut_tail, Parts};
+pub use parts::{PartKind, Rendered, TextPart};
 
 /// One stream's excerpt: head, how much was left out, tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -265,31 +268,6 @@ impl Outcome {
     }
 }
 
-/// Cut `text` to at most `max_bytes` and `max_lines`, keeping the start (on
-/// a character boundary). Returns the kept prefix.
-fn cut_head(text: &str, max_bytes: usize, max_lines: usize) -> &str {
-    let mut end = text.len().min(max_bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    if let Some((i, _)) = text[..end].match_indices('\n').nth(max_lines.saturating_sub(1)) {
-        end = i;
-    }
-    &text[..end]
-}
-
-/// Cut `text` keeping its end.
-fn cut_tail(text: &str, max_bytes: usize, max_lines: usize) -> &str {
-    let mut start = text.len().saturating_sub(max_bytes);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    if let Some((i, _)) = text[start..].rmatch_indices('\n').nth(max_lines.saturating_sub(1)) {
-        start += i + 1;
-    }
-    &text[start..]
-}
-
 /// The last switch mark in `text`.
 fn last_mark(text: &str) -> Option<Stream> {
     memchr::memrchr2(0x1e, 0x1f, text.as_bytes()).and_then(|i| mark_stream(text.as_bytes()[i]))
@@ -369,13 +347,13 @@ fn layout(text: &str, lead: Option<Stream>, bare: bool) -> String {
 
 /// The merged output fitted into `max_bytes` / `max_lines` (three quarters
 /// for the head, one for the tail, with one line saying how much is
-/// omitted) and laid out by [`laid_out`]. Also says whether anything of it
-/// was left out.
-fn fit_output(s: &StreamText, max_bytes: usize, max_lines: usize, bare: bool) -> (String, bool) {
+/// omitted) and laid out by [`laid_out`]. Also says how many lines and
+/// bytes of it were left out, if any.
+fn fit_output(s: &StreamText, max_bytes: usize, max_lines: usize, bare: bool) -> (String, Option<(usize, usize)>) {
     let whole_len = s.head.len() + s.tail.len();
     let whole_lines = s.head.matches('\n').count() + s.tail.matches('\n').count();
     if s.omitted == 0 && whole_len <= max_bytes && whole_lines < max_lines {
-        return (layout(&format!("{}{}", s.head, s.tail), None, bare).trim_end().to_string(), false);
+        return (layout(&format!("{}{}", s.head, s.tail), None, bare).trim_end().to_string(), None);
     }
     let head = cut_head(&s.head, max_bytes * 3 / 4, max_lines * 3 / 4);
     let joined_tail;
@@ -395,7 +373,8 @@ fn fit_output(s: &StreamText, max_bytes: usize, max_lines: usize, bare: bool) ->
     let omitted_lines = (newlines(head_rest) + s.omitted_lines + newlines(before_tail)).max(1);
     let head = layout(head, None, bare);
     let tail = layout(tail, lead, bare);
-    (format!("{}\n{}\n{}", head.trim_end_matches('\n'), omission(omitted_lines, omitted), tail.trim_end()), true)
+    let text = format!("{}\n{}\n{}", head.trim_end_matches('\n'), omission(omitted_lines, omitted), tail.trim_end());
+    (text, Some((omitted_lines, omitted)))
 }
 
 /// The line that stands for output left out of a result.
@@ -583,12 +562,18 @@ fn exception_text(e: &ExceptionText, refused: bool) -> String {
 
 /// The text the model sees.
 pub fn render(o: &Outcome) -> String {
-    let mut t = String::new();
+    render_parts(o).text
+}
+
+/// [`render`]'s text with its parts (see [`Rendered`]).
+pub fn render_parts(o: &Outcome) -> Rendered {
+    let (mut t, mut parts, mut tail_parts) = (String::new(), Parts::default(), Parts::default());
     let _ = write!(t, "status: {} ({:.1}s, ", o.status.as_str(), o.duration_ms as f64 / 1000.0);
     if o.waited_ms > 0 {
         let _ = write!(t, "{:.1}s of it waiting for the user, ", o.waited_ms as f64 / 1000.0);
     }
     let _ = write!(t, "worker generation {})", o.generation);
+    parts.mark(PartKind::Status, 0, &t);
     if let Some(note) = &o.mode_note {
         let _ = write!(t, "\n{}", display_line(note));
     }
@@ -615,6 +600,7 @@ pub fn render(o: &Outcome) -> String {
         let _ = write!(value, "\n\n{label}: {}", display_text(repr));
     }
     for (i, image) in o.images.iter().enumerate() {
+        let from = t.len();
         let _ = write!(
             t,
             "\n\nimage {}: {} ({}), attached",
@@ -622,9 +608,12 @@ pub fn render(o: &Outcome) -> String {
             display_line(&image.sandbox_path),
             display_line(&image.describe())
         );
+        parts.mark(PartKind::Image, from, &t);
     }
     for note in &o.notes {
+        let from = t.len();
         let _ = write!(t, "\n\nnote: {}", display_line(note));
+        parts.mark(PartKind::Note, from, &t);
     }
     // The streams share what the rest leaves of the ceiling.
     let mut tail = String::new();
@@ -664,6 +653,7 @@ pub fn render(o: &Outcome) -> String {
     let used_bytes = t.len() + value.len() + tail.len() + log_line.len() + after_logs.len() + reserve;
     let used_lines = lines(&t) + lines(&value) + lines(&tail) + lines(&after_logs) + 9;
     let mut cut = o.output_limit_exceeded;
+    let mut omitted = (0, 0);
     // stdout alone under the status line needs no header (a traceback, the
     // state and the diagnostic after it say what they are).
     let bare = o.stderr.is_blank() && o.repr.is_none() && o.images.is_empty();
@@ -675,27 +665,36 @@ pub fn render(o: &Outcome) -> String {
     if !output.is_blank() {
         let budget_bytes = RESULT_MAX_BYTES.saturating_sub(used_bytes);
         let budget_lines = RESULT_MAX_LINES.saturating_sub(used_lines);
-        let (text, shortened) = fit_output(&displayed_output(&output), budget_bytes, budget_lines, bare);
-        cut |= shortened;
+        let (text, left_out) = fit_output(&displayed_output(&output), budget_bytes, budget_lines, bare);
+        cut |= left_out.is_some();
+        omitted = left_out.unwrap_or_default();
         let _ = write!(t, "\n\n{text}");
     }
     // The value closes the output: a log line for the streams goes above it.
-    if cut && !value.is_empty() {
-        t.push_str(&log_line);
-    } else if cut {
-        tail.push_str(&log_line);
+    let (logs_in, from) = if value.is_empty() { (&mut tail, &mut tail_parts) } else { (&mut t, &mut parts) };
+    if cut && !log_line.is_empty() {
+        let at = logs_in.len();
+        logs_in.push_str(&log_line);
+        from.mark(PartKind::Logs, at, logs_in);
     }
     t.push_str(&value);
-    tail.push_str(&after_logs);
+    if closing.is_some() {
+        let at = tail.len();
+        tail.push_str(&after_logs);
+        tail_parts.mark(PartKind::Closing, at, &tail);
+    }
+    let mut parts = parts.0;
+    parts.extend(tail_parts.shifted(t.len()));
     t.push_str(&tail);
     // Exception, repr and diagnostics are already bounded; this is the last
     // guard for pathological combinations.
     if t.len() > RESULT_MAX_BYTES || lines(&t) > RESULT_MAX_LINES {
         let total = t.len();
         let kept = cut_head(&t, RESULT_MAX_BYTES - 200, RESULT_MAX_LINES - 2).to_string();
+        parts.retain(|p| p.end <= kept.len());
         t = format!("{kept}\n\n[Result truncated to {} of {}]", format_size(kept.len()), format_size(total));
     }
-    t
+    Rendered { text: t, parts, omitted_lines: omitted.0, omitted_bytes: omitted.1 }
 }
 
 #[cfg(test)]

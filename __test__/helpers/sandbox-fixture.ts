@@ -115,6 +115,7 @@ export function jsonOut<T = any>(r: ExecResult): T {
 export function assertFailedCallState(r: ExecResult, opts: { reason?: string; fresh?: boolean } = {}): void {
   if (ROLLBACK) {
     assert.equal(r.rolledBack, true, show(r));
+    assert.deepEqual([r.state, r.lossCause], ["rolled_back", undefined], show(r));
     assert.equal(r.stateLost, false, show(r));
     assert.equal(r.stateLostReason, undefined, show(r));
     const kept = opts.fresh
@@ -126,6 +127,7 @@ export function assertFailedCallState(r: ExecResult, opts: { reason?: string; fr
     );
   } else {
     assert.equal(r.rolledBack, false, show(r));
+    assert.deepEqual([r.state, r.lossCause], ["lost", "rollback_off"], show(r));
     assert.equal(r.stateLost, true, show(r));
     if (opts.reason !== undefined) assert.equal(r.stateLostReason, opts.reason, show(r));
     assert.ok(

@@ -6,7 +6,7 @@ use napi_derive::napi;
 use super::path_str;
 use crate::display::{displayed, displayed_line};
 use crate::grants::orchestrator::Finished;
-use crate::outcome::{closing, render, Status};
+use crate::outcome::{closing, render_parts, Loss, PartKind, StateFate, Status};
 
 #[napi(object)]
 pub struct ExceptionResult {
@@ -33,6 +33,65 @@ pub struct ImageResult {
     pub description: String,
 }
 
+/// What became of the interpreter's state in the call (the engine's
+/// `StateFate`; the text says it in one sentence).
+#[napi(string_enum = "snake_case")]
+#[derive(Debug, PartialEq, Eq)]
+pub enum CallState {
+    /// No interpreter was reached (refused, cancelled or failed before the code ran).
+    Untouched,
+    /// The code ran to its end: what it did stays (an error keeps what ran before it).
+    Kept,
+    /// The call failed and was undone: the interpreter is as before the call.
+    RolledBack,
+    /// The state is gone; a fresh interpreter takes the next call (`lossCause` says why).
+    Lost,
+}
+
+/// Why a call lost the interpreter's state (the engine's `Loss`).
+#[napi(string_enum = "snake_case")]
+#[derive(Debug, PartialEq, Eq)]
+pub enum LossCause {
+    /// Rollback is off: the failure killed the sandbox.
+    RollbackOff,
+    /// The sandbox was kept but had no rollback point to return to.
+    NoRollbackPoint,
+    /// The rollback itself failed: the sandbox was killed instead.
+    RollbackFailed,
+    /// The host stopped the sandbox for a cause of its own (a mode change, a dispose, a limit).
+    Stopped,
+    /// The call's result came, then the worker failed or was stopped.
+    AfterResult,
+}
+
+/// The typed state of a call and why it was lost.
+fn state_of(state: &StateFate) -> (CallState, Option<LossCause>) {
+    match state {
+        StateFate::Untouched => (CallState::Untouched, None),
+        StateFate::Kept => (CallState::Kept, None),
+        StateFate::RolledBack { .. } => (CallState::RolledBack, None),
+        StateFate::Lost(loss) => (
+            CallState::Lost,
+            Some(match loss {
+                Loss::RollbackOff => LossCause::RollbackOff,
+                Loss::NoPoint(_) => LossCause::NoRollbackPoint,
+                Loss::RollbackFailed(_) => LossCause::RollbackFailed,
+                Loss::Stopped => LossCause::Stopped,
+                Loss::AfterResult => LossCause::AfterResult,
+            }),
+        ),
+    }
+}
+
+/// A part of `text` that a reader shows its own way, as UTF-16 offsets
+/// (`text.slice(start, end)`).
+#[napi(object)]
+pub struct TextPart {
+    pub kind: PartKind,
+    pub start: u32,
+    pub end: u32,
+}
+
 #[napi(object)]
 pub struct LogPaths {
     pub stdout: Option<String>,
@@ -50,6 +109,12 @@ pub struct ExecResult {
     pub is_error: bool,
     /// The model-facing text, within 50 KiB and 2,000 lines.
     pub text: String,
+    /// Its status line, image lines, notes, log line and closing
+    /// paragraph, where it has them, in order.
+    pub parts: Vec<TextPart>,
+    /// Lines and bytes of output `text` leaves out (0 when none).
+    pub omitted_lines: f64,
+    pub omitted_bytes: f64,
     /// The call's time; after a read prompt, its runs and the wait.
     pub duration_ms: f64,
     /// Of `durationMs`, the time spent waiting for the user's answer to
@@ -57,7 +122,11 @@ pub struct ExecResult {
     pub waited_ms: f64,
     /// Worker generation: 1 for the session's first interpreter, +1 per start.
     pub generation: f64,
-    /// Interpreter state from before this call is gone.
+    /// What the call did to the interpreter's state, and why it was lost.
+    pub state: CallState,
+    pub loss_cause: Option<LossCause>,
+    /// Interpreter state from before this call is gone (lost by the call,
+    /// or discarded before it ran: `lostBefore`).
     pub state_lost: bool,
     pub state_lost_reason: Option<String>,
     /// The call failed and the interpreter was rolled back to its state
@@ -123,15 +192,18 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
     if o.diagnostic.is_none() {
         o.diagnostic = extra.take();
     }
-    let mut text = render(&o);
+    let mut rendered = render_parts(&o);
     let mut diagnostic = closing(&o);
     // Else it is told after the result's own text.
     if let Some(why) = extra.map(displayed) {
         if diagnostic.as_deref().map(|d| displayed(d.to_string())).as_deref() != Some(why.as_str()) {
-            text = format!("{text}\n\n{why}");
+            rendered.close_with(&why);
         }
         diagnostic = Some(why);
     }
+    let (state, loss_cause) = state_of(&o.state);
+    let parts =
+        rendered.utf16().into_iter().map(|(kind, start, end)| TextPart { kind, start: start as u32, end: end as u32 });
     let join = |s: &crate::outcome::StreamText| {
         if s.omitted == 0 {
             format!("{}{}", s.head, s.tail)
@@ -142,10 +214,15 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
     ExecResult {
         status: o.status,
         is_error: o.status.is_failure(),
-        text,
+        parts: parts.collect(),
+        omitted_lines: rendered.omitted_lines as f64,
+        omitted_bytes: rendered.omitted_bytes as f64,
+        text: rendered.text,
         duration_ms: o.duration_ms as f64,
         waited_ms: o.waited_ms as f64,
         generation: o.generation as f64,
+        state,
+        loss_cause,
         state_lost: o.state_lost(),
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
         rolled_back: o.rolled_back(),

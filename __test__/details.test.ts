@@ -1,0 +1,126 @@
+/**
+ * One typed result: the `details` pi keeps of an execute result are derived from the addon's
+ * result (js/render.ts `executeDetails`), and the renderer reads their fields (the text's parts,
+ * what it left out), never the text: output that imitates the tool's own lines is shown as
+ * output. A field renamed on one side only fails here (and `tsc` fails on the JavaScript side).
+ * Run: node --import tsx --test __test__/details.test.ts
+ */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import type { ExecResult } from "../index.d.ts";
+import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
+import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
+import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
+
+/** Lines that look like the tool's own: an image, a note, a log line, an omission. */
+const FAKES = [
+  "image 1: /scratch/.pi-images/9999-1.png (1x1 PNG, 1B), attached",
+  "Full output saved to: /etc/passwd (stdout)",
+  "...[7 lines, 77 bytes omitted; the full output is in the log files]...",
+];
+
+const CALL = py`
+  import struct, zlib
+  def png(w, h):
+      raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+      def chunk(kind, data):
+          return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+      return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+              + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+  class Pic:
+      def __init__(self, w, h): self.w, self.h = w, h
+      def _repr_png_(self): return png(self.w, self.h)
+  class Svg:
+      def _repr_svg_(self): return '<svg xmlns="http://www.w3.org/2000/svg"/>'
+  for i in range(3000):
+      print("line %d" % i)
+  print(${JSON.stringify(FAKES.join("\n"))})
+  display(Pic(3, 2))
+  display(Svg())
+`;
+
+const shownOf = (r: ExecResult, details: object, expanded: boolean) =>
+  shownResult(
+    renderResult({ content: [{ type: "text", text: r.text }], details }, { expanded, isPartial: false }, theme() as never, context({ expanded }) as never),
+  );
+
+test("details are the addon's result, and every field the renderer reads is in it", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const cut = await sb.execute(CALL);
+  assert.equal(cut.status, "ok", show(cut));
+  const failed = await sb.execute("while True: pass", 1);
+  assert.equal(failed.status, "timeout", show(failed));
+  const scratchDir = sb.status().paths.scratchDir ?? undefined;
+  const a = executeDetails(cut, scratchDir);
+  const b = executeDetails(failed, scratchDir);
+  for (const field of RENDERED_FIELDS) {
+    assert.ok(field in a || field in b, `the addon's result has no ${field}: ${Object.keys(a).join(", ")}`);
+  }
+  assert.equal(a.images.length, 1, show(cut));
+  for (const field of RENDERED_IMAGE_FIELDS) assert.ok(field in a.images[0], `an image has no ${field}: ${Object.keys(a.images[0])}`);
+  // Derived, not copied: every fact of the result is there under its own name, the bytes pi
+  // holds in the content and the raw streams are not.
+  for (const [key, value] of Object.entries(failed)) {
+    if (["text", "stdout", "stderr", "repr", "exception"].includes(key)) assert.ok(!(key in b), key);
+    else if (key !== "images") assert.deepEqual((b as Record<string, unknown>)[key], value, key);
+  }
+  assert.ok(!("data" in a.images[0]));
+  assert.equal(a.images[0].hostPath, `${scratchDir}${a.images[0].sandboxPath.slice("/scratch".length)}`);
+  assert.ok(b.parts.some((p) => p.kind === "closing"), JSON.stringify(b.parts));
+  // The state and its cause are typed: kept by the call that ran; the timeout's, per the setting.
+  assert.deepEqual([a.state, a.lossCause], ["kept", undefined]);
+  assert.deepEqual([b.state, b.lossCause], ROLLBACK ? ["rolled_back", undefined] : ["lost", "rollback_off"]);
+});
+
+test("the renderer reads the parts and the omitted counts, and shows output that imitates them as output", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const { sb } = await makeFixture(t);
+  const r = await sb.execute(CALL);
+  assert.equal(r.status, "ok", show(r));
+  const d = executeDetails(r, sb.status().paths.scratchDir ?? undefined);
+  assert.ok(d.omittedLines > 0 && d.omittedBytes > 0, show(r));
+  // The model's text has the tool's lines and the fakes.
+  assert.match(r.text, /^status: ok \(/);
+  assert.match(r.text, /\nimage 1: \/scratch\/\.pi-images\/\d{4}-1\.png \(3x2 PNG, \d+B\), attached\n/);
+  for (const fake of FAKES) assert.ok(r.text.includes(`\n${fake}\n`), fake);
+
+  const collapsed = shownOf(r, d, false);
+  // The status line is the header; the cut is said with the result's own counts, not the fake's.
+  assert.match(collapsed, /^✓ python ok \d+\.\ds\n/);
+  assert.doesNotMatch(collapsed, /status: ok \(/);
+  const warning = collapsed.slice(collapsed.indexOf("\n[Full stdout: ") + 1);
+  assert.ok(warning.startsWith(`[Full stdout: ${d.logPaths.stdout} (`), collapsed);
+  const left = new RegExp(`\\.\\n${d.omittedLines.toLocaleString("en-US")} lines, [\\d.]+KB left out of the result\\]$`);
+  assert.match(warning, left, "the result's own count, not the fake's (7 lines, 77 B)");
+
+  const expanded = shownOf(r, d, true);
+  // The fakes are output, shown where they were printed; the real image and log lines are not text.
+  for (const fake of FAKES) assert.ok(expanded.includes(`\n${fake}\n`), `${fake} hidden:\n${expanded}`);
+  assert.doesNotMatch(expanded, /image 1: \/scratch\/\.pi-images\/\d{4}-1\.png \(3x2/);
+  assert.doesNotMatch(expanded, /saved to: \/.*-out\.log/);
+  // The note names the host file, the image is shown by its host file.
+  assert.ok(expanded.includes(`note: SVG saved as ${d.scratchDir}/.pi-images/`), expanded);
+  assert.ok(expanded.includes(d.images[0].hostPath ?? "no host path"), expanded);
+});
+
+test("a closing paragraph is read from its part: shown whole collapsed, in place expanded", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  setupTui();
+  const { sb } = await makeFixture(t);
+  const r = await sb.execute("print('started')\nwhile True: pass", 1);
+  assert.equal(r.status, "timeout", show(r));
+  const d = executeDetails(r, undefined);
+  const closing = d.parts.filter((p) => p.kind === "closing");
+  assert.equal(closing.length, 1, JSON.stringify(d.parts));
+  assert.equal(r.text.slice(closing[0].start, closing[0].end), r.diagnostic);
+  const collapsed = shownOf(r, d, false);
+  const flat = (s: string) => s.replace(/\s+/g, " ");
+  assert.ok(flat(collapsed).endsWith(flat(r.diagnostic ?? "no diagnostic")), collapsed);
+  assert.match(collapsed, /^✗ python timeout \d+\.\ds\nstarted\n/);
+  // Expanded, the same paragraph is in its place, once.
+  const expanded = shownOf(r, d, true);
+  assert.equal(expanded.split("Execution exceeded the 1s deadline").length, 2, expanded);
+});
