@@ -82,11 +82,17 @@ impl Target for SessionCall<'_> {
 
     /// By the session's own list of masks, never the sandbox's word.
     /// Exactly the path read: a file inside a masked directory is unmasked
-    /// alone, never the directory. A host secret never is.
+    /// alone, never the directory. A host secret never is, in the project
+    /// or in a granted tree (mounted at its host path).
     fn mask_of(&self, path: &str) -> Mask {
         let report = self.session.status();
         let Some(path) = permissions::normalize(path) else { return Mask::None };
-        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else { return Mask::None };
+        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else {
+            return match GrantInputs::of(self.session).secrets.covering(&path) {
+                Some(e) if !self.session.in_project(&path) => Mask::HostSecret(e.shown()),
+                _ => Mask::None,
+            };
+        };
         if mask.host {
             return Mask::HostSecret(Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string());
         }
