@@ -220,3 +220,27 @@ for (const when of ["granted before the first call", "granted while the sandbox 
     }
   });
 }
+
+test("a failure's collapsed view at 80 columns: the state sentence on one line, the exception and a refused read told once", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  await modelSees(h, { code: "before = 1" });
+  const r = await modelSees(h, { code: "def f():\n    raise ValueError('bad thing here')\nf()" });
+  const text = messageText(r);
+  assert.equal(count(text, STATE), 1, text);
+  for (const width of [80, 120]) {
+    const { collapsed } = tui(h, width);
+    const lines = collapsed.split("\n");
+    const state = lines.filter((l) => /Interpreter state kept/.test(l));
+    assert.equal(state.length, 1, collapsed);
+    assert.match(state[0], /^Interpreter state kept: what ran before the error remains\.$/, `one line at ${width} columns:\n${collapsed}`);
+    assert.equal(count(collapsed, /ValueError: bad thing here/), 1, collapsed);
+  }
+  const path = "/opt/pi-results-nowhere/data.csv";
+  await modelSees(h, { code: `open('${path}').read()` });
+  for (const width of [80, 120]) {
+    const { collapsed, expanded } = tui(h, width);
+    assert.equal(count(expanded, /outside the sandbox mounts/), 1, expanded);
+    assert.equal(count(collapsed, /SandboxReadDenied/), 0, collapsed);
+  }
+});

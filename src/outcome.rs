@@ -450,9 +450,8 @@ pub fn state_statement(o: &Outcome) -> Option<String> {
              interpreter{}.",
             if failed { ", and what ran before the error remains" } else { "" }
         )),
-        (StateFate::Kept, None) if failed => {
-            Some("Interpreter state kept: what ran before the error remains (execution is not transactional).".into())
-        }
+        // One line at 80 columns (what remains is what "not transactional" means).
+        (StateFate::Kept, None) if failed => Some("Interpreter state kept: what ran before the error remains.".into()),
         (StateFate::Kept | StateFate::Untouched, None) => None,
     }
 }
@@ -823,9 +822,7 @@ mod tests {
             }),
             ..ok()
         };
-        assert!(render(&o).ends_with(
-            "\n\nInterpreter state kept: what ran before the error remains (execution is not transactional)."
-        ));
+        assert!(render(&o).ends_with("\n\nInterpreter state kept: what ran before the error remains."));
         let cut = Outcome {
             stdout: StreamText {
                 head: "a\n".repeat(100),
@@ -1058,7 +1055,7 @@ mod tests {
         assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
         assert!(inert(&text));
-        assert!(text.ends_with("(execution is not transactional)."), "the state line is kept");
+        assert!(text.ends_with("what ran before the error remains."), "the state line is kept");
     }
 
     #[test]
