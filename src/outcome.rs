@@ -599,7 +599,7 @@ pub fn render(o: &Outcome) -> String {
                 t,
                 "\n\nThe code tried to read {}, which looks like a secret ({}): the sandbox shows it empty.",
                 display_line(path),
-                crate::secrets::SECRETS_ENV
+                crate::secrets::env_of(path)
             );
         } else {
             let _ =
