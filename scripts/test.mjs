@@ -95,12 +95,12 @@ try {
   // Every suite but the rollback suite runs with rollback off (the spec's
   // recovery: kill, state lost, fresh interpreter). The rollback suite, and
   // the suites whose behaviour depends on the setting (lifecycle, faults,
-  // permissions, protocol, output, pi end-to-end), run again with rollback on, the default:
+  // permissions, protocol, output, pi end-to-end, what results say), run again with rollback on, the default:
   // those assert the exact behaviour of the setting in force
   // (__test__/helpers/sandbox-env.ts). The rest (escapes, limits, output,
   // secrets, ...) either behave the same in both or set it per test.
   const rollbackSuite = join("__test__", "rollback.test.ts");
-  const onDefault = ["lifecycle", "faults", "permissions", "permissions-client", "protocol", "output", "extension", "rpc"].map((name) =>
+  const onDefault = ["lifecycle", "faults", "permissions", "permissions-client", "protocol", "output", "extension", "rpc", "words", "words-results"].map((name) =>
     join("__test__", `${name}.test.ts`),
   );
   const rollbackOff = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
