@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { makeFixture } from "./helpers/sandbox-fixture.ts";
@@ -20,8 +20,10 @@ test("the debug log names the start, the calls, an interruption and the kill, es
   assert.equal(slow.status, "timeout");
   const logDir = sb.status().paths.logDir!;
   await sb.reset();
-  const log = join(logDir, "debug.log");
-  assert.ok(existsSync(log), "debug.log is in the session's log directory");
+  // Beside the log directory, which the sandbox reads at /logs: not in it.
+  const log = join(dirname(logDir), "debug.log");
+  assert.ok(existsSync(log), "debug.log is in the session's directory");
+  assert.ok(!existsSync(join(logDir, "debug.log")), "not in the directory the sandbox reads");
   const text = readFileSync(log, "utf8");
   assert.match(text, /DEBUG pi_python_sandbox::worker: sandbox ready pid=\d+/);
   assert.match(text, /execution ended status=Ok/);

@@ -861,13 +861,19 @@ describe("a grant that shows the session directory", () => {
     const change = sb.applyModeEvent({ mode: "manual", readRoots: [root] });
     assert.deepEqual(change.readRoots, [root], "setup: the root is mounted");
     const r = await sb.execute(py`
-      import json, os
+      import json, os, subprocess
       q = ${lit(quarantine)}
-      print(json.dumps({"session": sorted(os.listdir(${lit(session)})), "quarantine": sorted(os.listdir(q))}))
+      print(json.dumps({"session": sorted(os.listdir(${lit(session)})), "quarantine": subprocess.run(["ls", "-A", q], capture_output=True, text=True).stdout}))
     `);
     const seenIn = jsonOut(r);
     assert.ok(seenIn.session.includes("quarantine"), `setup: the session directory shows: ${show(r)}`);
-    assert.deepEqual(seenIn.quarantine, [], `the set-aside scratches read as an empty directory: ${show(r)}`);
+    assert.equal(seenIn.quarantine, "", `the set-aside scratches read as an empty directory: ${show(r)}`);
+    // The interpreter's own read of it is refused as a masked path, not met as an empty directory.
+    const own = await sb.execute(py`sorted(os.listdir(${lit(quarantine)}))`);
+    assert.equal(own.status, "permission_needed", show(own));
+    assert.equal(own.permissionPath, quarantine, show(own));
+    assert.equal(own.permissionSecret, true, show(own));
+    assert.doesNotMatch(JSON.stringify(own), /copied-3e7f|scratch-1/);
   });
 });
 

@@ -30,6 +30,7 @@ export const PI1_TEST_FILES = [
   "__test__/rich.test.ts",
   "__test__/rpc.test.ts",
   "__test__/words.test.ts",
+  "__test__/words-results.test.ts",
 ];
 
 function nodePackage() {

@@ -95,7 +95,7 @@ try {
   // Every suite but the rollback suite runs with rollback off (the spec's
   // recovery: kill, state lost, fresh interpreter). The rollback suite, and
   // the suites whose behaviour depends on the setting (lifecycle, faults,
-  // containment, isolation, permissions, protocol, output, pi end-to-end), run again with rollback on, the default:
+  // containment, isolation, permissions, protocol, output, pi end-to-end, what results say), run again with rollback on, the default:
   // those assert the exact behaviour of the setting in force
   // (__test__/helpers/sandbox-env.ts). The rest (escapes, limits, output,
   // secrets, ...) either behave the same in both or set it per test.
@@ -111,6 +111,8 @@ try {
     "output",
     "extension",
     "rpc",
+    "words",
+    "words-results",
   ].map((name) => join("__test__", `${name}.test.ts`));
   const rollbackOff = { ...process.env, PI_PYTHON_TOOL_ROLLBACK: "0" };
   const rollbackOn = { ...process.env };

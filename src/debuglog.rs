@@ -1,6 +1,6 @@
 //! The debug log a user can switch on: `PI_SANDBOX_LOG=debug` (or
 //! `info`, `warn`, `error`, `trace`) writes the engine's `tracing` events
-//! to `debug.log` in each session's log directory: sandbox starts, kills,
+//! to `debug.log` in each session's directory: sandbox starts, kills,
 //! rollbacks, protocol decisions. Off by default, and then nothing is
 //! installed (the `tracing` macros cost a load and a compare).
 //!
@@ -9,8 +9,9 @@
 //! span's id is kept per thread while it is entered, and an event goes to
 //! that session's file (events outside any session go to `debug.log` in
 //! the runtime root). The file is opened for each event by path, in a
-//! directory only this user can use: the logs directory is not mounted in
-//! the sandbox.
+//! directory only this user can use: the session's directory is not mounted
+//! in the sandbox (its `logs` directory, the calls' output, is, read-only at
+//! `/logs`; the debug log is beside it, not in it).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -88,7 +89,7 @@ impl Log {
     fn write(&self, session: Option<u64>, line: &str) {
         let path = session
             .and_then(crate::rundir::live_dir)
-            .map(|d| d.join("logs").join("debug.log"))
+            .map(|d| d.join("debug.log"))
             .unwrap_or_else(|| self.fallback.clone());
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
         if let Ok(mut f) = file {

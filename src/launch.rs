@@ -172,6 +172,7 @@ async fn start_once(
         interpreter: facts.interpreter.path.clone(),
         interpreter_mounts: facts.interpreter.mounts.clone(),
         worker: code.clone(),
+        logs: Some(dirs.logs.clone()),
         package_mounts: python_mounts,
         package_fd_mounts: python_fd_mounts,
         site_dirs: facts.python.site_dirs.clone(),

@@ -15,8 +15,8 @@ use crate::limits::*;
 use crate::options::{Settings, ROLLBACK_ENV};
 use crate::permissions::MountConfig;
 use crate::probe::Bwrap;
-use crate::rundir::Dirs;
 use crate::worker::{Halt, Interrupt, NotReady, StartError};
+use crate::{rundir::Dirs, runtime_paths::sandbox_log};
 
 /// How a call ended: `ok`, or the kind of failure. The addon hands it to
 /// JavaScript as the string union `Status` (the names of `as_str`).
@@ -429,9 +429,8 @@ pub fn state_statement(o: &Outcome) -> Option<String> {
              interpreter{}.",
             if failed { ", and what ran before the error remains" } else { "" }
         )),
-        (StateFate::Kept, None) if failed => {
-            Some("Interpreter state kept: what ran before the error remains (execution is not transactional).".into())
-        }
+        // One line at 80 columns (what remains is what "not transactional" means).
+        (StateFate::Kept, None) if failed => Some("Interpreter state kept: what ran before the error remains.".into()),
         (StateFate::Kept | StateFate::Untouched, None) => None,
     }
 }
@@ -585,7 +584,7 @@ pub fn render_parts(o: &Outcome) -> Rendered {
                 t,
                 "\n\nThe code tried to read {}, which looks like a secret ({}): the sandbox shows it empty.",
                 display_line(path),
-                crate::secrets::SECRETS_ENV
+                crate::secrets::env_of(path)
             );
         } else {
             let _ =
@@ -632,10 +631,10 @@ pub fn render_parts(o: &Outcome) -> Rendered {
     if o.output_limit_exceeded {
         let _ = write!(tail, "\nOutput budget of {} was exceeded.", format_size(OUTPUT_BUDGET_BYTES));
     }
-    // Named only when the text leaves output out: otherwise the text is all of it.
+    // Named only when the text leaves output out, by the path the code opens.
     let logs: Vec<String> = [(&o.log_paths.stdout, "stdout"), (&o.log_paths.stderr, "stderr")]
         .into_iter()
-        .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", display_line(&p.to_string_lossy()))))
+        .filter_map(|(p, name)| p.as_ref().map(|p| format!("{} ({name})", display_line(&sandbox_log(p)))))
         .collect();
     let log_line = match (logs.is_empty(), o.log_complete) {
         (true, _) => String::new(),
@@ -750,7 +749,7 @@ mod tests {
             ..ok()
         };
         let text = render(&cut);
-        assert!(text.ends_with("z\nFull output saved to: /l/0002-out.log (stdout)\n\nresult: 'end'"), "{text}");
+        assert!(text.ends_with("z\nFull output saved to: /logs/0002-out.log (stdout)\n\nresult: 'end'"), "{text}");
     }
 
     #[test]
@@ -822,9 +821,7 @@ mod tests {
             }),
             ..ok()
         };
-        assert!(render(&o).ends_with(
-            "\n\nInterpreter state kept: what ran before the error remains (execution is not transactional)."
-        ));
+        assert!(render(&o).ends_with("\n\nInterpreter state kept: what ran before the error remains."));
         let cut = Outcome {
             stdout: StreamText {
                 head: "a\n".repeat(100),
@@ -837,7 +834,10 @@ mod tests {
             ..ok()
         };
         let text = render(&cut);
-        assert!(text.ends_with("\nFull output saved to: /l/0002-out.log (stdout), /l/0002-err.log (stderr)"), "{text}");
+        assert!(
+            text.ends_with("\nFull output saved to: /logs/0002-out.log (stdout), /logs/0002-err.log (stderr)"),
+            "{text}"
+        );
         assert!(!text.contains("Interpreter state"), "{text}");
     }
 
@@ -878,7 +878,7 @@ mod tests {
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
         assert!(text.contains("bytes omitted; the full output is in the log files"));
         assert!(text.contains("\ny\n"), "the tail of a stream is kept");
-        assert!(text.ends_with("\nFull output saved to: /l/out (stdout)"), "the log line is never cut");
+        assert!(text.ends_with("\nFull output saved to: /logs/out (stdout)"), "the log line is never cut");
     }
 
     /// Every piece of text an outcome can hold, each carrying the sequences.
@@ -1054,7 +1054,7 @@ mod tests {
         assert!(text.len() <= RESULT_MAX_BYTES, "{} bytes", text.len());
         assert!(text.lines().count() <= RESULT_MAX_LINES, "{} lines", text.lines().count());
         assert!(inert(&text));
-        assert!(text.ends_with("(execution is not transactional)."), "the state line is kept");
+        assert!(text.ends_with("what ran before the error remains."), "the state line is kept");
     }
 
     #[test]

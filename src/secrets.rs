@@ -36,6 +36,17 @@ use crate::scan::{Limits, Summary, ENTRIES_ENV};
 /// leading `!` makes an exception). Empty: nothing is masked.
 pub const SECRETS_ENV: &str = "PI_SANDBOX_SECRETS";
 
+/// The setting that names what masks sandbox path `path`: the project's
+/// secret patterns under `/workspace`, the host-secret list elsewhere (a
+/// granted tree).
+pub fn env_of(path: &str) -> &'static str {
+    if path == crate::bwrap::WORKSPACE || path.starts_with("/workspace/") {
+        SECRETS_ENV
+    } else {
+        crate::hostsecrets::HOST_SECRETS_ENV
+    }
+}
+
 /// The default patterns, matched against entry names at any depth.
 pub const DEFAULT_SECRETS: &[&str] = &[
     ".env",

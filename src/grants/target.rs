@@ -82,11 +82,21 @@ impl Target for SessionCall<'_> {
 
     /// By the session's own list of masks, never the sandbox's word.
     /// Exactly the path read: a file inside a masked directory is unmasked
-    /// alone, never the directory. A host secret never is.
+    /// alone, never the directory. A host secret never is, in the project
+    /// or masked in a granted tree (one outside every grant is refused as
+    /// never granted).
     fn mask_of(&self, path: &str) -> Mask {
         let report = self.session.status();
         let Some(path) = permissions::normalize(path) else { return Mask::None };
-        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else { return Mask::None };
+        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else {
+            let m = &report.mounts;
+            let granted = m.read_roots.iter().any(|r| path.starts_with(r))
+                || m.once.iter().any(|o| o.is_dir && path.starts_with(&o.path));
+            return match GrantInputs::of(self.session).secrets.covering(&path) {
+                Some(e) if granted && !self.session.in_project(&path) => Mask::HostSecret(e.shown()),
+                _ => Mask::None,
+            };
+        };
         if mask.host {
             return Mask::HostSecret(Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string());
         }

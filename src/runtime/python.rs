@@ -21,7 +21,7 @@ pub mod images;
 /// The worker script, embedded in the addon.
 pub const WORKER_SOURCE: &str = include_str!("../worker/worker.py");
 
-pub use crate::runtime_paths::{PYTHON_RESERVED as RESERVED_MOUNTS, WORKER, WORKER_PYC};
+pub use crate::runtime_paths::{LOGS, PYTHON_RESERVED as RESERVED_MOUNTS, WORKER, WORKER_PYC};
 
 /// After a read grant the python runtime runs the call again: the refused
 /// call raised at the read, before the code could go on (see the grant
@@ -48,6 +48,9 @@ pub struct Python {
     pub interpreter_mounts: Vec<PathBuf>,
     /// The worker to run.
     pub worker: WorkerCode,
+    /// The session's log directory, mounted read-only at [`LOGS`] (the
+    /// engine's own debug log is not in it).
+    pub logs: Option<PathBuf>,
     /// The user's Python packages: directories mounted read-only at their
     /// own paths.
     pub package_mounts: Vec<PathBuf>,
@@ -99,7 +102,9 @@ pub fn payload(py: &Python) -> Payload {
     }
     Payload {
         runtime_mounts: py.interpreter_mounts.clone(),
-        code: vec![(host.clone(), worker.into())],
+        code: std::iter::once((host.clone(), worker.into()))
+            .chain(py.logs.iter().map(|l| (l.clone(), LOGS.into())))
+            .collect(),
         read_mounts: py.package_mounts.clone(),
         fd_mounts: py.package_fd_mounts.clone(),
         env: vec![],
@@ -182,6 +187,7 @@ mod tests {
             interpreter: "/usr/bin/python3.11".into(),
             interpreter_mounts: vec![],
             worker: WorkerCode::Source { path: "/tmp/s/worker.py".into(), emit: false },
+            logs: None,
             package_mounts: vec![],
             package_fd_mounts: vec![],
             site_dirs: vec![],
@@ -231,6 +237,7 @@ mod tests {
             interpreter: "/opt/py/bin/python3.12".into(),
             interpreter_mounts: vec!["/opt/py".into()],
             worker: WorkerCode::Source { path: "/rt/s/worker.py".into(), emit: true },
+            logs: Some("/rt/s/logs".into()),
             package_mounts: vec!["/home/u/venv".into()],
             package_fd_mounts: vec![FdBind { fd: 13, dest: "/home/u/proj/.venv".into(), read_only: true }],
             site_dirs: vec![

@@ -356,17 +356,31 @@ def unescape_mount(field):
     return os.fsdecode(bytes(out))
 
 
+def mask_source(root):
+    """Whether a mount's root (mountinfo's fourth field) is the session's
+    empty mask file or directory, `<16 hex digits>/mask-file` or
+    `/mask-dir`: what the host binds over a secret (the sandbox cannot
+    make a mount, so it cannot plant one)."""
+    parts = root.rsplit(b"/", 2)
+    return (len(parts) == 3 and parts[2] in (b"mask-file", b"mask-dir") and len(parts[1]) == 16
+            and all(c in b"0123456789abcdef" for c in parts[1]))
+
+
 def mountpoints():
-    """The sandbox's own mountpoints, except /: what user code may read."""
-    points = set()
-    with open("/proc/self/mounts", "rb") as f:
+    """The sandbox's own mountpoints, except /: what user code may read;
+    and those of them that mask a secret (a host secret in a granted tree
+    or one of the project's; not the kernel's files under /proc)."""
+    points, masked = set(), set()
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            fields = line.split()
-            if len(fields) >= 2:
-                point = unescape_mount(fields[1]).rstrip("/")
+            fields = line.split(b" ", 5)
+            if len(fields) >= 5:
+                point = unescape_mount(fields[4]).rstrip("/")
                 if point.startswith("/"):
                     points.add(point)
-    return tuple(sorted(points))
+                    if mask_source(fields[3]) and not point.startswith("/proc/"):
+                        masked.add(point)
+    return tuple(sorted(points)), frozenset(masked)
 
 
 def install_read_hook(masks=()):
@@ -389,15 +403,17 @@ def install_read_hook(masks=()):
     # alike, so that what they know follows the sandbox's mounts.
     known = {}
 
-    def learn(points):
-        known["points"] = points
+    def learn(mounts):
+        known["points"] = mounts
+        points, bound = mounts
         allowed = frozenset(points)
         known["allowed"] = allowed
         known["prefixes"] = tuple(m + "/" for m in allowed)
         # A mask the host detached is no mount point any more (one that
-        # never was a mount point stays).
+        # never was a mount point stays); a host secret in a granted tree
+        # is known by its mount, also one attached while the sandbox runs.
         first = known.setdefault("first", allowed)
-        masked = frozenset(m for m in masks if m in allowed or m not in first)
+        masked = frozenset(m for m in masks if m in allowed or m not in first) | bound
         known["masked"] = masked
         known["masked_prefixes"] = tuple(m + "/" for m in masked)
 
@@ -464,7 +480,13 @@ def install_read_hook(masks=()):
             real = os.path.realpath(full)
         except Exception:
             real = full
-        if inside(real) or (refresh() and inside(real)):
+        if inside(real):
+            return
+        if refresh() and inside(real):
+            # A tree attached since: its host secrets are masked in it.
+            for p in (full, real):
+                if secret(p):
+                    raise SandboxReadDenied(p, is_dir, True)
             return
         raise SandboxReadDenied(full, is_dir)
 
