@@ -315,6 +315,29 @@ test("after a live grant the mount table equals a fresh start's with the same re
   assert.deepEqual(live, cold);
 });
 
+test("a revoked read root is detached from the running sandbox at once: the variable and an open file are kept, new opens fail, and the mount table equals a fresh start's without it", async (t) => {
+  const s = await setup(t, { readRoots: (o) => [o], ui: { select: choose("Deny once") } });
+  if (!s) return;
+  const held = await s.run({ code: `kept = 'kept-value'\nf = open('${s.outside}/data.csv')\nprint(open('${s.outside}/sibling.txt').read())` });
+  assert.match(held.text, /sibling-data/, "the root is mounted at the start");
+  s.h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [] });
+  const r = await s.run({
+    code: `print(kept, f.read())\ntry:\n    print(open('${s.outside}/sibling.txt').read())\nexcept Exception as e:\n    print('refused', type(e).__name__)\n${MOUNTS}`,
+  });
+  assert.match(r.text, /kept-value a,b\n1,2/, "the variable and the open file are kept");
+  assert.match(r.text, /refused (FileNotFoundError|SandboxReadDenied|PermissionError)|denied/, r.text);
+  assert.doesNotMatch(r.text, /sibling-data/);
+  assert.doesNotMatch(r.text, /restarted|fresh interpreter|state was lost/i);
+  const live = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
+  await s.h.dispose();
+  const fresh = await setup(t, { project: s.project, outside: s.outside });
+  if (!fresh) return;
+  const f = await fresh.run({ code: MOUNTS });
+  const cold = JSON.parse(f.text.split("\n").find((l) => l.startsWith("["))!);
+  assert.ok(!live.some((row: string) => row.startsWith(`${s.outside} `)), "the root is gone from the live table");
+  assert.deepEqual(live, cold);
+});
+
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
   withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
   const s = await setup(t, { ui: { select: choose("Allow once") } });
@@ -392,6 +415,6 @@ test("as nobody: every test above passes unprivileged", { skip: process.env[AS_N
   const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
   const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
   assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 11$/m, out);
+  assert.match(out, /^# pass 12$/m, out);
   assert.match(out, /^# fail 0$/m);
 });
