@@ -338,6 +338,34 @@ test("a revoked read root is detached from the running sandbox at once: the vari
   assert.deepEqual(live, cold);
 });
 
+test("a late 'Allow once' (after the call stopped waiting) lifts the denial and says so: the next read needs no dialog, is mounted live, and keeps the variable", async (t) => {
+  let answerLate: (choice: string | undefined) => void = () => {};
+  const s = await setup(t, { ui: { select: () => new Promise((resolve) => (answerLate = resolve)) } });
+  if (!s) return;
+  await s.run({ code: "kept = 'kept-value'" });
+  // The call stops waiting (an abort here; the 30 s timeout takes the same way in the wrapper).
+  const ac = new AbortController();
+  s.h.events.on("tool-permissions:prompt", () => setTimeout(() => ac.abort(), 100));
+  const file = `${s.outside}/data.csv`;
+  const r = await s.h.getTool("python").execute("late-1", { code: `print(open('${file}').read())` }, ac.signal, undefined);
+  assert.match(messageText(r), /the call was aborted/);
+  assert.equal(s.log.open, 1, "the client's dialog is still open");
+  answerLate("Allow once");
+  for (let i = 0; i < 50 && s.log.answers.length === 0; i++) await new Promise((res) => setTimeout(res, 20));
+  assert.deepEqual(s.log.answers.map((a) => [a.outcome, a.modeEvent]), [["allow", false]]);
+  const note = s.h.notifications.at(-1)?.message ?? "";
+  assert.match(note, new RegExp(`your allow of the read of ${file} came after the tool had stopped waiting .*the denial that made is lifted`));
+  s.h.ui.select = choose("Deny once");
+  const next = await s.run({ code: `print(open('${file}').read(), kept)` });
+  assert.equal(next.details.status, "ok", next.text);
+  assert.match(next.text, /1,2\n kept-value/);
+  assert.match(next.text, /mounted read-only in the running sandbox/);
+  assert.equal(s.log.prompts.length, 1, "no second dialog");
+  // Once: a later read of another file in that directory asks again.
+  const other = await s.run({ code: `print(open('${s.outside}/sibling.txt').read())` });
+  assert.equal(s.log.prompts.length, 2, other.text);
+});
+
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
   withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
   const s = await setup(t, { ui: { select: choose("Allow once") } });
@@ -415,6 +443,6 @@ test("as nobody: every test above passes unprivileged", { skip: process.env[AS_N
   const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
   const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
   assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 12$/m, out);
+  assert.match(out, /^# pass 13$/m, out);
   assert.match(out, /^# fail 0$/m);
 });
