@@ -135,6 +135,13 @@ export declare class ToolPermissions {
    * Returns how many were forgotten.
    */
   clearDenials(): number
+  /**
+   * An "Allow once" that came after the tool stopped waiting for the
+   * prompt about `path` (the raw path it asked about): the denial that
+   * made is lifted and the next refused read of it is allowed without
+   * asking. Returns the path as one line when it was such a prompt.
+   */
+  allowLate(path: string): string | null
   /** Forget everything (the pi session ended). */
   clear(): void
 }

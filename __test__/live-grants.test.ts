@@ -210,6 +210,111 @@ test("a granted root that contains the project shows the project's secrets maske
 });
 
 /**
+ * Plants from inside: `os.symlink` and `os.mkdir` at each path given, once before the grant and, from
+ * a process left running, again and again while the grant is applied. Prints what the first round
+ * did (`made` or the errno's name) and, at the end, whether any later attempt succeeded.
+ */
+const PLANT = (paths: string[], target: string) =>
+  [
+    "import errno, json, os, subprocess, sys",
+    `PATHS, TARGET = ${JSON.stringify(paths)}, ${JSON.stringify(target)}`,
+    "def plant(p):",
+    "    out = []",
+    "    for f in (lambda: os.symlink(TARGET, p), lambda: os.mkdir(p)):",
+    "        try:",
+    "            f()",
+    "            out.append('made')",
+    "        except OSError as e:",
+    "            out.append(errno.errorcode.get(e.errno, str(e.errno)))",
+    "    return out",
+    "print('first', json.dumps([plant(p) for p in PATHS]))",
+    "print('through', json.dumps([os.path.realpath(p) for p in PATHS]))",
+    'LOOP = """import os, sys',
+    "while True:",
+    "    for p in sys.argv[2:]:",
+    "        try:",
+    "            if os.path.islink(p):",
+    "                os.unlink(p)",
+    "            os.symlink(sys.argv[1], p)",
+    "            open('/scratch/planted', 'a').write(p + ' ')",
+    "        except OSError:",
+    "            pass",
+    '"""',
+    "planter = subprocess.Popen([sys.executable, '-c', LOOP, TARGET, *PATHS])",
+  ].join("\n");
+
+test("attack: a link the sandbox plants at the grant's mount point or a parent, before and during the grant, is never followed (baseline: in its own /tmp the same plants are made)", async (t) => {
+  let typed = "";
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => typed } });
+  if (!s) return;
+  typed = s.outside;
+  const parent = s.outside.slice(0, s.outside.lastIndexOf("/"));
+  // Baseline: where the sandbox may write, each plant is made and a link there is followed.
+  const base = await s.run({ code: `${PLANT(["/tmp/point", "/tmp/parent"], "/scratch")}\nimport time\nfor _ in range(100):\n    if os.path.exists('/scratch/planted'):\n        break\n    time.sleep(0.05)\nplanter.kill()\nprint('planted', os.path.exists('/scratch/planted'))` });
+  assert.match(base.text, /first \[\["made", "EEXIST"\], \["made", "EEXIST"\]\]/, base.text);
+  assert.match(base.text, /through \["\/scratch", "\/scratch"\]/, "baseline: the links are followed");
+  assert.match(base.text, /planted True/, "baseline: the racing planter succeeds where it may write");
+  await s.run({ code: "import os\nos.remove('/scratch/planted')\nkept = 'kept-value'\ncounter = 0" });
+  // The attack: the grant's mount point and its parents, planted before the read and all the while.
+  const targets = [s.outside, `${s.outside}/data.csv`, parent, `${parent}/x`];
+  const plant = await s.run({ code: PLANT(targets, "/scratch") });
+  assert.match(plant.text, /first \[(\["(EROFS|EEXIST|ENOENT)", "(EROFS|EEXIST|ENOENT)"\],? ?){4}\]/, plant.text);
+  assert.doesNotMatch(plant.text, /made/);
+  const through = plant.text.split("\n").find((l) => l.startsWith("through "))?.slice(8) ?? "null";
+  assert.deepEqual(JSON.parse(through), targets, "nothing on the way is a link");
+  const r = await s.run({ code: `counter += 1\ndata = open('${s.outside}/data.csv').read()\nprint('counter', counter, data)\nplanter.kill()` });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, /was granted and mounted in the running sandbox/);
+  assert.match(r.text, /counter 1 a,b/);
+  const after = await s.run({
+    code: `import os\nprint('planted', os.path.exists('/scratch/planted'))\nprint('link', os.path.islink('${s.outside}'), os.path.realpath('${s.outside}/data.csv'))\n` +
+      `rows = [l.split(' ')[4] for l in open('/proc/self/mountinfo')]\nprint('at', [r for r in rows if r.startswith('${parent}') or r.startswith('/scratch')])\nprint(kept)`,
+  });
+  assert.match(after.text, /planted False/);
+  assert.match(after.text, new RegExp(`link False ${s.outside}/data.csv`));
+  assert.match(after.text, new RegExp(`at \\['${s.outside}', '/scratch'\\]|at \\['/scratch', '${s.outside}'\\]`), after.text);
+  assert.match(after.text, /kept-value/);
+});
+
+test("attack: a read of a host secret is refused at once, without a dialog, and the sandbox keeps running (baseline: unlisted, it is asked about and mounted live)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-live-hostsecret-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  mkdirSync(join(base, "vault"));
+  writeFileSync(join(base, "vault", "token"), "vault-token-value\n");
+  const code = `print(open('${base}/vault/token').read())`;
+  {
+    const s = await setup(t, { ui: { select: choose("Allow once") } });
+    if (!s) return;
+    await s.run({ code: "kept = 1" });
+    const r = await s.run({ code });
+    assert.equal(s.log.prompts.length, 1, "baseline: asked");
+    assert.match(r.text, /vault-token-value/, "baseline: allowed once, the token is read");
+    assert.match(r.text, /mounted read-only in the running sandbox/);
+    await s.h.dispose();
+  }
+  withEnv(t, "PI_PYTHON_TOOL_HOST_SECRETS", `${base}/vault`);
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return;
+  await s.run({ code: "kept = 'kept-value'" });
+  const r = await s.run({ code });
+  assert.equal(r.details.status, "permission_needed");
+  assert.equal(s.log.prompts.length, 0, "no dialog");
+  assert.match(r.text, /can never be made readable: a host secret/);
+  assert.doesNotMatch(r.text, /vault-token-value/);
+  // A session grant naming the secret itself (typed in the editor of another read's dialog) mounts nothing.
+  writeFileSync(join(base, "notes.txt"), "notes\n");
+  s.h.ui.select = choose("Allow reads from");
+  s.h.ui.editor = async () => `${base}/vault`;
+  const other = await s.run({ code: `print(open('${base}/notes.txt').read())\n${code}` });
+  assert.doesNotMatch(other.text, /vault-token-value/);
+  const left = await s.run({ code: `import os\nprint(kept, [l.split(' ')[4] for l in open('/proc/self/mountinfo') if l.split(' ')[4].startswith('${base}')])` });
+  // Only the file read: the secret is no mount point, and the notification says why it was not mounted.
+  assert.match(left.text, new RegExp(`kept-value \\['${base}/notes.txt'\\]`), left.text);
+  const note = s.h.notifications.map((n) => n.message).join("\n");
+  assert.match(note, new RegExp(`read roots not mounted: ${base}/vault \\(a host secret`), note);
+});
+
+/**
  * The sandbox's mount table without mount ids or device numbers: mount point, options, type. The
  * worker's file is /worker.py in a process's first sandbox and /worker.pyc (its compiled form) in
  * later ones: one name for both.
@@ -234,6 +339,57 @@ test("after a live grant the mount table equals a fresh start's with the same re
   const cold = JSON.parse(f.text.split("\n").find((l) => l.startsWith("["))!);
   assert.ok(live.some((row: string) => row.startsWith(`${s.outside} `)), "the root is in the live table");
   assert.deepEqual(live, cold);
+});
+
+test("a revoked read root is detached from the running sandbox at once: the variable and an open file are kept, new opens fail, and the mount table equals a fresh start's without it", async (t) => {
+  const s = await setup(t, { readRoots: (o) => [o], ui: { select: choose("Deny once") } });
+  if (!s) return;
+  const held = await s.run({ code: `kept = 'kept-value'\nf = open('${s.outside}/data.csv')\nprint(open('${s.outside}/sibling.txt').read())` });
+  assert.match(held.text, /sibling-data/, "the root is mounted at the start");
+  s.h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [] });
+  const r = await s.run({
+    code: `print(kept, f.read())\ntry:\n    print(open('${s.outside}/sibling.txt').read())\nexcept Exception as e:\n    print('refused', type(e).__name__)\n${MOUNTS}`,
+  });
+  assert.match(r.text, /kept-value a,b\n1,2/, "the variable and the open file are kept");
+  assert.match(r.text, /refused (FileNotFoundError|SandboxReadDenied|PermissionError)|denied/, r.text);
+  assert.doesNotMatch(r.text, /sibling-data/);
+  assert.doesNotMatch(r.text, /restarted|fresh interpreter|state was lost/i);
+  const live = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
+  await s.h.dispose();
+  const fresh = await setup(t, { project: s.project, outside: s.outside });
+  if (!fresh) return;
+  const f = await fresh.run({ code: MOUNTS });
+  const cold = JSON.parse(f.text.split("\n").find((l) => l.startsWith("["))!);
+  assert.ok(!live.some((row: string) => row.startsWith(`${s.outside} `)), "the root is gone from the live table");
+  assert.deepEqual(live, cold);
+});
+
+test("a late 'Allow once' (after the call stopped waiting) lifts the denial and says so: the next read needs no dialog, is mounted live, and keeps the variable", async (t) => {
+  let answerLate: (choice: string | undefined) => void = () => {};
+  const s = await setup(t, { ui: { select: () => new Promise((resolve) => (answerLate = resolve)) } });
+  if (!s) return;
+  await s.run({ code: "kept = 'kept-value'" });
+  // The call stops waiting (an abort here; the 30 s timeout takes the same way in the wrapper).
+  const ac = new AbortController();
+  s.h.events.on("tool-permissions:prompt", () => setTimeout(() => ac.abort(), 100));
+  const file = `${s.outside}/data.csv`;
+  const r = await s.h.getTool("python").execute("late-1", { code: `print(open('${file}').read())` }, ac.signal, undefined);
+  assert.match(messageText(r), /the call was aborted/);
+  assert.equal(s.log.open, 1, "the client's dialog is still open");
+  answerLate("Allow once");
+  for (let i = 0; i < 50 && s.log.answers.length === 0; i++) await new Promise((res) => setTimeout(res, 20));
+  assert.deepEqual(s.log.answers.map((a) => [a.outcome, a.modeEvent]), [["allow", false]]);
+  const note = s.h.notifications.at(-1)?.message ?? "";
+  assert.match(note, new RegExp(`your allow of the read of ${file} came after the tool had stopped waiting .*the denial that made is lifted`));
+  s.h.ui.select = choose("Deny once");
+  const next = await s.run({ code: `print(open('${file}').read(), kept)` });
+  assert.equal(next.details.status, "ok", next.text);
+  assert.match(next.text, /1,2\n kept-value/);
+  assert.match(next.text, /mounted read-only in the running sandbox/);
+  assert.equal(s.log.prompts.length, 1, "no second dialog");
+  // Once: a later read of another file in that directory asks again.
+  const other = await s.run({ code: `print(open('${s.outside}/sibling.txt').read())` });
+  assert.equal(s.log.prompts.length, 2, other.text);
 });
 
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
@@ -313,6 +469,6 @@ test("as nobody: every test above passes unprivileged", { skip: process.env[AS_N
   const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
   const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
   assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 10$/m, out);
+  assert.match(out, /^# pass 14$/m, out);
   assert.match(out, /^# fail 0$/m);
 });

@@ -32,6 +32,8 @@ const PROMPT_RESULT_CHANNEL = "tool-permissions:promptResult";
 /** Optional extension of the contract: the tool stopped waiting for prompt `id`. */
 const PROMPT_CANCEL_CHANNEL = "tool-permissions:promptCancel";
 const PROMPT_TIMEOUT_MS = 30_000;
+/** At most this many prompts nobody waits for are remembered for a late answer. */
+const MAX_ABANDONED = 16;
 
 type PromptOutcome = "allow" | "deny" | "timeout" | "aborted" | "shutdown";
 type UI = { notify(message: string, type?: "info" | "warning" | "error"): void };
@@ -47,6 +49,8 @@ interface State {
   ui?: UI;
   nextPromptId: number;
   pending: Map<number, (outcome: PromptOutcome) => void>;
+  /** Prompts the tool stopped waiting for (timeout, abort), by id: the path asked about. */
+  abandoned: Map<number, string>;
 }
 
 function formatBytes(n: number): string {
@@ -98,7 +102,7 @@ export function bashConfig(trusted: TrustedConfig | undefined): BashConfig {
 }
 
 export default function pythonSandboxExtension(pi: ExtensionAPI): void {
-  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map() };
+  const state: State = { nextCallId: 1, nextPromptId: 1, pending: new Map(), abandoned: new Map() };
 
   /** The pi session's permission state, made with the addon (undefined while it cannot load). */
   function permissions(): ToolPermissions | undefined {
@@ -124,7 +128,14 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         clearTimeout(timer);
         signal?.removeEventListener("abort", onAbort);
         // The client may still show its dialog: say that nobody waits for it.
-        if (outcome !== "allow" && outcome !== "deny") pi.events.emit(PROMPT_CANCEL_CHANNEL, { id });
+        if (outcome !== "allow" && outcome !== "deny") {
+          pi.events.emit(PROMPT_CANCEL_CHANNEL, { id });
+          // Its answer may still come (the client's dialog stays open): remembered, a few at most.
+          if (outcome === "timeout" || outcome === "aborted") {
+            state.abandoned.set(id, path);
+            for (const old of state.abandoned.keys()) if (state.abandoned.size > MAX_ABANDONED) state.abandoned.delete(old);
+          }
+        }
         resolve(outcome);
       };
       const onAbort = () => finish("aborted");
@@ -377,6 +388,23 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     pi.events.on(PROMPT_RESULT_CHANNEL, (payload: unknown) => {
       const p = payload as { id?: unknown; outcome?: unknown } | null;
       if (!p || typeof p.id !== "number" || (p.outcome !== "allow" && p.outcome !== "deny")) return;
+      const late = state.abandoned.get(p.id);
+      if (late !== undefined) {
+        state.abandoned.delete(p.id);
+        // An "Allow once" after the wait (a grant with a mode event was applied by that event).
+        const shown = p.outcome === "allow" ? permissions()?.allowLate(late) : undefined;
+        if (shown) {
+          state.ui?.notify(
+            displayLine(
+              `pi-python-sandbox: your allow of the read of ${shown} came after the tool had stopped waiting ` +
+                `(${PROMPT_TIMEOUT_MS / 1000} s, or the call was aborted): the denial that made is lifted, and the next ` +
+                "read of it is allowed without asking. Run the code again.",
+            ),
+            "info",
+          );
+        }
+        return;
+      }
       state.pending.get(p.id)?.(p.outcome);
     }),
   ];

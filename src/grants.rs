@@ -89,6 +89,9 @@ struct State {
     mode: Option<ModeEvent>,
     denied: Vec<PathBuf>,
     abandoned: Vec<Abandoned>,
+    /// Paths of abandoned prompts the user allowed after the wait: their
+    /// next refused read is allowed without a dialog (taken once).
+    late_allowed: Vec<PathBuf>,
 }
 
 /// What one pi session remembers across its sandboxes.
@@ -141,6 +144,34 @@ impl Grants {
             roots.iter().any(|r| a.path.starts_with(r) || dir.starts_with(r))
         })?;
         Some(st.abandoned.remove(i).path)
+    }
+
+    /// An allow without a mode event ("Allow once") that came after the
+    /// call stopped waiting for the prompt about `path`: the denial the
+    /// timeout (or abort) made is lifted, and the next refused read of
+    /// the path is allowed without asking. Returns the path when it was
+    /// such a prompt (a late grant with a mode event took it already).
+    pub fn allow_late(&self, path: &str) -> Option<PathBuf> {
+        let normal = permissions::normalize(path)?;
+        let mut st = self.state.lock();
+        let i = st.abandoned.iter().position(|a| a.path == normal)?;
+        let a = st.abandoned.remove(i);
+        let dir = permissions::covering_dir(&a.path, a.is_dir);
+        st.denied.retain(|d| *d != a.path && *d != dir);
+        st.late_allowed.push(a.path.clone());
+        let excess = st.late_allowed.len().saturating_sub(MAX_ABANDONED);
+        st.late_allowed.drain(..excess);
+        Some(a.path)
+    }
+
+    /// Whether a refused read of `path` was allowed late (see
+    /// [`Grants::allow_late`]); taken once.
+    pub fn take_late_allowed(&self, path: &str) -> bool {
+        let Some(normal) = permissions::normalize(path) else { return false };
+        let mut st = self.state.lock();
+        let Some(i) = st.late_allowed.iter().position(|p| *p == normal) else { return false };
+        st.late_allowed.remove(i);
+        true
     }
 
     /// Decide what `answer` to `prompt` does. `remounted`: the mounts
@@ -389,6 +420,21 @@ mod tests {
         assert_eq!(next, Next::Replay);
         let _ = g.answer(env, Answer::Deny, false, &ctx(project), ident);
         assert_eq!(g.denied(), [PathBuf::from("/workspace/sub/.env")], "not all of /workspace/sub");
+    }
+
+    #[test]
+    fn a_late_allow_once_lifts_the_denial_and_allows_the_next_read_once() {
+        let g = Grants::default();
+        assert_eq!(g.allow_late("/srv/data/a.csv"), None, "no prompt was abandoned");
+        let project = Path::new("/nonexistent-project");
+        let _ = g.answer(prompt("/srv/data/a.csv", false), Answer::Timeout, false, &ctx(project), ident);
+        assert_eq!(g.denied(), [PathBuf::from("/srv/data")], "the timeout denied the directory");
+        assert_eq!(g.allow_late("/srv/data/a.csv"), Some(PathBuf::from("/srv/data/a.csv")));
+        assert!(g.denied().is_empty(), "the denial the timeout made is lifted");
+        assert!(!g.take_late_allowed("/srv/data/b.csv"), "only that path");
+        assert!(g.take_late_allowed("/srv/data/a.csv"));
+        assert!(!g.take_late_allowed("/srv/data/a.csv"), "taken once");
+        assert_eq!(g.allow_late("/srv/data/a.csv"), None, "answered once");
     }
 
     #[test]

@@ -69,12 +69,15 @@ pub struct Plan {
     pub attach: Vec<Tree>,
     /// Secrets of the project (canonical host paths) whose masks go.
     pub unmask: Vec<PathBuf>,
+    /// Read roots revoked: detached (at their sandbox path, which is
+    /// their host path), before anything is attached.
+    pub detach: Vec<PathBuf>,
 }
 
 /// Why a change is not made live.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    #[error("the change is more than an added grant (a mode change, or a grant removed)")]
+    #[error("the change is more than an added or revoked grant (a mode change, or an allow once removed)")]
     NotAnAddition,
     #[error("{} overlaps a tree the sandbox already shows", crate::display::one_line(.0))]
     Overlap(PathBuf),
@@ -95,21 +98,28 @@ pub enum LiveError {
 }
 
 /// The steps that turn `had` into `want` on a running sandbox: only added
-/// read roots, paths allowed once and secrets unmasked once; a tree that
-/// overlaps one already shown is left to a restart (a fresh start stacks
-/// them in its own order).
+/// or removed read roots, added paths allowed once and secrets unmasked
+/// once; a tree that overlaps one still shown is left to a restart (a
+/// fresh start stacks them in its own order).
 pub fn plan(had: &MountConfig, want: &MountConfig) -> Result<Plan, LiveError> {
     let kept = had.workspace_writable == want.workspace_writable
         && had.unmasked == want.unmasked
-        && had.read_roots.iter().all(|r| want.read_roots.contains(r))
         && had.once.iter().all(|o| want.once.contains(o))
         && had.unmasked_once.iter().all(|u| want.unmasked_once.contains(u));
     if !kept {
         return Err(LiveError::NotAnAddition);
     }
-    let mut shown: Vec<PathBuf> =
-        had.read_roots.iter().cloned().chain(had.once.iter().map(|o| o.path.clone())).collect();
-    let mut plan = Plan::default();
+    let detach = had.read_roots.iter().filter(|r| !want.read_roots.contains(r)).cloned().collect();
+    let mut plan = Plan { detach, ..Plan::default() };
+    let kept_roots = had.read_roots.iter().filter(|r| want.read_roots.contains(r));
+    let mut shown: Vec<PathBuf> = kept_roots.cloned().chain(had.once.iter().map(|o| o.path.clone())).collect();
+    // A revoked root with an allow-once path under it or over it: the
+    // path would go with the root, or the root would be under the path.
+    for root in &plan.detach {
+        if let Some(s) = shown.iter().find(|s| s.starts_with(root) || root.starts_with(s)) {
+            return Err(LiveError::Overlap(s.clone()));
+        }
+    }
     let added_roots = want.read_roots.iter().filter(|r| !had.read_roots.contains(r));
     let roots = added_roots.map(|r| Tree { source: r.clone(), at: r.clone(), is_dir: true });
     let once = want.once.iter().filter(|o| !had.once.contains(o));
@@ -162,6 +172,15 @@ pub fn apply(plan: &Plan, env: &Env<'_>) -> Result<Vec<HostMask>, LiveError> {
         }
         detach.push(Path::new(crate::bwrap::WORKSPACE).join(rel));
     }
+    for root in &plan.detach {
+        match mount::detach(env.pid, root) {
+            // Nothing mounted there any more: revoked already (see `revoke`).
+            Err(MountError::Step { stage: mount::Stage::Detach, source, .. })
+                if source.raw_os_error() == Some(libc::EINVAL) => {}
+            done => done?,
+        }
+        tracing::debug!(at = %root.display(), "read root detached live");
+    }
     let sources = MaskSources::in_dir(env.dirs_root).map_err(LiveError::MaskSources)?;
     let mut added = Vec::new();
     for tree in &plan.attach {
@@ -210,6 +229,24 @@ pub fn apply(plan: &Plan, env: &Env<'_>) -> Result<Vec<HostMask>, LiveError> {
     Ok(added)
 }
 
+/// Detach the read roots `plan` revokes from the sandbox whose process
+/// `pid` is in it, at once (a revoked root must not stay readable until
+/// the next execution). A file already open under one stays readable by
+/// the process that holds it; new opens fail.
+pub fn revoke(pid: i32, plan: &Plan) -> Result<(), LiveError> {
+    if plan.detach.is_empty() {
+        return Ok(());
+    }
+    if pid <= 0 {
+        return Err(LiveError::NoProcess);
+    }
+    for root in &plan.detach {
+        mount::detach(pid, root)?;
+        tracing::debug!(at = %root.display(), "read root revoked live");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,8 +268,19 @@ mod tests {
     }
 
     #[test]
-    fn anything_but_an_addition_restarts() {
-        assert!(matches!(plan(&roots(&["/a"]), &roots(&[])), Err(LiveError::NotAnAddition)));
+    fn a_removed_root_is_detached_before_an_added_one_is_attached() {
+        let p = plan(&roots(&["/a", "/b"]), &roots(&["/b", "/a/c"])).unwrap();
+        assert_eq!(p.detach, [PathBuf::from("/a")]);
+        assert_eq!(p.attach, [Tree { source: "/a/c".into(), at: "/a/c".into(), is_dir: true }]);
+        // An allow-once path under a revoked root would go with it: a restart.
+        let once = OnceMount { path: "/a/x.csv".into(), source: "/a/x.csv".into(), is_dir: false };
+        let had = MountConfig { once: vec![once.clone()], ..roots(&["/a"]) };
+        let want = MountConfig { once: vec![once], ..roots(&[]) };
+        assert!(matches!(plan(&had, &want), Err(LiveError::Overlap(_))));
+    }
+
+    #[test]
+    fn anything_but_an_added_or_revoked_grant_restarts() {
         let writable = MountConfig { workspace_writable: true, ..roots(&[]) };
         assert!(matches!(plan(&roots(&[]), &writable), Err(LiveError::NotAnAddition)));
         let unmasked = MountConfig { unmasked: vec!["/p/.env".into()], ..roots(&[]) };

@@ -385,7 +385,11 @@ impl<H: Host> Session<H> {
         );
         // A change that only adds grants reaches the running sandbox at
         // its next execution (see `live`): it is not killed.
-        let restart = self.restart_why(&sh.report.mounts, &mounts);
+        let mut restart = self.restart_why(&sh.report.mounts, &mounts);
+        if restart.is_none() {
+            // A revoked read root goes at once, not at the next execution.
+            restart = self.revoke_now(&sh.report.mounts, &mounts, sh.worker_pid).err().map(|e| e.0);
+        }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
         sh.report.mount_epoch += 1;

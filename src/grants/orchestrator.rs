@@ -342,9 +342,15 @@ impl GrantLoop {
                 diagnostic = Some(why);
                 break;
             }
-            let since = Instant::now();
-            let answer = ask(&d).await;
-            waited += since.elapsed();
+            // An allow that came after an earlier call stopped waiting.
+            let answer = if self.grants.take_late_allowed(&d.path) {
+                Answer::Allow
+            } else {
+                let since = Instant::now();
+                let answer = ask(&d).await;
+                waited += since.elapsed();
+                answer
+            };
             let grant = match self.apply(t, &d, answer) {
                 Applied::Granted(g) => g,
                 Applied::Stop(why) => {

@@ -97,6 +97,15 @@ impl ToolPermissions {
         self.grants.clear_denials() as u32
     }
 
+    /// An "Allow once" that came after the tool stopped waiting for the
+    /// prompt about `path` (the raw path it asked about): the denial that
+    /// made is lifted and the next refused read of it is allowed without
+    /// asking. Returns the path as one line when it was such a prompt.
+    #[napi]
+    pub fn allow_late(&self, path: String) -> Option<String> {
+        self.grants.allow_late(&path).map(|p| crate::display::one_line(&p).to_string())
+    }
+
     /// Forget everything (the pi session ended).
     #[napi]
     pub fn clear(&self) {

@@ -237,6 +237,8 @@ impl Sandbox for Worker {
             quarantine: env.quarantine,
         };
         let added = crate::live_grants::apply(&plan, &live)?;
+        // The masks of a revoked root went with it.
+        self.host_masks.retain(|m| !plan.detach.iter().any(|r| m.path.starts_with(r)));
         for m in added {
             if !self.host_masks.contains(&m) {
                 self.host_masks.push(m);

@@ -49,6 +49,28 @@ impl<H: Host> Session<H> {
         live_grants::plan(had, want).err().map(|e| e.to_string())
     }
 
+    /// Detach the read roots revoked from `had` to `want` from the running
+    /// sandbox (its bubblewrap process is `bwrap`), at once; or why it
+    /// restarts instead. Nothing to do without a sandbox.
+    pub(super) fn revoke_now(
+        &self,
+        had: &MountConfig,
+        want: &MountConfig,
+        bwrap: Option<i32>,
+    ) -> Result<(), live_grants::Restarted> {
+        let Some(bwrap) = bwrap else { return Ok(()) };
+        let plan = live_grants::plan(had, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
+        if plan.detach.is_empty() {
+            return Ok(());
+        }
+        // bubblewrap's child, the sandbox's PID 1, is in its namespaces.
+        let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children")).unwrap_or_default();
+        let inside = children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        live_grants::revoke(inside, &plan).map_err(|e| {
+            live_grants::Restarted(format!("a revoked read root could not be detached from the running sandbox ({e})"))
+        })
+    }
+
     /// Why the last mount change restarts the sandbox instead of reaching
     /// the running one, until the next execution replaces it.
     pub fn restart_pending(&self) -> Option<String> {
