@@ -224,7 +224,7 @@ async fn decided<R: Resolver, V: Reviewer>(dest: &Destination, s: &Shared<R, V>)
     let ctx = Context {
         lists: &s.policy.lists,
         own: &s.policy.own,
-        granted: false,
+        granted: s.reviewer.granted(dest),
         yolo: s.policy.yolo,
         yolo_review: s.policy.yolo_review,
     };
