@@ -12,72 +12,20 @@
  * file again as `nobody` (as live-grants.test.ts does).
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { lookup } from "node:dns/promises";
-import { once } from "node:events";
-import { chmodSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:http";
-import type { AddressInfo } from "node:net";
-import { hostname } from "node:os";
-import { join, relative } from "node:path";
-import { after, type TestContext, test } from "node:test";
-import { fileURLToPath } from "node:url";
-import { configureClient } from "./fixtures/permissions-client/index.ts";
-import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./helpers/pi-session.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { test } from "node:test";
+import type { UIHooks } from "./helpers/pi-session.ts";
+import { httpOrigin, type NetSession, netSession, type Origin, rerunAsNobody } from "./helpers/network.ts";
 
-const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
-const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
-
-const SAVED = { PI_CODING_AGENT_DIR: process.env.PI_CODING_AGENT_DIR, PI_SANDBOX_BASH: process.env.PI_SANDBOX_BASH };
-after(() => {
-  for (const [name, value] of Object.entries(SAVED)) {
-    if (value === undefined) delete process.env[name];
-    else process.env[name] = value;
-  }
-});
-
-interface Origin {
-  /** This machine's name, as a command names the origin. */
-  name: string;
-  port: number;
-  /** Requests it answered. */
-  hits: () => number;
-}
-
-/** An HTTP origin on the address this machine's name resolves to. */
-async function origin(t: TestContext): Promise<Origin & { address: string }> {
-  const name = hostname().toLowerCase();
-  const found = await lookup(name, { family: 4 }).catch((e) => assert.fail(`this machine's name ${name} does not resolve: ${e}`));
-  let hits = 0;
-  const server = createServer((_req, res) => {
-    hits++;
-    res.end("ORIGIN-BODY\n");
-  });
-  server.listen(0, found.address);
-  await once(server, "listening");
-  t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  return { name, address: found.address, port: (server.address() as AddressInfo).port, hits: () => hits };
-}
-
-interface Setup {
-  h: PiHarness;
+interface Setup extends NetSession {
   o: Origin;
-  bash(command: string, opts?: { signal?: AbortSignal; timeout?: number }): Promise<string>;
 }
 
+/** A session whose only entry for the origin is its address in allowPrivate: its name is reviewed. */
 async function setup(
-  t: TestContext,
+  t: import("node:test").TestContext,
   opts: { ui?: UIHooks; hasUI?: boolean; mode?: string; reviewYolo?: "allow" | "review" } = {},
 ): Promise<Setup | undefined> {
-  if (skipWithoutSandbox(t)) return undefined;
-  const o = await origin(t);
-  const base = mkdtempSync("/var/tmp/pps-net-review-");
-  t.after(() => rmSync(base, { recursive: true, force: true }));
-  const project = join(base, "project");
-  mkdirSync(project);
-  const agent = join(base, "agent");
-  mkdirSync(join(agent, "extensions", "pi-python-sandbox"), { recursive: true });
+  const o = await httpOrigin(t);
   const network = {
     mode: "proxy",
     allowedDomains: [],
@@ -85,22 +33,8 @@ async function setup(
     allowPrivate: [`${o.address}:${o.port}`],
     ...(opts.reviewYolo ? { review: { yolo: opts.reviewYolo } } : {}),
   };
-  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ network }));
-  // The trusted configuration is read when the extension loads.
-  process.env.PI_CODING_AGENT_DIR = agent;
-  delete process.env.PI_SANDBOX_BASH;
-  configureClient(opts.mode ?? "manual", []);
-  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
-  t.after(() => h.dispose());
-  let n = 0;
-  return {
-    h,
-    o,
-    async bash(command, { signal, timeout } = {}) {
-      const r = await h.getTool("bash").execute(`bash-${++n}`, { command, ...(timeout ? { timeout } : {}) }, signal, undefined);
-      return messageText(r);
-    },
-  };
+  const s = await netSession(t, network, { ui: opts.ui, hasUI: opts.hasUI, mode: opts.mode });
+  return s && { ...s, o };
 }
 
 /** `count` curls at once to the origin by name; each prints its HTTP status (000: no answer). */
@@ -221,39 +155,7 @@ test("yolo allows an unmatched name without a dialog; review.yolo \"review\" ask
   assert.match(await m.bash(one(m.o)), /refused at review/);
 });
 
-const NOBODY = 65534;
 const AS_NOBODY_ENV = "PPS_NET_REVIEW_AS_NOBODY";
-/** `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest (bash-session.test.ts's). */
-const SHOW_CHECKOUT =
-  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
-  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
-  'shift && exec "$@"';
-
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  if (process.getuid?.() !== 0) {
-    t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
-    return;
-  }
-  if (skipWithoutSandbox(t)) return;
-  const pkgDir = realpathSync(PACKAGE);
-  const base = mkdtempSync("/var/tmp/pps-net-review-nobody-");
-  t.after(() => rmSync(base, { recursive: true, force: true }));
-  chmodSync(base, 0o755);
-  for (const d of ["pkg", "home"]) mkdirSync(join(base, d));
-  spawnSync("chown", [`${NOBODY}:${NOBODY}`, join(base, "home")]);
-  const pkg = join(base, "pkg");
-  const real = realpathSync(process.execPath);
-  const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
-  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, "__test__", "network-review.test.ts")];
-  const cmd = [
-    "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
-    "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
-  ];
-  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: "/tmp", CI: "true", [AS_NOBODY_ENV]: "1" };
-  if (process.env.PI_HOST !== undefined) env.PI_HOST = process.env.PI_HOST;
-  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
-  const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
-  assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 6$/m, out);
-  assert.match(out, /^# fail 0$/m);
+  rerunAsNobody(t, "__test__/network-review.test.ts", AS_NOBODY_ENV, 6);
 });
