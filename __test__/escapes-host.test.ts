@@ -796,8 +796,10 @@ os.mkdir(d + "/.git")`;
     const { sb, runtimeRoot } = await makeFixture(t, { prewarm: false });
     sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await sb.execute(background(FLOOD))).repr, "'started'");
-    // Stopped within about 3 s of its start (0.5 s of burst spent at 100 ms a second and more).
-    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 20_000, 250), "the flood was never stopped");
+    // Stopped within about 3 s of its start (0.5 s of burst spent at 100 ms a second and more)
+    // on an idle machine; on a loaded one the watch gets less CPU and takes longer to spend its
+    // burst, hence the wide bound.
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 60_000, 250), "the flood was never stopped");
     await new Promise((resolve) => setTimeout(resolve, 1000));
     const after = await addonCpuOver(1000);
     t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s; baseline ${baseline.toFixed(1)} ms`);

@@ -153,6 +153,8 @@ describe("forged and malformed frames", { concurrency: CONCURRENCY }, () => {
       ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 3/],
       ["code-not-base64", `printf '${octal(frameBytes('{"type":"code","pyc":"%%%"}'))}' >&4; exec sleep 30`, /did not start: the worker's code is not base64/],
       ["code-not-pyc", `printf '${octal(frameBytes(`{"type":"code","pyc":"${Buffer.alloc(64, 35).toString("base64")}"}`))}' >&4; exec sleep 30`, /did not start: the worker's code does not start with a \.pyc magic number/],
+      // Pieces that never end: the host stops collecting at its bound.
+      ["code-endless", `while :; do printf '${octal(frameBytes(`{"type":"code","pyc":"${"A".repeat(4096)}","more":true}`))}'; done >&4; exec sleep 30`, /did not start: the worker's code is over 1048576 bytes of base64/],
     ];
     for (const [name, script, diagnostic] of cases) {
       const sb = fx.open({ interpreter: await fakeInterpreter(fx, name, script) });

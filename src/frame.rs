@@ -143,9 +143,12 @@ pub enum Reply {
     },
     Result(ExecReport),
     /// The worker's own compiled module as a `.pyc` image (base64), sent
-    /// first thing when the host started it with `--emit-code`.
+    /// first thing when the host started it with `--emit-code`, in pieces
+    /// that each fit a frame: `more` says another piece follows.
     Code {
         pyc: String,
+        #[serde(default)]
+        more: bool,
     },
     /// Sent after the result once the end marks are written: `stdout` /
     /// `stderr` say which streams carry a mark (user code may have closed one).

@@ -35,6 +35,9 @@ pub const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 pub const MAX_TRACEBACK_BYTES: usize = 16 * 1024;
 /// Largest protocol frame body in either direction.
 pub const MAX_FRAME_BYTES: usize = 128 * 1024;
+/// The most base64 text of the worker's compiled image the host collects
+/// at a start, over all its code frames (the image is about 100 KiB).
+pub const MAX_CODE_IMAGE_TEXT: usize = 1024 * 1024;
 /// RLIMIT_AS for every process in the sandbox.
 pub const RLIMIT_AS_BYTES: u64 = 512 * 1024 * 1024;
 /// RLIMIT_FSIZE for every process in the sandbox.

@@ -22,8 +22,8 @@ use crate::capture::{Capture, Stream};
 use crate::contain::Contained;
 use crate::frame::{self, CallRequest, ExecReport, FrameError, Reply, Request, PROTOCOL_VERSION};
 use crate::limits::{
-    BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, PROGRESS_EVERY, PROGRESS_TAIL_BYTES,
-    STARTUP_DEADLINE,
+    BWRAP_GONE, CLEANUP_DEADLINE, DRAIN_CAP, DRAIN_SLACK, IDLE_STDERR_BYTES, MAX_CODE_IMAGE_TEXT, PROGRESS_EVERY,
+    PROGRESS_TAIL_BYTES, STARTUP_DEADLINE,
 };
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
@@ -324,6 +324,8 @@ impl Worker {
         let deadline = Instant::now() + STARTUP_DEADLINE;
         let mut diag: Vec<u8> = Vec::new();
         let mut image: Option<Vec<u8>> = None;
+        // The image's base64 text so far (it comes in pieces).
+        let mut pieces = String::new();
         loop {
             let Worker { replies, stdout, stderr, err_buf, out_buf, .. } = self;
             tokio::select! {
@@ -341,11 +343,20 @@ impl Worker {
                         self.streams_ready = streams;
                         return Ok(Ready { runtime_version, site_notes, image });
                     }
-                    Some(Ok(Reply::Code { pyc })) if image.is_none() => match emit.map(|check| check(&pyc)) {
-                        Some(Ok(bytes)) => image = Some(bytes),
-                        Some(Err(why)) => return Err(not_ready(NotReady::BadImage(why), &diag)),
-                        None => return Err(not_ready(NotReady::Unexpected("code"), &diag)),
-                    },
+                    Some(Ok(Reply::Code { pyc, more })) if image.is_none() && emit.is_some() => {
+                        if pieces.len() + pyc.len() > MAX_CODE_IMAGE_TEXT {
+                            return Err(not_ready(NotReady::BadImage(format!("the worker's code is over {MAX_CODE_IMAGE_TEXT} bytes of base64").into()), &diag));
+                        }
+                        pieces.push_str(&pyc);
+                        if more {
+                            continue;
+                        }
+                        match emit.map(|check| check(&std::mem::take(&mut pieces))) {
+                            Some(Ok(bytes)) => image = Some(bytes),
+                            Some(Err(why)) => return Err(not_ready(NotReady::BadImage(why), &diag)),
+                            None => return Err(not_ready(NotReady::Unexpected("code"), &diag)),
+                        }
+                    }
                     Some(Ok(Reply::Ready { protocol, .. })) => {
                         return Err(not_ready(NotReady::Protocol(protocol), &diag));
                     }

@@ -1591,8 +1591,9 @@ def send_code():
         return
     image = magic + bytes(12) + marshal.dumps(MODULE_CODE)
     text = binascii.b2a_base64(image, newline=False).decode("ascii")
-    if len(text) + 64 <= MAX_FRAME:
-        send({"type": "code", "pyc": text})
+    piece = MAX_FRAME - 64  # each piece in a frame of its own
+    for at in range(0, len(text), piece):
+        send({"type": "code", "pyc": text[at:at + piece], "more": at + piece < len(text)})
 
 
 def set_limits(spec):
