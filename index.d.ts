@@ -99,8 +99,10 @@ export declare class PythonSandbox {
    * protections. Output goes to `onData` as it comes, made safe.
    * Rejects with the reason and the fix when no sandbox can start: the
    * command then ran nowhere.
+   * With `onReview`, a destination no entry matches is reviewed through
+   * it; without, it is refused at once (no UI).
    */
-  execShell(callId: number, command: string, options: ShellOptions, onData: (text: string) => void): Promise<ShellResult>
+  execShell(callId: number, command: string, options: ShellOptions, onData: (text: string) => void, onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null): Promise<ShellResult>
   /**
    * Abort the command `callId`: every process of its sandbox is killed.
    * Returns whether one was running.
@@ -383,12 +385,30 @@ export interface ModeChange {
   skipped: Array<SkippedRoot>
 }
 
+/**
+ * What a network review dialog shows: the canonical destination, the
+ * Unicode form of an `xn--` name, and whether that form mixes scripts.
+ */
+export interface NetworkReviewRequest {
+  /** `host:port`, canonical (IPv6 in brackets). */
+  authority: string
+  host: string
+  port: number
+  unicode?: string
+  mixedScripts: boolean
+}
+
 /** The sandboxes' network as the trusted file says (see `docs/network.md`). */
 export interface NetworkSettings {
   mode: 'off' | 'proxy'
   allowedDomains: Array<string>
   deniedDomains: Array<string>
   allowPrivate: Array<string>
+  /**
+   * `network.review.yolo`: in yolo mode, an unmatched destination is
+   * allowed without review (`allow`, the default) or reviewed.
+   */
+  reviewYolo?: 'allow' | 'review'
   /** Why the network is off when an error turned it off. */
   offBecause?: string
 }

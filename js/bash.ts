@@ -13,9 +13,63 @@
  * handed on; only pi's session variables are.
  */
 import { constants } from "node:os";
-import type { BashOperations, ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import type { BashOperations, ExtensionAPI, ExtensionContext, ExtensionUIContext } from "@mariozechner/pi-coding-agent";
 import { createBashToolDefinition, getAgentDir, SettingsManager } from "@mariozechner/pi-coding-agent";
 import { displayLine } from "./display.ts";
+
+/** What a network review dialog is about (the addon's `NetworkReviewRequest`). */
+export interface NetworkReviewRequest {
+  /** The canonical `host:port`. */
+  authority: string;
+  host: string;
+  port: number;
+  /** The Unicode form of an `xn--` name. */
+  unicode?: string | null;
+  /** That form mixes Latin letters with another script's in one label. */
+  mixedScripts: boolean;
+}
+
+/** The answer the addon takes: `once`, `command`, `session`, `deny`; anything else is a cancelled dialog. */
+export type NetworkChoice = "once" | "command" | "session" | "deny" | "cancel";
+
+/** Opens the review dialog about one destination of `command`; `signal` closes it (the command ended). */
+export type NetworkDialog = (request: NetworkReviewRequest, command: string, signal: AbortSignal) => Promise<NetworkChoice>;
+
+/** How long a review dialog stays open (the addon's own deadline is the same: then it refuses). */
+export const NETWORK_REVIEW_TIMEOUT_MS = 60_000;
+
+/**
+ * The review dialog through pi's `ctx.ui.select`: titled with the tool, the destination (and the
+ * Unicode form of an `xn--` name, with a warning when it mixes scripts) and the command. A dismissed
+ * or timed-out dialog is a cancel (the addon refuses the connection).
+ */
+export function networkDialog(ui: Pick<ExtensionUIContext, "select">, tool: string): NetworkDialog {
+  return async (r, command, signal) => {
+    const authority = displayLine(r.authority);
+    const lines = [`${tool}: the command asks to connect to ${authority}`];
+    if (r.unicode) {
+      const warn = r.mixedScripts ? " (WARNING: it mixes scripts, and may imitate another name)" : "";
+      lines.push(`that name is ${displayLine(r.unicode)}${warn}`);
+    }
+    const shown = command.length > 500 ? `${command.slice(0, 500)}...` : command;
+    lines.push(`command: ${displayLine(shown)}`);
+    const options = [
+      "Allow this connection",
+      `Allow ${authority} for this command`,
+      `Allow ${authority} for this session`,
+      "Deny",
+    ];
+    const choices: NetworkChoice[] = ["once", "command", "session", "deny"];
+    if (signal.aborted) return "cancel";
+    try {
+      const picked = await ui.select(lines.join("\n"), options, { signal, timeout: NETWORK_REVIEW_TIMEOUT_MS });
+      const i = picked === undefined ? -1 : options.indexOf(picked);
+      return i < 0 || signal.aborted ? "cancel" : choices[i];
+    } catch {
+      return "cancel";
+    }
+  };
+}
 
 /** What the native addon provides: one command in a fresh sandbox. */
 export interface SandboxShell {
@@ -29,6 +83,9 @@ export interface SandboxShell {
    *
    * `opts.env` holds only pi's session variables (`PI_SESSION_ID`, ... on pi 1.x), never pi's
    * environment: the sandbox builds its own from an allowlist.
+   *
+   * `opts.review` opens the dialog about a network destination no entry matches; without it (no
+   * UI) such a connection is refused at once. Its signal ends with the command.
    */
   exec(
     command: string,
@@ -39,6 +96,7 @@ export interface SandboxShell {
       timeout?: number;
       env?: NodeJS.ProcessEnv;
       shellPath?: string;
+      review?: (request: NetworkReviewRequest, signal: AbortSignal) => Promise<NetworkChoice>;
     },
   ): Promise<{ exitCode: number | null; signal?: NodeJS.Signals | number | null }>;
 }
@@ -111,7 +169,7 @@ function signalExit(signal: NodeJS.Signals | number): number | undefined {
  * its signal at N seconds), a killed command resolves `128 + signal`, and a missing exit status is
  * a failure (pi 0.73 would count `null` as success).
  */
-export function sandboxOperations(source: ShellSource, shellPath: () => string | undefined): BashOperations {
+export function sandboxOperations(source: ShellSource, shellPath: () => string | undefined, dialog?: NetworkDialog): BashOperations {
   return {
     async exec(command, cwd, { onData, signal, timeout, env }) {
       if (signal?.aborted) throw new Error("aborted");
@@ -133,7 +191,8 @@ export function sandboxOperations(source: ShellSource, shellPath: () => string |
       try {
         let result: Awaited<ReturnType<SandboxShell["exec"]>>;
         try {
-          result = await shell.exec(command, cwd, { onData, signal: stop.signal, timeout, env: sessionEnv, shellPath: shellPath() });
+          const review = dialog ? (r: NetworkReviewRequest, s: AbortSignal) => dialog(r, command, s) : undefined;
+          result = await shell.exec(command, cwd, { onData, signal: stop.signal, timeout, env: sessionEnv, shellPath: shellPath(), review });
         } catch (err) {
           if (signal?.aborted) throw new Error("aborted");
           if (timedOut || (err instanceof Error && err.message.startsWith("timeout:"))) throw new Error(`timeout:${timeout}`);
@@ -161,6 +220,7 @@ export interface ShellHost {
     command: string,
     options: { cwd: string; shellPath?: string; timeoutSeconds?: number; env?: Record<string, string> },
     onData: (text: string) => void,
+    onReview?: (request: NetworkReviewRequest) => Promise<string>,
   ): Promise<{ exitCode?: number | null; ending: string; notes: string[] }>;
   cancelShell(callId: number): boolean;
 }
@@ -175,9 +235,14 @@ let nextShellCall = 1;
  */
 export function addonShell(host: ShellHost, once: () => string[] = () => []): SandboxShell {
   return {
-    async exec(command, cwd, { onData, signal, timeout, env, shellPath }) {
+    async exec(command, cwd, { onData, signal, timeout, env, shellPath, review }) {
       const id = nextShellCall++;
-      const onAbort = () => host.cancelShell(id);
+      // The command's open review dialogs close when it ends or is aborted.
+      const dialogs = new AbortController();
+      const onAbort = () => {
+        dialogs.abort();
+        host.cancelShell(id);
+      };
       signal?.addEventListener("abort", onAbort, { once: true });
       let last = "\n";
       const sessionEnv: Record<string, string> = {};
@@ -192,6 +257,7 @@ export function addonShell(host: ShellHost, once: () => string[] = () => []): Sa
             if (text.length > 0) last = text[text.length - 1];
             onData(Buffer.from(text, "utf8"));
           },
+          review ? (request) => review(request, dialogs.signal).catch(() => "cancel") : undefined,
         );
         if (r.ending === "aborted") throw new Error("aborted");
         if (r.ending === "timed_out") throw new Error(`timeout:${timeout}`);
@@ -202,6 +268,7 @@ export function addonShell(host: ShellHost, once: () => string[] = () => []): Sa
         }
         return { exitCode: typeof r.exitCode === "number" ? r.exitCode : null };
       } finally {
+        dialogs.abort();
         signal?.removeEventListener("abort", onAbort);
       }
     },
@@ -223,10 +290,15 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
   let settings: ShellSettings | undefined;
   const shellSettings = (cwd: string) => (settings ??= readShellSettings(pi, cwd));
   let lastCwd = process.cwd();
-  const operations = sandboxOperations(source, () => shellSettings(lastCwd).shellPath);
+  const shellPath = () => shellSettings(lastCwd).shellPath;
+  const operations = sandboxOperations(source, shellPath);
 
-  const definitionFor = (cwd: string) =>
-    createBashToolDefinition(cwd, { operations, commandPrefix: shellSettings(cwd).shellCommandPrefix });
+  // With a UI, a network destination no entry matches is reviewed in a dialog; without, refused.
+  const definitionFor = (cwd: string, ctx: ExtensionContext | undefined) =>
+    createBashToolDefinition(cwd, {
+      operations: ctx?.hasUI ? sandboxOperations(source, shellPath, networkDialog(ctx.ui, "bash")) : operations,
+      commandPrefix: shellSettings(cwd).shellCommandPrefix,
+    });
   // The schema, words and renderers (the settings are read at session start, not at load).
   const base = createBashToolDefinition(lastCwd, { operations });
   // A copy of pi's schema object (with its non-enumerable TypeBox keys): pi's built-in bash shares
@@ -242,7 +314,7 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
     async execute(toolCallId, params, signal, onUpdate, ctx: ExtensionContext) {
       lastCwd = ctx?.cwd ?? lastCwd;
       // pi's definition for the session's directory, so pi's own code runs the call.
-      return definitionFor(lastCwd).execute(toolCallId, params, signal, onUpdate, ctx);
+      return definitionFor(lastCwd, ctx).execute(toolCallId, params, signal, onUpdate, ctx);
     },
   });
 
@@ -264,14 +336,15 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
 
   if (config.userBash !== "sandbox") return;
   // Never throws: on pi 0.73 a throwing handler makes pi run the command on the host.
-  pi.on("user_bash", (event) => {
+  pi.on("user_bash", (event, ctx) => {
     try {
       const cwd = event.cwd;
       lastCwd = cwd ?? lastCwd;
       const shell = shellFor(source, cwd);
       if (shell instanceof Error) return userBashFailure(shell.message);
       // pi prepends the command prefix itself and streams, truncates and records the output.
-      const ops = sandboxOperations(() => shell, () => shellSettings(cwd).shellPath);
+      const dialog = ctx?.hasUI ? networkDialog(ctx.ui, "!command") : undefined;
+      const ops = sandboxOperations(() => shell, () => shellSettings(cwd).shellPath, dialog);
       return {
         operations: {
           async exec(command: string, dir: string, opts: Parameters<BashOperations["exec"]>[2]) {

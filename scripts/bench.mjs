@@ -263,6 +263,123 @@ async function shell() {
 // -- 1b. writable workspace: the protected-path scan --------------------------------
 
 /** A project of `files` files in 1,000 directories, with a .git and a nested repository (made once a run). */
+// -- 1b. the bash tool's network: the proxy against a direct connection ------------
+
+/** Runs in the sandbox (through its proxy) and on the host (direct) alike: `rtt` prints the median
+ * ms of N requests, each on a new connection (the proxy serves one request per connection);
+ * `bulk` reads what the origin streams after "GO" (through a CONNECT tunnel) and prints MiB/s. */
+const NET_CLIENT = `
+import socket, sys, time
+mode, host, port, n, via = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def conn():
+    s = socket.create_connection(("127.0.0.1", 3128) if via == "proxy" else (host, port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+if mode == "rtt":
+    xs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        s = conn()
+        target = f"http://{host}:{port}/" if via == "proxy" else "/"
+        s.sendall(f"GET {target} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+        while s.recv(65536):
+            pass
+        s.close()
+        xs.append((time.perf_counter() - t) * 1000)
+    xs.sort()
+    print(xs[len(xs) // 2])
+else:
+    s = conn()
+    if via == "proxy":
+        s.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            head += s.recv(1)
+    t = time.perf_counter()
+    s.sendall(b"GO\\n")
+    got = 0
+    while True:
+        d = s.recv(1 << 16)
+        if not d:
+            break
+        got += len(d)
+    print(got / (1 << 20) / (time.perf_counter() - t))
+`;
+
+async function shellOut(sb, cwd, command) {
+  let out = "";
+  const r = await sb.execShell(1, command, { cwd }, (t) => {
+    out += t;
+  });
+  if (r.exitCode !== 0) throw new Error(`sandboxed ${command}: ${JSON.stringify(r)}\n${out}`);
+  return out;
+}
+
+async function network() {
+  const { createServer } = await import("node:http");
+  const net = await import("node:net");
+  const web = createServer((_req, res) => res.end("ok\n"));
+  const BULK_MIB = quick ? 64 : 256;
+  const chunk = Buffer.alloc(1 << 20, 120);
+  const bulk = net.createServer((c) => {
+    c.once("data", async () => {
+      for (let i = 0; i < BULK_MIB; i++) if (!c.write(chunk)) await new Promise((r) => c.once("drain", r));
+      c.end();
+    });
+    c.on("error", () => {});
+  });
+  await Promise.all([new Promise((r) => web.listen(0, "127.0.0.1", r)), new Promise((r) => bulk.listen(0, "127.0.0.1", r))]);
+  const [webPort, bulkPort] = [web.address().port, bulk.address().port];
+  const script = join(project, "net-client.py");
+  writeFileSync(script, NET_CLIENT);
+  const networkConfig = {
+    mode: "proxy", allowedDomains: [], deniedDomains: [], allowPrivate: [`127.0.0.1:${webPort}`, `127.0.0.1:${bulkPort}`],
+  };
+  const withNet = new PythonSandbox({ projectDir: project });
+  withNet.setShellConfig({ network: networkConfig });
+  const without = new PythonSandbox({ projectDir: project });
+  // Not spawnSync: the origins are served by this process's event loop.
+  const host = (args) =>
+    new Promise((resolve, reject) => {
+      const c = spawn("/usr/bin/python3", ["-I", script, ...args], { stdio: ["ignore", "pipe", "inherit"] });
+      let out = "";
+      c.stdout.on("data", (d) => {
+        out += d;
+      });
+      c.on("exit", (code) => (code === 0 ? resolve(Number(out.trim())) : reject(new Error(`host client exited ${code}`))));
+    });
+  try {
+    await shellOnce(withNet, project, "true");
+    await shellOnce(without, project, "true");
+    const on = [];
+    const off = [];
+    for (let i = 0; i < runs(30); i++) {
+      off.push(await shellOnce(without, project, "true"));
+      on.push(await shellOnce(withNet, project, "true"));
+    }
+    record("bash -c true with the network proxy", median(on), "ms", "bash -c true, no network", median(off), "(setup cost)");
+    const n = runs(200);
+    const rtt = [];
+    const direct = [];
+    const mib = [];
+    const directMib = [];
+    for (let i = 0; i < (quick ? 1 : 3); i++) {
+      direct.push(await host(["rtt", "127.0.0.1", String(webPort), String(n), "direct"]));
+      rtt.push(Number((await shellOut(withNet, project, `/usr/bin/python3 -I ${script} rtt 127.0.0.1 ${webPort} ${n} proxy`)).trim()));
+      directMib.push(await host(["bulk", "127.0.0.1", String(bulkPort), "0", "direct"]));
+      mib.push(Number((await shellOut(withNet, project, `/usr/bin/python3 -I ${script} bulk 127.0.0.1 ${bulkPort} 0 proxy`)).trim()));
+    }
+    const [r, d] = [median(rtt), median(direct)];
+    record("HTTP round trip through the proxy", r, "ms", "direct to the same origin (host)", d, `<= 1.5x + 1 ms (${r <= 1.5 * d + 1 ? "met" : "NOT met"})`);
+    record("CONNECT throughput through the proxy", median(mib), "MiB/s", "direct to the same origin (host)", median(directMib), ">= 0.5x");
+  } finally {
+    await withNet.dispose();
+    await without.dispose();
+    web.close();
+    bulk.close();
+  }
+}
+
 function bigProject(files) {
   const dir = join(work, `big-${files}`);
   if (existsSync(dir)) return dir;
@@ -683,12 +800,13 @@ console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} 
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
   if (only) {
-    const sections = { coldStart, shell, writableStart, secretScan, warm, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
+    const sections = { coldStart, shell, network, writableStart, secretScan, warm, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
     if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
     await sections[only]();
   } else {
     await coldStart();
     await shell();
+    await network();
     await writableStart();
     await secretScan();
     await warm();

@@ -55,6 +55,10 @@ pub struct NetworkSettings {
     pub allowed_domains: Vec<String>,
     pub denied_domains: Vec<String>,
     pub allow_private: Vec<String>,
+    /// `network.review.yolo`: in yolo mode, an unmatched destination is
+    /// allowed without review (`allow`, the default) or reviewed.
+    #[napi(ts_type = "'allow' | 'review'")]
+    pub review_yolo: Option<String>,
     /// Why the network is off when an error turned it off.
     pub off_because: Option<String>,
 }
@@ -66,6 +70,9 @@ fn network_settings(n: &config::NetworkConfig) -> NetworkSettings {
         allowed_domains: n.lists.allowed.iter().map(|r| r.to_string()).collect(),
         denied_domains: n.lists.denied.iter().map(|r| r.to_string()).collect(),
         allow_private: n.lists.allow_private.iter().map(|r| r.to_string()).collect(),
+        review_yolo: Some(
+            if n.review_yolo == crate::network::policy::YoloReview::Review { "review" } else { "allow" }.into(),
+        ),
         off_because: n.off_because.clone().map(displayed_line),
     }
 }

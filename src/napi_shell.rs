@@ -47,6 +47,44 @@ pub struct ShellResult {
     pub notes: Vec<String>,
 }
 
+/// What a network review dialog shows: the canonical destination, the
+/// Unicode form of an `xn--` name, and whether that form mixes scripts.
+#[napi(object)]
+pub struct NetworkReviewRequest {
+    /// `host:port`, canonical (IPv6 in brackets).
+    pub authority: String,
+    pub host: String,
+    pub port: u32,
+    pub unicode: Option<String>,
+    pub mixed_scripts: bool,
+}
+
+/// Opens the dialog; resolves `once`, `command`, `session` or `deny`
+/// (anything else, or a rejection, is a cancelled dialog).
+type ReviewFn = ThreadsafeFunction<NetworkReviewRequest, Promise<String>, NetworkReviewRequest, Status, false>;
+
+/// The dialog as the proxy's review calls it.
+fn asker(f: ReviewFn) -> crate::network::review::Ask {
+    use crate::network::review::{Asking, Choice, Request};
+    let f = Arc::new(f);
+    Arc::new(move |r: Request| -> Asking {
+        let f = f.clone();
+        Box::pin(async move {
+            let req = NetworkReviewRequest {
+                authority: r.authority,
+                host: r.host,
+                port: u32::from(r.port),
+                unicode: r.unicode,
+                mixed_scripts: r.mixed_scripts,
+            };
+            match f.call_async_catch(req).await {
+                Ok(promise) => promise.await.map(|s| Choice::parse(&s)).unwrap_or(Choice::Cancelled),
+                Err(_) => Choice::Cancelled,
+            }
+        })
+    })
+}
+
 /// What the trusted configuration adds to every command.
 #[napi(object)]
 pub struct ShellSettings {
@@ -83,8 +121,13 @@ fn proxy_policy(n: Option<crate::napi_config::NetworkSettings>) -> Option<crate:
     Some(crate::network::proxy::Policy {
         lists,
         own: crate::network::addr::own_addresses(),
+        // Per command, from the session's mode.
         yolo: false,
-        yolo_review: YoloReview::Review,
+        yolo_review: match n.review_yolo.as_deref() {
+            None | Some("allow") => YoloReview::Allow,
+            Some("review") => YoloReview::Review,
+            Some(_) => return None,
+        },
     })
 }
 
@@ -106,13 +149,17 @@ impl PythonSandbox {
     /// protections. Output goes to `onData` as it comes, made safe.
     /// Rejects with the reason and the fix when no sandbox can start: the
     /// command then ran nowhere.
-    #[napi(ts_args_type = "callId: number, command: string, options: ShellOptions, onData: (text: string) => void")]
+    /// With `onReview`, a destination no entry matches is reviewed through
+    /// it; without, it is refused at once (no UI).
+    #[napi(ts_args_type = "callId: number, command: string, options: ShellOptions, onData: (text: string) => void, \
+                           onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null")]
     pub async fn exec_shell(
         &self,
         call_id: f64,
         command: String,
         options: ShellOptions,
         on_data: ThreadsafeFunction<String, (), String, Status, false, true>,
+        on_review: Option<ReviewFn>,
     ) -> Result<ShellResult> {
         let id = call_id_of(call_id)?;
         if command.len() > MAX_COMMAND_BYTES {
@@ -135,6 +182,10 @@ impl PythonSandbox {
             shell: options.shell_path.filter(|s| !s.is_empty()).map(PathBuf::from),
             timeout,
             pi_env: options.env.unwrap_or_default().into_iter().collect(),
+            reviewing: crate::network::review::Reviewing {
+                ask: on_review.map(asker),
+                yolo: self.mode_name().as_deref() == Some("yolo"),
+            },
         };
         let f = Arc::new(on_data);
         let on_data = move |text: String| {

@@ -8,7 +8,9 @@
 //! built-in refusals, deny, allow or grant, review before any lookup, one
 //! lookup whose every address is checked), and [`wire`] (the first bytes of
 //! a connection: HTTP `CONNECT`, absolute-form plain HTTP, SOCKS5, the TLS
-//! ClientHello's server name), each bounded in size.
+//! ClientHello's server name), each bounded in size; [`proxy`] serves one
+//! sandbox's listener, and [`review`] keeps the review's grants and open
+//! dialogs.
 //!
 //! Not here: reading the configuration file (`config`), the listener in
 //! the sandbox's network namespace (`nshelper`), and the review's dialog
@@ -18,4 +20,5 @@ pub mod addr;
 pub mod decide;
 pub mod policy;
 pub mod proxy;
+pub mod review;
 pub mod wire;

@@ -18,7 +18,6 @@ use crate::bwrap::bwrap_argv;
 use crate::confine::{self, Confined, HostFacts};
 use crate::limits::{CLEANUP_DEADLINE, SHELL_OUTPUT_CAP_BYTES};
 use crate::network::decide::SystemResolver;
-use crate::network::proxy::NoReviewer;
 use crate::nshelper::listen::PROXY_PORT;
 use crate::permissions::MountConfig;
 use crate::protected;
@@ -77,6 +76,8 @@ pub struct Context<'a> {
     /// The host-secret check of the trees a command reads, kept between
     /// the session's commands.
     pub kept_reads: &'a crate::hostsecrets::KeptReads,
+    /// The network destinations granted for the rest of the session.
+    pub net_grants: &'a crate::network::review::SessionGrants,
 }
 
 /// One command, as the tool hands it over.
@@ -91,6 +92,8 @@ pub struct Command {
     pub timeout: Option<Duration>,
     /// pi's own session variables (`PI_*`), by name and value.
     pub pi_env: Vec<(String, String)>,
+    /// The network review's dialog and the session's yolo mode.
+    pub reviewing: crate::network::review::Reviewing,
 }
 
 /// How a command ended.
@@ -367,7 +370,11 @@ pub async fn run(
         };
     let proxy = match (listener, &ctx.config.network) {
         (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
-            Ok(l) => Some(crate::network::proxy::serve(l, net.clone(), SystemResolver, NoReviewer)),
+            Ok(l) => {
+                let policy = crate::network::proxy::Policy { yolo: cmd.reviewing.yolo, ..net.clone() };
+                let desk = crate::network::review::Desk::new(cmd.reviewing.ask.clone(), ctx.net_grants.clone());
+                Some(crate::network::proxy::serve(l, policy, SystemResolver, desk))
+            }
             Err(e) => {
                 notes.push(format!("The command had no network: its proxy could not serve its listener ({e})."));
                 None

@@ -95,6 +95,11 @@ impl PythonSandbox {
         &self.session
     }
 
+    /// The permission mode's name the last mode event gave, if any.
+    pub(crate) fn mode_name(&self) -> Option<String> {
+        self.grants.mode().and_then(|m| m.mode)
+    }
+
     /// The grant loop's view of the session (for a decision, no call).
     fn target(&self) -> SessionCall<'_> {
         SessionCall { session: &self.session, code: String::new(), timeout_seconds: 0, call_id: None, progress: None }

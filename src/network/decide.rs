@@ -58,9 +58,11 @@ impl Destination {
 pub enum Review {
     Allowed,
     Denied,
-    /// No one can review (no UI, no reviewer), or the review was cancelled
-    /// or timed out.
+    /// No one can review (no UI, no reviewer).
     Unavailable,
+    /// The dialog was dismissed, timed out or aborted, or too many were
+    /// open.
+    Cancelled,
 }
 
 /// Looks a name up: the system's `getaddrinfo` in use, a fake in tests.
@@ -70,6 +72,10 @@ pub trait Resolver {
 
 /// Asks whether a destination may be reached (the dialog or the bus).
 pub trait Reviewer {
+    /// A grant of this command or session covers the destination.
+    fn granted(&self, _dest: &Destination) -> bool {
+        false
+    }
     fn review(&self, dest: &Destination) -> impl Future<Output = Review> + Send;
 }
 
@@ -139,6 +145,8 @@ pub enum Refusal {
     NoReviewer { dest: Destination },
     #[error("refused at review: {}", .dest.authority())]
     DeniedAtReview { dest: Destination },
+    #[error("refused: the review of {} was cancelled or timed out", .dest.authority())]
+    ReviewCancelled { dest: Destination },
     #[error("refused: {} could not be resolved ({detail})", .dest.host)]
     Lookup { dest: Destination, detail: String },
     #[error(
@@ -154,7 +162,7 @@ impl Refusal {
     pub fn allow_line(&self) -> Option<String> {
         match self {
             Refusal::Literal { dest } => Some(format!("network.allowedDomains \"{}\"", dest.authority())),
-            Refusal::NoReviewer { dest } | Refusal::DeniedAtReview { dest } => {
+            Refusal::NoReviewer { dest } | Refusal::DeniedAtReview { dest } | Refusal::ReviewCancelled { dest } => {
                 Some(format!("network.allowedDomains \"{}\"", dest.authority()))
             }
             Refusal::NotPublic { dest, ip, .. } => {
@@ -226,6 +234,7 @@ pub async fn decide<R: Resolver, V: Reviewer>(
             Review::Allowed => Because::Reviewed,
             Review::Denied => return Err(Refusal::DeniedAtReview { dest: dest.clone() }),
             Review::Unavailable => return Err(Refusal::NoReviewer { dest: dest.clone() }),
+            Review::Cancelled => return Err(Refusal::ReviewCancelled { dest: dest.clone() }),
         },
     };
     let found = match &dest.host {
@@ -353,7 +362,9 @@ mod tests {
     async fn an_unmatched_name_is_reviewed_before_any_lookup() {
         let l = lists(&[], &[], &[]);
         let r = FakeResolver::with(&[("example.org", &[PUBLIC])]);
-        for (answer, want_lookup) in [(Review::Denied, false), (Review::Unavailable, false), (Review::Allowed, true)] {
+        for (answer, want_lookup) in
+            [(Review::Denied, false), (Review::Unavailable, false), (Review::Cancelled, false), (Review::Allowed, true)]
+        {
             let r = FakeResolver::with(&[("example.org", &[PUBLIC])]);
             let v = FakeReviewer::new(answer);
             let got = run(&l, &dest("example.org", 443), &r, &v).await;
@@ -365,6 +376,9 @@ mod tests {
                     got.unwrap_err().to_string(),
                     "refused: example.org:443 matches no network.allowedDomains entry and no one can review it; to allow it, add \"example.org:443\" to network.allowedDomains"
                 ),
+                Review::Cancelled => {
+                    assert_eq!(got.unwrap_err().to_string(), "refused: the review of example.org:443 was cancelled or timed out")
+                }
                 Review::Allowed => assert_eq!(got.unwrap().because, Because::Reviewed),
             }
         }

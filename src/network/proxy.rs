@@ -39,7 +39,7 @@ pub const DIAL_DEADLINE: Duration = Duration::from_secs(10);
 /// A relay with no byte either way for this long is closed.
 pub const IDLE_DEADLINE: Duration = Duration::from_secs(300);
 /// Bytes of one direction's relay buffer.
-const RELAY_BUFFER: usize = 16 * 1024;
+const RELAY_BUFFER: usize = 64 * 1024;
 /// Decisions kept for the summary (later ones are counted only).
 pub const MAX_KEPT: usize = 32;
 
@@ -191,6 +191,7 @@ where
 }
 
 async fn one<R: Resolver, V: Reviewer>(mut conn: TcpStream, s: &Shared<R, V>) {
+    let _ = conn.set_nodelay(true);
     let mut head = Vec::with_capacity(1024);
     let mut first = [0u8; 1];
     match tokio::time::timeout(HEAD_DEADLINE, conn.read(&mut first)).await {
@@ -224,7 +225,7 @@ async fn decided<R: Resolver, V: Reviewer>(dest: &Destination, s: &Shared<R, V>)
     let ctx = Context {
         lists: &s.policy.lists,
         own: &s.policy.own,
-        granted: false,
+        granted: s.reviewer.granted(dest),
         yolo: s.policy.yolo,
         yolo_review: s.policy.yolo_review,
     };
@@ -244,6 +245,8 @@ fn refuse<R, V>(s: &Shared<R, V>, why: String) {
 async fn dial(addrs: &[SocketAddr]) -> Option<TcpStream> {
     for a in addrs {
         if let Ok(Ok(c)) = tokio::time::timeout(DIAL_DEADLINE, TcpStream::connect(a)).await {
+            // Relayed bytes go out as they come (each side already chose its own segments).
+            let _ = c.set_nodelay(true);
             return Some(c);
         }
     }

@@ -180,3 +180,141 @@ async fn a_socks_name_with_a_nul_byte_is_refused_and_a_clean_one_connects() {
     assert_eq!(out[..4], [5, 0, 5, socks::reply::SUCCEEDED], "{out:?}");
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
+
+/// This process's resident memory, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_connections_keep_host_memory_bounded_and_the_proxy_serving() {
+    let (port, count, _o) = origin().await;
+    let s = proxy(&["example.com"], &[format!("127.0.0.1:{port}")], &[("example.com", "93.184.216.34")]).await;
+    let before = rss_kib();
+    let mut peak = before;
+    for _wave in 0..4 {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..250 {
+            let proxy = s.proxy;
+            set.spawn(async move { exchange(proxy, b"CONNECT example.com:22 HTTP/1.1\r\n\r\n").await });
+        }
+        while let Some(out) = set.join_next().await {
+            let out = out.unwrap();
+            assert!(out.contains("refused by network.deniedDomains \"*:22\""), "{out}");
+        }
+        peak = peak.max(rss_kib());
+    }
+    let grew = peak.saturating_sub(before);
+    eprintln!("1,000 refused connections: resident memory grew {grew} KiB (from {before} KiB)");
+    assert!(grew < 48 * 1024, "grew {grew} KiB");
+    // One summary line for the thousand identical refusals, and the proxy still serves.
+    assert_eq!(s.served.summary().kept.len(), 1);
+    let req = format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    assert!(exchange(s.proxy, req.as_bytes()).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_heads_hold_their_slots_only_until_the_head_deadline() {
+    let (port, count, _o) = origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let before = rss_kib();
+    // Every slot taken by a head that comes a byte at a time and never ends.
+    let mut slow = Vec::new();
+    for _ in 0..MAX_CONNECTIONS + 8 {
+        let mut c = TcpStream::connect(s.proxy).await.unwrap();
+        c.write_all(b"GET http://").await.unwrap();
+        slow.push(c);
+    }
+    let trickle = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let mut closed = 0;
+        while started.elapsed() < HEAD_DEADLINE + Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            closed = 0;
+            for c in &mut slow {
+                if c.write_all(b"a").await.is_err() {
+                    closed += 1;
+                }
+            }
+        }
+        closed
+    });
+    // An honest request meanwhile waits for a slot, and is served once the slow ones are cut.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = std::time::Instant::now();
+    let req = format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    let mut c = TcpStream::connect(s.proxy).await.unwrap();
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(HEAD_DEADLINE * 3, c.read_to_end(&mut out)).await.unwrap().unwrap();
+    let waited = started.elapsed();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
+    assert!(waited > Duration::from_secs(5) && waited < HEAD_DEADLINE * 2, "waited {waited:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let closed = trickle.await.unwrap();
+    assert!(closed >= MAX_CONNECTIONS, "{closed} slow heads were cut");
+    let grew = rss_kib().saturating_sub(before);
+    eprintln!("{} slow heads: resident memory grew {grew} KiB", MAX_CONNECTIONS + 8);
+    assert!(grew < 16 * 1024, "grew {grew} KiB");
+}
+
+/// Upload `Content-Length: 1 GiB` through the proxy to an origin that reads
+/// (or not) for `for_how_long`; the bytes the client could send.
+async fn upload(proxy: SocketAddr, port: u16, for_how_long: Duration) -> u64 {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    let head = format!(
+        "POST http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\r\n",
+        1u64 << 30
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut sent = 0u64;
+    let until = tokio::time::Instant::now() + for_how_long;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, c.write(&chunk)).await {
+        if n == 0 {
+            break;
+        }
+        sent += n as u64;
+    }
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_upload_to_a_stalled_upstream_stops_at_the_buffers() {
+    // An origin that accepts and never reads, and one that reads everything.
+    let stalled = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stalled_port = stalled.local_addr().unwrap().port();
+    let _held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = stalled.accept().await {
+            held.push(c);
+        }
+    });
+    let reading = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let reading_port = reading.local_addr().unwrap().port();
+    let _reader = tokio::spawn(async move {
+        while let Ok((mut c, _)) = reading.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let s = proxy(&[], &[format!("127.0.0.1:{stalled_port}"), format!("127.0.0.1:{reading_port}")], &[]).await;
+    // Baseline: to a reading origin the upload flows.
+    let flowing = upload(s.proxy, reading_port, Duration::from_secs(2)).await;
+    let before = rss_kib();
+    let stuck = upload(s.proxy, stalled_port, Duration::from_secs(3)).await;
+    let grew = rss_kib().saturating_sub(before);
+    eprintln!(
+        "upload in 2 s to a reading origin: {} MiB; in 3 s to a stalled one: {} MiB (kernel buffers), resident memory grew {grew} KiB",
+        flowing >> 20,
+        stuck >> 20
+    );
+    assert!(flowing > 4 * stuck.max(1 << 20), "flowing {flowing} stuck {stuck}");
+    assert!(stuck < 64 << 20, "stuck {stuck}");
+    assert!(grew < 8 * 1024, "grew {grew} KiB");
+}

@@ -20,6 +20,8 @@ pub(super) struct Shells {
     plans: crate::confine::PlanCache,
     /// The host-secret check of the trees commands read, kept between them.
     kept_reads: crate::hostsecrets::KeptReads,
+    /// Network destinations the user allowed for the session.
+    net_grants: crate::network::review::SessionGrants,
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
@@ -95,6 +97,7 @@ impl<H: Host> Session<H> {
             config: &config,
             plans: &self.shells.plans,
             kept_reads: &self.shells.kept_reads,
+            net_grants: &self.shells.net_grants,
         };
         let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
         if ended.secret_appeared {

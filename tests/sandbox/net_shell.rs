@@ -40,6 +40,7 @@ async fn run(f: &super::Fixture, network: Option<Policy>, script: &str) -> (Stri
         shell: None,
         timeout: Some(Duration::from_secs(60)),
         pi_env: vec![],
+        reviewing: Default::default(),
     };
     let ended = f.session.exec_shell(1, cmd, &on_data).await.unwrap();
     assert_eq!(ended.ending, Ending::Exited(0), "{}", out.lock());

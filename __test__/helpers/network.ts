@@ -1,0 +1,174 @@
+/**
+ * Host-side origins and pi sessions for the network tests: origins listen on the address this
+ * machine's own name resolves to (a loopback or private address, reached from a sandbox only
+ * through an `allowPrivate` entry), and a session's bash gets a trusted configuration's `network`
+ * part. Also the rerun of a whole test file as `nobody` (live-grants.test.ts's way).
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { lookup } from "node:dns/promises";
+import { once } from "node:events";
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { createServer as createHttpServer, type RequestListener, type Server } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
+import type { AddressInfo } from "node:net";
+import { hostname } from "node:os";
+import { join, relative } from "node:path";
+import { after, type TestContext } from "node:test";
+import { fileURLToPath } from "node:url";
+import { configureClient } from "../fixtures/permissions-client/index.ts";
+import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./pi-session.ts";
+import { skipWithoutSandbox } from "./sandbox-env.ts";
+
+const PACKAGE = fileURLToPath(new URL("../..", import.meta.url));
+const CLIENT = fileURLToPath(new URL("../fixtures/permissions-client", import.meta.url));
+
+const SAVED = { PI_CODING_AGENT_DIR: process.env.PI_CODING_AGENT_DIR, PI_SANDBOX_BASH: process.env.PI_SANDBOX_BASH };
+after(() => {
+  for (const [name, value] of Object.entries(SAVED)) {
+    if (value === undefined) delete process.env[name];
+    else process.env[name] = value;
+  }
+});
+
+/** This machine's name and the IPv4 address it resolves to. */
+export async function machine(): Promise<{ name: string; address: string }> {
+  const name = hostname().toLowerCase();
+  const found = await lookup(name, { family: 4 }).catch((e) => assert.fail(`this machine's name ${name} does not resolve: ${e}`));
+  return { name, address: found.address };
+}
+
+export interface Origin {
+  name: string;
+  address: string;
+  port: number;
+  /** Requests it answered. */
+  hits(): number;
+}
+
+async function listening(t: TestContext, server: Server, address: string, counter: { n: number }): Promise<Origin> {
+  server.listen(0, address);
+  await once(server, "listening");
+  t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const { name } = await machine();
+  return { name, address, port: (server.address() as AddressInfo).port, hits: () => counter.n };
+}
+
+/** An HTTP origin answering `body` (or what `handler` answers). */
+export async function httpOrigin(t: TestContext, body = "ORIGIN-BODY\n", handler?: RequestListener): Promise<Origin> {
+  const { address } = await machine();
+  const counter = { n: 0 };
+  const server = createHttpServer((req, res) => {
+    counter.n++;
+    if (handler) handler(req, res);
+    else res.end(body);
+  });
+  return listening(t, server, address, counter);
+}
+
+/**
+ * An HTTPS origin with a self-signed certificate for this machine's name, made here with
+ * openssl; the certificate is written to `certPath` (for `curl --cacert`).
+ */
+export async function tlsOrigin(t: TestContext, certPath: string, body = "TLS-ORIGIN-BODY\n"): Promise<Origin> {
+  const { name, address } = await machine();
+  const dir = mkdtempSync("/var/tmp/pps-net-cert-");
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const made = spawnSync(
+    "openssl",
+    ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", `/CN=${name}`, "-addext", `subjectAltName=DNS:${name}`,
+      "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem")],
+    { encoding: "utf8" },
+  );
+  assert.equal(made.status, 0, `openssl: ${made.stderr}`);
+  const cert = readFileSync(join(dir, "cert.pem"));
+  writeFileSync(certPath, cert);
+  const counter = { n: 0 };
+  const server = createHttpsServer({ key: readFileSync(join(dir, "key.pem")), cert }, (_req, res) => {
+    counter.n++;
+    res.end(body);
+  });
+  return listening(t, server as unknown as Server, address, counter);
+}
+
+export interface NetSession {
+  h: PiHarness;
+  project: string;
+  /** Runs `command` with the bash tool; its text (the network summary included). */
+  bash(command: string, opts?: { signal?: AbortSignal; timeout?: number }): Promise<string>;
+}
+
+export interface NetSessionOptions {
+  ui?: UIHooks;
+  hasUI?: boolean;
+  /** The permission mode pi-tool-permissions' stand-in announces. */
+  mode?: string;
+  project?: string;
+}
+
+/** A pi session whose trusted configuration has `network`; undefined where no sandbox can run. */
+export async function netSession(t: TestContext, network: Record<string, unknown>, opts: NetSessionOptions = {}): Promise<NetSession | undefined> {
+  if (skipWithoutSandbox(t)) return undefined;
+  const base = mkdtempSync("/var/tmp/pps-net-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  const project = opts.project ?? join(base, "project");
+  mkdirSync(project, { recursive: true });
+  const agent = join(base, "agent");
+  mkdirSync(join(agent, "extensions", "pi-python-sandbox"), { recursive: true });
+  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ network }));
+  // The trusted configuration is read when the extension loads.
+  process.env.PI_CODING_AGENT_DIR = agent;
+  delete process.env.PI_SANDBOX_BASH;
+  configureClient(opts.mode ?? "manual", []);
+  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
+  t.after(() => h.dispose());
+  let n = 0;
+  return {
+    h,
+    project,
+    async bash(command, { signal, timeout } = {}) {
+      const r = await h.getTool("bash").execute(`bash-${++n}`, { command, ...(timeout ? { timeout } : {}) }, signal, undefined);
+      return messageText(r);
+    },
+  };
+}
+
+const NOBODY = 65534;
+/** `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest (bash-session.test.ts's). */
+const SHOW_CHECKOUT =
+  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
+  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
+  'shift && exec "$@"';
+
+/**
+ * Run test file `file` (relative to the checkout) again as nobody, with `flag`=1 set (the file
+ * skips this rerun there); asserts `passes` tests passed and none failed.
+ */
+export function rerunAsNobody(t: TestContext, file: string, flag: string, passes: number): void {
+  if (process.getuid?.() !== 0) {
+    t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
+    return;
+  }
+  if (skipWithoutSandbox(t)) return;
+  const pkgDir = realpathSync(PACKAGE);
+  const base = mkdtempSync("/var/tmp/pps-net-nobody-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  for (const d of ["pkg", "home"]) mkdirSync(join(base, d));
+  spawnSync("chown", [`${NOBODY}:${NOBODY}`, join(base, "home")]);
+  const pkg = join(base, "pkg");
+  const real = realpathSync(process.execPath);
+  const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
+  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, file)];
+  const cmd = [
+    "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
+    "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
+  ];
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: "/tmp", CI: "true", [flag]: "1" };
+  if (process.env.PI_HOST !== undefined) env.PI_HOST = process.env.PI_HOST;
+  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
+  const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
+  assert.equal(r.status, 0, out);
+  assert.match(out, new RegExp(`^# pass ${passes}$`, "m"), out);
+  assert.match(out, /^# fail 0$/m);
+}
