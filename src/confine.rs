@@ -263,8 +263,9 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| m.source.as_path()))
         .collect();
     let mut secret_watch = secrets.watch_points(&granted, &trees);
+    let mut seen: std::collections::HashSet<crate::hostsecrets::WatchPoint> = secret_watch.iter().cloned().collect();
     for point in reads_check.points {
-        if !secret_watch.contains(&point) {
+        if seen.insert(point.clone()) {
             secret_watch.push(point);
         }
     }

@@ -362,7 +362,7 @@ impl HostSecrets {
 
 /// A directory to watch while a sandbox runs, and the name pattern whose
 /// appearance in it makes a host secret appear inside a mounted root.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct WatchPoint {
     pub dir: PathBuf,
     pub leaf: String,
@@ -375,6 +375,8 @@ impl HostSecrets {
     /// Nothing at or under `skip` (trees the sandbox writes).
     pub fn watch_points(&self, roots: &[&Path], skip: &[&Path]) -> Vec<WatchPoint> {
         let mut out: Vec<WatchPoint> = Vec::new();
+        // Hundreds of points: a set, not a scan of `out`, tells the ones seen.
+        let mut seen: std::collections::HashSet<WatchPoint> = std::collections::HashSet::new();
         let mut add = |root: &Path, mut dir: PathBuf, mut leaf: String| {
             while !dir.is_dir() {
                 let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else { break };
@@ -385,7 +387,7 @@ impl HostSecrets {
                 return;
             }
             let point = WatchPoint { dir, leaf };
-            if !out.contains(&point) {
+            if seen.insert(point.clone()) {
                 out.push(point);
             }
         };
@@ -431,11 +433,16 @@ pub async fn watch(
     let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else { return };
     let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
     let mut wds: Vec<(nix::sys::inotify::WatchDescriptor, WatchPoint)> = Vec::new();
+    // Many points share a directory: one watch each (found by a map: a
+    // command's points are hundreds, and a scan for each was most of the
+    // host's work for a command).
+    let mut by_dir: std::collections::HashMap<PathBuf, nix::sys::inotify::WatchDescriptor> =
+        std::collections::HashMap::new();
     for p in points {
-        // Many points share a directory: one watch each.
-        if let Some(wd) = wds.iter().find(|(_, q)| q.dir == p.dir).map(|(wd, _)| *wd) {
+        if let Some(wd) = by_dir.get(&p.dir).copied() {
             wds.push((wd, p));
         } else if let Ok(wd) = inotify.add_watch(&p.dir, flags) {
+            by_dir.insert(p.dir.clone(), wd);
             wds.push((wd, p));
         }
     }

@@ -76,6 +76,7 @@ pub struct ReadsCheck {
 /// The check of `dirs` made anew (what [`KeptReads::check`] keeps).
 pub fn check_anew(list: &HostSecrets, dirs: &[PathBuf], skip: &[&Path]) -> ReadsCheck {
     let mut out = ReadsCheck::default();
+    let mut seen: std::collections::HashSet<WatchPoint> = std::collections::HashSet::new();
     for dir in dirs {
         for m in list.masks_under(dir, skip) {
             if !out.masks.contains(&m) {
@@ -83,7 +84,7 @@ pub fn check_anew(list: &HostSecrets, dirs: &[PathBuf], skip: &[&Path]) -> Reads
             }
         }
         for p in list.watch_points(&[dir.as_path()], skip) {
-            if !out.points.contains(&p) {
+            if seen.insert(p.clone()) {
                 out.points.push(p);
             }
         }
