@@ -580,6 +580,91 @@ async function liveGrant() {
   }
 }
 
+// -- 2b. through a real pi session, on both majors ------------------------------
+
+/**
+ * `pi --mode rpc` (the shipped CLI) with this package and the scripted faux model: per fresh
+ * session, the first execute (sandbox start included), an execute after a reset and one after a
+ * timeout that rolled back, each timed from pi's tool_execution_start line to its
+ * tool_execution_end line as they arrive on pi's stdout (pi's own tool handling included). Each
+ * session is interleaved with a bare bwrap + python run. pi 0.73 runs on this Node; pi 1.x on
+ * the Node 22 of .hosts/pi1 (installed from the pinned lockfile if it is missing).
+ */
+async function piSessions() {
+  const { piCli, startRpcPi, toolText } = await import(join(root, "__test__", "helpers", "rpc-client.mjs"));
+  const { ensurePi1Host } = await import(join(root, "scripts", "pi1-host.mjs"));
+  const pi1 = ensurePi1Host();
+  const hosts = [
+    { label: "pi 0.73", node: process.execPath, cli: piCli(join(root, "node_modules", "@mariozechner", "pi-coding-agent")) },
+    { label: `pi ${pi1.version()}`, node: pi1.node, cli: pi1.cli },
+  ];
+  const py = (args) => ({ toolCalls: [{ name: "python", arguments: args }] });
+  const script = [
+    py({ code: "1+1" }),
+    py({ action: "reset" }),
+    py({ code: "1+1" }),
+    py({ code: "y = 1" }),
+    py({ code: "while True: pass", timeoutSeconds: 1 }),
+    py({ code: "1+1" }),
+    { text: "done" },
+  ];
+  // One TMPDIR (so one runtime root) for every session: the worker is compiled once, in the
+  // warm-up session, as it is for a user after their first session.
+  const childTmp = join(work, "pi-tmp");
+  mkdirSync(childTmp, { recursive: true });
+  async function session(host) {
+    const base = mkdtempSync(join(work, "pi-"));
+    const agentDir = join(base, "agent");
+    const cwd = join(base, "project");
+    mkdirSync(agentDir);
+    mkdirSync(cwd);
+    const pi = startRpcPi({
+      node: host.node,
+      cli: host.cli,
+      extensions: [root],
+      script,
+      cwd,
+      env: { ...process.env, PI_CODING_AGENT_DIR: agentDir, TMPDIR: childTmp },
+    });
+    try {
+      pi.send({ id: "bench", type: "prompt", message: "bench" });
+      await pi.waitFor((l) => l.type === "agent_end", "agent_end", 120_000);
+      const calls = new Map();
+      pi.lines.forEach((l, i) => {
+        if (l.type !== "tool_execution_start" && l.type !== "tool_execution_end") return;
+        const c = calls.get(l.toolCallId) ?? {};
+        if (l.type === "tool_execution_start") c.start = pi.arrivals[i];
+        else Object.assign(c, { end: pi.arrivals[i], result: l.result, isError: l.isError });
+        calls.set(l.toolCallId, c);
+      });
+      const list = [...calls.values()];
+      if (list.length !== 6 || list.some((c) => c.end === undefined)) throw new Error(`${host.label}: ${list.length} tool calls\n${pi.context()}`);
+      const status = list.map((c) => c.result?.details?.status);
+      const want = ["ok", "ok", "ok", "ok", "timeout", "ok"];
+      if (status.join() !== want.join()) throw new Error(`${host.label}: statuses ${status.join()}\n${list.map((c) => toolText(c.result)).join("\n---\n")}`);
+      if (list[4].result.details.rolledBack !== true) throw new Error(`${host.label}: the timeout did not roll back`);
+      const ms = list.map((c) => c.end - c.start);
+      return { cold: ms[0], afterReset: ms[2], afterTimeout: ms[5] };
+    } finally {
+      await pi.kill();
+      rmSync(base, { recursive: true, force: true, maxRetries: 3 });
+    }
+  }
+  for (const host of hosts) {
+    await session(host); // warm-up: the worker compiled, pi's own caches filled
+    const base = [];
+    const got = [];
+    for (let i = 0; i < runs(7); i++) {
+      base.push(bwrapPythonMs());
+      got.push(await session(host));
+    }
+    const m = (k) => median(got.map((g) => g[k]));
+    record(`${host.label}: cold first execute`, m("cold"), "ms", "bwrap + python3 -I -S -c pass", median(base), "<= 1.2x");
+    record(`${host.label}: execute after reset`, m("afterReset"), "ms", undefined, undefined, "<= 1.5 ms");
+    record(`${host.label}: execute after timeout`, m("afterTimeout"), "ms", undefined, undefined, "<= 1.5 ms");
+  }
+}
+
 // -- 3. recovery with and without the spare -------------------------------------
 
 async function recovery() {
@@ -822,7 +907,7 @@ console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} 
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
   if (only) {
-    const sections = { coldStart, shell, network, writableStart, secretScan, warm, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
+    const sections = { coldStart, shell, network, writableStart, secretScan, warm, piSessions, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
     if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
     await sections[only]();
   } else {
@@ -832,6 +917,7 @@ try {
     await writableStart();
     await secretScan();
     await warm();
+    await piSessions();
     await liveGrant();
     await recovery();
     await rollback();

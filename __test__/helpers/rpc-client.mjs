@@ -36,6 +36,9 @@ export function startRpcPi({ node = process.execPath, cli, extensions, script, c
 export class RpcPi {
   /** @type {Record<string, any>[]} */
   lines = [];
+  /** When each of `lines` arrived (performance.now(), ms), for timing through pi. */
+  /** @type {number[]} */
+  arrivals = [];
   stderr = "";
   #buffer = "";
   /** @type {(() => void)[]} */
@@ -52,6 +55,7 @@ export class RpcPi {
         const raw = this.#buffer.slice(0, nl).replace(/\r$/, "");
         this.#buffer = this.#buffer.slice(nl + 1);
         if (!raw.trim()) continue;
+        this.arrivals.push(performance.now());
         try {
           this.lines.push(JSON.parse(raw));
         } catch {
