@@ -604,6 +604,53 @@ describe("no sandbox reaches the runtime root", () => {
     );
     assert.match(shell, /inside the project directory/);
   });
+  test("a read root that holds the runtime root shows no session's directory: another session's logs and scratch", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Not under /tmp (a reserved mount, refused as a read root for that reason alone).
+    const base = mkdtempSync("/var/tmp/pps-rt-root-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    const runtimeRoot = join(base, "runtime");
+    const project = join(base, "project");
+    await mkdir(project);
+    writeFileSync(join(base, "granted.txt"), "granted-content\n");
+    const other = new PythonSandbox({ projectDir: project, runtimeRoot, prewarm: false });
+    t.after(() => other.dispose("test end").catch(() => {}));
+    const theirs = await other.execute(`open("/scratch/theirs.txt", "w").write("THEIR-SCRATCH")\nprint("THEIR-OUTPUT")`);
+    assert.equal(theirs.status, "ok", show(theirs));
+    const theirLog = theirs.logPaths.stdout!;
+    const read = py`
+      import glob
+      print(open(${lit(join(base, "granted.txt"))}).read().strip())
+      try:
+          found = sorted(glob.glob(${lit(runtimeRoot)} + "/*/*/*"))
+      except Exception as e:  # a hidden tree's listing is refused (SandboxReadDenied)
+          found = []
+          print("listing refused:", type(e).__name__)
+      for f in found + [${lit(theirLog)}]:
+          try:
+              print(f, open(f).read()[:60])
+          except Exception as e:
+              print(f, type(e).__name__)
+    `;
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot, prewarm: false });
+    t.after(() => sb.dispose("test end").catch(() => {}));
+    // Baseline: the files are there on the host, and the grant shows what else is in the tree.
+    assert.match(readFileSync(theirs.logPaths.stdout!, "utf8"), /THEIR-OUTPUT/);
+    // Granted at the start, then granted live to a running sandbox.
+    for (const live of [false, true]) {
+      if (live) {
+        sb.applyModeEvent({ mode: "manual", readRoots: [] });
+        assert.equal((await sb.execute("x = 1")).status, "ok");
+      }
+      const change = sb.applyModeEvent({ mode: "manual", readRoots: [base] });
+      assert.deepEqual(change.readRoots, [base], JSON.stringify(change));
+      const r = await sb.execute(read);
+      assert.equal(r.status, "ok", show(r));
+      assert.match(r.stdout, /granted-content/, `live ${live}: the grant is in force`);
+      // Before: every session's logs and scratch under the granted tree were read.
+      assert.doesNotMatch(r.stdout, /THEIR-OUTPUT|THEIR-SCRATCH/, `live ${live}: ${r.stdout}`);
+    }
+  });
 });
 
 describe("host secrets stay out of the sandbox, also when they appear later", () => {
