@@ -15,8 +15,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
-import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { createPiHarness, messageText, modelSees, type PiHarness } from "./helpers/pi-session.ts";
 import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
@@ -53,22 +52,6 @@ async function setup(t: TestContext, cwd?: string): Promise<PiHarness> {
   t.after(() => h.dispose());
   assert.deepEqual(h.resourceLoader.getExtensions().errors, []);
   return h;
-}
-
-/** One agent turn calling python with `args`: the result exactly as the model received it. */
-async function modelSees(h: PiHarness, args: Record<string, unknown>): Promise<ToolResultMessage> {
-  let seen: Context["messages"] | undefined;
-  h.faux.setResponses([
-    fauxAssistantMessage([fauxToolCall("python", args)], { stopReason: "toolUse" }),
-    (c: Context) => {
-      seen = structuredClone(c.messages);
-      return fauxAssistantMessage("done");
-    },
-  ]);
-  await h.prompt("run python");
-  const results = (seen ?? []).filter((m): m is ToolResultMessage => m.role === "toolResult");
-  assert.ok(results.length > 0, "the model got the tool result");
-  return results.at(-1)!;
 }
 
 /** The last result as pi's TUI shows it, at `width`, collapsed and expanded. */

@@ -457,3 +457,19 @@ export async function createPiHarness(opts: PiHarnessOptions): Promise<PiHarness
     dispose,
   };
 }
+
+/** One agent turn calling python with `args`: the result exactly as the model received it. */
+export async function modelSees(h: PiHarness, args: Record<string, unknown>): Promise<ToolResultMessage> {
+  let seen: piAi.Context["messages"] | undefined;
+  h.faux.setResponses([
+    piAi.fauxAssistantMessage([piAi.fauxToolCall("python", args)], { stopReason: "toolUse" }),
+    (c: piAi.Context) => {
+      seen = structuredClone(c.messages);
+      return piAi.fauxAssistantMessage("done");
+    },
+  ]);
+  await h.prompt("run python");
+  const results = (seen ?? []).filter((m): m is ToolResultMessage => m.role === "toolResult");
+  if (results.length === 0) throw new Error("the model got no tool result");
+  return results.at(-1)!;
+}
