@@ -16,11 +16,11 @@ import { chmodSync, chownSync, mkdirSync, mkdtempSync, readdirSync, realpathSync
 import { join, relative } from "node:path";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
+import { NOBODY, SHOW_CHECKOUT } from "./helpers/as-nobody.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE_DIR = realpathSync(fileURLToPath(new URL("..", import.meta.url)));
 const FIXTURE = join("__test__", "fixtures", "bash-session.ts");
-const NOBODY = 65534;
 const KEY = "sk-fixture-secret-key";
 const NO_USERNS = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"';
 
@@ -86,16 +86,6 @@ function fixtureArgv(pkg: string, what: string, base: string): string[] {
   const node = real.startsWith(`${PACKAGE_DIR}/`) ? join(pkg, relative(PACKAGE_DIR, real)) : real;
   return [node, ...process.execArgv, join(pkg, FIXTURE), what, base];
 }
-
-/**
- * `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest: a tmpfs at `$1`
- * (mode 755) with each entry of the checkout bound onto it, so that the checkout's own directory,
- * which may be private (mode 700), is never traversed.
- */
-const SHOW_CHECKOUT =
-  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
-  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
-  'shift && exec "$@"';
 
 /** Runs `argv` as root, or as nobody in a mount namespace where the checkout is at `base`/pkg. */
 function spawn(argv: string[], base: string, asNobody: boolean, env: NodeJS.ProcessEnv = {}) {

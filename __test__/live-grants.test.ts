@@ -11,13 +11,13 @@
  * checkout folder is never traversed).
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { chmodSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
-import { join, relative } from "node:path";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type ClientLog, configureClient } from "./fixtures/permissions-client/index.ts";
 import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./helpers/pi-session.ts";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
@@ -437,40 +437,8 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
   assert.match(after.text, /NameError/);
 });
 
-const NOBODY = 65534;
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
-/** `sh -c` words that show checkout `$0` at `$1` to nobody, then exec the rest (bash-session.test.ts's). */
-const SHOW_CHECKOUT =
-  'mount -t tmpfs -o mode=755 pkg "$1" && for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
-  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n" || exit 1; done; ' +
-  'shift && exec "$@"';
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  if (process.getuid?.() !== 0) {
-    // Not root: the tests above already ran unprivileged.
-    t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
-    return;
-  }
-  if (skipWithoutSandbox(t)) return;
-  const pkgDir = realpathSync(PACKAGE);
-  const base = mkdtempSync("/var/tmp/pps-live-nobody-");
-  t.after(() => rmSync(base, { recursive: true, force: true }));
-  chmodSync(base, 0o755);
-  for (const d of ["pkg", "home"]) mkdirSync(join(base, d));
-  spawnSync("chown", [`${NOBODY}:${NOBODY}`, join(base, "home")]);
-  const pkg = join(base, "pkg");
-  const real = realpathSync(process.execPath);
-  const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
-  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, "__test__", "live-grants.test.ts")];
-  const cmd = [
-    "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
-    "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
-  ];
-  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: "/tmp", CI: "true", [AS_NOBODY_ENV]: "1" };
-  for (const name of ["PI_HOST", "PI_PYTHON_TOOL_ROLLBACK"]) if (process.env[name] !== undefined) env[name] = process.env[name];
-  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 300_000 });
-  const out = `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}`;
-  assert.equal(r.status, 0, out);
-  assert.match(out, /^# pass 14$/m, out);
-  assert.match(out, /^# fail 0$/m);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 14);
 });

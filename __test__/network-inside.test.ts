@@ -17,7 +17,8 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync }
 import { connect } from "node:net";
 import { join, normalize } from "node:path";
 import { test } from "node:test";
-import { httpOrigin, netSession, rerunAsNobody, tlsOrigin } from "./helpers/network.ts";
+import { httpOrigin, netSession, tlsOrigin } from "./helpers/network.ts";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { unfiltered } from "./helpers/unfiltered.ts";
 
 const PROXY_PORT = 3128;

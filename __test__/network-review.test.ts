@@ -14,7 +14,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { UIHooks } from "./helpers/pi-session.ts";
-import { httpOrigin, type NetSession, netSession, type Origin, rerunAsNobody } from "./helpers/network.ts";
+import { httpOrigin, type NetSession, netSession, type Origin } from "./helpers/network.ts";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 
 interface Setup extends NetSession {
   o: Origin;
