@@ -14,10 +14,10 @@
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { createPiHarness, messageText, modelSees, type PiHarness } from "./helpers/pi-session.ts";
@@ -136,6 +136,122 @@ test("no addon (a missing platform package): a warning with the fix at session s
   assert.match(warned[0].message, /To fix it, build the addon in this checkout .*`npm ci && npm run build`/, "the fix");
   assert.match(seen.status, /^status: unavailable\n\npython tool unavailable: The sandbox's native addon could not be loaded/);
 });
+
+// --- where no sandbox can start: each cause made for real, in a process of its own ---------------
+
+const NOBODY = 65534;
+/**
+ * `sh -c` words run as root in a mount namespace of their own, `$0` the checkout, `$1` a folder:
+ * with SHOW, the checkout's entries bound onto a world-readable tmpfs at `$1` (for nobody: the
+ * checkout's own directory may be private); with HIDE, /usr/bin read-only through an overlay whose
+ * upper layer removes `bwrap` (a host without the bubblewrap package; /bin is a link to /usr/bin
+ * or has none either, asserted by the baseline); then the rest is run.
+ */
+const SHOW =
+  'mount -t tmpfs -o mode=755 pkg "$1"; for e in "$0"/* "$0"/.[!.]*; do [ -e "$e" ] || continue; ' +
+  'n=${e##*/}; if [ -d "$e" ]; then mkdir "$1/$n"; else : > "$1/$n"; fi; mount --bind "$e" "$1/$n"; done; ';
+const HIDE =
+  'w=$(mktemp -d); mount -t tmpfs -o mode=755 nobwrap "$w"; mknod "$w/bwrap" c 0 0; ' +
+  'mount -t overlay -o ro,lowerdir="$w":/usr/bin nobwrap /usr/bin; ';
+const BARE_BWRAP = ["bwrap", "--unshare-user", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--", "/usr/bin/true"];
+
+type Cause = "no bubblewrap" | "no user namespaces";
+type Seen = {
+  uid: number;
+  notifications: { message: string; type: string }[];
+  python?: { text: string; isError: boolean };
+  bash?: { text: string; isError: boolean };
+  status: string;
+};
+
+/**
+ * Runs `argv` (from the checkout, or its copy at base/pkg for nobody) where `cause` holds or not,
+ * as root or nobody: root's mount namespace for the overlay and the copy; the seccomp filter of
+ * helpers/no-userns.py (as a container's profile refuses user namespaces) around `argv`.
+ */
+function runWhere(base: string, cause: Cause | undefined, asNobody: boolean, argv: (pkg: string) => string[]) {
+  const pkg = asNobody ? join(base, "pkg") : PACKAGE_DIR;
+  const filtered = cause === "no user namespaces" ? ["python3", join(pkg, "__test__", "helpers", "no-userns.py"), ...argv(pkg)] : argv(pkg);
+  const user = asNobody ? ["setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups"] : [];
+  const script = `set -e; ${asNobody ? SHOW : ""}${cause === "no bubblewrap" ? HIDE : ""}shift; exec "$@"`;
+  const cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, PACKAGE_DIR, pkg, ...user, "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...filtered];
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: join(base, "home"), TMPDIR: join(base, "tmp") };
+  for (const name of ["CI", "PI_HOST", "PI_PYTHON_TOOL_ROLLBACK"]) if (process.env[name] !== undefined) env[name] = process.env[name];
+  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: "/", env, encoding: "utf8", timeout: 120_000 });
+  return { status: r.status, stdout: r.stdout, out: `${r.stdout}${r.stderr}${r.error ? `\n${r.error.message}` : ""}` };
+}
+
+function cannotStart(t: TestContext, cause: Cause, asNobody: boolean): void {
+  if (skipWithoutSandbox(t)) return;
+  if (process.getuid?.() !== 0) {
+    // The overlay and setpriv need root; CI runs as root.
+    assert.ok(process.env.CI !== "true", "CI runs as root: this test makes its host condition with root's mounts");
+    t.skip("needs root to make the host condition");
+    return;
+  }
+  if (cause === "no user namespaces" && !["x64", "arm64"].includes(process.arch)) {
+    assert.ok(process.env.CI !== "true", `no seccomp filter for ${process.arch}`);
+    t.skip(`helpers/no-userns.py has no filter for ${process.arch}`);
+    return;
+  }
+  const base = mkdtempSync(join("/var/tmp", "pps-words-cannot-"));
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  for (const d of ["pkg", "home", "tmp", "project"]) mkdirSync(join(base, d));
+  if (asNobody) for (const d of ["home", "tmp", "project"]) chownSync(join(base, d), NOBODY, NOBODY);
+  const project = join(base, "project");
+
+  // The condition is real and the only difference: a bare bubblewrap run works without it, not with it.
+  const look = 'id -u; for b in /usr/bin/bwrap /bin/bwrap /usr/local/bin/bwrap; do [ -e "$b" ] && echo "$b"; done; exec "$@"';
+  const bare = (c: Cause | undefined) => runWhere(base, c, asNobody, () => ["sh", "-c", look, "sh", ...BARE_BWRAP]);
+  const works = bare(undefined);
+  assert.equal(works.status, 0, `baseline: bubblewrap makes a sandbox here: ${works.out}`);
+  assert.match(works.stdout, new RegExp(`^${asNobody ? NOBODY : 0}\n/usr/bin/bwrap\n`));
+  const refused = bare(cause);
+  assert.notEqual(refused.status, 0, refused.out);
+  if (cause === "no bubblewrap") assert.equal(refused.stdout, `${asNobody ? NOBODY : 0}\n`, "no bwrap where the sandbox looks for it");
+  else assert.match(refused.out, /bwrap: No permissions to create new namespace/, refused.out);
+
+  const real = realpathSync(process.execPath);
+  const r = runWhere(base, cause, asNobody, (pkg) => {
+    const node = real.startsWith(`${PACKAGE_DIR}/`) ? join(pkg, relative(PACKAGE_DIR, real)) : real;
+    return [node, ...process.execArgv, join(pkg, "__test__", "fixtures", "cannot-start.ts"), project];
+  });
+  assert.equal(r.status, 0, r.out);
+  const seen = JSON.parse(r.stdout.trim().split("\n").at(-1)!) as Seen;
+  assert.equal(seen.uid, asNobody ? NOBODY : 0);
+  const [why, fix] =
+    cause === "no bubblewrap"
+      ? [/bubblewrap \(bwrap\) was not found/, /Install it with `sudo apt-get install bubblewrap`/]
+      : [/bwrap: No permissions to create new namespace.*Common causes: unprivileged user namespaces are disabled/s, /Fix: allow them for bubblewrap .*run pi where user namespaces are available/s];
+  const warned = seen.notifications.filter((n) => /cannot run here/.test(n.message));
+  assert.equal(warned.length, 1, `one warning at session start: ${JSON.stringify(seen.notifications)}`);
+  assert.equal(warned[0].type, "warning");
+  assert.match(warned[0].message, /the python and bash tools cannot run here/);
+  assert.match(warned[0].message, why, warned[0].message);
+  assert.match(warned[0].message, fix, warned[0].message);
+  for (const tool of ["python", "bash"] as const) {
+    const first = seen[tool];
+    assert.ok(first, `the model got the ${tool} result`);
+    assert.equal(first.isError, true, first.text);
+    assert.match(first.text, why, `${tool}: ${first.text}`);
+    assert.match(first.text, fix, `${tool}: ${first.text}`);
+    assert.doesNotMatch(first.text, /\.\./, `${tool}: ${first.text}`);
+    assert.ok(!existsSync(join(project, `${tool}-ran`)), `${tool} ran on the host`);
+  }
+  assert.match(seen.python!.text, /^status: unavailable /, seen.python!.text);
+  assert.match(seen.bash!.text, /^The command was not run \([^)]*it never runs on the host\): /, seen.bash!.text);
+  assert.doesNotMatch(seen.bash!.text, /python/i, "bash's result names the python tool");
+  assert.match(seen.status, /^python tool: unavailable\ncause: /, seen.status);
+  assert.match(seen.status, why, seen.status);
+}
+
+for (const cause of ["no bubblewrap", "no user namespaces"] as const) {
+  for (const asNobody of [false, true]) {
+    test(`${cause}${asNobody ? ", as nobody" : ""}: the session-start warning and each tool's first result say the cause and the fix`, (t) =>
+      cannotStart(t, cause, asNobody));
+  }
+}
 
 test("a tool that can run: no warning at session start; status before any call is short and plain", async (t) => {
   if (skipWithoutSandbox(t)) return;

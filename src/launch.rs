@@ -35,7 +35,7 @@ pub struct Facts {
 /// Why the host cannot run the tool at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error(transparent)]
+    #[error("{0} {REFUSE}", REFUSE = probe::REFUSE)]
     Bwrap(#[from] probe::BwrapError),
     #[error(transparent)]
     Interpreter(#[from] probe::InterpreterError),

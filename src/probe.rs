@@ -16,20 +16,21 @@ pub const MIN_BWRAP: (u32, u32, u32) = (0, 8, 0);
 
 pub const INSTALL_BWRAP: &str = "Install it with `sudo apt-get install bubblewrap` (Debian/Ubuntu) \
     or your distribution's bubblewrap package.";
-const REFUSE: &str = "The python tool never runs Python outside the sandbox.";
+/// Said after a host fact that stops the python tool (bubblewrap's own words serve both tools).
+pub const REFUSE: &str = "The python tool never runs Python outside the sandbox.";
 
-/// Why bubblewrap cannot be used.
+/// Why bubblewrap cannot be used (by either tool: the text names neither).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BwrapError {
-    #[error("bubblewrap (bwrap) was not found. {INSTALL_BWRAP} {REFUSE}")]
+    #[error("bubblewrap (bwrap) was not found. {INSTALL_BWRAP}")]
     NotFound,
-    #[error("{} could not be run: {why}. {INSTALL_BWRAP} {REFUSE}", path.display())]
+    #[error("{} could not be run: {why}. {INSTALL_BWRAP}", path.display())]
     CannotRun { path: PathBuf, why: String },
-    #[error("{} --version printed {printed:?}, which is not a bubblewrap version. {REFUSE}", path.display())]
+    #[error("{} --version printed {printed:?}, which is not a bubblewrap version.", path.display())]
     NoVersion { path: PathBuf, printed: String },
     #[error(
         "bubblewrap {}.{}.{} at {} is too old: the sandbox needs 0.8.0 or newer (for --disable-userns). \
-         {INSTALL_BWRAP} {REFUSE}",
+         {INSTALL_BWRAP}",
         version.0, version.1, version.2, path.display()
     )]
     TooOld { path: PathBuf, version: (u32, u32, u32) },

@@ -397,7 +397,8 @@ pub async fn run(
         let said = crate::display::displayed(err.trim().to_string());
         let mut msg = if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") };
         if let Some(hint) = crate::probe::namespace_hint(&said) {
-            msg = format!("{msg}.\n{hint}");
+            let stop = if msg.ends_with('.') { "" } else { "." };
+            msg = format!("{msg}{stop}\n{hint}");
         }
         return Err(not_started(msg));
     }

@@ -111,12 +111,15 @@ pub fn start_failure(e: &StartError) -> (Status, String) {
             if !stderr.is_empty() {
                 let _ = write!(msg, "\nIts error output: {stderr}");
             }
-            if let Some(hint) = crate::probe::namespace_hint(stderr) {
+            // bubblewrap could not make the namespaces: the host cannot run the tool (as `status`
+            // says), whatever the worker would have done.
+            let hint = crate::probe::namespace_hint(stderr);
+            if let Some(hint) = hint {
                 msg.push('\n');
                 msg.push_str(hint);
             }
             msg.push_str(" The python tool never runs Python outside the sandbox.");
-            (Status::WorkerError, msg)
+            (if hint.is_some() { Status::Unavailable } else { Status::WorkerError }, msg)
         }
     }
 }
@@ -275,17 +278,23 @@ mod tests {
     }
 
     #[test]
-    fn a_start_failure_names_the_user_namespace_cause() {
+    fn a_start_failure_for_user_namespaces_is_unavailable_with_the_cause() {
         let e = StartError::NotReady {
             why: NotReady::Exited(None),
             stderr: "bwrap: setting up uid map: Operation not permitted".into(),
         };
         let (status, text) = start_failure(&e);
-        assert_eq!(status, Status::WorkerError);
+        assert_eq!(status, Status::Unavailable);
         assert!(text.starts_with("The sandbox did not start: the sandbox did not exit"));
         assert!(text.contains("unprivileged user namespaces"));
         assert!(text.ends_with("never runs Python outside the sandbox."));
         assert_eq!(start_failure(&StartError::Halted(Halt::Disposed)).0, Status::Cancelled);
+        // Any other refusal of bubblewrap's is the worker's error.
+        let other = StartError::NotReady {
+            why: NotReady::Exited(None),
+            stderr: "bwrap: Can't mount tmpfs on /newroot/workspace: No such file or directory".into(),
+        };
+        assert_eq!(start_failure(&other).0, Status::WorkerError);
     }
 
     #[test]

@@ -62,6 +62,8 @@ impl<H: Host> Session<H> {
         on_data: &(dyn Fn(String) + Send + Sync),
     ) -> Result<Ended, ShellError> {
         let not_started = |why: String| ShellError::NotStarted(format!("The command was not run: {why}"));
+        let refused =
+            |why: String| ShellError::NotStarted(format!("The command was not run (it never runs on the host): {why}"));
         let _running = self.shells.running.read().await;
         if self.is_disposed() {
             return Err(not_started("the session was disposed.".into()));
@@ -76,7 +78,7 @@ impl<H: Host> Session<H> {
                 crate::confine::HostFacts::probe(&self.opts).await.map(Arc::new).map_err(|e| e.to_string())
             })
             .await
-            .map_err(|e| not_started(format!("{e} (it never runs on the host).")))?
+            .map_err(refused)?
             .clone();
         let dirs = self.shell_dirs().await?;
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(|e| {
@@ -110,7 +112,7 @@ impl<H: Host> Session<H> {
     /// a stopped command left in doubt set aside first.
     async fn shell_dirs(&self) -> Result<Dirs, ShellError> {
         let not_started = |e: start::Unprepared| {
-            ShellError::NotStarted(format!("The command was not run: {e} (it never runs on the host)."))
+            ShellError::NotStarted(format!("The command was not run (it never runs on the host): {e}"))
         };
         let known = self.shared.lock().report.dirs.clone();
         if let (Some(dirs), false) = (known, self.shells.suspect.load(Ordering::Acquire)) {
