@@ -486,6 +486,16 @@ impl<H: Host> Session<H> {
         path.starts_with(crate::bwrap::WORKSPACE) || canonical.into_iter().chain(names).any(|n| path.starts_with(n))
     }
 
+    /// The /workspace path of `path` (absolute, normalised) when it is
+    /// under one of the project's host names; `None` for any other path
+    /// (one under /workspace included).
+    pub fn workspace_path(&self, path: &Path) -> Option<PathBuf> {
+        let canonical = std::fs::canonicalize(&self.opts.project_dir).ok();
+        let names = self.project_names().into_iter().filter_map(|n| crate::paths::normalize_path(&n));
+        let rel = canonical.into_iter().chain(names).find_map(|n| path.strip_prefix(n).ok().map(Path::to_path_buf))?;
+        Some(Path::new(crate::bwrap::WORKSPACE).join(rel))
+    }
+
     /// Where this session's directories are (scratch among them).
     pub fn runtime_root(&self) -> PathBuf {
         self.opts.runtime_root.clone().unwrap_or_else(default_runtime_root)

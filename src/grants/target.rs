@@ -88,6 +88,9 @@ impl Target for SessionCall<'_> {
     fn mask_of(&self, path: &str) -> Mask {
         let report = self.session.status();
         let Some(path) = permissions::normalize(path) else { return Mask::None };
+        // The project's host names lead to /workspace (in a granted tree
+        // that holds the project, its masks are bound at the host path).
+        let path = self.session.workspace_path(&path).unwrap_or(path);
         let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else {
             let m = &report.mounts;
             let granted = m.read_roots.iter().any(|r| path.starts_with(r))
