@@ -16,6 +16,7 @@
 
 pub mod listen;
 pub mod mount;
+pub mod remount;
 
 use std::ffi::CString;
 use std::io;

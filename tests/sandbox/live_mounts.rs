@@ -27,10 +27,17 @@ const SERVE: &str = "while IFS= read -r cmd; do eval \"$cmd\" 2>&1; echo \"@@END
 
 impl Sandbox {
     fn start() -> Sandbox {
+        Sandbox::start_with(&[])
+    }
+
+    /// With `extra` bubblewrap arguments after the `/mnt` tmpfs.
+    fn start_with(extra: &[&str]) -> Sandbox {
         let mut child = Command::new("bwrap")
             .args(["--unshare-user", "--disable-userns", "--unshare-pid", "--die-with-parent"])
             .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
-            .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--tmpfs", "/mnt", "--remount-ro", "/"])
+            .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--tmpfs", "/mnt"])
+            .args(extra)
+            .args(["--remount-ro", "/"])
             .args(["--", "/bin/sh", "-c", SERVE])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -263,4 +270,105 @@ fn a_detached_tree_is_gone_for_new_opens_and_an_open_file_stays_readable() {
     let e = detach(sb.inside, Path::new("/mnt/l/d")).expect_err("refused");
     assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
     assert!(sb.mounted_at("/srv/d"));
+}
+
+/// A project for the remount job: `f.txt` and a protected `.git/config`,
+/// mounted as the product mounts a read-only project (`/work`, with the
+/// protected directory bound read-only over it), writable by the
+/// sandbox's user whoever runs the test.
+fn project_sandbox(name: &str) -> Option<(Sandbox, Host)> {
+    if let Err(why) = super::can_sandbox() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+        eprintln!("SKIP {name}: {why}");
+        return None;
+    }
+    let host = Host::new(name);
+    let proj = host.dir.join("proj");
+    std::fs::create_dir_all(proj.join(".git")).unwrap();
+    std::fs::write(proj.join("f.txt"), "project-file\n").unwrap();
+    std::fs::write(proj.join(".git/config"), "[core]\n").unwrap();
+    for d in ["proj", "proj/.git"] {
+        std::fs::set_permissions(host.dir.join(d), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    for f in ["proj/f.txt", "proj/.git/config"] {
+        std::fs::set_permissions(host.dir.join(f), std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let (p, git) = (proj.display().to_string(), proj.join(".git").display().to_string());
+    let sb = Sandbox::start_with(&["--ro-bind", &p, "/work", "--ro-bind", &git, "/work/.git"]);
+    Some((sb, host))
+}
+
+/// The options field of the mount at `at` in the sandbox's mount table.
+fn options(sb: &mut Sandbox, at: &str) -> String {
+    let info = sb.out("cat /proc/self/mountinfo");
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(at)).expect("mounted").to_string();
+    line.split(' ').nth(5).unwrap().to_string()
+}
+
+fn is_ro(opts: &str) -> bool {
+    opts.split(',').any(|o| o == "ro")
+}
+
+#[test]
+fn the_project_mount_is_made_writable_and_read_only_again_in_place_its_protected_submount_untouched() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, host)) = project_sandbox("remount") else { return };
+    // Baseline: read-only, and the sandbox cannot change that itself.
+    let (text, status) = sb.run("echo x > /work/new");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_ne!(sb.run("mount -o remount,rw,bind /work").1, 0, "the sandbox has no privilege over its mounts");
+    assert!(is_ro(&options(&mut sb, "/work")));
+    set_read_only(sb.inside, Path::new("/work"), false).expect("made writable");
+    assert!(!is_ro(&options(&mut sb, "/work")));
+    assert_eq!(sb.run("echo written > /work/new").1, 0);
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/new")).unwrap(), "written\n");
+    // Just that mount: the protected directory bound over it stays read-only.
+    let (text, status) = sb.run("echo x >> /work/.git/config");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert!(is_ro(&options(&mut sb, "/work/.git")));
+    set_read_only(sb.inside, Path::new("/work"), true).expect("read-only again");
+    assert!(is_ro(&options(&mut sb, "/work")));
+    let (text, status) = sb.run("echo x > /work/other");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+}
+
+#[test]
+fn a_file_open_for_writing_refuses_the_change_to_read_only_and_a_file_opened_read_only_never_writes() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, host)) = project_sandbox("remount-busy") else { return };
+    // Opened read-only while the mount is: it stays so once the mount is writable.
+    assert_eq!(sb.run("exec 4< /work/f.txt").1, 0);
+    set_read_only(sb.inside, Path::new("/work"), false).expect("made writable");
+    assert_ne!(sb.run("echo through-4 >&4").1, 0, "an fd opened read-only does not write");
+    // Held open for writing: the kernel refuses read-only (the caller restarts).
+    assert_eq!(sb.run("exec 3>> /work/held").1, 0);
+    let e = set_read_only(sb.inside, Path::new("/work"), true).expect_err("busy");
+    assert_eq!(refused_at(&e), Some((Stage::Remount, libc::EBUSY)), "{e}");
+    assert!(!is_ro(&options(&mut sb, "/work")), "left writable, as it was");
+    assert_eq!(sb.run("echo through-3 >&3").1, 0);
+    // Closed: the change goes through, and nothing writes any more.
+    assert_eq!(sb.run("exec 3>&-").1, 0);
+    set_read_only(sb.inside, Path::new("/work"), true).expect("read-only");
+    assert_ne!(sb.run("echo x >> /work/held").1, 0);
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/held")).unwrap(), "through-3\n");
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/f.txt")).unwrap(), "project-file\n");
+}
+
+#[test]
+fn a_remount_never_follows_a_link_the_sandbox_planted_nor_changes_a_path_that_is_no_mount() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, _host)) = project_sandbox("remount-link") else { return };
+    // Baseline: the sandbox may plant where it writes, and its link leads to the project.
+    assert_eq!(sb.run("ln -s /work /mnt/link && mkdir /mnt/dir").1, 0);
+    assert_eq!(sb.out("cat /mnt/link/f.txt"), "project-file\n");
+    let e = set_read_only(sb.inside, Path::new("/mnt/link"), false).expect_err("a link");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    assert!(is_ro(&options(&mut sb, "/work")), "the link's target is untouched");
+    // A directory that is not a mount of its own: its mount (/mnt) is not changed.
+    let before = options(&mut sb, "/mnt");
+    let e = set_read_only(sb.inside, Path::new("/mnt/dir"), true).expect_err("no mount");
+    assert_eq!(refused_at(&e), Some((Stage::Kind, libc::EINVAL)), "{e}");
+    assert_eq!(options(&mut sb, "/mnt"), before);
+    assert_eq!(sb.run("touch /mnt/dir/still-writable").1, 0);
 }
