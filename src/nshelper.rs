@@ -17,6 +17,7 @@
 pub mod listen;
 pub mod mount;
 pub mod remount;
+pub mod swap;
 
 use std::ffi::CString;
 use std::io;

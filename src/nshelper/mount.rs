@@ -325,17 +325,17 @@ pub(super) fn in_child(job: impl Fn() -> [i32; 3]) -> Result<[i32; 3], MountErro
 }
 
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+pub(super) const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub(super) const AT_RECURSIVE: libc::c_uint = 0x8000;
+pub(super) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub(super) const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x2;
 pub(super) const RESOLVE_NO_SYMLINKS: u64 = 0x4;
-const RESOLVE_BENEATH: u64 = 0x8;
-const UMOUNT_NOFOLLOW: libc::c_int = 0x8;
+pub(super) const RESOLVE_BENEATH: u64 = 0x8;
+pub(super) const UMOUNT_NOFOLLOW: libc::c_int = 0x8;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
@@ -356,7 +356,7 @@ struct OpenHow {
 
 const EMPTY: &[u8; 1] = b"\0";
 
-fn empty() -> *const libc::c_char {
+pub(super) fn empty() -> *const libc::c_char {
     EMPTY.as_ptr().cast()
 }
 
@@ -387,7 +387,7 @@ fn open_no_links(dir: RawFd, path: &CString, flags: libc::c_int) -> io::Result<O
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+pub(super) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero stat is valid; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes within `st`.
@@ -397,7 +397,7 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-fn sys_open_tree(dir: RawFd, path: *const libc::c_char, flags: libc::c_uint) -> Result<RawFd, i32> {
+pub(super) fn sys_open_tree(dir: RawFd, path: *const libc::c_char, flags: libc::c_uint) -> Result<RawFd, i32> {
     // SAFETY: open_tree reads a NUL-terminated path.
     let r = unsafe { libc::syscall(libc::SYS_open_tree, dir, path, flags | libc::O_CLOEXEC as libc::c_uint) };
     if r < 0 {

@@ -372,3 +372,151 @@ fn a_remount_never_follows_a_link_the_sandbox_planted_nor_changes_a_path_that_is
     assert_eq!(options(&mut sb, "/mnt"), before);
     assert_eq!(sb.run("touch /mnt/dir/still-writable").1, 0);
 }
+
+/// The mount table's rows under `/work` (mount point, options, root in
+/// its filesystem, type), without ids and peer groups, sorted.
+fn work_rows(sb: &mut Sandbox) -> Vec<String> {
+    let mut rows: Vec<String> = sb
+        .out("cat /proc/self/mountinfo")
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(" - ")?;
+            let f: Vec<&str> = a.split(' ').collect();
+            let at = *f.get(4)?;
+            let fstype = b.split(' ').next()?;
+            (at == "/work" || at.starts_with("/work/")).then(|| format!("{at} {} {} {fstype}", f[5], f[3]))
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A project with a protected `.git` and a secret `.env`, its mask file,
+/// and the bubblewrap arguments of a fresh start in either mode.
+struct Swapped {
+    host: Host,
+}
+
+impl Swapped {
+    fn new(name: &str) -> Option<(Sandbox, Swapped)> {
+        let (sb, host) = project_sandbox(name)?;
+        drop(sb);
+        std::fs::write(host.dir.join("proj/.env"), "API_KEY=project-secret\n").unwrap();
+        std::fs::set_permissions(host.dir.join("proj/.env"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Swapped { host };
+        // With /dev: the shell's background jobs read /dev/null.
+        let mut args = vec!["--dev".to_string(), "/dev".into()];
+        args.extend(s.args(false));
+        let sb = Sandbox::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        Some((sb, s))
+    }
+
+    fn args(&self, writable: bool) -> Vec<String> {
+        let d = &self.host.dir;
+        let p = |x: &str| d.join(x).display().to_string();
+        let mut a = vec![if writable { "--bind" } else { "--ro-bind" }.to_string(), p("proj"), "/work".into()];
+        if writable {
+            a.extend(["--ro-bind".into(), p("proj/.git"), "/work/.git".into()]);
+        }
+        a.extend(["--ro-bind".into(), p("mask-file"), "/work/.env".into()]);
+        a
+    }
+
+    fn over(&self, writable: bool) -> Vec<pi_python_sandbox::nshelper::swap::Over> {
+        use pi_python_sandbox::nshelper::swap::{From, Over};
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.host.dir.join("proj/.git")).unwrap();
+        let git = Over { rel: ".git".into(), from: From::Project { ident: (m.dev(), m.ino()) }, read_only: true };
+        let env = Over { rel: ".env".into(), from: From::Mask { is_dir: false }, read_only: true };
+        if writable {
+            vec![git, env]
+        } else {
+            vec![env]
+        }
+    }
+
+    fn replace(&self, sb: &Sandbox, writable: bool) -> Result<(), MountError> {
+        use pi_python_sandbox::nshelper::swap::{replace, Replace};
+        use std::os::unix::fs::MetadataExt;
+        let project = self.host.dir.join("proj");
+        let m = std::fs::metadata(&project).unwrap();
+        let over = self.over(writable);
+        let r = Replace {
+            project: &project,
+            ident: (m.dev(), m.ino()),
+            at: Path::new("/work"),
+            writable,
+            over: &over,
+            mask_file: self.host.mask_file(),
+            mask_dir: self.host.mask_dir(),
+        };
+        replace(sb.inside, &r)
+    }
+
+    /// The `/work` rows of a fresh sandbox in the mode.
+    fn fresh(&self, writable: bool) -> Vec<String> {
+        let args = self.args(writable);
+        let mut sb = Sandbox::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        work_rows(&mut sb)
+    }
+}
+
+#[test]
+fn a_swapped_project_tree_has_the_mount_table_of_a_fresh_start_in_each_mode() {
+    let Some((mut sb, s)) = Swapped::new("swap-table") else { return };
+    let (ro, rw) = (s.fresh(false), s.fresh(true));
+    assert_ne!(ro, rw, "baseline: the modes' tables differ");
+    assert_eq!(work_rows(&mut sb), ro);
+    s.replace(&sb, true).expect("to writable");
+    assert_eq!(work_rows(&mut sb), rw);
+    assert_eq!(sb.run("echo w > /work/new").1, 0);
+    let (text, status) = sb.run("echo x >> /work/.git/config");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(sb.out("cat /work/.env"), "", "the secret stays masked");
+    s.replace(&sb, false).expect("to read-only");
+    assert_eq!(work_rows(&mut sb), ro);
+    let (text, status) = sb.run("echo x > /work/other");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(sb.out("cat /work/.env"), "");
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+}
+
+#[test]
+fn a_writer_racing_the_changes_never_writes_a_protected_path_nor_after_the_change_back() {
+    let Some((mut sb, s)) = Swapped::new("swap-race") else { return };
+    // Writers left running: one at the protected file, one at the project; each logs a success.
+    let race = "while :; do echo g 2>/mnt/err >> /work/.git/config && echo git >> /mnt/log; \
+                echo p 2>/mnt/err >> /work/f.txt && echo proj >> /mnt/log; done";
+    assert_eq!(sb.run(&format!("( {race} ) >/mnt/out 2>&1 & echo $! > /mnt/pid")).1, 0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sb.out("touch /mnt/log; cat /mnt/log"), "", "read-only: nothing written");
+    for _ in 0..5 {
+        s.replace(&sb, true).expect("to writable");
+        std::thread::sleep(Duration::from_millis(50));
+        match s.replace(&sb, false) {
+            Ok(()) => {}
+            // The writer held the project's file open at that instant: refused, still writable; again.
+            Err(e) if refused_at(&e) == Some((Stage::Remount, libc::EBUSY)) => {
+                let mut done = false;
+                for _ in 0..100 {
+                    if s.replace(&sb, false).is_ok() {
+                        done = true;
+                        break;
+                    }
+                }
+                assert!(done, "read-only again");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let log = sb.out("cat /mnt/log");
+    let count = |what: &str| log.lines().filter(|l| *l == what).count();
+    assert!(count("proj") > 0, "baseline: the writer writes the project while it is writable");
+    assert_eq!(count("git"), 0, "the protected file was never written");
+    // After the change back nothing more is written.
+    let n = std::fs::read_to_string(s.host.dir.join("proj/f.txt")).unwrap().len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/f.txt")).unwrap().len(), n);
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+    sb.run("kill $(cat /mnt/pid)");
+}
