@@ -11,7 +11,7 @@
  * checkout folder is never traversed).
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -130,6 +130,10 @@ test("an unmasked secret of the project: its mask is detached live; the variable
   writeFileSync(join(s.project, ".env.production"), "API_KEY=prod-secret-value\n");
   const text = await keepsState(s, "/workspace/.env", /env-secret-value/);
   assert.match(text, /just that path was unmasked in the running sandbox/);
+  // The status says which mask went: .env is unmasked by the grant, .env.production still shown empty.
+  const st = (await s.run({ action: "status" })).details.report.text as string;
+  const masks = st.split("\n").find((l) => l.startsWith("secret masks")) ?? "";
+  assert.match(masks, /shown empty\): \/workspace\/\.env\.production; unmasked by a grant: \/workspace\/\.env(;|$)/, masks);
   // Just that file: the other secret stays masked.
   s.h.ui.select = choose("Deny once");
   const other = await s.run({ code: "print(repr(open('/workspace/.env.production').read()))" });
@@ -394,6 +398,58 @@ test("a late 'Allow once' (after the call stopped waiting) lifts the denial and 
   assert.equal(s.log.prompts.length, 2, other.text);
 });
 
+/** Processes of this user whose command line holds `marker` (the sandbox's, seen from the host). */
+function running(marker: string): number {
+  let n = 0;
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(marker)) n++;
+    } catch {
+      // gone, or not ours
+    }
+  }
+  return n;
+}
+
+test("a host secret that appears in a root granted live stops the sandbox at once, as in one granted at the start (baseline: until it appears, the sandbox's reader keeps running)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-live-watch-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  chmodSync(base, 0o755);
+  writeFileSync(join(base, "notes.txt"), "notes\n");
+  withEnv(t, "PI_PYTHON_TOOL_HOST_SECRETS", `${base}/vault`);
+  const s = await setup(t, { ui: { select: choose("Allow reads from"), editor: async () => base } });
+  if (!s) return;
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code: `print(open('${base}/notes.txt').read())` });
+  assert.match(r.text, /was granted and mounted in the running sandbox/);
+  const marker = `pps-live-watch-reader-${process.pid}-${Date.now()}`;
+  t.after(() => {
+    for (const pid of readdirSync("/proc")) {
+      try {
+        if (/^\d+$/.test(pid) && readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(marker)) process.kill(Number(pid), "SIGKILL");
+      } catch {}
+    }
+  });
+  // A reader left running in the sandbox: it would read the secret the moment it appears.
+  await s.run({
+    code: `import subprocess, sys\nreader = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True:\\n    try:\\n        open("${base}/vault/token").read()\\n    except OSError:\\n        pass\\n    time.sleep(0.01)', '${marker}'])`,
+  });
+  await new Promise((res) => setTimeout(res, 1000));
+  assert.equal(running(marker), 1, "baseline: the reader runs while no secret is there");
+  mkdirSync(join(base, "vault"));
+  writeFileSync(join(base, "vault", "token"), "vault-token-value\n");
+  let left = 1;
+  for (let i = 0; i < 100 && left > 0; i++) {
+    await new Promise((res) => setTimeout(res, 20));
+    left = running(marker);
+  }
+  assert.equal(left, 0, "the sandbox was stopped at once, not at the next call");
+  const next = await s.run({ code: "print('next')" });
+  assert.match(next.text, /a host secret appeared in a read root/);
+  assert.doesNotMatch(next.text, /vault-token-value/);
+});
+
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
   withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
   const s = await setup(t, { ui: { select: choose("Allow once") } });
@@ -440,5 +496,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 14);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 15);
 });

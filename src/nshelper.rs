@@ -16,6 +16,8 @@
 
 pub mod listen;
 pub mod mount;
+pub mod remount;
+pub mod swap;
 
 use std::ffi::CString;
 use std::io;

@@ -34,6 +34,48 @@ pub struct Watches {
     _stops: Vec<oneshot::Sender<()>>,
 }
 
+/// Watch `points` for a host secret that appears in a read root: it
+/// stops the sandbox (process group `pid`) at once, nothing in it may read
+/// (or keep) it. Ends when the returned sender is dropped.
+fn host_secrets(
+    pid: i32,
+    points: Vec<crate::hostsecrets::WatchPoint>,
+    killed_for: KilledFor,
+    secret: Arc<AtomicBool>,
+) -> oneshot::Sender<()> {
+    let (stop, stopped) = oneshot::channel();
+    let appeared = move |path: std::path::PathBuf| {
+        secret.store(true, Ordering::Release);
+        *killed_for.lock() = Some(format!(
+            "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in it could read \
+             it, and the next one masks it",
+            crate::display::one_line(&path)
+        ));
+        tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
+        kill_group(pid);
+    };
+    tokio::spawn(crate::hostsecrets::watch(points, appeared, stopped));
+    stop
+}
+
+/// The host-secret watch of read roots attached to a running sandbox (see
+/// `live_grants`), as a start watches its own.
+pub fn granted(
+    pid: i32,
+    points: Vec<crate::hostsecrets::WatchPoint>,
+    killed_for: KilledFor,
+    secret: Arc<AtomicBool>,
+) -> Watches {
+    Watches { _stops: vec![host_secrets(pid, points, killed_for, secret)] }
+}
+
+impl Watches {
+    /// Keep `other`'s watches running as long as these.
+    pub fn join(&mut self, other: Watches) {
+        self._stops.extend(other._stops);
+    }
+}
+
 /// Start the watches of `armed`.
 pub fn start(armed: Armed) -> Watches {
     let Armed { pid, guard, watcher, secret_watch, masks_watch, budget, killed_for, secret_appeared } = armed;
@@ -44,22 +86,7 @@ pub fn start(armed: Armed) -> Watches {
         stops.push(stop);
     }
     if !secret_watch.is_empty() {
-        // A secret that appears in a read root stops the sandbox at once:
-        // nothing in it may read (or keep) it.
-        let (stop, stopped) = oneshot::channel();
-        let (killed_for, secret) = (killed_for.clone(), secret_appeared.clone());
-        let appeared = move |path: std::path::PathBuf| {
-            secret.store(true, Ordering::Release);
-            *killed_for.lock() = Some(format!(
-                "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in it could \
-                 read it, and the next one masks it",
-                crate::display::one_line(&path)
-            ));
-            tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
-            kill_group(pid);
-        };
-        tokio::spawn(crate::hostsecrets::watch(secret_watch, appeared, stopped));
-        stops.push(stop);
+        stops.push(host_secrets(pid, secret_watch, killed_for.clone(), secret_appeared.clone()));
     }
     if let Some(watch) = masks_watch {
         // A project secret that appears stops the sandbox at once; the

@@ -91,9 +91,12 @@ pub enum Stage {
     Kind,
     Attach,
     Detach,
+    /// The mount's read-only flag could not be changed (EBUSY: a file is
+    /// open for writing on it).
+    Remount,
 }
 
-const STAGES: [Stage; 18] = [
+const STAGES: [Stage; 19] = [
     Stage::JoinUser,
     Stage::Unshare,
     Stage::CloneMask,
@@ -112,6 +115,7 @@ const STAGES: [Stage; 18] = [
     Stage::Kind,
     Stage::Attach,
     Stage::Detach,
+    Stage::Remount,
 ];
 
 impl Stage {
@@ -143,6 +147,7 @@ impl Stage {
             Stage::Kind => "checking the mount point (it is not a directory or a file as the source is)",
             Stage::Attach => "attaching the tree",
             Stage::Detach => "detaching the tree",
+            Stage::Remount => "changing the mount's read-only flag",
         }
     }
 }
@@ -226,7 +231,7 @@ pub fn detach(pid: i32, at: &Path) -> Result<(), MountError> {
     check(record, at)
 }
 
-fn check(record: [i32; 3], at: &Path) -> Result<(), MountError> {
+pub(super) fn check(record: [i32; 3], at: &Path) -> Result<(), MountError> {
     let [what, _, errno] = record;
     if what == 0 {
         return Ok(());
@@ -240,7 +245,7 @@ fn check(record: [i32; 3], at: &Path) -> Result<(), MountError> {
 }
 
 /// The components of an absolute, plain path, as C strings (at least one).
-fn components(at: &Path) -> Result<Vec<CString>, MountError> {
+pub(super) fn components(at: &Path) -> Result<Vec<CString>, MountError> {
     let bad = || MountError::NotPlain(at.to_path_buf());
     let mut out = Vec::new();
     for (i, c) in at.components().enumerate() {
@@ -280,7 +285,7 @@ fn source_ident(source: &Path, is_dir: bool) -> Result<(u64, u64), MountError> {
 }
 
 /// The sandbox's mount namespace and the user namespace that owns it.
-fn namespaces(pid: i32) -> Result<(OwnedFd, OwnedFd), MountError> {
+pub(super) fn namespaces(pid: i32) -> Result<(OwnedFd, OwnedFd), MountError> {
     let mnt = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map_err(MountError::Namespace)?;
     let mnt = OwnedFd::from(mnt);
     // SAFETY: NS_GET_USERNS takes no argument and returns a new fd.
@@ -293,7 +298,7 @@ fn namespaces(pid: i32) -> Result<(OwnedFd, OwnedFd), MountError> {
 }
 
 /// Run `job` in a forked child and take its record.
-fn in_child(job: impl Fn() -> [i32; 3]) -> Result<[i32; 3], MountError> {
+pub(super) fn in_child(job: impl Fn() -> [i32; 3]) -> Result<[i32; 3], MountError> {
     let (ours, theirs) = socket_pair().map_err(MountError::Fork)?;
     set_receive_timeout(&ours, HELPER_DEADLINE).map_err(MountError::Fork)?;
     let report_fd = theirs.as_raw_fd();
@@ -320,17 +325,17 @@ fn in_child(job: impl Fn() -> [i32; 3]) -> Result<[i32; 3], MountError> {
 }
 
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub(super) const AT_RECURSIVE: libc::c_uint = 0x8000;
+pub(super) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub(super) const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x2;
-const RESOLVE_NO_SYMLINKS: u64 = 0x4;
-const RESOLVE_BENEATH: u64 = 0x8;
-const UMOUNT_NOFOLLOW: libc::c_int = 0x8;
+pub(super) const RESOLVE_NO_SYMLINKS: u64 = 0x4;
+pub(super) const RESOLVE_BENEATH: u64 = 0x8;
+pub(super) const UMOUNT_NOFOLLOW: libc::c_int = 0x8;
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
@@ -351,14 +356,19 @@ struct OpenHow {
 
 const EMPTY: &[u8; 1] = b"\0";
 
-fn empty() -> *const libc::c_char {
+pub(super) fn empty() -> *const libc::c_char {
     EMPTY.as_ptr().cast()
 }
 
 // Raw system calls, each returning the fd or 0, or -errno. Used by the
 // parent and by the forked child alike: no allocation.
 
-fn sys_openat2(dir: RawFd, path: *const libc::c_char, flags: libc::c_int, resolve: u64) -> Result<RawFd, i32> {
+pub(super) fn sys_openat2(
+    dir: RawFd,
+    path: *const libc::c_char,
+    flags: libc::c_int,
+    resolve: u64,
+) -> Result<RawFd, i32> {
     let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: 0, resolve };
     // SAFETY: openat2 reads a NUL-terminated path and an open_how of the given size.
     let r =
@@ -377,7 +387,7 @@ fn open_no_links(dir: RawFd, path: &CString, flags: libc::c_int) -> io::Result<O
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+pub(super) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero stat is valid; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes within `st`.
@@ -387,7 +397,7 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-fn sys_open_tree(dir: RawFd, path: *const libc::c_char, flags: libc::c_uint) -> Result<RawFd, i32> {
+pub(super) fn sys_open_tree(dir: RawFd, path: *const libc::c_char, flags: libc::c_uint) -> Result<RawFd, i32> {
     // SAFETY: open_tree reads a NUL-terminated path.
     let r = unsafe { libc::syscall(libc::SYS_open_tree, dir, path, flags | libc::O_CLOEXEC as libc::c_uint) };
     if r < 0 {
@@ -397,7 +407,7 @@ fn sys_open_tree(dir: RawFd, path: *const libc::c_char, flags: libc::c_uint) -> 
     }
 }
 
-fn sys_setattr(fd: RawFd, flags: libc::c_uint, set: u64, clear: u64) -> Result<(), i32> {
+pub(super) fn sys_setattr(fd: RawFd, flags: libc::c_uint, set: u64, clear: u64) -> Result<(), i32> {
     let attr = MountAttr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
     // SAFETY: mount_setattr reads the empty path and a mount_attr of the given size.
     let r = unsafe {
@@ -443,7 +453,7 @@ fn close(fd: RawFd) {
     }
 }
 
-fn setns(fd: RawFd, flag: libc::c_int) -> Result<(), i32> {
+pub(super) fn setns(fd: RawFd, flag: libc::c_int) -> Result<(), i32> {
     // SAFETY: setns on an fd prepared before the fork.
     if unsafe { libc::setns(fd, flag) } != 0 {
         return Err(errno());
@@ -452,7 +462,7 @@ fn setns(fd: RawFd, flag: libc::c_int) -> Result<(), i32> {
 }
 
 /// The mount id of `fd`'s mount.
-fn mount_id(fd: RawFd) -> Result<u64, i32> {
+pub(super) fn mount_id(fd: RawFd) -> Result<u64, i32> {
     // SAFETY: an all-zero statx is valid; statx fills it.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: statx of an fd, with the empty path, into `stx`.
@@ -483,12 +493,12 @@ struct DetachJob {
     parts: Vec<CString>,
 }
 
-fn fail(stage: Stage, index: usize, errno: i32) -> [i32; 3] {
+pub(super) fn fail(stage: Stage, index: usize, errno: i32) -> [i32; 3] {
     [stage.code(), index as i32, errno]
 }
 
 /// An fd the child closes when it goes out of scope (no allocation).
-struct Fd(RawFd);
+pub(super) struct Fd(pub(super) RawFd);
 
 impl Drop for Fd {
     fn drop(&mut self) {
@@ -544,7 +554,7 @@ fn attach_steps(job: &AttachJob) -> Result<(), [i32; 3]> {
 }
 
 /// Single-component resolution flags: beneath the fd, no link followed.
-const WALK: u64 = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+pub(super) const WALK: u64 = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
 
 /// The mount point `parts` beneath the sandbox's root (the helper's root
 /// since it joined the mount namespace), made where it is missing.

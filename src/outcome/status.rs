@@ -152,6 +152,26 @@ fn reason_words(r: &ResetReason) -> String {
 /// containment in one line), then under `details:` what the session has,
 /// what the next sandbox start would get (`settings`), and what is and is
 /// not hardened.
+/// The project's masks as the running sandbox has them: a secret allowed
+/// once (its mask detached, `once` holding its canonical host path) is
+/// listed as unmasked by a grant, not as shown empty.
+fn allowed_once(
+    m: &crate::secrets::MaskReport,
+    project: &std::path::Path,
+    once: &[PathBuf],
+) -> crate::secrets::MaskReport {
+    let mut m = m.clone();
+    if once.is_empty() {
+        return m;
+    }
+    let project = std::fs::canonicalize(project).unwrap_or_else(|_| project.to_path_buf());
+    let (gone, kept): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut m.masked).into_iter().partition(|k| !k.host && once.contains(&project.join(&k.rel)));
+    m.masked = kept;
+    m.unmasked.extend(gone);
+    m
+}
+
 pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     let available = match &r.availability {
         Availability::Unverified => "not started yet (no call so far)",
@@ -290,7 +310,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     }
     text.push('\n');
     text.push_str(&match &r.masks {
-        Some(m) => m.describe(),
+        Some(m) => allowed_once(m, &r.project_dir, &r.mounts.unmasked_once).describe(),
         None if settings.secrets.is_empty() => {
             crate::secrets::MaskReport { off: true, ..Default::default() }.describe()
         }

@@ -244,6 +244,11 @@ impl Sandbox for Worker {
                 self.host_masks.push(m);
             }
         }
+        // A host secret that appears in a tree granted live stops the
+        // sandbox at once, as in one granted at the start.
+        let granted: Vec<&Path> = plan.attach.iter().filter(|t| t.is_dir).map(|t| t.source.as_path()).collect();
+        let points = self.host_secrets.watch_points(&granted, env.trees);
+        self.watch_granted(points);
         self.mounts = want.clone();
         Ok(())
     }

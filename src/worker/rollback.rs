@@ -1,7 +1,9 @@
 //! Rollback and fresh interpreters in the same sandbox (a keeper layout:
 //! the worker runs as PID 1, see the worker's comments): replacing a
 //! failed call's interpreter with its rollback point, or with a fresh one
-//! from PID 1, and taking the new interpreter's channels.
+//! from PID 1, and taking the new interpreter's channels; and the
+//! host-secret watch of a read root granted live (the grant's call runs
+//! again from its rollback point).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,6 +71,15 @@ pub enum RecoverError {
 }
 
 impl Worker {
+    /// Watch read roots granted live for host secrets that appear in
+    /// them, as the start watches its own (see `watches`).
+    pub fn watch_granted(&mut self, points: Vec<crate::hostsecrets::WatchPoint>) {
+        if !points.is_empty() {
+            let (killed_for, secret) = (self.killed_for.clone(), self.secret_appeared.clone());
+            self._watches.join(crate::watches::granted(self.pid, points, killed_for, secret));
+        }
+    }
+
     /// Whether the interpreter (not the sandbox) has ended: in a keeper
     /// layout the sandbox outlives it.
     pub fn interpreter_gone(&mut self) -> bool {

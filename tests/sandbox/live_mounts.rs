@@ -27,10 +27,17 @@ const SERVE: &str = "while IFS= read -r cmd; do eval \"$cmd\" 2>&1; echo \"@@END
 
 impl Sandbox {
     fn start() -> Sandbox {
+        Sandbox::start_with(&[])
+    }
+
+    /// With `extra` bubblewrap arguments after the `/mnt` tmpfs.
+    fn start_with(extra: &[&str]) -> Sandbox {
         let mut child = Command::new("bwrap")
             .args(["--unshare-user", "--disable-userns", "--unshare-pid", "--die-with-parent"])
             .args(["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib"])
-            .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--tmpfs", "/mnt", "--remount-ro", "/"])
+            .args(["--symlink", "usr/bin", "/bin", "--proc", "/proc", "--tmpfs", "/mnt"])
+            .args(extra)
+            .args(["--remount-ro", "/"])
             .args(["--", "/bin/sh", "-c", SERVE])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -263,4 +270,253 @@ fn a_detached_tree_is_gone_for_new_opens_and_an_open_file_stays_readable() {
     let e = detach(sb.inside, Path::new("/mnt/l/d")).expect_err("refused");
     assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
     assert!(sb.mounted_at("/srv/d"));
+}
+
+/// A project for the remount job: `f.txt` and a protected `.git/config`,
+/// mounted as the product mounts a read-only project (`/work`, with the
+/// protected directory bound read-only over it), writable by the
+/// sandbox's user whoever runs the test.
+fn project_sandbox(name: &str) -> Option<(Sandbox, Host)> {
+    if let Err(why) = super::can_sandbox() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+        eprintln!("SKIP {name}: {why}");
+        return None;
+    }
+    let host = Host::new(name);
+    let proj = host.dir.join("proj");
+    std::fs::create_dir_all(proj.join(".git")).unwrap();
+    std::fs::write(proj.join("f.txt"), "project-file\n").unwrap();
+    std::fs::write(proj.join(".git/config"), "[core]\n").unwrap();
+    for d in ["proj", "proj/.git"] {
+        std::fs::set_permissions(host.dir.join(d), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    for f in ["proj/f.txt", "proj/.git/config"] {
+        std::fs::set_permissions(host.dir.join(f), std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let (p, git) = (proj.display().to_string(), proj.join(".git").display().to_string());
+    let sb = Sandbox::start_with(&["--ro-bind", &p, "/work", "--ro-bind", &git, "/work/.git"]);
+    Some((sb, host))
+}
+
+/// The options field of the mount at `at` in the sandbox's mount table.
+fn options(sb: &mut Sandbox, at: &str) -> String {
+    let info = sb.out("cat /proc/self/mountinfo");
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(at)).expect("mounted").to_string();
+    line.split(' ').nth(5).unwrap().to_string()
+}
+
+fn is_ro(opts: &str) -> bool {
+    opts.split(',').any(|o| o == "ro")
+}
+
+#[test]
+fn the_project_mount_is_made_writable_and_read_only_again_in_place_its_protected_submount_untouched() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, host)) = project_sandbox("remount") else { return };
+    // Baseline: read-only, and the sandbox cannot change that itself.
+    let (text, status) = sb.run("echo x > /work/new");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_ne!(sb.run("mount -o remount,rw,bind /work").1, 0, "the sandbox has no privilege over its mounts");
+    assert!(is_ro(&options(&mut sb, "/work")));
+    set_read_only(sb.inside, Path::new("/work"), false).expect("made writable");
+    assert!(!is_ro(&options(&mut sb, "/work")));
+    assert_eq!(sb.run("echo written > /work/new").1, 0);
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/new")).unwrap(), "written\n");
+    // Just that mount: the protected directory bound over it stays read-only.
+    let (text, status) = sb.run("echo x >> /work/.git/config");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert!(is_ro(&options(&mut sb, "/work/.git")));
+    set_read_only(sb.inside, Path::new("/work"), true).expect("read-only again");
+    assert!(is_ro(&options(&mut sb, "/work")));
+    let (text, status) = sb.run("echo x > /work/other");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+}
+
+#[test]
+fn a_file_open_for_writing_refuses_the_change_to_read_only_and_a_file_opened_read_only_never_writes() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, host)) = project_sandbox("remount-busy") else { return };
+    // Opened read-only while the mount is: it stays so once the mount is writable.
+    assert_eq!(sb.run("exec 4< /work/f.txt").1, 0);
+    set_read_only(sb.inside, Path::new("/work"), false).expect("made writable");
+    assert_ne!(sb.run("echo through-4 >&4").1, 0, "an fd opened read-only does not write");
+    // Held open for writing: the kernel refuses read-only (the caller restarts).
+    assert_eq!(sb.run("exec 3>> /work/held").1, 0);
+    let e = set_read_only(sb.inside, Path::new("/work"), true).expect_err("busy");
+    assert_eq!(refused_at(&e), Some((Stage::Remount, libc::EBUSY)), "{e}");
+    assert!(!is_ro(&options(&mut sb, "/work")), "left writable, as it was");
+    assert_eq!(sb.run("echo through-3 >&3").1, 0);
+    // Closed: the change goes through, and nothing writes any more.
+    assert_eq!(sb.run("exec 3>&-").1, 0);
+    set_read_only(sb.inside, Path::new("/work"), true).expect("read-only");
+    assert_ne!(sb.run("echo x >> /work/held").1, 0);
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/held")).unwrap(), "through-3\n");
+    assert_eq!(std::fs::read_to_string(host.dir.join("proj/f.txt")).unwrap(), "project-file\n");
+}
+
+#[test]
+fn a_remount_never_follows_a_link_the_sandbox_planted_nor_changes_a_path_that_is_no_mount() {
+    use pi_python_sandbox::nshelper::remount::set_read_only;
+    let Some((mut sb, _host)) = project_sandbox("remount-link") else { return };
+    // Baseline: the sandbox may plant where it writes, and its link leads to the project.
+    assert_eq!(sb.run("ln -s /work /mnt/link && mkdir /mnt/dir").1, 0);
+    assert_eq!(sb.out("cat /mnt/link/f.txt"), "project-file\n");
+    let e = set_read_only(sb.inside, Path::new("/mnt/link"), false).expect_err("a link");
+    assert_eq!(refused_at(&e), Some((Stage::Walk, libc::ELOOP)), "{e}");
+    assert!(is_ro(&options(&mut sb, "/work")), "the link's target is untouched");
+    // A directory that is not a mount of its own: its mount (/mnt) is not changed.
+    let before = options(&mut sb, "/mnt");
+    let e = set_read_only(sb.inside, Path::new("/mnt/dir"), true).expect_err("no mount");
+    assert_eq!(refused_at(&e), Some((Stage::Kind, libc::EINVAL)), "{e}");
+    assert_eq!(options(&mut sb, "/mnt"), before);
+    assert_eq!(sb.run("touch /mnt/dir/still-writable").1, 0);
+}
+
+/// The mount table's rows under `/work` (mount point, options, root in
+/// its filesystem, type), without ids and peer groups, sorted.
+fn work_rows(sb: &mut Sandbox) -> Vec<String> {
+    let mut rows: Vec<String> = sb
+        .out("cat /proc/self/mountinfo")
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(" - ")?;
+            let f: Vec<&str> = a.split(' ').collect();
+            let at = *f.get(4)?;
+            let fstype = b.split(' ').next()?;
+            (at == "/work" || at.starts_with("/work/")).then(|| format!("{at} {} {} {fstype}", f[5], f[3]))
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A project with a protected `.git` and a secret `.env`, its mask file,
+/// and the bubblewrap arguments of a fresh start in either mode.
+struct Swapped {
+    host: Host,
+}
+
+impl Swapped {
+    fn new(name: &str) -> Option<(Sandbox, Swapped)> {
+        let (sb, host) = project_sandbox(name)?;
+        drop(sb);
+        std::fs::write(host.dir.join("proj/.env"), "API_KEY=project-secret\n").unwrap();
+        std::fs::set_permissions(host.dir.join("proj/.env"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Swapped { host };
+        // With /dev: the shell's background jobs read /dev/null.
+        let mut args = vec!["--dev".to_string(), "/dev".into()];
+        args.extend(s.args(false));
+        let sb = Sandbox::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        Some((sb, s))
+    }
+
+    fn args(&self, writable: bool) -> Vec<String> {
+        let d = &self.host.dir;
+        let p = |x: &str| d.join(x).display().to_string();
+        let mut a = vec![if writable { "--bind" } else { "--ro-bind" }.to_string(), p("proj"), "/work".into()];
+        if writable {
+            a.extend(["--ro-bind".into(), p("proj/.git"), "/work/.git".into()]);
+        }
+        a.extend(["--ro-bind".into(), p("mask-file"), "/work/.env".into()]);
+        a
+    }
+
+    fn over(&self, writable: bool) -> Vec<pi_python_sandbox::nshelper::swap::Over> {
+        use pi_python_sandbox::nshelper::swap::{From, Over};
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.host.dir.join("proj/.git")).unwrap();
+        let git = Over { rel: ".git".into(), from: From::Project { ident: (m.dev(), m.ino()) }, read_only: true };
+        let env = Over { rel: ".env".into(), from: From::Mask { is_dir: false }, read_only: true };
+        if writable {
+            vec![git, env]
+        } else {
+            vec![env]
+        }
+    }
+
+    fn replace(&self, sb: &Sandbox, writable: bool) -> Result<(), MountError> {
+        use pi_python_sandbox::nshelper::swap::{replace, Replace};
+        use std::os::unix::fs::MetadataExt;
+        let project = self.host.dir.join("proj");
+        let m = std::fs::metadata(&project).unwrap();
+        let over = self.over(writable);
+        let r = Replace {
+            project: &project,
+            ident: (m.dev(), m.ino()),
+            at: Path::new("/work"),
+            writable,
+            over: &over,
+            mask_file: self.host.mask_file(),
+            mask_dir: self.host.mask_dir(),
+        };
+        replace(sb.inside, &r)
+    }
+
+    /// The `/work` rows of a fresh sandbox in the mode.
+    fn fresh(&self, writable: bool) -> Vec<String> {
+        let args = self.args(writable);
+        let mut sb = Sandbox::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        work_rows(&mut sb)
+    }
+}
+
+#[test]
+fn a_swapped_project_tree_has_the_mount_table_of_a_fresh_start_in_each_mode() {
+    let Some((mut sb, s)) = Swapped::new("swap-table") else { return };
+    let (ro, rw) = (s.fresh(false), s.fresh(true));
+    assert_ne!(ro, rw, "baseline: the modes' tables differ");
+    assert_eq!(work_rows(&mut sb), ro);
+    s.replace(&sb, true).expect("to writable");
+    assert_eq!(work_rows(&mut sb), rw);
+    assert_eq!(sb.run("echo w > /work/new").1, 0);
+    let (text, status) = sb.run("echo x >> /work/.git/config");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(sb.out("cat /work/.env"), "", "the secret stays masked");
+    s.replace(&sb, false).expect("to read-only");
+    assert_eq!(work_rows(&mut sb), ro);
+    let (text, status) = sb.run("echo x > /work/other");
+    assert!(status != 0 && text.contains("Read-only"), "{text}");
+    assert_eq!(sb.out("cat /work/.env"), "");
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+}
+
+#[test]
+fn a_writer_racing_the_changes_never_writes_a_protected_path_nor_after_the_change_back() {
+    let Some((mut sb, s)) = Swapped::new("swap-race") else { return };
+    // Writers left running: one at the protected file, one at the project; each logs a success.
+    let race = "while :; do echo g 2>/mnt/err >> /work/.git/config && echo git >> /mnt/log; \
+                echo p 2>/mnt/err >> /work/f.txt && echo proj >> /mnt/log; done";
+    assert_eq!(sb.run(&format!("( {race} ) >/mnt/out 2>&1 & echo $! > /mnt/pid")).1, 0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sb.out("touch /mnt/log; cat /mnt/log"), "", "read-only: nothing written");
+    for _ in 0..5 {
+        s.replace(&sb, true).expect("to writable");
+        std::thread::sleep(Duration::from_millis(50));
+        match s.replace(&sb, false) {
+            Ok(()) => {}
+            // The writer held the project's file open at that instant: refused, still writable; again.
+            Err(e) if refused_at(&e) == Some((Stage::Remount, libc::EBUSY)) => {
+                let mut done = false;
+                for _ in 0..100 {
+                    if s.replace(&sb, false).is_ok() {
+                        done = true;
+                        break;
+                    }
+                }
+                assert!(done, "read-only again");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let log = sb.out("cat /mnt/log");
+    let count = |what: &str| log.lines().filter(|l| *l == what).count();
+    assert!(count("proj") > 0, "baseline: the writer writes the project while it is writable");
+    assert_eq!(count("git"), 0, "the protected file was never written");
+    // After the change back nothing more is written.
+    let n = std::fs::read_to_string(s.host.dir.join("proj/f.txt")).unwrap().len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/f.txt")).unwrap().len(), n);
+    assert_eq!(std::fs::read_to_string(s.host.dir.join("proj/.git/config")).unwrap(), "[core]\n");
+    sb.run("kill $(cat /mnt/pid)");
 }
