@@ -1611,14 +1611,15 @@ PREFAULT_FRAME = '{"type":"exec","id":1,"code":"eCA9IDE=","mark":"eA==","checkpo
 
 def prefault():
     """Right after the idle fork, while the model thinks, write once to
-    the pages a small call writes (a request decoded, a statement compiled
-    and run, a repr bounded, a result encoded), so that the call copies
-    fewer of them on its path. Runs no code of the user's: only what the
-    serve loop itself runs for every call, through the worker's own
-    references (checked with the rest before the fork), on
-    constants, in a namespace of its own."""
+    the pages a small call writes (a request decoded, the newest pid read
+    from /proc/loadavg, a statement compiled and run, a repr bounded, a
+    result encoded), so that the call copies fewer of them on its path.
+    Runs no code of the user's: only what the serve loop itself runs for
+    every call, through the worker's own references (checked with the
+    rest before the fork), on constants, in a namespace of its own."""
     try:
         request = loads(PREFAULT_FRAME)
+        last_pid()
         _exec(_compile("x = 1", "<prefault>", "exec"), {"__builtins__": builtins})
         text, truncated = bound("1", MAX_REPR, "both")
         dumps({"type": "result", "id": request["id"], "status": "ok", "repr": text, "reprTruncated": truncated,
