@@ -294,6 +294,22 @@ describe("the rollback point is made while the interpreter is idle", () => {
     // Made at the request, the copy would be younger than this call (a clock tick is 10 ms).
     assert.ok(age >= 0.3, `the copy was made ${age} s before the call's code ran, not while the interpreter was idle`);
   });
+
+  test("the warm-up after the idle copy (a statement x = 1 run in a namespace of its own) leaves the code's names alone", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    const idle = () => new Promise((r) => setTimeout(r, 300));
+    assertOk(await sb.execute("x = 'mine'"));
+    await idle();
+    assert.equal((await sb.execute("x")).repr, "'mine'");
+    assertOk(await sb.execute("del x"));
+    await idle();
+    assert.equal((await sb.execute("'x' in globals()")).repr, "False");
+    await idle();
+    const r = await sb.execute(mutateThen("while True: pass"), 1);
+    assertRolledBack(r, "timeout");
+    await assertIntact(sb, r);
+  });
 });
 
 describe("a failed call cannot reach its rollback point or PID 1", { concurrency: 4 }, () => {
