@@ -358,3 +358,41 @@ async fn a_mode_change_is_never_made_live() {
     assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 }
+
+#[tokio::test]
+async fn a_dispose_during_a_rollback_loses_the_state_as_stopped_not_as_a_failed_rollback() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    {
+        let mut s = f.host.script.lock();
+        s.execs.push_back(Exec::Interrupted(Interrupt::Timeout));
+        // The dispose's kill is what makes the rollback fail.
+        s.recovers.push_back(Err(RecoverError::KeeperGone));
+        s.recover_gate = Some(gate.clone());
+    }
+    let session = f.session.clone();
+    let call = tokio::spawn(async move { session.execute("x = 1".into(), 30, None).await });
+    for _ in 0..400 {
+        if f.log().iter().any(|l| l == "recover 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1"]);
+    let session = f.session.clone();
+    let dispose = tokio::spawn(async move { session.dispose("disposed").await });
+    for _ in 0..400 {
+        if f.session.status().disposed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(f.session.status().disposed);
+    gate.notify_one();
+    let o = call.await.expect("the call");
+    assert_eq!(o.status, Status::Timeout);
+    assert_eq!(o.state, StateFate::Lost(Loss::Stopped));
+    dispose.await.expect("the dispose");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1", "kill_group 1", "kill 1"]);
+}
