@@ -56,6 +56,8 @@ pub struct Script {
     pub log: Vec<String>,
     /// Where set, the next recovery (not a reset) waits here once logged.
     pub recover_gate: Option<Arc<tokio::sync::Notify>>,
+    /// Where set, the next start waits here once its sandbox is spawned.
+    pub start_gate: Option<std::sync::Arc<tokio::sync::Notify>>,
     next_pid: i32,
 }
 
@@ -108,6 +110,10 @@ impl Host for FakeHost {
             pid
         };
         spawned(pid, true);
+        let gate = self.script.lock().start_gate.take();
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
         let sandbox = FakeSandbox {
             pid,
             mounts: start.mounts.clone(),
