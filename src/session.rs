@@ -110,6 +110,7 @@ struct Shared {
     report: StatusReport,
     slot: Slot,
     spare_pid: Option<i32>,
+    /// The call that holds the operation lock; `status` says busy while there is one.
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
     /// Why the next mount change restarts the sandbox, when it is not the
@@ -236,6 +237,7 @@ impl<H: Host> Session<H> {
         let mut report = sh.report.clone();
         report.worker_running = sh.slot.pid().is_some();
         report.worker_code = sh.slot.code();
+        report.busy = sh.running_call.is_some();
         drop(sh);
         report.spare = spare;
         report.rollback = self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback);
@@ -329,7 +331,6 @@ impl<H: Host> Session<H> {
         {
             let mut sh = self.shared.lock();
             sh.running_call = Some(call);
-            sh.report.busy = true;
         }
         let request = call::CallRequest { code, timeout_seconds, progress };
         let mut outcome = self.execute_locked(&mut inner, request, call, &mut wake).await;
@@ -349,7 +350,6 @@ impl<H: Host> Session<H> {
         let mut sh = self.shared.lock();
         sh.running_call = None;
         sh.cancelled.remove(&call);
-        sh.report.busy = false;
         outcome
     }
 

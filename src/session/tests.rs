@@ -417,9 +417,11 @@ async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(running(&f), (true, None), "starting");
+    assert!(f.session.status().busy, "the call that starts it runs");
     gate.notify_one();
     assert_eq!(call.await.expect("the call").status, Status::Ok);
     assert_eq!(running(&f), (true, Some("source")), "ready");
+    assert!(!f.session.status().busy, "no call runs");
     // A failure without rollback kills it; a failed start leaves the slot empty.
     f.script(Exec::Interrupted(Interrupt::Timeout));
     assert_eq!(f.run().await.status, Status::Timeout);
