@@ -183,6 +183,21 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// The frame's type, as a misplaced one is named.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reply::Ready { .. } => "ready",
+            Reply::Result(_) => "result",
+            Reply::Drained { .. } => "drained",
+            Reply::Code { .. } => "code",
+            Reply::Begin { .. } => "begin",
+            Reply::Restored { .. } => "restored",
+            Reply::Error { .. } => "error",
+        }
+    }
+}
+
 /// The bytes the worker writes on a stream to end one execution's output.
 pub fn end_mark(nonce: &str) -> Vec<u8> {
     let mut mark = b"\0\x1bpipy-end:".to_vec();

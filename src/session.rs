@@ -61,15 +61,58 @@ mod tests;
 
 pub use host::{Host, RealHost, Sandbox};
 
+/// The session's sandbox: none, one starting, or one ready for calls.
+/// Written only where it changes; `status` derives whether an interpreter
+/// runs and how its worker was loaded from it.
+#[derive(Default)]
+enum Slot {
+    #[default]
+    Empty,
+    /// A sandbox is starting: its process once spawned and alive.
+    Starting { pid: Option<i32> },
+    /// The sandbox runs the session's interpreter.
+    Ready {
+        pid: i32,
+        /// How its worker was loaded (see `StatusReport::worker_code`).
+        code: &'static str,
+        /// Its guard and init pid, for checks after a kill that does not
+        /// hold the operation lock.
+        guard: Option<(Arc<Guard>, Option<i32>)>,
+    },
+}
+
+impl Slot {
+    /// The sandbox's process, while there is one.
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Slot::Empty => None,
+            Slot::Starting { pid } => *pid,
+            Slot::Ready { pid, .. } => Some(*pid),
+        }
+    }
+
+    fn guard(&self) -> Option<(Arc<Guard>, Option<i32>)> {
+        match self {
+            Slot::Ready { guard, .. } => guard.clone(),
+            _ => None,
+        }
+    }
+
+    fn code(&self) -> Option<&'static str> {
+        match self {
+            Slot::Ready { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
 struct Shared {
     report: StatusReport,
-    worker_pid: Option<i32>,
+    slot: Slot,
     spare_pid: Option<i32>,
+    /// The call that holds the operation lock; `status` says busy while there is one.
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
-    /// The active sandbox's guard and init pid, for checks after a kill
-    /// that does not hold the operation lock.
-    active_guard: Option<(Arc<Guard>, Option<i32>)>,
     /// Why the next mount change restarts the sandbox, when it is not the
     /// plain "the mode changed" (see [`Session::set_mounts_because`]).
     remount_reason: Option<String>,
@@ -164,11 +207,10 @@ impl<H: Host> Session<H> {
             }),
             shared: parking_lot::Mutex::new(Shared {
                 report,
-                worker_pid: None,
+                slot: Slot::Empty,
                 spare_pid: None,
                 running_call: None,
                 cancelled: HashSet::new(),
-                active_guard: None,
                 remount_reason: None,
                 kept_once: Default::default(),
                 live: Default::default(),
@@ -191,7 +233,12 @@ impl<H: Host> Session<H> {
 
     pub fn status(&self) -> StatusReport {
         let spare = self.spare.state();
-        let mut report = self.shared.lock().report.clone();
+        let sh = self.shared.lock();
+        let mut report = sh.report.clone();
+        report.worker_running = sh.slot.pid().is_some();
+        report.worker_code = sh.slot.code();
+        report.busy = sh.running_call.is_some();
+        drop(sh);
         report.spare = spare;
         report.rollback = self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback);
         report.scratch = self.scratch.last();
@@ -284,7 +331,6 @@ impl<H: Host> Session<H> {
         {
             let mut sh = self.shared.lock();
             sh.running_call = Some(call);
-            sh.report.busy = true;
         }
         let request = call::CallRequest { code, timeout_seconds, progress };
         let mut outcome = self.execute_locked(&mut inner, request, call, &mut wake).await;
@@ -304,7 +350,6 @@ impl<H: Host> Session<H> {
         let mut sh = self.shared.lock();
         sh.running_call = None;
         sh.cancelled.remove(&call);
-        sh.report.busy = false;
         outcome
     }
 
@@ -349,10 +394,7 @@ impl<H: Host> Session<H> {
 
     fn after_worker_gone(&self, reason: ResetReason) {
         let mut sh = self.shared.lock();
-        sh.worker_pid = None;
-        sh.active_guard = None;
-        sh.report.worker_running = false;
-        sh.report.worker_code = None;
+        sh.slot = Slot::Empty;
         sh.report.last_reset_reason = Some(reason);
         drop(sh);
         self.sync_live();
@@ -388,7 +430,7 @@ impl<H: Host> Session<H> {
         let mut restart = self.restart_why(&sh.report.mounts, &mounts);
         if restart.is_none() {
             // A revoked read root goes at once, not at the next execution.
-            restart = self.revoke_now(&sh.report.mounts, &mounts, sh.worker_pid).err().map(|e| e.0);
+            restart = self.revoke_now(&sh.report.mounts, &mounts, sh.slot.pid()).err().map(|e| e.0);
         }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
@@ -400,8 +442,8 @@ impl<H: Host> Session<H> {
             return Some(false);
         };
         sh.live.restarted_for = Some(why);
-        let pid = sh.worker_pid;
-        let guard = sh.active_guard.clone();
+        let pid = sh.slot.pid();
+        let guard = sh.slot.guard();
         drop(sh);
         self.discard_spare();
         if let Some(pid) = pid {
@@ -559,7 +601,7 @@ impl<H: Host> Session<H> {
         let pid = {
             let mut sh = self.shared.lock();
             sh.report.disposed = true;
-            sh.worker_pid
+            sh.slot.pid()
         };
         // Kill first so that a running execution ends at once.
         if let Some(pid) = pid {

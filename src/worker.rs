@@ -361,7 +361,7 @@ impl Worker {
                         return Err(not_ready(NotReady::Protocol(protocol), &diag));
                     }
                     Some(Ok(Reply::Error { message, .. })) => return Err(not_ready(NotReady::Refused(message), &diag)),
-                    Some(Ok(other)) => return Err(not_ready(NotReady::Unexpected(reply_kind(&other)), &diag)),
+                    Some(Ok(other)) => return Err(not_ready(NotReady::Unexpected(other.kind()), &diag)),
                     Some(Err(FrameError::Eof)) | None => {
                         // Killed by a dispose or a cancel whose wake is still on its way.
                         if let Some(halt) = (stop.check)() { return Err(StartError::Halted(halt)); }
@@ -399,6 +399,15 @@ impl Worker {
         self.sent = false;
         let execs = self.execs;
         let done = self.run(call, capture, stop).await;
+        // The session says why it stops a sandbox (a dispose, a mode
+        // change) before it kills it, and wakes the call after: the call
+        // may find the sandbox gone first (its request refused, a frame cut
+        // short, the end of its replies). It ends as why it was stopped,
+        // never as a death.
+        let done = done.map_err(|e| match e {
+            e @ (Interrupt::Died | Interrupt::Violation(_)) => (stop.check)().map_or(e, Interrupt::Halted),
+            e => e,
+        });
         if !self.sent {
             // Halted before the request went out: the interpreter ran
             // nothing, its next call is still the one it counts, and a
@@ -583,16 +592,14 @@ impl Worker {
                         drained = Some((o, e));
                     }
                     Some(Ok(other)) => {
-                        let why = AfterResult::Unexpected(reply_kind(&other));
+                        let why = AfterResult::Unexpected(other.kind());
                         return match report { Some(r) => done(r, Err(why)), None => Err(Interrupt::Violation(why.to_string())) };
                     }
                     Some(Err(FrameError::Eof)) | None => {
                         if let Some(r) = report {
                             return done(r, Err(AfterResult::Exited));
                         }
-                        // The kill may come before its wake: a sandbox the
-                        // session killed reports why, not a death.
-                        if let Some(halt) = (stop.check)() { return Err(Interrupt::Halted(halt)); }
+                        // A sandbox the session killed reports why (see `exec`).
                         return Err(Interrupt::Died);
                     }
                     Some(Err(e)) => {
@@ -684,18 +691,6 @@ async fn read_replies(
 
 fn not_ready(why: NotReady, diag: &[u8]) -> StartError {
     StartError::NotReady { why, stderr: String::from_utf8_lossy(diag).trim().to_string() }
-}
-
-fn reply_kind(r: &Reply) -> &'static str {
-    match r {
-        Reply::Ready { .. } => "ready",
-        Reply::Result(_) => "result",
-        Reply::Drained { .. } => "drained",
-        Reply::Code { .. } => "code",
-        Reply::Begin { .. } => "begin",
-        Reply::Restored { .. } => "restored",
-        Reply::Error { .. } => "error",
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use pi_python_sandbox::outcome::{render, Status};
 use pi_python_sandbox::session::{Session, SessionOptions};
 
+#[path = "sandbox/halts.rs"]
+mod halts;
 #[path = "sandbox/live_mounts.rs"]
 mod live_mounts;
 #[path = "sandbox/net_listener.rs"]

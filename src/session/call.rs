@@ -218,6 +218,11 @@ impl<H: Host> Session<H> {
                         }
                         return self.finish_exec(o, guard, &capture, &dirs, seq, inner.worker.is_some());
                     }
+                    // A dispose or a mode change killed the sandbox while
+                    // it rolled back: that is why the state is lost.
+                    Some(Err(e)) if matches!(check(), Some(Halt::Disposed | Halt::Remounted)) => {
+                        tracing::debug!("the sandbox was stopped during the rollback: {e}");
+                    }
                     Some(Err(e)) => {
                         tracing::warn!("rollback failed: {e}");
                         rollback_failed = Some(e.to_string());

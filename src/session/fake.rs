@@ -54,6 +54,10 @@ pub struct Script {
     /// Every request, in order: `start 1`, `exec 1 #2`, `recover 1`,
     /// `reset 1`, `kill 1`, `reap 2`, `kill_group 1`.
     pub log: Vec<String>,
+    /// Where set, the next recovery (not a reset) waits here once logged.
+    pub recover_gate: Option<Arc<tokio::sync::Notify>>,
+    /// Where set, the next start waits here once its sandbox is spawned.
+    pub start_gate: Option<std::sync::Arc<tokio::sync::Notify>>,
     next_pid: i32,
 }
 
@@ -106,6 +110,10 @@ impl Host for FakeHost {
             pid
         };
         spawned(pid, true);
+        let gate = self.script.lock().start_gate.take();
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
         let sandbox = FakeSandbox {
             pid,
             mounts: start.mounts.clone(),
@@ -217,8 +225,19 @@ impl Sandbox for FakeSandbox {
         }
     }
     async fn recover(&mut self, _capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
+        let gate = {
+            let mut s = self.script.lock();
+            s.note(format!("{} {}", if reset { "reset" } else { "recover" }, self.pid));
+            if reset {
+                None
+            } else {
+                s.recover_gate.take()
+            }
+        };
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
         let mut s = self.script.lock();
-        s.note(format!("{} {}", if reset { "reset" } else { "recover" }, self.pid));
         if !self.keeper {
             return Err(RecoverError::NoKeeper);
         }

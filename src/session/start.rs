@@ -142,7 +142,8 @@ impl<H: Host> Session<H> {
         let start = self.start_of(&facts, &dirs, project, mounts.clone());
         let check = self.halt_check(Some(call), mounts.clone());
         let mut stop = Stop { wake, check: &check };
-        let spawned = |pid: i32, alive: bool| self.set_active(alive.then_some(pid));
+        self.set_slot(Slot::Starting { pid: None });
+        let spawned = |pid: i32, alive: bool| self.set_slot(Slot::Starting { pid: alive.then_some(pid) });
         match self.host.start(&start, &mut stop, &spawned).await {
             Ok((worker, ready)) => {
                 self.ready(ready);
@@ -154,6 +155,7 @@ impl<H: Host> Session<H> {
                 // An allow-once path goes with the start it was for.
                 self.forget_once(&mounts);
                 inner.start_failed = true;
+                self.set_slot(Slot::Empty);
                 self.shared.lock().report.last_reset_reason = Some(ResetReason::StartupFailure);
                 let (status, msg) = start_failure(&e);
                 Err(Box::new(Outcome::static_result(status, generation, msg)))
@@ -198,8 +200,6 @@ impl<H: Host> Session<H> {
         self.notes.lock().extend(worker.take_plan_notes());
         {
             let mut sh = self.shared.lock();
-            sh.active_guard = worker.guard().map(|g| (g, worker.init_pid()));
-            sh.report.worker_code = Some(worker.code().as_str());
             sh.report.masks = Some(worker.masks().clone());
             let mut known = self.known_secrets.lock();
             let masks = worker.masks();
@@ -210,29 +210,27 @@ impl<H: Host> Session<H> {
             }
             known.idents.extend(masks.idents.iter().copied());
         }
-        self.set_active(Some(worker.pid()));
+        let guard = worker.guard().map(|g| (g, worker.init_pid()));
+        self.set_slot(Slot::Ready { pid: worker.pid(), code: worker.code().as_str(), guard });
         inner.worker = Some(worker);
     }
 
-    pub(super) fn set_active(&self, pid: Option<i32>) {
-        {
-            let mut sh = self.shared.lock();
-            sh.worker_pid = pid;
-            sh.report.worker_running = pid.is_some();
-        }
+    /// The session's sandbox is now `slot`.
+    pub(super) fn set_slot(&self, slot: Slot) {
+        self.shared.lock().slot = slot;
         self.sync_live();
     }
 
     /// Tell the exit-cleanup registry what this session has running.
     pub(super) fn sync_live(&self) {
         let sh = self.shared.lock();
-        let pids = sh.worker_pid.into_iter().chain(sh.spare_pid).collect();
+        let pids = sh.slot.pid().into_iter().chain(sh.spare_pid).collect();
         let dir = sh.report.dirs.as_ref().map(|d| d.root.clone());
         // At process exit the active sandbox's project is checked once its
         // processes are gone, as after any kill.
         let after: Vec<crate::rundir::AfterKill> = sh
-            .active_guard
-            .clone()
+            .slot
+            .guard()
             .map(|(guard, init)| {
                 let notes = self.notes.clone();
                 std::sync::Arc::new(move || protected::settle_and_check(&guard, init, &notes))

@@ -358,3 +358,80 @@ async fn a_mode_change_is_never_made_live() {
     assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 }
+
+#[tokio::test]
+async fn a_dispose_during_a_rollback_loses_the_state_as_stopped_not_as_a_failed_rollback() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    {
+        let mut s = f.host.script.lock();
+        s.execs.push_back(Exec::Interrupted(Interrupt::Timeout));
+        // The dispose's kill is what makes the rollback fail.
+        s.recovers.push_back(Err(RecoverError::KeeperGone));
+        s.recover_gate = Some(gate.clone());
+    }
+    let session = f.session.clone();
+    let call = tokio::spawn(async move { session.execute("x = 1".into(), 30, None).await });
+    for _ in 0..400 {
+        if f.log().iter().any(|l| l == "recover 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1"]);
+    let session = f.session.clone();
+    let dispose = tokio::spawn(async move { session.dispose("disposed").await });
+    for _ in 0..400 {
+        if f.session.status().disposed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(f.session.status().disposed);
+    gate.notify_one();
+    let o = call.await.expect("the call");
+    assert_eq!(o.status, Status::Timeout);
+    assert_eq!(o.state, StateFate::Lost(Loss::Stopped));
+    dispose.await.expect("the dispose");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1", "kill_group 1", "kill 1"]);
+}
+
+#[tokio::test]
+async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
+    let f = fixture(false, false);
+    let running = |f: &Fixture| {
+        let s = f.session.status();
+        (s.worker_running, s.worker_code)
+    };
+    assert_eq!(running(&f), (false, None), "empty");
+    // A start held once its sandbox is spawned: starting, with a process and no worker yet.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    f.host.script.lock().start_gate = Some(gate.clone());
+    let session = f.session.clone();
+    let call = tokio::spawn(async move { session.execute("x = 1".into(), 30, None).await });
+    for _ in 0..200 {
+        if running(&f).0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(running(&f), (true, None), "starting");
+    assert!(f.session.status().busy, "the call that starts it runs");
+    gate.notify_one();
+    assert_eq!(call.await.expect("the call").status, Status::Ok);
+    assert_eq!(running(&f), (true, Some("source")), "ready");
+    assert!(!f.session.status().busy, "no call runs");
+    // A failure without rollback kills it; a failed start leaves the slot empty.
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    assert_eq!(f.run().await.status, Status::Timeout);
+    assert_eq!(running(&f), (false, None), "empty after the kill");
+    let why = NotReady::Exited(None);
+    f.host.script.lock().start_fails.push_back(StartError::NotReady { why, stderr: String::new() });
+    assert_eq!(f.run().await.status, Status::WorkerError);
+    assert_eq!(running(&f), (false, None), "empty after a failed start");
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(running(&f), (true, Some("source")), "ready again");
+    f.session.dispose("disposed").await;
+    assert_eq!(running(&f), (false, None), "empty after dispose");
+}

@@ -14,7 +14,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::{children, drain_now, read_replies, reply_kind, Worker};
+use super::{children, drain_now, read_replies, Worker};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, Reply, Request};
 use crate::spawn::{signal_pid, take_fds};
@@ -253,7 +253,7 @@ impl Worker {
             Some(Ok(Reply::Restored { streams, nonce: Some(echo), .. })) if echo == nonce => {
                 self.streams_ready = streams
             }
-            Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", reply_kind(&other)))),
+            Some(Ok(other)) => return Err(RecoverError::Unexpected(format!("a {} frame", other.kind()))),
             Some(Err(e)) => return Err(RecoverError::Unexpected(e.to_string())),
             None => return Err(RecoverError::Silent(ms)),
         }
