@@ -335,7 +335,7 @@ async fn http_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut head: Vec<
                 return;
             }
             let mut hello = head.split_off(used);
-            if tunnel_hello(&mut conn, &mut hello, &dest, s).await && put(&mut up, &hello, b).await {
+            if tunnel_hello(&mut conn, &up, &mut hello, &dest, s).await && put(&mut up, &hello, b).await {
                 relay(conn, up, b).await;
             }
         }
@@ -367,12 +367,30 @@ async fn http_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut head: Vec<
 
 /// The tunnel's ClientHello, read whole (bounded) into `hello`; its name
 /// must be the tunnel's host. False: the tunnel is closed.
-async fn tunnel_hello<R, V>(conn: &mut TcpStream, hello: &mut Vec<u8>, dest: &Destination, s: &Shared<R, V>) -> bool {
+/// On a port other than 443 the origin may speak first (SMTP, FTP, MySQL):
+/// its first bytes, before any of the client's, start the relay (a client
+/// there could as well have sent a first byte that is not TLS).
+async fn tunnel_hello<R, V>(
+    conn: &mut TcpStream,
+    up: &TcpStream,
+    hello: &mut Vec<u8>,
+    dest: &Destination,
+    s: &Shared<R, V>,
+) -> bool {
     let until = tokio::time::Instant::now() + s.policy.bounds.head;
     if hello.is_empty() {
-        let r = read_parsed(conn, hello, 1, until, |_| Ok::<_, ()>(Some(()))).await;
-        if !matches!(r, Ok(Some(()))) {
-            return false;
+        let first = read_parsed(conn, hello, 1, until, |_| Ok::<_, ()>(Some(())));
+        let origin_first = async {
+            if dest.port == 443 {
+                std::future::pending::<()>().await;
+            }
+            let _ = up.readable().await;
+        };
+        tokio::select! {
+            r = first => if !matches!(r, Ok(Some(()))) {
+                return false;
+            },
+            () = origin_first => return true,
         }
     }
     if !tls::looks_like_tls(hello[0]) {

@@ -512,3 +512,33 @@ async fn an_upgrade_the_origin_declines_is_answered_and_nothing_more_is_forwarde
     assert_eq!(out, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno");
     assert_eq!(heads.load(Ordering::SeqCst), 1, "the origin read a second request");
 }
+
+#[tokio::test]
+async fn an_origin_that_speaks_first_is_heard_through_a_tunnel_before_the_client_sends() {
+    // An SMTP-like origin: a greeting first, then every line echoed.
+    let (port, _o) = origin_doing(|mut c| async move {
+        let _ = c.write_all(b"220 ready\r\n").await;
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = c.read(&mut buf).await {
+            if n == 0 || c.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let mut c = TcpStream::connect(s.proxy).await.unwrap();
+    c.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let want = b"HTTP/1.1 200 Connection established\r\n\r\n220 ready\r\n";
+    let mut got = vec![0u8; want.len()];
+    // Well within the head bound (10 s), with nothing sent by the client.
+    tokio::time::timeout(Duration::from_secs(3), c.read_exact(&mut got))
+        .await
+        .expect("the greeting never came")
+        .unwrap();
+    assert_eq!(&got[..], &want[..]);
+    c.write_all(b"HELO a\r\n").await.unwrap();
+    let mut echo = [0u8; 8];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut echo)).await.unwrap().unwrap();
+    assert_eq!(&echo, b"HELO a\r\n");
+}
