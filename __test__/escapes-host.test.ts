@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { describe, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { addonCpuOver } from "./helpers/host-procs.ts";
-import { hostPidsWithCmdline, INDEX_CJS, jsonOut, lit, makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { hostPidsWithCmdline, INDEX_CJS, jsonOut, lit, makeFixture, PythonSandbox, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const EROFS = 30;
 const EBUSY = 16;
@@ -554,6 +554,102 @@ describe("read grants never follow what the sandbox planted", () => {
     const change = sb.applyModeEvent({ mode: "manual", readRoots: [sb.status().paths.scratchDir!] });
     assert.deepEqual(change.readRoots, []);
     assert.match(change.skipped[0]?.reason ?? "", /inside the session's own directories/);
+  });
+});
+
+describe("no sandbox reaches the runtime root", () => {
+  test("a project that holds the runtime root (pi started in /tmp) starts no sandbox: its /scratch link would bind any host directory", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const elsewhere = mkdtempSync("/var/tmp/pps-rt-target-");
+    t.after(() => rmSync(elsewhere, { recursive: true, force: true }));
+    // What a sandbox that reaches the session's directory does: the session's scratch becomes a
+    // link to a host directory, and the next sandbox binds it, writable, at /scratch.
+    const plant = py`
+      import glob, os, sys
+      scratch = [s for s in glob.glob("/workspace/*/*/scratch") if os.path.isdir(s)]
+      for s in scratch:
+          os.rename(s, s + ".old")
+          os.symlink(${lit(elsewhere)}, s)
+      print("planted", len(scratch))
+    `;
+    const escape = `open("/scratch/escaped", "w").write("pwned")\nprint(sorted(__import__("os").listdir("/scratch")))`;
+    // Baseline: the runtime root beside the project; the host plants the link the sandbox would.
+    const beside = await makeFixture(t, { workspaceWritable: true, rollback: false });
+    assert.equal((await beside.sb.execute("x = 1")).status, "ok");
+    const scratch = beside.sb.status().paths.scratchDir!;
+    renameSync(scratch, `${scratch}.old`);
+    await symlink(elsewhere, scratch);
+    await beside.sb.reset();
+    const followed = await beside.sb.execute(escape);
+    assert.equal(followed.status, "ok", show(followed));
+    assert.deepEqual(readdirSync(elsewhere), ["escaped"], "baseline: the next sandbox binds the link's target at /scratch");
+    rmSync(join(elsewhere, "escaped"));
+    // The attempt: the project holds the runtime root, as the default one under /tmp is held by
+    // a project at /tmp; before, the sandbox planted the link itself and the next one wrote here.
+    const { base, runtimeRoot } = await makeFixture(t);
+    const inside = new PythonSandbox({ projectDir: base, runtimeRoot, workspaceWritable: true, rollback: false, prewarm: false });
+    t.after(() => inside.dispose("test end").catch(() => {}));
+    const first = await inside.execute(plant);
+    assert.notEqual(first.status, "ok", show(first));
+    assert.match(first.text, /runtime root .* is inside the project directory/);
+    assert.doesNotMatch(first.text, /planted/);
+    await inside.reset();
+    const second = await inside.execute(escape);
+    assert.notEqual(second.status, "ok", show(second));
+    assert.deepEqual(readdirSync(elsewhere), [], "nothing reached the host directory");
+    // The sandboxed bash tool uses the same session directory: refused the same way.
+    const shell = await inside.execShell(1, "ls /workspace", { cwd: base, timeoutSeconds: 10 }, () => {}).then(
+      (r) => JSON.stringify(r),
+      (e: Error) => e.message,
+    );
+    assert.match(shell, /inside the project directory/);
+  });
+  test("a read root that holds the runtime root shows no session's directory: another session's logs and scratch", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Not under /tmp (a reserved mount, refused as a read root for that reason alone).
+    const base = mkdtempSync("/var/tmp/pps-rt-root-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    const runtimeRoot = join(base, "runtime");
+    const project = join(base, "project");
+    await mkdir(project);
+    writeFileSync(join(base, "granted.txt"), "granted-content\n");
+    const other = new PythonSandbox({ projectDir: project, runtimeRoot, prewarm: false });
+    t.after(() => other.dispose("test end").catch(() => {}));
+    const theirs = await other.execute(`open("/scratch/theirs.txt", "w").write("THEIR-SCRATCH")\nprint("THEIR-OUTPUT")`);
+    assert.equal(theirs.status, "ok", show(theirs));
+    const theirLog = theirs.logPaths.stdout!;
+    const read = py`
+      import glob
+      print(open(${lit(join(base, "granted.txt"))}).read().strip())
+      try:
+          found = sorted(glob.glob(${lit(runtimeRoot)} + "/*/*/*"))
+      except Exception as e:  # a hidden tree's listing is refused (SandboxReadDenied)
+          found = []
+          print("listing refused:", type(e).__name__)
+      for f in found + [${lit(theirLog)}]:
+          try:
+              print(f, open(f).read()[:60])
+          except Exception as e:
+              print(f, type(e).__name__)
+    `;
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot, prewarm: false });
+    t.after(() => sb.dispose("test end").catch(() => {}));
+    // Baseline: the files are there on the host, and the grant shows what else is in the tree.
+    assert.match(readFileSync(theirs.logPaths.stdout!, "utf8"), /THEIR-OUTPUT/);
+    // Granted at the start, then granted live to a running sandbox.
+    for (const live of [false, true]) {
+      if (live) {
+        sb.applyModeEvent({ mode: "manual", readRoots: [] });
+        assert.equal((await sb.execute("x = 1")).status, "ok");
+      }
+      const change = sb.applyModeEvent({ mode: "manual", readRoots: [base] });
+      assert.deepEqual(change.readRoots, [base], JSON.stringify(change));
+      const r = await sb.execute(read);
+      assert.equal(r.status, "ok", show(r));
+      assert.match(r.stdout, /granted-content/, `live ${live}: the grant is in force`);
+      // Before: every session's logs and scratch under the granted tree were read.
+      assert.doesNotMatch(r.stdout, /THEIR-OUTPUT|THEIR-SCRATCH/, `live ${live}: ${r.stdout}`);
+    }
   });
 });
 

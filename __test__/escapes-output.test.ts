@@ -614,6 +614,34 @@ test("one line: a forged worker note and image paths with line breaks are one li
   assertOneLine("the model's text", r.text);
 });
 
+test("one line: a forged rollback reason and a malformed frame's type are one bounded line of the closing paragraph", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t, { rollback: true });
+  // Before: both were quoted whole, line breaks kept, in the tool's own closing paragraph (a
+  // forged `status: ok` line after the real diagnostic) and filled the result past its ceiling.
+  const long = `${lit(FORGED)} + "Z" * 100000`;
+  const patch = await sb.execute(py`
+    import sys
+    f = sys._getframe()
+    while "checkpoint" not in f.f_globals:
+        f = f.f_back
+    f.f_globals["checkpoint"] = lambda: (None, ${long})
+  `);
+  assert.equal(patch.status, "ok", show(patch));
+  const lost = await sb.execute("import time\ntime.sleep(30)", 2);
+  assert.equal(lost.status, "timeout", show(lost));
+  assert.equal(lost.lossCause, "no_rollback_point", show(lost));
+  assertOneLine("ExecResult.stateLostReason", lost.stateLostReason);
+  assertOneLine("the model's text", lost.text);
+  assert.ok(lost.stateLostReason!.length < 1024, `the reason is bounded: ${lost.stateLostReason!.length}`);
+  assert.doesNotMatch(lost.text, /Result truncated/);
+  const malformed = await sb.execute(`${FORGE}frame({'type': ${long}})\nimport time\ntime.sleep(10)`);
+  assert.equal(malformed.status, "worker_error", show(malformed));
+  assertOneLine("ExecResult.diagnostic", malformed.diagnostic);
+  assertOneLine("the model's text", malformed.text);
+  assert.ok(malformed.diagnostic!.length < 1024, `the diagnostic is bounded: ${malformed.diagnostic!.length}`);
+});
+
 test("one line: the status text names a secret mask with line breaks on one line", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const { sb, project } = await makeFixture(t);

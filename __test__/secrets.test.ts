@@ -848,7 +848,8 @@ describe("a grant that shows the session directory", () => {
     // Not under /tmp (a reserved mount): the root must be mountable.
     const root = mkdtempSync("/var/tmp/pps-rt-root-");
     t.after(() => rmSync(root, { recursive: true, force: true }));
-    const fx = await makeFixtureWithoutSpare(t, { runtimeRoot: join(root, "runtime") });
+    const runtimeRoot = join(root, "runtime");
+    const fx = await makeFixtureWithoutSpare(t, { runtimeRoot });
     const sb = fx.open();
     const first = await sb.execute(py`open("/scratch/stolen", "w").write("copied-3e7f\n")`);
     assert.equal(first.status, "ok", show(first));
@@ -858,20 +859,23 @@ describe("a grant that shows the session directory", () => {
     const session = dirname(sb.status().paths.scratchDir!);
     const quarantine = join(session, "quarantine");
     assert.equal(readFileSync(join(quarantine, "scratch-1", "stolen"), "utf8"), "copied-3e7f\n", "setup: set aside on the host");
+    writeFileSync(join(root, "beside.txt"), "beside\n");
     const change = sb.applyModeEvent({ mode: "manual", readRoots: [root] });
     assert.deepEqual(change.readRoots, [root], "setup: the root is mounted");
     const r = await sb.execute(py`
       import json, os, subprocess
-      q = ${lit(quarantine)}
-      print(json.dumps({"session": sorted(os.listdir(${lit(session)})), "quarantine": subprocess.run(["ls", "-A", q], capture_output=True, text=True).stdout}))
+      ls = lambda p: subprocess.run(["ls", "-A", p], capture_output=True, text=True).stdout
+      print(json.dumps({"root": ls(${lit(root)}), "runtime": ls(${lit(runtimeRoot)}), "quarantine": ls(${lit(quarantine)})}))
     `);
     const seenIn = jsonOut(r);
-    assert.ok(seenIn.session.includes("quarantine"), `setup: the session directory shows: ${show(r)}`);
-    assert.equal(seenIn.quarantine, "", `the set-aside scratches read as an empty directory: ${show(r)}`);
+    assert.match(seenIn.root, /beside\.txt/, `setup: the read root shows: ${show(r)}`);
+    // The whole runtime root (every session's directory) reads as an empty directory.
+    assert.equal(seenIn.runtime, "", `the runtime root reads as an empty directory: ${show(r)}`);
+    assert.equal(seenIn.quarantine, "", `the set-aside scratches are not there: ${show(r)}`);
     // The interpreter's own read of it is refused as a masked path, not met as an empty directory.
-    const own = await sb.execute(py`sorted(os.listdir(${lit(quarantine)}))`);
+    const own = await sb.execute(py`sorted(os.listdir(${lit(runtimeRoot)}))`);
     assert.equal(own.status, "permission_needed", show(own));
-    assert.equal(own.permissionPath, quarantine, show(own));
+    assert.equal(own.permissionPath, runtimeRoot, show(own));
     assert.equal(own.permissionSecret, true, show(own));
     assert.doesNotMatch(JSON.stringify(own), /copied-3e7f|scratch-1/);
   });

@@ -180,10 +180,11 @@ pub fn host_masks(
     masks
 }
 
-/// The masks over this session's set-aside scratches (`quarantine`, a
-/// canonical host path; see `scratch::set_aside`) where a read root or an
-/// allow-once directory holds them: such a grant shows the session
-/// directory at its host path, and they may hold a secret.
+/// The masks over `quarantine` (a canonical host path: the runtime root,
+/// which holds this session's set-aside scratches, see `scratch::set_aside`,
+/// and every other session's directory) where a read root or an allow-once
+/// directory holds it: such a grant shows it at its host path, and what is
+/// there may hold a secret (another session's logs and scratches too).
 pub fn quarantine_masks(quarantine: &Path, mounts: &MountConfig) -> Vec<crate::hostsecrets::Mask> {
     let roots = mounts.read_roots.iter().map(|r| (r, r));
     let once_dirs = mounts.once.iter().filter(|m| m.is_dir).map(|m| (&m.source, &m.path));
@@ -243,8 +244,9 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         None => crate::hostsecrets::check_anew(&secrets, &outside, &trees),
     };
     add(&mut host_masks, reads_check.masks);
-    // The scratches set aside, where a grant shows the session directory.
-    let quarantine = dirs.root.file_name().map(|n| canonical_root.join(n).join(crate::scratch::QUARANTINE));
+    // The runtime root, where a grant shows it: every session's directory
+    // (its logs, its scratch, the scratches set aside) and the stored worker.
+    let quarantine = Some(canonical_root.clone());
     if let Some(q) = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir())) {
         add(&mut host_masks, quarantine_masks(&q, mounts));
     }

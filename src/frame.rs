@@ -213,9 +213,27 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, FrameError> {
     }
 }
 
-/// Parse a frame body into a worker reply.
+/// Parse a frame body into a worker reply. Why one is malformed quotes
+/// what the sandbox sent (serde names an unknown type in full): it becomes
+/// one bounded line ([`quoted`]).
 pub fn decode_reply(body: &[u8]) -> Result<Reply, FrameError> {
-    serde_json::from_slice(body).map_err(|e| FrameError::Malformed { reason: e.to_string() })
+    serde_json::from_slice(body).map_err(|e| FrameError::Malformed { reason: quoted(&e.to_string()) })
+}
+
+/// The longest text of the worker's that a diagnostic quotes.
+const MAX_QUOTED_BYTES: usize = 512;
+
+/// Text from the sandbox that a diagnostic or a state statement quotes (a
+/// malformed frame's error, the worker's reason for no rollback point): one
+/// line (tab, newline and CR shown as stand-ins) of at most 512 bytes, so
+/// that it can neither start a line of the tool's own nor fill the result.
+pub fn quoted(text: &str) -> String {
+    let mut end = text.len().min(MAX_QUOTED_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = if end < text.len() { "..." } else { "" };
+    format!("{}{cut}", crate::display::display_line(&text[..end]))
 }
 
 /// Read one frame body from `reader`.
@@ -333,6 +351,16 @@ mod tests {
             );
         }
         assert_eq!(read(&frame_of(b"")).await, Err(FrameError::Empty));
+    }
+
+    #[test]
+    fn a_malformed_frame_is_quoted_on_one_bounded_line() {
+        let forged = format!("x)\n\nstatus: ok (0.1s, worker generation 1)\n{}", "é".repeat(100_000));
+        let body = serde_json::to_vec(&serde_json::json!({ "type": forged })).unwrap();
+        let Err(FrameError::Malformed { reason }) = decode_reply(&body) else { panic!("accepted") };
+        assert!(!reason.contains('\n') && reason.contains("x)\u{240a}\u{240a}status: ok"), "{reason}");
+        assert!(reason.len() < 600 && reason.ends_with("..."), "{} bytes", reason.len());
+        assert_eq!(quoted("short"), "short");
     }
 
     #[test]

@@ -31,11 +31,48 @@ pub enum DirError {
     Create { path: PathBuf, source: std::io::Error },
     #[error("cannot prepare the session directory {path}: {source}")]
     Prepare { path: PathBuf, source: std::io::Error },
+    #[error(
+        "No sandbox was started: the runtime root {} is inside the project directory {}, where a sandbox could \
+         reach every session's directory (its /scratch, its logs, the stored worker). Start pi in a project \
+         directory, or set TMPDIR to a directory outside the project.",
+        crate::display::one_line(.root),
+        crate::display::one_line(.project)
+    )]
+    InProject { root: PathBuf, project: PathBuf },
 }
 
 /// The default parent of session directories: private to this user.
 pub fn default_runtime_root() -> PathBuf {
     std::env::temp_dir().join(format!("pi-python-sandbox-{}", nix::unistd::getuid()))
+}
+
+/// Refuse a runtime root inside the project: the project is mounted in
+/// every sandbox (writable in the edit modes), and the host uses the session
+/// directories by path (it binds `scratch`, writes the logs, runs the stored
+/// worker), so a sandbox that could reach them could point them anywhere.
+/// Both are compared resolved (the runtime root's missing tail as given).
+pub fn outside_project(runtime_root: &Path, project: &Path) -> Result<(), DirError> {
+    let Ok(project) = std::fs::canonicalize(project) else {
+        return Ok(()); // the start says the project is not accessible
+    };
+    let mut existing = runtime_root;
+    let mut tail = Vec::new();
+    let root = loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            break tail.iter().rev().fold(real, |p: PathBuf, c| p.join(c));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return Ok(()),
+        }
+    };
+    if root.starts_with(&project) {
+        return Err(DirError::InProject { root, project });
+    }
+    Ok(())
 }
 
 /// Create (or verify) a directory that only we can use.
@@ -139,6 +176,25 @@ mod tests {
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         assert!(matches!(make_dirs(Some(&base), ""), Err(DirError::NotPrivate { .. })));
         std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
+    #[test]
+    fn a_runtime_root_inside_the_project_is_refused_resolved() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (project, elsewhere) = (tmp.path().join("project"), tmp.path().join("elsewhere"));
+        std::fs::create_dir_all(project.join("sub")).expect("project");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        std::os::unix::fs::symlink(&project, tmp.path().join("link")).expect("link");
+        let inside = |root: &Path| matches!(outside_project(root, &project), Err(DirError::InProject { .. }));
+        assert!(inside(&project), "the project itself");
+        assert!(inside(&project.join("pi-python-sandbox-0")), "a missing root in it (pi started in /tmp)");
+        assert!(inside(&project.join("sub/deeper/root")), "deeper, missing");
+        assert!(inside(&tmp.path().join("link/root")), "through a link to the project");
+        assert!(outside_project(&elsewhere.join("root"), &project).is_ok());
+        assert!(outside_project(tmp.path(), &project).is_ok(), "a root above the project");
+        assert!(outside_project(&tmp.path().join("project-2/root"), &project).is_ok(), "a name that shares a prefix");
+        let why = outside_project(&project.join("r"), &project).unwrap_err().to_string();
+        assert!(why.contains("inside the project directory") && why.contains("TMPDIR"), "{why}");
     }
 
     #[test]

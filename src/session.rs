@@ -481,9 +481,20 @@ impl<H: Host> Session<H> {
     /// project's: under /workspace, or under one of its host names (which
     /// are links to /workspace there).
     pub fn in_project(&self, path: &Path) -> bool {
+        self.workspace_path(path).is_some()
+    }
+
+    /// The sandbox path under the project's mount point of `path`, a path
+    /// under that mount point or under one of the project's host names
+    /// (which a grant of a tree around the project also shows).
+    pub fn workspace_path(&self, path: &Path) -> Option<PathBuf> {
+        if path.starts_with(crate::bwrap::WORKSPACE) {
+            return Some(path.to_path_buf());
+        }
         let canonical = std::fs::canonicalize(&self.opts.project_dir).ok();
         let names = self.project_names().into_iter().filter_map(|n| crate::paths::normalize_path(&n));
-        path.starts_with(crate::bwrap::WORKSPACE) || canonical.into_iter().chain(names).any(|n| path.starts_with(n))
+        let rel = canonical.into_iter().chain(names).find_map(|n| path.strip_prefix(n).ok().map(Path::to_path_buf))?;
+        Some(Path::new(crate::bwrap::WORKSPACE).join(rel))
     }
 
     /// Where this session's directories are (scratch among them).

@@ -55,6 +55,10 @@ pub enum Mask {
     HostSecret(String),
     /// A secret of the project, at this host path.
     Secret(PathBuf),
+    /// A secret of the project reached under another name than the
+    /// project's mount point (a read root around the project shows it at
+    /// its host path, masked): its sandbox path under the mount point.
+    SecretElsewhere(String),
 }
 
 /// What the loop needs of a sandbox session.
@@ -244,6 +248,7 @@ impl GrantLoop {
         let seen = self.grants.mode().is_some() || t.permissions_seen();
         let secret = match t.mask_of(&d.path) {
             Mask::HostSecret(mask) => return Decision::Refuse(host_secret_refusal(&d.path, &mask)),
+            Mask::SecretElsewhere(at) => return Decision::Refuse(secret_elsewhere_refusal(&d.path, &at)),
             Mask::Secret(host) => Some(host),
             Mask::None if t.in_project(&d.path) => return Decision::Refuse(in_project_refusal(&d.path)),
             Mask::None => None,
@@ -268,6 +273,7 @@ impl GrantLoop {
         let shown = display_line(&d.path);
         let secret = match t.mask_of(&d.path) {
             Mask::HostSecret(mask) => return Applied::Stop(host_secret_refusal(&d.path, &mask)),
+            Mask::SecretElsewhere(at) => return Applied::Stop(secret_elsewhere_refusal(&d.path, &at)),
             Mask::Secret(host) => Some(host),
             Mask::None if t.in_project(&d.path) => return Applied::Stop(in_project_refusal(&d.path)),
             Mask::None => None,
@@ -337,7 +343,14 @@ impl GrantLoop {
         *self.this_call.lock() = CallGrants::default();
         let mut outcome = self.run_once(t).await;
         let mut diagnostic = None;
+        let mut granted: Option<String> = None;
         while let Some(d) = Denial::of(&outcome) {
+            if granted.as_deref() == Some(d.path.as_str()) {
+                // The grant changed nothing for this read: asking again
+                // would loop.
+                diagnostic = Some(granted_in_vain(&d.path));
+                break;
+            }
             if let Decision::Refuse(why) = self.decide(t, &d, has_ui) {
                 diagnostic = Some(why);
                 break;
@@ -362,6 +375,7 @@ impl GrantLoop {
                 diagnostic = Some(grant.not_rerun_text(&d.path));
                 break;
             }
+            granted = Some(d.path.clone());
             t.rerun_after_grant();
             outcome = t.run().await;
             let way = t.take_rerun();
@@ -423,6 +437,29 @@ fn never_granted(path: &str, ctx: &Context<'_>) -> Option<String> {
 }
 
 /// Why a read of a host secret in the project is refused without asking.
+/// Why a read granted and refused again is not asked about again.
+fn granted_in_vain(path: &str) -> String {
+    format!(
+        "Read access to {} was granted, but the code's read of it was refused again in the new sandbox; it was \
+         not asked about again. The path may be masked or reserved under the name the code used.",
+        display_line(path)
+    )
+}
+
+/// Why a project secret read under another name than the project's mount
+/// point is refused without asking: masked there as under the mount point,
+/// where a grant can unmask it.
+fn secret_elsewhere_refusal(path: &str, at: &str) -> String {
+    format!(
+        "{} is the project's secret {} (masked by {}), here under a read root around the project, where it is \
+         masked too; no grant of that root unmasks it. Read it as {} to be asked about it.",
+        display_line(path),
+        display_line(at),
+        crate::secrets::SECRETS_ENV,
+        display_line(at)
+    )
+}
+
 fn host_secret_refusal(path: &str, mask: &str) -> String {
     format!(
         "{} is a host secret (under {}: a credential store or history that the host-secret list names), so the \
@@ -662,6 +699,28 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_that_changes_nothing_for_the_read_is_not_asked_about_again() {
+        // Allowed, and the new sandbox refuses the same read: without the
+        // stop, the loop would ask and run again for ever.
+        let (_t, file) = data_file();
+        let fake = Fake::new(vec![denied(&file, false), denied(&file, false), denied(&file, false)]);
+        let l = looped();
+        let (f, asked) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
+        assert_eq!((asked.len(), fake.ran.load(Ordering::SeqCst)), (1, 2));
+        assert!(f.diagnostic.as_deref().unwrap().contains("was refused again in the new sandbox"), "{f:?}");
+    }
+
+    #[test]
+    fn a_project_secret_under_another_name_is_refused_without_asking() {
+        let mut fake = Fake::new(vec![denied(Path::new("/srv/p/.env"), false)]);
+        fake.masks.push(("/srv/p/.env".into(), Mask::SecretElsewhere("/workspace/.env".into())));
+        let l = looped();
+        let (f, asked) = drive(&l, &fake, true, &[]);
+        assert!(asked.is_empty());
+        assert!(f.diagnostic.as_deref().unwrap().starts_with("/srv/p/.env is the project's secret /workspace/.env"));
+    }
+
+    #[test]
     fn a_host_secret_is_never_asked_about_nor_granted() {
         let mut fake = Fake::new(vec![denied(Path::new("/workspace/.aws/credentials"), false)]);
         fake.masks.push(("/workspace/.aws/credentials".into(), Mask::HostSecret("/workspace/.aws".into())));
@@ -747,11 +806,11 @@ mod tests {
             .unwrap()
             .contains(&format!("Read of {} was denied (denied by the user)", other.display())));
         assert_eq!(fake.once.lock().len(), 1);
-        // The same path denied again after its grant: already mounted, not run a third time.
+        // The same path denied again after its grant: not asked again, not run a third time.
         let fake = Fake::new(vec![denied(&file, false), denied(&file, false)]);
         let (f, _) = drive(&l, &fake, true, &[Answer::Allow, Answer::Allow]);
         assert_eq!(fake.ran.load(Ordering::SeqCst), 2);
-        assert!(f.diagnostic.unwrap().contains("that file is already mounted for this sandbox"));
+        assert!(f.diagnostic.unwrap().contains("was refused again in the new sandbox"));
     }
 
     #[test]

@@ -88,7 +88,9 @@ impl Target for SessionCall<'_> {
     fn mask_of(&self, path: &str) -> Mask {
         let report = self.session.status();
         let Some(path) = permissions::normalize(path) else { return Mask::None };
-        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(&path)) else {
+        // The project's secrets are masked under each of its names.
+        let at = self.session.workspace_path(&path);
+        let Some(mask) = report.masks.as_ref().and_then(|m| m.covering(at.as_deref().unwrap_or(&path))) else {
             let m = &report.mounts;
             let granted = m.read_roots.iter().any(|r| path.starts_with(r))
                 || m.once.iter().any(|o| o.is_dir && path.starts_with(&o.path));
@@ -97,10 +99,16 @@ impl Target for SessionCall<'_> {
                 _ => Mask::None,
             };
         };
+        let at_mount = Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string();
         if mask.host {
-            return Mask::HostSecret(Path::new(crate::bwrap::WORKSPACE).join(&mask.rel).display().to_string());
+            return Mask::HostSecret(at_mount);
         }
-        let Ok(rel) = path.strip_prefix(crate::bwrap::WORKSPACE) else { return Mask::None };
+        if !path.starts_with(crate::bwrap::WORKSPACE) {
+            return Mask::SecretElsewhere(at.as_deref().unwrap_or(&path).display().to_string());
+        }
+        let Some(rel) = at.as_deref().and_then(|p| p.strip_prefix(crate::bwrap::WORKSPACE).ok()) else {
+            return Mask::None;
+        };
         match std::fs::canonicalize(self.session.project_dir()) {
             Ok(p) => Mask::Secret(p.join(rel)),
             Err(_) => Mask::None,

@@ -153,9 +153,9 @@ impl<H: Host> Session<H> {
         let root = self.runtime_root();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
         let trees = [project.as_path(), root.as_path()];
-        // Where a start finds the set-aside scratches (see `confine`).
-        let quarantine = dirs.root.file_name().map(|n| root.join(n).join(crate::scratch::QUARANTINE));
-        let quarantine = quarantine.filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
+        // Hidden where a grant shows it, as a start does (see `confine`): the
+        // runtime root, every session's directory and the scratches set aside.
+        let quarantine = Some(root.clone()).filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
         let env =
             LiveEnv { dirs_root: &dirs.root, project: &project, trees: &trees, quarantine: quarantine.as_deref() };
         let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };

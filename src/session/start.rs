@@ -49,7 +49,9 @@ impl<H: Host> Session<H> {
         if let Some(d) = &inner.dirs {
             return Ok(d.clone());
         }
-        let d = crate::rundir::make_dirs(self.opts.runtime_root.as_deref(), WORKER_SOURCE)?;
+        let root = self.opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
+        crate::rundir::outside_project(&root, &self.opts.project_dir)?;
+        let d = crate::rundir::make_dirs(Some(&root), WORKER_SOURCE)?;
         inner.dirs = Some(d.clone());
         self.shared.lock().report.dirs = Some(d.clone());
         self.sync_live();

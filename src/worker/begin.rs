@@ -52,7 +52,8 @@ pub enum NoPoint {
     NotTheCopy,
     #[error("the interpreter's pid is not known")]
     NoInterpreter,
-    /// The worker's own reason (threads running, a failed fork), as sent.
+    /// The worker's own reason (threads running, a failed fork), as sent,
+    /// on one bounded line (code can make the worker send anything).
     #[error("{0}")]
     Worker(String),
     #[error("none was taken")]
@@ -70,7 +71,7 @@ impl BeginCheck {
             (Some(ns), Some(interp)) => this_calls_copy(interp, self.keeper, ns, &self.children_before, self.asked_at)
                 .ok_or(NoPoint::NotTheCopy),
             (Some(_), None) => Err(NoPoint::NoInterpreter),
-            (None, _) => Err(why.map_or(NoPoint::NoneTaken, NoPoint::Worker)),
+            (None, _) => Err(why.map_or(NoPoint::NoneTaken, |why| NoPoint::Worker(crate::frame::quoted(&why)))),
         }
     }
 }

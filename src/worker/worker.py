@@ -369,18 +369,22 @@ def mask_source(root):
 def mountpoints():
     """The sandbox's own mountpoints, except /: what user code may read;
     and those of them that mask a secret (a host secret in a granted tree
-    or one of the project's; not the kernel's files under /proc)."""
-    points, masked = set(), set()
+    or one of the project's). Not a mask over another mount at the same
+    point: that hides a mount (a kernel file system inside a shown tree),
+    as the masks of the kernel's files under /proc do."""
+    points, masks, stacked = set(), set(), set()
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split(b" ", 5)
             if len(fields) >= 5:
                 point = unescape_mount(fields[4]).rstrip("/")
                 if point.startswith("/"):
+                    if point in points:
+                        stacked.add(point)
                     points.add(point)
                     if mask_source(fields[3]) and not point.startswith("/proc/"):
-                        masked.add(point)
-    return tuple(sorted(points)), frozenset(masked)
+                        masks.add(point)
+    return tuple(sorted(points)), frozenset(masks - stacked)
 
 
 def install_read_hook(masks=()):
