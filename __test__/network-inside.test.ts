@@ -2,7 +2,8 @@
  * The network from inside a sandbox, through a real pi session's bash: host-side origins on the
  * address this machine's name resolves to, reached only through `allowPrivate` entries, and no
  * internet. Allowed: curl over https (CONNECT to a local TLS origin, its self-signed certificate
- * made here), Python's urllib, `git clone` over http. Refused with the rule named: a denied
+ * made here), Python's urllib, `git clone` over http, `pip download` from a local index (the file
+ * host refused, with its line, when only the index is allowed). Refused with the rule named: a denied
  * domain, a denied port (`*:22`), an IP literal, a name that resolves to a private address
  * without `allowPrivate`, a Host header other than the authority, an SNI other than the CONNECT
  * host, a SOCKS name with a NUL byte, an empty allowlist. Bypass attempts: `curl --noproxy '*'`,
@@ -71,6 +72,67 @@ test("allowed: curl over https (CONNECT to a local TLS origin), Python's urllib,
   const cloned = await s.bash(`cd /tmp && git clone -q http://${gitOrigin.name}:${gitOrigin.port}/repo.git r 2>&1 && cat r/README; echo "rc=$?"`);
   assert.match(cloned, /CLONED-CONTENT\nrc=0/, cloned);
   assert.ok(gitOrigin.hits() > 0 && tls.hits() === 1 && web.hits() === 1);
+});
+
+test("allowed: pip download from a local package index (its simple page and its file host)", async (t) => {
+  const base = mkdtempSync("/var/tmp/pps-net-pip-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  // A one-file wheel, made here, on a file host; its index page on another origin.
+  const wheelName = "netdemo-1.0-py3-none-any.whl";
+  const made = spawnSync("python3", ["-c", `
+import base64, hashlib, sys, zipfile
+files = {
+    "netdemo/__init__.py": b"VALUE = 1\\n",
+    "netdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\\nName: netdemo\\nVersion: 1.0\\n",
+    "netdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+}
+def digest(b):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(b)},{len(b)}\\n" for n, b in files.items()) + "netdemo-1.0.dist-info/RECORD,,\\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for n, b in files.items():
+        z.writestr(n, b)
+    z.writestr("netdemo-1.0.dist-info/RECORD", record)
+`, join(base, wheelName)], { encoding: "utf8" });
+  assert.equal(made.status, 0, made.stderr);
+  const wheel = readFileSync(join(base, wheelName));
+  const files = await httpOrigin(t, "", (req, res) => {
+    if (req.url === `/files/${wheelName}`) res.end(wheel);
+    else {
+      res.statusCode = 404;
+      res.end();
+    }
+  });
+  const index = await httpOrigin(t, "", (req, res) => {
+    if ((req.url ?? "").replace(/\/$/, "") === "/simple/netdemo") {
+      res.setHeader("Content-Type", "text/html");
+      res.end(`<html><body><a href="http://${files.name}:${files.port}/files/${wheelName}">${wheelName}</a></body></html>`);
+    } else {
+      res.statusCode = 404;
+      res.end();
+    }
+  });
+  const network = {
+    allowedDomains: [`${index.name}:${index.port}`, `${files.name}:${files.port}`],
+    allowPrivate: [index, files].map((o) => `${o.address}:${o.port}`),
+  };
+  const s = await netSession(t, network);
+  if (!s) return;
+  const pip = (host: string) =>
+    `python3 -m pip download --no-cache-dir --disable-pip-version-check --retries 0 --timeout 20 ` +
+    `--index-url http://${index.name}:${index.port}/simple/ --trusted-host ${host} --dest /tmp/dl netdemo 2>&1 | tail -n 3; ` +
+    `ls /tmp/dl 2>&1; echo "rc=$?"`;
+  const got = await s.bash(pip(index.name));
+  assert.ok(got.includes(`${wheelName}\nrc=0`), got);
+  assert.ok(got.includes(`network: allowed ${index.name}:${index.port}, ${files.name}:${files.port}.`), got);
+  assert.ok(index.hits() >= 1 && files.hits() === 1, `index ${index.hits()}, files ${files.hits()}`);
+  // The index alone is not enough: the file host is refused, and the refusal names the line to add.
+  const indexOnly = await netSession(t, { ...network, allowedDomains: [`${index.name}:${index.port}`] });
+  if (!indexOnly) return;
+  const refused = await indexOnly.bash(pip(index.name));
+  assert.ok(!refused.includes(`${wheelName}\nrc=0`), refused);
+  assert.ok(refused.includes(`(to allow it: network.allowedDomains "${files.name}:${files.port}")`), refused);
+  assert.equal(files.hits(), 1);
 });
 
 test("refused, naming the rule: a denied domain and a denied port, next to the same destination allowed", async (t) => {
@@ -332,5 +394,5 @@ except OSError as e:
 
 const AS_NOBODY_ENV = "PPS_NET_INSIDE_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-inside.test.ts", AS_NOBODY_ENV, 7);
+  rerunAsNobody(t, "__test__/network-inside.test.ts", AS_NOBODY_ENV, 8);
 });

@@ -128,6 +128,7 @@ fn proxy_policy(n: Option<crate::napi_config::NetworkSettings>) -> Option<crate:
             Some("review") => YoloReview::Review,
             Some(_) => return None,
         },
+        bounds: Default::default(),
     })
 }
 

@@ -10,9 +10,15 @@
 //! must be the `CONNECT` host. Plain HTTP: the rebuilt head (Host written
 //! from the checked authority, hop-by-hop and `Proxy-*` headers removed,
 //! `Connection: close`), then exactly the body its `Content-Length` gives
-//! (a chunked body is refused), one request per connection. SOCKS5:
+//! (a chunked body is refused), one request per connection; an `Upgrade`
+//! answered `101` becomes a tunnel to the same destination. SOCKS5:
 //! `CONNECT` only. Then bytes are relayed both ways through two fixed
-//! buffers until either side ends or [`IDLE_DEADLINE`] passes with none.
+//! buffers (a tunnel: through a pipe with splice(2), the bytes never
+//! copied into the proxy) until either side ends or [`IDLE_DEADLINE`]
+//! passes with none;
+//! a peer that does not take a written piece within [`WRITE_DEADLINE`]
+//! loses the connection. Heads are parsed as they arrive, each byte a
+//! bounded number of times (`http::HeadReader`, `tls::HelloReader`).
 //! At most [`MAX_CONNECTIONS`] are served at once (the others wait in the
 //! kernel's backlog). Refusals answer `403` or the SOCKS failure code,
 //! with a body that names the rule and how to allow it; each decision is
@@ -36,8 +42,13 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 /// Time to connect to the destination.
 pub const DIAL_DEADLINE: Duration = Duration::from_secs(10);
-/// A relay with no byte either way for this long is closed.
+/// A relay direction with no byte for this long is closed; so is a
+/// plain request whose origin has not answered.
 pub const IDLE_DEADLINE: Duration = Duration::from_secs(300);
+/// Time for a peer to take one piece the proxy writes it (at most a relay
+/// buffer): a peer that stops reading loses its connection, never holds a
+/// slot and its buffers for good.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(60);
 /// Bytes of one direction's relay buffer.
 const RELAY_BUFFER: usize = 64 * 1024;
 /// Decisions kept for the summary (later ones are counted only).
@@ -51,6 +62,22 @@ pub struct Policy {
     pub own: Vec<IpAddr>,
     pub yolo: bool,
     pub yolo_review: YoloReview,
+    pub bounds: Bounds,
+}
+
+/// The proxy's time bounds (the constants above; shorter in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub head: Duration,
+    pub dial: Duration,
+    pub idle: Duration,
+    pub write: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds { head: HEAD_DEADLINE, dial: DIAL_DEADLINE, idle: IDLE_DEADLINE, write: WRITE_DEADLINE }
+    }
 }
 
 /// One connection's outcome, for the command's summary.
@@ -194,7 +221,7 @@ async fn one<R: Resolver, V: Reviewer>(mut conn: TcpStream, s: &Shared<R, V>) {
     let _ = conn.set_nodelay(true);
     let mut head = Vec::with_capacity(1024);
     let mut first = [0u8; 1];
-    match tokio::time::timeout(HEAD_DEADLINE, conn.read(&mut first)).await {
+    match tokio::time::timeout(s.policy.bounds.head, conn.read(&mut first)).await {
         Ok(Ok(1)) => head.push(first[0]),
         _ => return,
     }
@@ -205,20 +232,38 @@ async fn one<R: Resolver, V: Reviewer>(mut conn: TcpStream, s: &Shared<R, V>) {
     }
 }
 
-/// Read more of a head into `buf` (bounded); false on end, error or time.
-async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>, limit: usize, until: tokio::time::Instant) -> bool {
-    let room = limit.saturating_sub(buf.len()).min(4096);
-    if room == 0 {
-        return false;
-    }
+/// Read `conn` into `buf` (at most `limit` bytes, until `until`) and hand
+/// `parse` everything so far each time more came, until it answers.
+/// `Ok(None)`: the peer ended, the bound or the time passed first.
+async fn read_parsed<C: AsyncRead + Unpin, T, E>(
+    conn: &mut C,
+    buf: &mut Vec<u8>,
+    limit: usize,
+    until: tokio::time::Instant,
+    mut parse: impl FnMut(&[u8]) -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
     let mut chunk = [0u8; 4096];
-    match tokio::time::timeout_at(until, conn.read(&mut chunk[..room])).await {
-        Ok(Ok(n)) if n > 0 => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
+    loop {
+        if !buf.is_empty() {
+            if let Some(r) = parse(buf)? {
+                return Ok(Some(r));
+            }
         }
-        _ => false,
+        let room = limit.saturating_sub(buf.len()).min(chunk.len());
+        if room == 0 {
+            return Ok(None);
+        }
+        match tokio::time::timeout_at(until, conn.read(&mut chunk[..room])).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return Ok(None),
+        }
     }
+}
+
+/// Write all of `bytes` within the write bound; false: the peer did not
+/// take them (or is gone), and the connection is to be dropped.
+async fn put<W: AsyncWrite + Unpin>(to: &mut W, bytes: &[u8], b: &Bounds) -> bool {
+    matches!(tokio::time::timeout(b.write, to.write_all(bytes)).await, Ok(Ok(())))
 }
 
 async fn decided<R: Resolver, V: Reviewer>(dest: &Destination, s: &Shared<R, V>) -> Result<Dial, Refusal> {
@@ -242,9 +287,9 @@ fn refuse<R, V>(s: &Shared<R, V>, why: String) {
     s.summary.lock().push(Outcome::Refused { dest: None, why, allow_line: None });
 }
 
-async fn dial(addrs: &[SocketAddr]) -> Option<TcpStream> {
+async fn dial(addrs: &[SocketAddr], b: &Bounds) -> Option<TcpStream> {
     for a in addrs {
-        if let Ok(Ok(c)) = tokio::time::timeout(DIAL_DEADLINE, TcpStream::connect(a)).await {
+        if let Ok(Ok(c)) = tokio::time::timeout(b.dial, TcpStream::connect(a)).await {
             // Relayed bytes go out as they come (each side already chose its own segments).
             let _ = c.set_nodelay(true);
             return Some(c);
@@ -254,18 +299,18 @@ async fn dial(addrs: &[SocketAddr]) -> Option<TcpStream> {
 }
 
 async fn http_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut head: Vec<u8>, s: &Shared<R, V>) {
-    let until = tokio::time::Instant::now() + HEAD_DEADLINE;
-    let (request, used) = loop {
-        match http::parse_request(&head) {
-            Ok(Some(r)) => break r,
-            Ok(None) if read_more(&mut conn, &mut head, MAX_HEAD_BYTES, until).await => {}
-            Ok(None) => return,
-            Err(e) => {
-                let why = format!("refused: {e}");
-                let _ = conn.write_all(&http::refusal_response(e.status(), &why)).await;
-                refuse(s, why);
-                return;
-            }
+    let b = &s.policy.bounds;
+    let until = tokio::time::Instant::now() + b.head;
+    let mut reader = http::HeadReader::default();
+    let parsed = read_parsed(&mut conn, &mut head, MAX_HEAD_BYTES, until, |buf| reader.feed(buf, http::parse_request));
+    let (request, used) = match parsed.await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            let why = format!("refused: {e}");
+            put(&mut conn, &http::refusal_response(e.status(), &why), b).await;
+            refuse(s, why);
+            return;
         }
     };
     let dest = match &request {
@@ -275,26 +320,23 @@ async fn http_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut head: Vec<
     let dial_to = match decided(&dest, s).await {
         Ok(d) => d,
         Err(e) => {
-            let _ = conn.write_all(&http::refusal_response(403, &e.to_string())).await;
+            put(&mut conn, &http::refusal_response(403, &e.to_string()), b).await;
             return;
         }
     };
-    let Some(mut up) = dial(&dial_to.addrs).await else {
+    let Some(mut up) = dial(&dial_to.addrs, b).await else {
         let why = format!("{} could not be reached", dest.authority());
-        let _ = conn.write_all(&http::refusal_response(502, &why)).await;
+        put(&mut conn, &http::refusal_response(502, &why), b).await;
         return;
     };
     match request {
         http::Request::Connect(dest) => {
-            if conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+            if !put(&mut conn, b"HTTP/1.1 200 Connection established\r\n\r\n", b).await {
                 return;
             }
             let mut hello = head.split_off(used);
-            if !tunnel_hello(&mut conn, &mut hello, &dest, s).await {
-                return;
-            }
-            if up.write_all(&hello).await.is_ok() {
-                relay(conn, up).await;
+            if tunnel_hello(&mut conn, &up, &mut hello, &dest, s).await && put(&mut up, &hello, b).await {
+                relay(conn, up, b).await;
             }
         }
         http::Request::Forward(f) => {
@@ -303,145 +345,278 @@ async fn http_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut head: Vec<
                 http::Body::Length(n) => n,
                 http::Body::Chunked => {
                     let why = "refused: a chunked request body is not forwarded (send Content-Length)".to_string();
-                    let _ = conn.write_all(&http::refusal_response(400, &why)).await;
+                    put(&mut conn, &http::refusal_response(400, &why), b).await;
                     refuse(s, why);
                     return;
                 }
             };
-            let early = &head[used..];
-            let early = &early[..early.len().min(usize::try_from(length).unwrap_or(usize::MAX))];
-            if up.write_all(&f.head).await.is_err() || up.write_all(early).await.is_err() {
+            let mut early = head.split_off(used);
+            let after = early.split_off(early.len().min(usize::try_from(length).unwrap_or(usize::MAX)));
+            if !put(&mut up, &f.head, b).await || !put(&mut up, &early, b).await {
                 return;
             }
             let rest = length - early.len() as u64;
-            forward_body_and_answer(conn, up, rest).await;
+            if f.upgrade {
+                upgrade(conn, up, rest, after, b).await;
+            } else {
+                forward_body_and_answer(conn, up, rest, b).await;
+            }
         }
     }
 }
 
 /// The tunnel's ClientHello, read whole (bounded) into `hello`; its name
 /// must be the tunnel's host. False: the tunnel is closed.
-async fn tunnel_hello<R, V>(conn: &mut TcpStream, hello: &mut Vec<u8>, dest: &Destination, s: &Shared<R, V>) -> bool {
-    let until = tokio::time::Instant::now() + HEAD_DEADLINE;
-    loop {
-        if let Some(&b) = hello.first() {
-            if !tls::looks_like_tls(b) {
-                if dest.port == 443 {
-                    refuse(s, format!("refused: the tunnel to {} did not start TLS", dest.authority()));
-                    return false;
-                }
-                return true;
+/// On a port other than 443 the origin may speak first (SMTP, FTP, MySQL):
+/// its first bytes, before any of the client's, start the relay (a client
+/// there could as well have sent a first byte that is not TLS).
+async fn tunnel_hello<R, V>(
+    conn: &mut TcpStream,
+    up: &TcpStream,
+    hello: &mut Vec<u8>,
+    dest: &Destination,
+    s: &Shared<R, V>,
+) -> bool {
+    let until = tokio::time::Instant::now() + s.policy.bounds.head;
+    if hello.is_empty() {
+        let first = read_parsed(conn, hello, 1, until, |_| Ok::<_, ()>(Some(())));
+        let origin_first = async {
+            if dest.port == 443 {
+                std::future::pending::<()>().await;
             }
-            match tls::parse_client_hello(hello) {
-                Ok(Some(h)) => {
-                    return match tls::check_sni(dest, &h) {
-                        Ok(()) => true,
-                        Err(e) => {
-                            refuse(s, format!("refused: {e}"));
-                            false
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    refuse(s, format!("refused: the tunnel to {}: {e}", dest.authority()));
-                    return false;
-                }
-            }
+            let _ = up.readable().await;
+        };
+        tokio::select! {
+            r = first => if !matches!(r, Ok(Some(()))) {
+                return false;
+            },
+            () = origin_first => return true,
         }
-        if !read_more(conn, hello, tls::MAX_HELLO_INPUT, until).await {
+    }
+    if !tls::looks_like_tls(hello[0]) {
+        if dest.port == 443 {
+            refuse(s, format!("refused: the tunnel to {} did not start TLS", dest.authority()));
             return false;
+        }
+        return true;
+    }
+    let mut reader = tls::HelloReader::default();
+    match read_parsed(conn, hello, tls::MAX_HELLO_INPUT, until, |buf| reader.feed(buf)).await {
+        Ok(Some(h)) => match tls::check_sni(dest, &h) {
+            Ok(()) => true,
+            Err(e) => {
+                refuse(s, format!("refused: {e}"));
+                false
+            }
+        },
+        Ok(None) => false,
+        Err(e) => {
+            refuse(s, format!("refused: the tunnel to {}: {e}", dest.authority()));
+            false
         }
     }
 }
 
 /// Send the rest of a plain request's body (`rest` bytes, no more), then
 /// relay the answer until the origin ends.
-async fn forward_body_and_answer(conn: TcpStream, up: TcpStream, mut rest: u64) {
+async fn forward_body_and_answer(conn: TcpStream, up: TcpStream, rest: u64, b: &Bounds) {
     let (mut cr, mut cw) = conn.into_split();
-    let (mut ur, mut uw) = up.into_split();
-    let upload = async move {
-        let mut buf = vec![0u8; RELAY_BUFFER];
-        while rest > 0 {
-            let want = buf.len().min(usize::try_from(rest).unwrap_or(usize::MAX));
-            match tokio::time::timeout(IDLE_DEADLINE, cr.read(&mut buf[..want])).await {
-                Ok(Ok(n)) if n > 0 => {
-                    if uw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                    rest -= n as u64;
-                }
-                _ => return,
-            }
-        }
-    };
-    let download = one_way(&mut ur, &mut cw);
+    let (mut ur, uw) = up.into_split();
+    let upload = body(&mut cr, uw, rest, b);
+    let download = one_way(&mut ur, &mut cw, b);
     tokio::join!(upload, download);
 }
 
-/// Copy `from` to `to` until the end, an error, or an idle deadline.
-async fn one_way<A: AsyncRead + Unpin, B: AsyncWrite + Unpin>(from: &mut A, to: &mut B) {
+/// Copy `rest` bytes of a request's body from `from` to `to`, then end
+/// `to` (dropped: its write side shut). False: the client or the origin
+/// failed, or was too slow.
+async fn body<A: AsyncRead + Unpin, B: AsyncWrite + Unpin>(from: &mut A, mut to: B, mut rest: u64, b: &Bounds) -> bool {
+    let mut buf = vec![0u8; RELAY_BUFFER.min(usize::try_from(rest).unwrap_or(usize::MAX)).max(1)];
+    while rest > 0 {
+        let want = buf.len().min(usize::try_from(rest).unwrap_or(usize::MAX));
+        match tokio::time::timeout(b.idle, from.read(&mut buf[..want])).await {
+            Ok(Ok(n)) if n > 0 => {
+                if !put(&mut to, &buf[..n], b).await {
+                    return false;
+                }
+                rest -= n as u64;
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// An `Upgrade` request (a WebSocket) sent: the rest of its body, then the
+/// origin's answer head. A `101` makes the connection a tunnel to the same
+/// checked destination, relayed both ways like a `CONNECT` (with `after`,
+/// what the client sent past the request, first); any other answer is
+/// relayed as a plain request's.
+async fn upgrade(conn: TcpStream, up: TcpStream, rest: u64, after: Vec<u8>, b: &Bounds) {
+    let (mut cr, mut cw) = conn.into_split();
+    let (mut ur, mut uw) = up.into_split();
+    if !body(&mut cr, &mut uw, rest, b).await {
+        return;
+    }
+    let mut answer = Vec::with_capacity(1024);
+    let until = tokio::time::Instant::now() + b.idle;
+    let mut reader = http::HeadReader::default();
+    let parsed = read_parsed(&mut ur, &mut answer, MAX_HEAD_BYTES, until, |buf| reader.feed(buf, http::parse_response));
+    let Ok(Some((status, _))) = parsed.await else {
+        return;
+    };
+    if !put(&mut cw, &answer, b).await {
+        return;
+    }
+    if status != 101 {
+        drop(uw);
+        one_way(&mut ur, &mut cw, b).await;
+        return;
+    }
+    if put(&mut uw, &after, b).await {
+        relay_halves((cr, cw), (ur, uw), b).await;
+    }
+}
+
+/// Copy `from` to `to` until the end (then `to` is shut for writing) or
+/// the idle bound; true: ended cleanly. False: an error, or `to` did not
+/// take a piece within the write bound.
+async fn one_way<A: AsyncRead + Unpin, B: AsyncWrite + Unpin>(from: &mut A, to: &mut B, b: &Bounds) -> bool {
     let mut buf = vec![0u8; RELAY_BUFFER];
     loop {
-        match tokio::time::timeout(IDLE_DEADLINE, from.read(&mut buf)).await {
+        match tokio::time::timeout(b.idle, from.read(&mut buf)).await {
             Ok(Ok(n)) if n > 0 => {
-                if to.write_all(&buf[..n]).await.is_err() {
-                    return;
+                if !put(to, &buf[..n], b).await {
+                    return false;
                 }
             }
+            Ok(Ok(_)) => {
+                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+                return true;
+            }
             _ => {
-                let _ = to.shutdown().await;
-                return;
+                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+                return false;
             }
         }
     }
 }
 
-/// Relay both ways until both directions ended.
-async fn relay(conn: TcpStream, up: TcpStream) {
-    let (mut cr, mut cw) = conn.into_split();
-    let (mut ur, mut uw) = up.into_split();
-    tokio::join!(one_way(&mut cr, &mut uw), one_way(&mut ur, &mut cw));
+/// Relay both ways until both directions ended; a direction that failed
+/// (a peer that stopped reading, an error) ends both.
+async fn relay(conn: TcpStream, up: TcpStream, b: &Bounds) {
+    relay_halves(conn.into_split(), up.into_split(), b).await;
+}
+
+async fn relay_halves(
+    (cr, mut cw): (tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf),
+    (ur, mut uw): (tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf),
+    b: &Bounds,
+) {
+    let to_origin = spliced(&cr, &mut uw, b);
+    let to_client = spliced(&ur, &mut cw, b);
+    tokio::pin!(to_origin, to_client);
+    tokio::select! {
+        ended = &mut to_origin => if ended { to_client.await; },
+        ended = &mut to_client => if ended { to_origin.await; },
+    }
+}
+
+/// [`one_way`] between two sockets through a pipe with splice(2): the
+/// bytes go from one socket to the other inside the kernel, never copied
+/// through the proxy's memory; the pipe holds at most [`RELAY_BUFFER`]
+/// bytes (one read's worth), and the bounds are the same (idle time to
+/// read, write time for each piece). Where no pipe can be made (no
+/// descriptor left), the connection ends.
+async fn spliced(from: &tokio::net::tcp::OwnedReadHalf, to: &mut tokio::net::tcp::OwnedWriteHalf, b: &Bounds) -> bool {
+    use std::os::fd::AsRawFd;
+    use tokio::io::Interest;
+    let Ok((pipe_r, pipe_w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC) else {
+        return false;
+    };
+    let splice = |fd_in: i32, fd_out: i32, len: usize| -> std::io::Result<usize> {
+        // SAFETY: descriptors open for the whole call; no pointers are passed.
+        let n = unsafe {
+            libc::splice(
+                fd_in,
+                std::ptr::null_mut(),
+                fd_out,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+    };
+    let (src, dst): (&TcpStream, &TcpStream) = (from.as_ref(), to.as_ref());
+    let (src_fd, dst_fd) = (src.as_raw_fd(), dst.as_raw_fd());
+    loop {
+        // The pipe is empty here: an EAGAIN is the socket's.
+        let moved = loop {
+            if !matches!(tokio::time::timeout(b.idle, src.readable()).await, Ok(Ok(()))) {
+                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+                return false;
+            }
+            match src.try_io(Interest::READABLE, || splice(src_fd, pipe_w.as_raw_fd(), RELAY_BUFFER)) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+                    return false;
+                }
+            }
+        };
+        if moved == 0 {
+            let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+            return true;
+        }
+        // The pipe holds `left` bytes: an EAGAIN is the socket's.
+        let until = tokio::time::Instant::now() + b.write;
+        let mut left = moved;
+        while left > 0 {
+            if !matches!(tokio::time::timeout_at(until, dst.writable()).await, Ok(Ok(()))) {
+                return false;
+            }
+            match dst.try_io(Interest::WRITABLE, || splice(pipe_r.as_raw_fd(), dst_fd, left)) {
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
+        }
+    }
 }
 
 async fn socks_conn<R: Resolver, V: Reviewer>(mut conn: TcpStream, mut buf: Vec<u8>, s: &Shared<R, V>) {
-    let until = tokio::time::Instant::now() + HEAD_DEADLINE;
-    let (no_auth, used) = loop {
-        match socks::parse_greeting(&buf) {
-            Ok(Some(g)) => break g,
-            Ok(None) if read_more(&mut conn, &mut buf, MAX_HEAD_BYTES, until).await => {}
-            _ => return,
-        }
+    let b = &s.policy.bounds;
+    let until = tokio::time::Instant::now() + b.head;
+    let Ok(Some((no_auth, used))) =
+        read_parsed(&mut conn, &mut buf, MAX_HEAD_BYTES, until, socks::parse_greeting).await
+    else {
+        return;
     };
-    if conn.write_all(&socks::choice(no_auth)).await.is_err() || !no_auth {
+    if !put(&mut conn, &socks::choice(no_auth), b).await || !no_auth {
         return;
     }
     let mut buf = buf.split_off(used);
-    let (dest, used) = loop {
-        match socks::parse_request(&buf) {
-            Ok(Some(r)) => break r,
-            Ok(None) if read_more(&mut conn, &mut buf, MAX_HEAD_BYTES, until).await => {}
-            Ok(None) => return,
-            Err(e) => {
-                let _ = conn.write_all(&socks::reply(e.reply_code())).await;
-                refuse(s, format!("refused (SOCKS): {e}"));
-                return;
-            }
+    let (dest, used) = match read_parsed(&mut conn, &mut buf, MAX_HEAD_BYTES, until, socks::parse_request).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            put(&mut conn, &socks::reply(e.reply_code()), b).await;
+            refuse(s, format!("refused (SOCKS): {e}"));
+            return;
         }
     };
     let Ok(dial_to) = decided(&dest, s).await else {
-        let _ = conn.write_all(&socks::reply(socks::reply::NOT_ALLOWED)).await;
+        put(&mut conn, &socks::reply(socks::reply::NOT_ALLOWED), b).await;
         return;
     };
-    let Some(mut up) = dial(&dial_to.addrs).await else {
-        let _ = conn.write_all(&socks::reply(socks::reply::HOST_UNREACHABLE)).await;
+    let Some(mut up) = dial(&dial_to.addrs, b).await else {
+        put(&mut conn, &socks::reply(socks::reply::HOST_UNREACHABLE), b).await;
         return;
     };
-    if conn.write_all(&socks::reply(socks::reply::SUCCEEDED)).await.is_err() {
-        return;
-    }
-    if up.write_all(&buf[used..]).await.is_ok() {
-        relay(conn, up).await;
+    if put(&mut conn, &socks::reply(socks::reply::SUCCEEDED), b).await && put(&mut up, &buf[used..], b).await {
+        relay(conn, up, b).await;
     }
 }
 

@@ -54,6 +54,10 @@ struct Setup {
 }
 
 async fn proxy(allowed: &[&str], private: &[String], names: &[(&str, &str)]) -> Setup {
+    proxy_within(allowed, private, names, Bounds::default()).await
+}
+
+async fn proxy_within(allowed: &[&str], private: &[String], names: &[(&str, &str)], bounds: Bounds) -> Setup {
     let lists = Lists {
         allowed: allowed.iter().map(|e| parse_rule(e, List::Allowed).unwrap()).collect(),
         denied: vec![parse_rule("*:22", List::Denied).unwrap()],
@@ -66,7 +70,7 @@ async fn proxy(allowed: &[&str], private: &[String], names: &[(&str, &str)]) -> 
     let names = Arc::new(n);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = l.local_addr().unwrap();
-    let policy = Policy { lists, own: vec![], yolo: false, yolo_review: YoloReview::Allow };
+    let policy = Policy { lists, own: vec![], yolo: false, yolo_review: YoloReview::Allow, bounds };
     let served = serve(l, policy, names.clone(), NoReviewer);
     Setup { proxy, served, names }
 }
@@ -348,4 +352,224 @@ async fn a_large_upload_to_a_stalled_upstream_stops_at_the_buffers() {
     assert!(flowing > 4 * stuck.max(1 << 20), "flowing {flowing} stuck {stuck}");
     assert!(stuck < 64 << 20, "stuck {stuck}");
     assert!(grew < 8 * 1024, "grew {grew} KiB");
+}
+
+/// A listener whose connections are answered by `serve`.
+async fn origin_doing<F, Fut>(serve: F) -> (u16, tokio::task::JoinHandle<()>)
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            tokio::spawn(serve(c));
+        }
+    });
+    (port, task)
+}
+
+/// Write to `c` until a write waits `stall` (the buffers are full) or
+/// fails; the bytes written.
+async fn fill(c: &mut TcpStream, stall: Duration) -> u64 {
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut sent = 0;
+    while let Ok(Ok(n)) = tokio::time::timeout(stall, c.write(&chunk)).await {
+        if n == 0 {
+            break;
+        }
+        sent += n as u64;
+    }
+    sent
+}
+
+/// Whether `c` is closed by its peer within `within` (end, reset, or a
+/// failing write), reading and discarding what comes.
+async fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
+    let until = tokio::time::Instant::now() + within;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout_at(until, c.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_loses_its_tunnel_at_the_write_bound() {
+    // An origin that never reads (and holds its end open), and one that
+    // sends without end; each side's writes stall once the buffers fill.
+    let (deaf, _d) = origin_doing(|c| async move {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        drop(c);
+    })
+    .await;
+    let (loud, _l) = origin_doing(|mut c| async move {
+        let chunk = vec![b'y'; 64 * 1024];
+        while c.write_all(&chunk).await.is_ok() {}
+    })
+    .await;
+    let bounds = Bounds { write: Duration::from_secs(1), ..Bounds::default() };
+    let private = [format!("127.0.0.1:{deaf}"), format!("127.0.0.1:{loud}")];
+    let s = proxy_within(&[], &private, &[], bounds).await;
+    let tunnel = |port: u16| async move {
+        let mut c = TcpStream::connect(s.proxy).await.unwrap();
+        c.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let mut ok = [0u8; 39];
+        c.read_exact(&mut ok).await.unwrap();
+        assert_eq!(&ok[..], b"HTTP/1.1 200 Connection established\r\n\r\n");
+        // The first bytes (not TLS, on a port other than 443) start the relay.
+        c.write_all(b"hi").await.unwrap();
+        c
+    };
+    // The client sends to the origin that never reads: the proxy's write
+    // to it stalls, and the tunnel is closed at the bound.
+    let mut c = tunnel(deaf).await;
+    let sent = fill(&mut c, Duration::from_secs(2)).await;
+    assert!(
+        closed_within(&mut c, Duration::from_secs(10)).await,
+        "the tunnel to the deaf origin stayed open ({sent} bytes sent)"
+    );
+    // The client never reads what the loud origin sends: closed too.
+    let c = tunnel(loud).await;
+    let mut stalled = c;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(closed_within(&mut stalled, Duration::from_secs(10)).await, "the tunnel from the loud origin stayed open");
+    // Baseline: a client that reads keeps the loud tunnel (more than the
+    // write bound) and gets its bytes.
+    let mut reading = tunnel(loud).await;
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, reading.read(&mut buf)).await {
+        assert!(n > 0, "the reading client's tunnel was closed after {got} bytes");
+        got += n as u64;
+    }
+    assert!(got > 1 << 20, "{got}");
+}
+
+/// An origin that takes one request head and answers `101` (then echoes
+/// every byte back) when it asks for an upgrade, `200` otherwise (and
+/// counts the heads it read).
+async fn websocket_origin() -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let heads = Arc::new(AtomicUsize::new(0));
+    let h = heads.clone();
+    let (port, task) = origin_doing(move |mut c| {
+        let h = h.clone();
+        async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf).await {
+                    Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+            }
+            h.fetch_add(1, Ordering::SeqCst);
+            let at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            let rest = got.split_off(at);
+            if !String::from_utf8_lossy(&got).contains("Upgrade: websocket") {
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno").await;
+                // Keeps the connection open for another request, as keep-alive does.
+                while let Ok(n) = c.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        h.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                return;
+            }
+            let _ = c
+                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                .await;
+            let _ = c.write_all(&rest).await;
+            while let Ok(n) = c.read(&mut buf).await {
+                if n == 0 || c.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    (port, heads, task)
+}
+
+#[tokio::test]
+async fn a_websocket_upgrade_is_relayed_both_ways_after_the_101() {
+    let (port, heads, _o) = websocket_origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let mut c = TcpStream::connect(s.proxy).await.unwrap();
+    let req = format!(
+        "GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Key: x\r\n\r\n"
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"), "{}", String::from_utf8_lossy(&answer));
+    // Frames both ways, several times, through the same tunnel.
+    for round in 0..3 {
+        let frame = format!("frame {round}");
+        c.write_all(frame.as_bytes()).await.unwrap();
+        let mut echo = vec![0u8; frame.len()];
+        tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut echo)).await.unwrap().unwrap();
+        assert_eq!(echo, frame.as_bytes());
+    }
+    assert_eq!(heads.load(Ordering::SeqCst), 1);
+    assert_eq!(s.served.summary().lines(), vec![format!("network: allowed 127.0.0.1:{port}.")]);
+}
+
+#[tokio::test]
+async fn an_upgrade_the_origin_declines_is_answered_and_nothing_more_is_forwarded() {
+    let (port, heads, _o) = websocket_origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    // The request asks for h2c (the origin declines with 200), and a second
+    // request for another host follows it on the same connection.
+    let req = format!(
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n\
+         GET /smuggled HTTP/1.1\r\nHost: other.example\r\n\r\n"
+    );
+    let out = exchange(s.proxy, req.as_bytes()).await;
+    assert_eq!(out, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno");
+    assert_eq!(heads.load(Ordering::SeqCst), 1, "the origin read a second request");
+}
+
+#[tokio::test]
+async fn an_origin_that_speaks_first_is_heard_through_a_tunnel_before_the_client_sends() {
+    // An SMTP-like origin: a greeting first, then every line echoed.
+    let (port, _o) = origin_doing(|mut c| async move {
+        let _ = c.write_all(b"220 ready\r\n").await;
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = c.read(&mut buf).await {
+            if n == 0 || c.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let mut c = TcpStream::connect(s.proxy).await.unwrap();
+    c.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let want = b"HTTP/1.1 200 Connection established\r\n\r\n220 ready\r\n";
+    let mut got = vec![0u8; want.len()];
+    // Well within the head bound (10 s), with nothing sent by the client.
+    tokio::time::timeout(Duration::from_secs(3), c.read_exact(&mut got))
+        .await
+        .expect("the greeting never came")
+        .unwrap();
+    assert_eq!(&got[..], &want[..]);
+    c.write_all(b"HELO a\r\n").await.unwrap();
+    let mut echo = [0u8; 8];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut echo)).await.unwrap().unwrap();
+    assert_eq!(&echo, b"HELO a\r\n");
 }

@@ -57,6 +57,7 @@ async fn curl_reaches_an_allowed_origin_through_the_proxy_and_nothing_else() {
         own: own_addresses(),
         yolo: false,
         yolo_review: YoloReview::Allow,
+        bounds: Default::default(),
     };
     let script = format!(
         "curl -sS --max-time 10 http://127.0.0.1:{port}/; echo \"allowed=$?\"; \

@@ -173,6 +173,66 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
     Ok(Some((Request::Forward(forward), n)))
 }
 
+/// A head (a request's, or an origin's answer) read as it arrives: the
+/// parser runs once the blank line that ends it is there, or once it
+/// reached [`MAX_HEAD_BYTES`], never again from the start for each new
+/// piece; the search for the blank line looks only at the new bytes. So
+/// each byte is looked at a bounded number of times however finely the
+/// sender cuts its head.
+#[derive(Debug, Default)]
+pub struct HeadReader {
+    /// Bytes already searched for the blank line.
+    scanned: usize,
+    /// Bytes looked at so far (the bound's measure).
+    looked: usize,
+}
+
+impl HeadReader {
+    /// Bytes this reader has looked at so far.
+    pub fn looked(&self) -> usize {
+        self.looked
+    }
+
+    /// `parse` over `buf` (every byte fed before, and more) once the head
+    /// can be complete; `None` until then. A parser that still wants more
+    /// after the blank line (which ends every head) is answered with a
+    /// syntax error, so it never runs twice.
+    pub fn feed<T>(
+        &mut self,
+        buf: &[u8],
+        parse: impl FnOnce(&[u8]) -> Result<Option<T>, HttpError>,
+    ) -> Result<Option<T>, HttpError> {
+        let from = self.scanned.saturating_sub(2).min(buf.len());
+        self.looked += buf.len() - from;
+        let ended = buf[from..].windows(2).any(|w| w == b"\n\n") || buf[from..].windows(3).any(|w| w == b"\n\r\n");
+        self.scanned = buf.len();
+        if !ended && buf.len() < MAX_HEAD_BYTES {
+            return Ok(None);
+        }
+        self.looked += buf.len();
+        match parse(buf)? {
+            Some(r) => Ok(Some(r)),
+            None if buf.len() >= MAX_HEAD_BYTES => Err(HttpError::TooLarge),
+            None => Err(HttpError::Syntax("the head did not end at its blank line".into())),
+        }
+    }
+}
+
+/// An origin's answer head: its status and the bytes the head took;
+/// `None` while incomplete.
+pub fn parse_response(buf: &[u8]) -> Result<Option<(u16, usize)>, HttpError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD_BYTES => Ok(Some((resp.code.unwrap_or(0), n))),
+        Ok(httparse::Status::Complete(_)) => Err(HttpError::TooLarge),
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => Err(HttpError::TooLarge),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(HttpError::TooManyHeaders),
+        Err(e) => Err(HttpError::Syntax(e.to_string())),
+    }
+}
+
 /// A `Host` header must name the destination's host and port (`default`
 /// when it has none).
 fn check_host(found: &str, dest: &Destination, default: u16) -> Result<(), HttpError> {
@@ -320,6 +380,47 @@ mod tests {
         assert_eq!(parse(&complete_but_long), Err(HttpError::TooLarge));
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X{i}: v\r\n")).collect();
         assert_eq!(parse(&format!("GET http://a.com/ HTTP/1.1\r\n{many}\r\n")), Err(HttpError::TooManyHeaders));
+    }
+
+    #[test]
+    fn a_head_fed_a_byte_at_a_time_is_parsed_once() {
+        // The largest head taken, arriving one byte per read.
+        let filler = "a".repeat(MAX_HEAD_BYTES - 200);
+        let text = format!("GET http://a.com/ HTTP/1.1\r\nHost: a.com\r\nX-Filler: {filler}\r\n\r\n");
+        let mut reader = HeadReader::default();
+        let mut parses = 0;
+        let mut got = None;
+        for end in 1..=text.len() {
+            let r = reader.feed(&text.as_bytes()[..end], |b| {
+                parses += 1;
+                parse_request(b)
+            });
+            if let Some(r) = r.unwrap() {
+                got = Some((r, end));
+                break;
+            }
+        }
+        let ((request, used), end) = got.expect("read whole");
+        assert!(matches!(request, Request::Forward(_)));
+        assert_eq!((used, end, parses), (text.len(), text.len(), 1));
+        // Linear: each byte a few times, where parsing from the start on
+        // every read looked at about len * len / 2.
+        assert!(reader.looked() <= 4 * text.len(), "{} bytes looked at for {}", reader.looked(), text.len());
+        // A head cut anywhere, bare line feeds included, still reads whole.
+        let lf = "GET http://a.com/ HTTP/1.1\nHost: a.com\n\n";
+        for cut in 1..lf.len() {
+            let mut r = HeadReader::default();
+            assert_eq!(r.feed(&lf.as_bytes()[..cut], parse_request), Ok(None), "{cut}");
+            assert!(r.feed(lf.as_bytes(), parse_request).unwrap().is_some(), "{cut}");
+        }
+        // One that never ends is refused at the bound; an answer's status is read.
+        let endless = format!("GET http://a.com/ HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD_BYTES));
+        assert_eq!(
+            HeadReader::default().feed(&endless.as_bytes()[..MAX_HEAD_BYTES], parse_request),
+            Err(HttpError::TooLarge)
+        );
+        let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nframes";
+        assert_eq!(HeadReader::default().feed(answer, parse_response), Ok(Some((101, answer.len() - 6))));
     }
 
     #[test]

@@ -64,47 +64,84 @@ pub fn looks_like_tls(first: u8) -> bool {
 
 /// The ClientHello at the start of `buf`; `None` while incomplete.
 pub fn parse_client_hello(buf: &[u8]) -> Result<Option<ClientHello>, TlsError> {
-    let mut message = Vec::new();
-    let mut at = 0;
-    loop {
-        let Some(header) = buf.get(at..at + 5) else {
-            return partial(buf, at);
-        };
-        if header[0] != RECORD_HANDSHAKE {
-            return Err(if at == 0 { TlsError::NotTls } else { TlsError::Record("a record other than a handshake") });
-        }
-        if header[1] != 3 || header[2] > 4 {
-            return Err(TlsError::Record("version"));
-        }
-        let len = u16::from_be_bytes([header[3], header[4]]) as usize;
-        if len == 0 || len > MAX_RECORD {
-            return Err(TlsError::Record("length"));
-        }
-        if at + 5 + len > MAX_HELLO_INPUT {
-            return Err(TlsError::TooLarge);
-        }
-        let Some(payload) = buf.get(at + 5..at + 5 + len) else {
-            return Ok(None);
-        };
-        message.extend_from_slice(payload);
-        at += 5 + len;
-        if message.len() >= 4 {
-            if message[0] != HANDSHAKE_CLIENT_HELLO {
-                return Err(TlsError::NotClientHello);
+    HelloReader::default().feed(buf)
+}
+
+/// A ClientHello read as it arrives: each call is given everything
+/// received so far, and takes up only the records completed since the
+/// last, so each byte is looked at a bounded number of times however
+/// finely the client cuts its hello (records of one byte, one byte per
+/// segment).
+#[derive(Debug, Default)]
+pub struct HelloReader {
+    /// Where the next record starts.
+    at: usize,
+    /// The handshake message's bytes so far.
+    message: Vec<u8>,
+    /// Bytes looked at so far (the bound's measure).
+    looked: usize,
+}
+
+impl HelloReader {
+    /// Bytes this reader has looked at so far: at most a small multiple
+    /// of the input, whatever its cut.
+    pub fn looked(&self) -> usize {
+        self.looked
+    }
+
+    /// The ClientHello at the start of `buf` (which holds every byte fed
+    /// before); `None` while incomplete. After an answer, feed no more.
+    pub fn feed(&mut self, buf: &[u8]) -> Result<Option<ClientHello>, TlsError> {
+        loop {
+            let at = self.at;
+            let Some(header) = buf.get(at..at + 5) else {
+                self.looked += 2;
+                return partial(buf, at);
+            };
+            self.looked += 5;
+            if header[0] != RECORD_HANDSHAKE {
+                return Err(if at == 0 {
+                    TlsError::NotTls
+                } else {
+                    TlsError::Record("a record other than a handshake")
+                });
             }
-            let body_len = u32::from_be_bytes([0, message[1], message[2], message[3]]) as usize;
-            if body_len > MAX_HELLO_BYTES {
+            if header[1] != 3 || header[2] > 4 {
+                return Err(TlsError::Record("version"));
+            }
+            let len = u16::from_be_bytes([header[3], header[4]]) as usize;
+            if len == 0 || len > MAX_RECORD {
+                return Err(TlsError::Record("length"));
+            }
+            if at + 5 + len > MAX_HELLO_INPUT {
                 return Err(TlsError::TooLarge);
             }
-            if message.len() >= 4 + body_len {
-                if message.len() > 4 + body_len {
-                    return Err(TlsError::Record("bytes after the ClientHello in its record"));
+            let Some(payload) = buf.get(at + 5..at + 5 + len) else {
+                return Ok(None);
+            };
+            self.looked += len;
+            self.message.extend_from_slice(payload);
+            self.at += 5 + len;
+            let message = &self.message;
+            if message.len() >= 4 {
+                if message[0] != HANDSHAKE_CLIENT_HELLO {
+                    return Err(TlsError::NotClientHello);
                 }
-                return client_hello(&message[4..]).map(Some);
+                let body_len = u32::from_be_bytes([0, message[1], message[2], message[3]]) as usize;
+                if body_len > MAX_HELLO_BYTES {
+                    return Err(TlsError::TooLarge);
+                }
+                if message.len() >= 4 + body_len {
+                    if message.len() > 4 + body_len {
+                        return Err(TlsError::Record("bytes after the ClientHello in its record"));
+                    }
+                    self.looked += message.len();
+                    return client_hello(&message[4..]).map(Some);
+                }
             }
-        }
-        if message.len() > MAX_HELLO_BYTES + 4 {
-            return Err(TlsError::TooLarge);
+            if message.len() > MAX_HELLO_BYTES + 4 {
+                return Err(TlsError::TooLarge);
+            }
         }
     }
 }
@@ -326,6 +363,28 @@ mod tests {
         assert_eq!(parse_client_hello(&tiny), Err(TlsError::TooLarge));
         assert_eq!(parse_client_hello(&tiny[..MAX_HELLO_INPUT + 6]), Err(TlsError::TooLarge));
         assert_eq!(parse_client_hello(&tiny[..MAX_HELLO_INPUT - 6]), Ok(None));
+    }
+
+    #[test]
+    fn a_hello_fed_a_byte_at_a_time_is_looked_at_a_bounded_number_of_times() {
+        // The largest hello taken, in records of one byte (six bytes each),
+        // then in one record, arriving one byte per read.
+        let msg = client_hello_message(Some(b"a.com"), &[(21, &vec![0; 10_000])]);
+        for input in [records(&msg, 1), records(&msg, MAX_RECORD)] {
+            let mut reader = HelloReader::default();
+            let mut got = None;
+            for end in 1..=input.len() {
+                if let Some(h) = reader.feed(&input[..end]).unwrap() {
+                    got = Some((h, end));
+                    break;
+                }
+            }
+            let (hello, end) = got.expect("read whole");
+            assert_eq!((hello.sni.as_deref(), end), (Some("a.com"), input.len()));
+            // Linear: each byte a few times, where reading from the start
+            // on every read looked at about len * len / 2.
+            assert!(reader.looked() <= 8 * input.len(), "{} bytes looked at for {}", reader.looked(), input.len());
+        }
     }
 
     #[test]
