@@ -212,6 +212,7 @@ impl Rules {
         let mut found_secrets: Vec<(PathBuf, Kind, bool)> = Vec::new();
         let mut inside: Vec<PathBuf> = Vec::new();
         let looking = !secrets.is_empty() || !host.is_empty();
+        let leaves = host.leaves();
         // Masked directories and what is in them: walked, never watched.
         let secret_dirs: std::cell::RefCell<HashSet<PathBuf>> = Default::default();
         let look = |rel: &Path,
@@ -224,7 +225,7 @@ impl Rules {
             }
             let mut masked_dirs = secret_dirs.borrow_mut();
             let in_secret = !masked_dirs.is_empty() && rel.ancestors().skip(1).any(|a| masked_dirs.contains(a));
-            let on_host_list = host.matches_in_tree(tree.path(), rel);
+            let on_host_list = host.matches_in_tree_with(&leaves, tree.path(), rel);
             // One past the most that can be masked is enough to refuse the start.
             if (on_host_list || secrets.matches(name, kind)) && found.len() <= MAX_MASKS {
                 found.push((rel.to_path_buf(), kind, on_host_list));

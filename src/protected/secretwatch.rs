@@ -125,6 +125,8 @@ pub(super) struct Plan {
     pub(super) secrets: SecretRules,
     /// The host-secret list, masked in the project too.
     pub(super) host: HostSecrets,
+    /// Its last components (see `hostsecrets::Leaves`).
+    pub(super) leaves: crate::hostsecrets::Leaves,
     /// The masked and unmasked secrets of the start.
     pub(super) report: MaskReport,
     /// (device, inode) of every masked file.
@@ -324,7 +326,7 @@ impl SecretWatch {
         }
         let host = p.tree.path().join(rel);
         let allowed = p.report.unmasked.iter().any(|m| rel.starts_with(&m.rel));
-        if p.host.matches_in_tree(p.tree.path(), rel) {
+        if p.host.matches_in_tree_with(&p.leaves, p.tree.path(), rel) {
             return Some(Stale::HostSecret(host));
         }
         if p.secrets.matches(name, kind) && !allowed {
@@ -365,7 +367,7 @@ impl SecretWatch {
                 if p.writable && p.rules.protects(&p.tree, &child, &n) {
                     continue;
                 }
-                let on_host_list = p.host.matches_in_tree(p.tree.path(), &child);
+                let on_host_list = p.host.matches_in_tree_with(&p.leaves, p.tree.path(), &child);
                 if on_host_list
                     || (p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)))
                 {

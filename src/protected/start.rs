@@ -189,6 +189,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
                 tree: copy,
                 rules: rules.clone(),
                 secrets,
+                leaves: host.leaves(),
                 host,
                 report: out.report.clone(),
                 idents,
