@@ -418,6 +418,9 @@ fn is_git_store(rel: &Path, name: &OsStr) -> bool {
     name == "objects" && rel.components().any(|c| c.as_os_str() == ".git")
 }
 
+/// The file that makes a directory of a `skills` directory a pi skill.
+pub(super) const SKILL_FILE: &str = "SKILL.md";
+
 /// Most entries of a `skills` directory looked at for `*/SKILL.md`.
 const SKILLS_LOOKED_AT: usize = 256;
 
@@ -427,7 +430,7 @@ fn holds_skills(tree: &Tree, rel: &Path) -> bool {
     let Ok((list, _)) = tree.list(rel, SKILLS_LOOKED_AT) else { return false };
     list.iter()
         .filter(|(_, k)| *k == Kind::Dir)
-        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join("SKILL.md")), Ok(Some(st)) if Kind::of(&st) == Kind::File))
+        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join(SKILL_FILE)), Ok(Some(st)) if Kind::of(&st) == Kind::File))
 }
 
 /// Plan the protection of `project` (its canonical path). `tainted` are
@@ -487,6 +490,7 @@ fn guard_of(tree: Tree, rules: Rules, found: Found, summary: Summary, sink: Note
         budget: parking_lot::Mutex::new(None),
         repairing: parking_lot::Mutex::new(()),
         scan: summary,
+        follows: parking_lot::Mutex::new(None),
     }
 }
 
