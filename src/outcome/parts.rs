@@ -153,7 +153,7 @@ mod tests {
                 (PartKind::Status, "status: ok (0.1s, worker generation 1)"),
                 (PartKind::Image, "image 1: /scratch/.pi-images/1.png (1x1 PNG, 3B), attached"),
                 (PartKind::Note, "note: saved /scratch/.pi-images/1.png"),
-                (PartKind::Logs, "Full output saved to: /l/0001-out.log (stdout)"),
+                (PartKind::Logs, "Full output saved to: /logs/0001-out.log (stdout)"),
             ]
         );
         assert!(r.text.contains(fake), "{}", r.text);
