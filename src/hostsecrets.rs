@@ -89,6 +89,24 @@ pub struct Mask {
     pub is_dir: bool,
 }
 
+/// The last components of a list's entries: a walk passes over a name
+/// that ends none of them with one lookup (a project walk looks at every
+/// name, and matching each against every entry of the list was most of
+/// its time), and runs the whole match only for the names that could be
+/// one.
+#[derive(Debug, Clone, Default)]
+pub struct Leaves {
+    literal: std::collections::HashSet<String>,
+    globs: Vec<String>,
+}
+
+impl Leaves {
+    /// Whether `leaf` could end an entry.
+    pub fn may_match(&self, leaf: &str) -> bool {
+        self.literal.contains(leaf) || self.globs.iter().any(|g| glob_match(g, leaf))
+    }
+}
+
 /// `*` matches any run of characters; everything else matches itself.
 fn glob_match(pattern: &str, name: &str) -> bool {
     // Without allocating: this runs for every entry at every name a watch
@@ -250,6 +268,28 @@ impl HostSecrets {
     /// Nothing on the list.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.in_home.is_empty()
+    }
+
+    /// The last components of the list's entries (see [`Leaves`]).
+    pub fn leaves(&self) -> Leaves {
+        let mut out = Leaves::default();
+        let lasts = self.in_home.iter().filter_map(|parts| parts.last()).chain(self.entries.iter().map(|e| &e.leaf));
+        for leaf in lasts {
+            if leaf.contains('*') {
+                if !out.globs.contains(leaf) {
+                    out.globs.push(leaf.clone());
+                }
+            } else {
+                out.literal.insert(leaf.clone());
+            }
+        }
+        out
+    }
+
+    /// [`HostSecrets::matches_in_tree`], passing over at once a name that
+    /// ends no entry (`leaves` is this list's).
+    pub fn matches_in_tree_with(&self, leaves: &Leaves, root: &Path, rel: &Path) -> bool {
+        rel.file_name().is_some_and(|l| leaves.may_match(&l.to_string_lossy())) && self.matches_in_tree(root, rel)
     }
 
     /// Whether `rel` (a relative path in a walked tree) is a secret of the
@@ -635,6 +675,31 @@ mod tests {
         let seen = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.unwrap().unwrap();
         assert_eq!(seen, home.join(".netrc"));
         task.await.unwrap();
+    }
+
+    #[test]
+    fn the_leaves_pass_over_only_names_that_end_no_entry() {
+        let s = HostSecrets::new(None, Some(Path::new("/nonexistent-home")), &[]);
+        let leaves = s.leaves();
+        let root = Path::new("/nonexistent-home/proj");
+        // Every entry's own last component, globbed ones spelt out, and names that are none.
+        let mut rels: Vec<PathBuf> = s.in_home.iter().map(|parts| parts.iter().collect::<PathBuf>()).collect();
+        rels.extend(
+            ["a/.ansible/vault-x.yml", "x/.vault_pass.txt", "src/main.rs", "sub/.ssh", "credentials"]
+                .map(PathBuf::from),
+        );
+        let absolute = PathBuf::from("/etc/ssh/ssh_host_ed25519_key");
+        let mut hits = 0;
+        for rel in rels.iter().map(|r| PathBuf::from(r.to_string_lossy().replace('*', "x"))) {
+            let whole = s.matches_in_tree(root, &rel);
+            assert_eq!(s.matches_in_tree_with(&leaves, root, &rel), whole, "{rel:?}");
+            hits += usize::from(whole);
+        }
+        assert!(hits > 10, "the list's own entries match: {hits}");
+        let etc = Path::new("/etc/ssh");
+        let key = Path::new("ssh_host_ed25519_key");
+        assert!(s.matches_in_tree(etc, key) && s.matches_in_tree_with(&leaves, etc, key), "{absolute:?}");
+        assert!(!leaves.may_match("main.rs") && !leaves.may_match("f0.c"));
     }
 
     #[test]

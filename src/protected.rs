@@ -212,6 +212,7 @@ impl Rules {
         let mut found_secrets: Vec<(PathBuf, Kind, bool)> = Vec::new();
         let mut inside: Vec<PathBuf> = Vec::new();
         let looking = !secrets.is_empty() || !host.is_empty();
+        let leaves = host.leaves();
         // Masked directories and what is in them: walked, never watched.
         let secret_dirs: std::cell::RefCell<HashSet<PathBuf>> = Default::default();
         let look = |rel: &Path,
@@ -224,7 +225,7 @@ impl Rules {
             }
             let mut masked_dirs = secret_dirs.borrow_mut();
             let in_secret = !masked_dirs.is_empty() && rel.ancestors().skip(1).any(|a| masked_dirs.contains(a));
-            let on_host_list = host.matches_in_tree(tree.path(), rel);
+            let on_host_list = host.matches_in_tree_with(&leaves, tree.path(), rel);
             // One past the most that can be masked is enough to refuse the start.
             if (on_host_list || secrets.matches(name, kind)) && found.len() <= MAX_MASKS {
                 found.push((rel.to_path_buf(), kind, on_host_list));
@@ -417,6 +418,9 @@ fn is_git_store(rel: &Path, name: &OsStr) -> bool {
     name == "objects" && rel.components().any(|c| c.as_os_str() == ".git")
 }
 
+/// The file that makes a directory of a `skills` directory a pi skill.
+pub(super) const SKILL_FILE: &str = "SKILL.md";
+
 /// Most entries of a `skills` directory looked at for `*/SKILL.md`.
 const SKILLS_LOOKED_AT: usize = 256;
 
@@ -426,7 +430,7 @@ fn holds_skills(tree: &Tree, rel: &Path) -> bool {
     let Ok((list, _)) = tree.list(rel, SKILLS_LOOKED_AT) else { return false };
     list.iter()
         .filter(|(_, k)| *k == Kind::Dir)
-        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join("SKILL.md")), Ok(Some(st)) if Kind::of(&st) == Kind::File))
+        .any(|(n, _)| matches!(tree.lstat(&rel.join(n).join(SKILL_FILE)), Ok(Some(st)) if Kind::of(&st) == Kind::File))
 }
 
 /// Plan the protection of `project` (its canonical path). `tainted` are
@@ -486,6 +490,7 @@ fn guard_of(tree: Tree, rules: Rules, found: Found, summary: Summary, sink: Note
         budget: parking_lot::Mutex::new(None),
         repairing: parking_lot::Mutex::new(()),
         scan: summary,
+        follows: parking_lot::Mutex::new(None),
     }
 }
 

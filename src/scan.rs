@@ -36,7 +36,7 @@ pub struct Limits {
     pub max_depth: usize,
 }
 
-pub const DEFAULT_LIMITS: Limits = Limits { max_entries: 50_000, max_depth: 24 };
+pub const DEFAULT_LIMITS: Limits = Limits { max_entries: 500_000, max_depth: 24 };
 /// Override the bounds (whole numbers; anything else keeps the default).
 pub const ENTRIES_ENV: &str = "PI_SANDBOX_SCAN_ENTRIES";
 pub const DEPTH_ENV: &str = "PI_SANDBOX_SCAN_DEPTH";

@@ -495,13 +495,13 @@ pub async fn run(
     kill_group(pid);
     let mut ended_notes = Vec::new();
     if let Some(guard) = guard {
-        // Nothing new in the project since the walk (no entry made, moved
-        // or removed where the walk looks): no new protected name either,
-        // and the walk is kept for the next command. Else the whole check.
+        // The watch covers every directory the walk entered: the protected
+        // names it saw appear are made inert (and the walk is kept for the
+        // next command). Else the whole check.
         let found = Arc::new(parking_lot::Mutex::new(protected::NoteList::default()));
         let sink = found.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            if !project_watch.is_some_and(|w| w.unchanged()) {
+            if !project_watch.is_some_and(|w| w.protection_kept(|rels| guard.settle_named(rels))) {
                 protected::settle_and_check(&guard, None, &sink);
             }
         })

@@ -81,6 +81,9 @@ pub fn start(armed: Armed) -> Watches {
     let Armed { pid, guard, watcher, secret_watch, masks_watch, budget, killed_for, secret_appeared } = armed;
     let mut stops = Vec::new();
     if let Some(guard) = guard {
+        if let Some(watch) = &masks_watch {
+            guard.follow(watch.clone());
+        }
         let (stop, stopped) = oneshot::channel();
         tokio::spawn(protected::watch(guard, watcher, stopped));
         stops.push(stop);

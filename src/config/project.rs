@@ -15,6 +15,10 @@ use crate::beneath::{Kind, Tree};
 use crate::display::one_line;
 use crate::scan::{walk, Limits, Visit, DEPENDENCY_DIRS};
 
+/// The bounds of the look at session start (a notice only: what it does
+/// not see is ignored just the same).
+pub const LOOK_LIMITS: Limits = Limits { max_entries: 50_000, max_depth: 24 };
+
 /// Where a project would put the file, relative to the project.
 pub const PROJECT_FILE_REL: &str = ".pi/extensions/pi-python-sandbox/config.json";
 /// Paths a notice names at most.

@@ -15,9 +15,11 @@ use crate::secrets::MaskReport;
 /// there with the same link count. A read-only project is written by no
 /// sandbox, so only the host's own programs change it, and those changes
 /// are what the watch sees. A writable project is written by the
-/// sandboxes: its walk is kept only while the watch saw no entry event at
-/// all (`SecretWatch::unchanged`), and each start gets a guard of its own
-/// made from the kept one.
+/// sandboxes: its walk is kept while the watch says its protection is the
+/// walk's (`SecretWatch::protection_kept`: every directory watched, no
+/// protected entry or directory above one removed, every protected name
+/// that appeared made inert), and each start gets a guard of its own made
+/// from the kept one.
 #[derive(Default, Clone)]
 pub struct PlanCache(Arc<parking_lot::Mutex<Option<Cached>>>);
 
@@ -67,10 +69,15 @@ impl PlanCache {
         if kept.watch.as_ref().is_some_and(|w| w.stale().is_some()) {
             return None;
         }
-        // A writable project's walk: only while nothing at all changed in
-        // it (the sandboxes write it; any entry event drops the walk).
-        if kept.writable.is_some() && !kept.watch.as_ref().is_some_and(|w| w.unchanged()) {
-            return None;
+        // A writable project's walk: only while its protection is the
+        // walk's (the sandboxes write it: a name made or removed elsewhere
+        // keeps it; a protected name the host made since drops it, so that
+        // the next walk binds it).
+        if let Some((_, seed)) = &kept.writable {
+            let planned = |rels: &[PathBuf]| rels.iter().all(|r| seed.as_planned(r));
+            if !kept.watch.as_ref().is_some_and(|w| w.protection_kept(planned)) {
+                return None;
+            }
         }
         let tree = crate::beneath::Tree::open(project).ok()?;
         let all_there = kept.report.masked.iter().all(|m| tree.lstat(&m.rel).is_ok_and(|st| st.is_some()));

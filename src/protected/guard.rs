@@ -2,7 +2,9 @@
 //! of the plan protected while the sandbox can write the project, making
 //! every name that appears (or is replaced) inert at once, through the
 //! checks at the end of each execution, an inotify watch on the
-//! directories that hold protected names, and a walk every few seconds.
+//! directories that hold protected names, and every few seconds a walk
+//! (or, while the project's secret watch covers every directory, the
+//! protected names that watch saw appear).
 
 use super::*;
 
@@ -35,6 +37,10 @@ pub struct Guard {
     /// done and the note still on its way (it would reach a later result).
     pub(super) repairing: parking_lot::Mutex<()>,
     pub scan: Summary,
+    /// The project's secret watch, when it runs beside this guard: the
+    /// periodic check reads it instead of walking while it covers the
+    /// project (see [`Guard::check_periodic`]).
+    pub(super) follows: parking_lot::Mutex<Option<std::sync::Arc<SecretWatch>>>,
 }
 
 /// How often the whole project is checked while a writable sandbox runs.
@@ -194,6 +200,23 @@ impl Guard {
         }
     }
 
+    /// Let the periodic check read `watch`, the project's secret watch of
+    /// the same sandbox (it watches every directory the walk entered).
+    pub fn follow(&self, watch: std::sync::Arc<SecretWatch>) {
+        *self.follows.lock() = Some(watch);
+    }
+
+    /// The check every [`BACKGROUND_CHECK`]: the protected names the
+    /// project's secret watch saw appear, made inert where new, while it
+    /// covers every directory the walk entered (a large project is not
+    /// walked every few seconds); else the whole check.
+    pub fn check_periodic(&self) {
+        let watch = self.follows.lock().clone();
+        if !watch.is_some_and(|w| w.protection_kept(|rels| self.settle_named(rels))) {
+            self.check_all_pending();
+        }
+    }
+
     /// Check one new entry of a holder directory (from the watch).
     pub fn check_entry(&self, dir: &Path, name: &OsStr) {
         let _one = self.repairing.lock();
@@ -210,6 +233,43 @@ impl Guard {
         self.check_expected_and_links(&mut notes, &mut breaches);
         self.breached(breaches, &mut notes);
         self.pending.lock().extend(notes);
+    }
+
+    /// Whether the protected name that appeared at `rel` (a watch saw it)
+    /// leaves the project as this plan protects it: gone again (made
+    /// inert), not protected (a `skills` directory without a skill), the
+    /// planned entry itself, or a protected link pointing where it did.
+    /// A `SKILL.md` stands for the `skills` directory two levels up.
+    pub fn as_planned(&self, rel: &Path) -> bool {
+        let Some(rel) = subject(rel) else { return true };
+        if let Some((_, target)) = self.found.links.iter().find(|(l, _)| *l == rel) {
+            return self.tree.read_link(&rel).is_ok_and(|now| now == *target);
+        }
+        let Some(name) = rel.file_name() else { return true };
+        match self.tree.lstat(&rel) {
+            Ok(None) => true,
+            Ok(Some(st)) => {
+                let protected = self.rules.protects(&self.tree, &rel, name) || self.found.expected.contains(&rel);
+                !(protected && self.is_new(&rel, &st))
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// At the end of an execution: make inert each protected name a watch
+    /// saw appear at `rels` that is not as planned; whether all of them
+    /// are as planned now (else the whole check must run).
+    pub fn settle_named(&self, rels: &[PathBuf]) -> bool {
+        for rel in rels {
+            if !self.as_planned(rel) {
+                if let Some(subject) = subject(rel) {
+                    if let Some(name) = subject.file_name() {
+                        self.check_entry(subject.parent().unwrap_or(Path::new("")), name);
+                    }
+                }
+            }
+        }
+        rels.iter().all(|r| self.as_planned(r))
     }
 
     /// Whether the project still holds exactly what this sandbox
@@ -346,6 +406,17 @@ impl Guard {
     }
 }
 
+/// What a protected name that appeared at `rel` is about: itself, or for
+/// a `SKILL.md` the `skills` directory it makes a pi skill (none when
+/// there is none).
+fn subject(rel: &Path) -> Option<PathBuf> {
+    if rel.file_name().is_none_or(|n| n != SKILL_FILE) {
+        return Some(rel.to_path_buf());
+    }
+    let skills = rel.parent()?.parent()?;
+    (skills.file_name()? == SKILLS).then(|| skills.to_path_buf())
+}
+
 /// The guard's inotify instance and its watches on the holder
 /// directories, made before the sandbox starts: what code in the sandbox
 /// does with its user's inotify budget afterwards cannot take them away.
@@ -393,8 +464,8 @@ impl Watcher {
     }
 }
 
-/// Keep `guard` until `stop` fires: the whole check every
-/// [`BACKGROUND_CHECK`], always, and in between the new entries of the
+/// Keep `guard` until `stop` fires: the periodic check every
+/// [`BACKGROUND_CHECK`], always (see [`Guard::check_periodic`]), and in between the new entries of the
 /// holder directories that `watcher` reports (an overflowed queue
 /// triggers the whole check). Without a watcher, or once its instance
 /// fails, the periodic walk goes on alone. The reactions are charged to
@@ -430,7 +501,7 @@ pub async fn watch(
         };
         if !woke {
             let g = guard.clone();
-            let _ = tokio::task::spawn_blocking(move || g.check_all_pending()).await;
+            let _ = tokio::task::spawn_blocking(move || g.check_periodic()).await;
             continue;
         }
         let Some(instance) = inotify.clone() else {

@@ -30,7 +30,17 @@ use super::*;
 
 /// Most directories one sandbox's watch holds (each is one inotify watch
 /// of the user's budget, `fs.inotify.max_user_watches`).
-pub const MAX_WATCHES: usize = 8192;
+pub const MAX_WATCHES: usize = 65_536;
+
+/// Most protected names that appeared a watch keeps for the guard to
+/// judge (see [`SecretWatch::protection_kept`]); past it the project is
+/// walked again.
+const MAX_NAMED: usize = 256;
+
+/// Git's files that say where a repository's hooks are
+/// (`core.hooksPath`): one made, removed or moved inside a protected
+/// entry changes what the plan protects.
+const GIT_CONFIG_NAMES: &[&str] = &["config", "config.worktree", "commondir"];
 
 /// Most entries the watch lists in new directories over a sandbox's life
 /// (each directory counts as one more); past it the check before each
@@ -46,9 +56,8 @@ const DRAIN_READS: usize = 256;
 
 /// Added through `/proc/self/fd/N` of the directory's own fd (a magic
 /// link to what was opened beneath the project, so it is followed).
-/// Names removed, moved away or changed in their attributes are not
-/// looked at: they only tell that the project changed (see
-/// [`SecretWatch::unchanged`]).
+/// Names removed or moved away matter only to a writable project's
+/// protection (see [`SecretWatch::protection_kept`]).
 const FLAGS: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_MOVED_TO)
     .union(AddWatchFlags::IN_DELETE)
@@ -125,11 +134,39 @@ pub(super) struct Plan {
     pub(super) secrets: SecretRules,
     /// The host-secret list, masked in the project too.
     pub(super) host: HostSecrets,
+    /// Its last components (see `hostsecrets::Leaves`).
+    pub(super) leaves: crate::hostsecrets::Leaves,
     /// The masked and unmasked secrets of the start.
     pub(super) report: MaskReport,
     /// (device, inode) of every masked file.
     pub(super) idents: HashSet<Ident>,
     pub(super) writable: bool,
+    /// A writable project's protected entries and links (see [`Guarded`]).
+    pub(super) guarded: Guarded,
+}
+
+/// What a writable project's plan protects, as the watch looks at events:
+/// a name removed or moved away here changes the plan.
+#[derive(Debug, Default)]
+pub(super) struct Guarded {
+    /// The protected entries and links.
+    pub(super) entries: HashSet<PathBuf>,
+    /// Those, the directories above them and above each expected name.
+    pub(super) removal: HashSet<PathBuf>,
+}
+
+impl Guarded {
+    pub(super) fn of(found: &Found) -> Guarded {
+        let mut g = Guarded::default();
+        for rel in found.entries.iter().map(|(r, _, _)| r).chain(found.links.iter().map(|(l, _)| l)) {
+            g.entries.insert(rel.clone());
+            g.removal.extend(rel.ancestors().map(Path::to_path_buf));
+        }
+        for rel in &found.expected {
+            g.removal.extend(rel.ancestors().skip(1).map(Path::to_path_buf));
+        }
+        g
+    }
 }
 
 struct State {
@@ -143,9 +180,12 @@ struct State {
     stale: Option<String>,
     /// When a reaction last walked the project.
     walked: Option<std::time::Instant>,
-    /// An entry of a watched directory was made, removed, moved or
-    /// changed since the walk (it stays so).
-    changed: bool,
+    /// A writable project: a protected entry, a directory above one or a
+    /// git configuration file in one was removed, moved or made since the
+    /// walk, or more protected names appeared than are kept (it stays so).
+    replan: bool,
+    /// Protected names that appeared since the guard last judged them.
+    named: Vec<PathBuf>,
 }
 
 /// A running sandbox's watch on the project's secrets.
@@ -175,7 +215,8 @@ impl SecretWatch {
                 listed: 0,
                 stale: None,
                 walked: None,
-                changed: false,
+                replan: false,
+                named: Vec::new(),
             }),
         }
     }
@@ -226,25 +267,6 @@ impl SecretWatch {
         state.stale.clone()
     }
 
-    /// Blocking: whether the project is as the walk saw it: no entry of a
-    /// watched directory made, removed, moved or changed since, every
-    /// directory the walk entered watched, the queue never overflowed.
-    /// What the watch does not cover (dependency trees, protected and
-    /// masked directories) the walk does not look at either.
-    pub fn unchanged(&self) -> bool {
-        let mut state = self.state.lock();
-        if state.stale.is_some() {
-            return false;
-        }
-        match self.drain(&mut state, DRAIN_READS) {
-            Err(why) => {
-                state.stale = Some(why.to_string());
-                false
-            }
-            Ok(drained) => drained && state.complete && !state.changed,
-        }
-    }
-
     /// Blocking: one batch of the watch's reactions (at most
     /// [`BATCH_READS`] reads of the queue): why the masks are stale, or
     /// whether events are left. Where the watch does not cover the whole
@@ -289,7 +311,12 @@ impl SecretWatch {
                     state.complete = false;
                     continue;
                 }
-                state.changed = true;
+                if self.plan.writable {
+                    if let Some(dir) = state.wds.get(&ev.wd).cloned() {
+                        let rel = ev.name.as_ref().map_or(dir.clone(), |n| dir.join(n));
+                        self.protection_event(state, &rel, ev.mask);
+                    }
+                }
                 if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
                     state.wds.remove(&ev.wd);
                     continue;
@@ -305,6 +332,64 @@ impl SecretWatch {
             }
         }
         Ok(false)
+    }
+
+    /// Blocking: whether a writable project's protection is still the
+    /// walk's: every directory the walk entered watched and the queue
+    /// drained without an overflow, no protected entry, directory above
+    /// one or git configuration file in one removed, moved or made, and
+    /// every protected name that appeared since judged by `planned` (the
+    /// guard: at the end of a command it makes them inert first; between
+    /// commands one the host made means the walk must bind it). Names made
+    /// and removed elsewhere (`touch x`, a build's output) keep the walk.
+    pub fn protection_kept(&self, planned: impl FnOnce(&[PathBuf]) -> bool) -> bool {
+        let mut state = self.state.lock();
+        if state.stale.is_some() {
+            return false;
+        }
+        match self.drain(&mut state, DRAIN_READS) {
+            Err(why) => {
+                state.stale = Some(why.to_string());
+                return false;
+            }
+            Ok(drained) if !drained || !state.complete || state.replan => return false,
+            Ok(_) => {}
+        }
+        if state.named.is_empty() || planned(&state.named) {
+            state.named.clear();
+            return true;
+        }
+        false
+    }
+
+    /// What event `mask` on `rel` means for a writable project's plan.
+    fn protection_event(&self, state: &mut State, rel: &Path, mask: AddWatchFlags) {
+        let g = &self.plan.guarded;
+        let gone = AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF;
+        let name = rel.file_name().unwrap_or_default();
+        let git_config = name.to_str().is_some_and(|n| GIT_CONFIG_NAMES.contains(&n))
+            && rel.ancestors().skip(1).any(|a| g.entries.contains(a));
+        if git_config || (mask.intersects(gone) && g.removal.contains(rel)) {
+            state.replan = true;
+            return;
+        }
+        if mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+            && (g.removal.contains(rel) || self.plan.rules.names.contains(name) || name == SKILL_FILE)
+        {
+            self.name_appeared(state, rel);
+        }
+    }
+
+    /// Keep `rel` for the guard to judge (bounded).
+    fn name_appeared(&self, state: &mut State, rel: &Path) {
+        if state.named.len() >= MAX_NAMED {
+            state.replan = true;
+        } else if !state.named.iter().any(|n| n == rel) {
+            state.named.push(rel.to_path_buf());
+        }
     }
 
     /// One new entry `rel` (a directory by the event's word when it is
@@ -324,7 +409,7 @@ impl SecretWatch {
         }
         let host = p.tree.path().join(rel);
         let allowed = p.report.unmasked.iter().any(|m| rel.starts_with(&m.rel));
-        if p.host.matches_in_tree(p.tree.path(), rel) {
+        if p.host.matches_in_tree_with(&p.leaves, p.tree.path(), rel) {
             return Some(Stale::HostSecret(host));
         }
         if p.secrets.matches(name, kind) && !allowed {
@@ -362,10 +447,13 @@ impl SecretWatch {
             }
             for (n, k) in entries {
                 let child = dir.join(&n);
+                if p.writable && (p.rules.names.contains(&n) || n == SKILL_FILE) {
+                    self.name_appeared(state, &child);
+                }
                 if p.writable && p.rules.protects(&p.tree, &child, &n) {
                     continue;
                 }
-                let on_host_list = p.host.matches_in_tree(p.tree.path(), &child);
+                let on_host_list = p.host.matches_in_tree_with(&p.leaves, p.tree.path(), &child);
                 if on_host_list
                     || (p.secrets.matches(&n, k) && !p.report.unmasked.iter().any(|m| child.starts_with(&m.rel)))
                 {

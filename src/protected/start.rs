@@ -189,10 +189,12 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
                 tree: copy,
                 rules: rules.clone(),
                 secrets,
+                leaves: host.leaves(),
                 host,
                 report: out.report.clone(),
                 idents,
                 writable: r.writable,
+                guarded: protected.as_ref().map(secretwatch::Guarded::of).unwrap_or_default(),
             },
         ));
     }
@@ -405,6 +407,128 @@ mod tests {
             assert_eq!(watch.stale().is_some(), stale, "{what}: {:?}", watch.stale());
             std::fs::remove_dir_all(&p).expect("cleanup");
         }
+    }
+
+    #[test]
+    fn a_writable_walk_is_kept_through_ordinary_changes_and_new_protected_names_are_judged() {
+        let fresh = || {
+            let p = tmp();
+            for d in [".session", "project/src/a", "project/.git/hooks"] {
+                std::fs::create_dir_all(p.join(d)).expect("mkdir");
+            }
+            std::fs::write(p.join("project/.git/config"), "[core]\n").expect("write");
+            std::fs::write(p.join("project/src/a/f.py"), "").expect("write");
+            p
+        };
+        fn mkdirs(d: &Path, rel: &str) {
+            std::fs::create_dir_all(d.join(rel)).expect("mkdir")
+        }
+        fn write(d: &Path, rel: &str) {
+            std::fs::write(d.join(rel), "x").expect("write")
+        }
+        type Act = fn(&Path);
+        // What happens; whether the walk is kept between commands (the
+        // host did it) and at the end of a command (the guard first makes
+        // new protected names inert); the name made inert.
+        let cases: [(&str, Act, bool, bool, Option<&str>); 9] = [
+            ("a file made", |d| write(d, "src/a/x"), true, true, None),
+            ("a file removed", |d| std::fs::remove_file(d.join("src/a/f.py")).expect("rm"), true, true, None),
+            (
+                "a tree made",
+                |d| {
+                    mkdirs(d, "src/b/c");
+                    write(d, "src/b/c/g.py")
+                },
+                true,
+                true,
+                None,
+            ),
+            ("a tree removed", |d| std::fs::remove_dir_all(d.join("src/a")).expect("rm"), true, true, None),
+            (
+                "an .envrc deep in a new tree",
+                |d| {
+                    mkdirs(d, "src/n/m");
+                    write(d, "src/n/m/.envrc")
+                },
+                false,
+                true,
+                Some("src/n/m/.envrc"),
+            ),
+            ("a repository", |d| mkdirs(d, "src/a/.git/hooks"), false, true, Some("src/a/.git")),
+            (
+                "a pi skill",
+                |d| {
+                    mkdirs(d, "src/skills/x");
+                    write(d, "src/skills/x/SKILL.md")
+                },
+                false,
+                true,
+                Some("src/skills"),
+            ),
+            (
+                "the repository moved away",
+                |d| std::fs::rename(d.join(".git"), d.join("old")).expect("mv"),
+                false,
+                false,
+                None,
+            ),
+            (
+                "git's configuration replaced",
+                |d| {
+                    write(d, ".git/config.lock");
+                    std::fs::rename(d.join(".git/config.lock"), d.join(".git/config")).expect("mv")
+                },
+                false,
+                false,
+                None,
+            ),
+        ];
+        for (what, act, between, at_end, inert) in cases {
+            let p = fresh();
+            let d = p.join("project");
+            let mut plan = start(&p, true, &[], None, scan::DEFAULT_LIMITS);
+            let (watch, guard) = (plan.watch.take().expect("a watch"), plan.guard.take().expect("writable"));
+            let planned = |rels: &[PathBuf]| rels.iter().all(|r| guard.as_planned(r));
+            assert!(watch.protection_kept(planned), "{what}: nothing happened yet");
+            act(&d);
+            assert_eq!(watch.protection_kept(planned), between, "{what}: between commands");
+            assert_eq!(watch.protection_kept(|rels| guard.settle_named(rels)), at_end, "{what}: at the end");
+            if let Some(rel) = inert {
+                assert!(!d.join(rel).exists(), "{what}: {rel} is left");
+                assert!(d.join(format!("{rel}{INERT_MARK}")).exists(), "{what}: {rel} was not made inert");
+                // The guard's own renames keep the walk.
+                assert!(watch.protection_kept(planned), "{what}: after the renames");
+            }
+            std::fs::remove_dir_all(&p).expect("cleanup");
+        }
+    }
+
+    #[test]
+    fn the_periodic_check_reads_the_secret_watch_instead_of_walking() {
+        let p = tmp();
+        std::fs::create_dir_all(p.join(".session")).expect("mkdir");
+        std::fs::create_dir_all(p.join("project/sub/deep")).expect("mkdir");
+        let d = p.join("project");
+        let small = Limits { max_entries: 64, max_depth: 24 };
+        let mut plan = start(&p, true, &[], None, small);
+        let (watch, guard) = (plan.watch.take().expect("a watch"), plan.guard.take().expect("writable"));
+        let unfollowed = start(&p, true, &[], None, small).guard.expect("writable");
+        // Past the walk's bound since: a walk would stop the sandbox.
+        for i in 0..80 {
+            std::fs::write(d.join(format!("sub/junk{i}")), "").expect("write");
+        }
+        std::fs::write(d.join("sub/deep/.yarnrc.yml"), "planted").expect("write");
+        guard.follow(std::sync::Arc::new(watch));
+        guard.check_periodic();
+        let notes = guard.pending.lock().take().join("\n");
+        assert!(notes.contains("sub/deep/.yarnrc.yml appeared"), "{notes}");
+        assert!(!notes.contains("grew past"), "the project was walked: {notes}");
+        assert_eq!(std::fs::read_to_string(d.join("sub/deep/.yarnrc.yml.pi-inert")).expect("inert"), "planted");
+        // Baseline, a guard without the watch: the whole walk, which finds the project outgrown.
+        unfollowed.check_periodic();
+        let notes = unfollowed.pending.lock().take().join("\n");
+        assert!(notes.contains("grew past 64 entries"), "{notes}");
+        std::fs::remove_dir_all(&p).expect("cleanup");
     }
 
     #[test]

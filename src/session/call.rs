@@ -272,10 +272,12 @@ impl<H: Host> Session<H> {
     ) -> Outcome {
         if let Some(guard) = guard {
             // The names where protected entries live, now; the whole
-            // project off the result's path (its notes reach the next result).
+            // project off the result's path (its notes reach the next
+            // result): the names the project's watch saw appear while it
+            // covers the project, else the walk.
             o.notes.extend(guard.check_holders());
             if alive {
-                tokio::task::spawn_blocking(move || guard.check_all_pending());
+                tokio::task::spawn_blocking(move || guard.check_periodic());
             }
         }
         o.notes.extend(self.notes.lock().take());
