@@ -23,6 +23,9 @@ pub struct CallRequest<'a> {
     pub mark: &'a [u8],
     /// Take a rollback point before running it.
     pub checkpoint: bool,
+    /// How many times the project's mount was replaced under the running
+    /// sandbox: an interpreter that has seen fewer moves to /workspace.
+    pub moved: u64,
 }
 
 /// Version spoken by this host and the embedded worker.
@@ -58,6 +61,9 @@ pub enum Request {
         mark: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         checkpoint: bool,
+        /// See [`CallRequest::moved`].
+        #[serde(default, skip_serializing_if = "is_zero")]
+        moved: u64,
     },
     /// The first frame on fresh channels: the host has taken its ends;
     /// the restored frame echoes `nonce`.
@@ -65,6 +71,10 @@ pub enum Request {
     /// The call's result has come: the worker ends that call's rollback
     /// copy (until then a broken frame the code wrote still finds it).
     Release,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Outcome class reported by the worker for one execution.
@@ -387,6 +397,7 @@ mod tests {
             code: base64::engine::general_purpose::STANDARD.encode(code),
             mark: base64::engine::general_purpose::STANDARD.encode(end_mark(&"0".repeat(24))),
             checkpoint: true,
+            moved: u64::MAX,
         };
         let frame = encode(&req).expect("a maximal source must fit one frame");
         assert!(frame.len() - 4 <= MAX_FRAME_BYTES);

@@ -77,7 +77,7 @@ pub struct Plan {
 /// Why a change is not made live.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    #[error("the change is more than an added or revoked grant (a mode change, or an allow once removed)")]
+    #[error("the change is more than a mode change or an added or revoked grant (an allow once removed)")]
     NotAnAddition,
     #[error("{} overlaps a tree the sandbox already shows", crate::display::one_line(.0))]
     Overlap(PathBuf),
@@ -95,6 +95,8 @@ pub enum LiveError {
     MaskSources(std::io::Error),
     #[error("{0}")]
     Mount(#[from] MountError),
+    #[error("the project's mount could not be replaced for the new mode: {0}")]
+    Mode(String),
 }
 
 /// The steps that turn `had` into `want` on a running sandbox: only added
@@ -102,8 +104,9 @@ pub enum LiveError {
 /// once; a tree that overlaps one still shown is left to a restart (a
 /// fresh start stacks them in its own order).
 pub fn plan(had: &MountConfig, want: &MountConfig) -> Result<Plan, LiveError> {
-    let kept = had.workspace_writable == want.workspace_writable
-        && had.unmasked == want.unmasked
+    // A mode change is made apart (the project's mount replaced whole,
+    // see `worker::mode`), before the plan's steps.
+    let kept = had.unmasked == want.unmasked
         && had.once.iter().all(|o| want.once.contains(o))
         && had.unmasked_once.iter().all(|u| want.unmasked_once.contains(u));
     if !kept {
@@ -133,6 +136,27 @@ pub fn plan(had: &MountConfig, want: &MountConfig) -> Result<Plan, LiveError> {
     }
     plan.unmask = want.unmasked_once.iter().filter(|u| !had.unmasked_once.contains(u)).cloned().collect();
     Ok(plan)
+}
+
+/// What a live change needs of the session besides the sandbox.
+pub struct LiveEnv<'a> {
+    /// The session's directory (the empty mask sources are there).
+    pub dirs_root: &'a Path,
+    /// The project's canonical path.
+    pub project: &'a Path,
+    /// Trees no host-secret mask is needed in (the project, the runtime root).
+    pub trees: &'a [&'a Path],
+    /// The session's set-aside scratches, when there are any.
+    pub quarantine: Option<&'a Path>,
+    /// For a mode change (see `worker::mode`): the session's runtime
+    /// root, where the guard's notes go, the protected names that could
+    /// not be made inert, the secrets earlier starts found, and how the
+    /// guard gets its inotify instance.
+    pub runtime_root: &'a Path,
+    pub notes: &'a crate::protected::Notes,
+    pub tainted: &'a crate::protected::Tainted,
+    pub known: &'a crate::protected::KnownSecrets,
+    pub guard_inotify: crate::protected::InotifyInit,
 }
 
 /// What applying a plan needs of the session and its sandbox.
@@ -281,8 +305,9 @@ mod tests {
 
     #[test]
     fn anything_but_an_added_or_revoked_grant_restarts() {
+        // A mode change alone has no steps here (see `worker::mode`).
         let writable = MountConfig { workspace_writable: true, ..roots(&[]) };
-        assert!(matches!(plan(&roots(&[]), &writable), Err(LiveError::NotAnAddition)));
+        assert_eq!(plan(&roots(&[]), &writable).unwrap(), Plan::default());
         let unmasked = MountConfig { unmasked: vec!["/p/.env".into()], ..roots(&[]) };
         assert!(matches!(plan(&roots(&[]), &unmasked), Err(LiveError::NotAnAddition)));
         // Over or under a tree already shown.

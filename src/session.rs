@@ -59,7 +59,7 @@ mod start;
 #[cfg(test)]
 mod tests;
 
-pub use host::{Host, RealHost, Sandbox};
+pub use host::{Host, LiveEnv, RealHost, Sandbox};
 
 /// The session's sandbox: none, one starting, or one ready for calls.
 /// Written only where it changes; `status` derives whether an interpreter
@@ -431,6 +431,10 @@ impl<H: Host> Session<H> {
         if restart.is_none() {
             // A revoked read root goes at once, not at the next execution.
             restart = self.revoke_now(&sh.report.mounts, &mounts, sh.slot.pid()).err().map(|e| e.0);
+        }
+        if restart.is_none() {
+            // So does a writable project (with the rest of the change).
+            restart = self.read_only_now(&sh.report.mounts, &mounts).err().map(|e| e.0);
         }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;

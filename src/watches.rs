@@ -32,6 +32,8 @@ pub struct Armed {
 #[derive(Default)]
 pub struct Watches {
     _stops: Vec<oneshot::Sender<()>>,
+    /// The guard's watch, apart: a mode change starts or ends it alone.
+    guard: Option<oneshot::Sender<()>>,
 }
 
 /// Watch `points` for a host secret that appears in a read root: it
@@ -66,28 +68,46 @@ pub fn granted(
     killed_for: KilledFor,
     secret: Arc<AtomicBool>,
 ) -> Watches {
-    Watches { _stops: vec![host_secrets(pid, points, killed_for, secret)] }
+    Watches { _stops: vec![host_secrets(pid, points, killed_for, secret)], guard: None }
 }
 
 impl Watches {
     /// Keep `other`'s watches running as long as these.
     pub fn join(&mut self, other: Watches) {
         self._stops.extend(other._stops);
+        self._stops.extend(other.guard);
     }
+
+    /// Start the guard's watch of a project made writable while the
+    /// sandbox runs (see `worker::mode`), as a start does.
+    pub fn guard(&mut self, guard: Arc<Guard>, watcher: Watcher, masks_watch: Option<&Arc<SecretWatch>>) {
+        self.guard = Some(guard_watch(guard, Some(watcher), masks_watch));
+    }
+
+    /// End the guard's watch (the project is read-only again).
+    pub fn end_guard(&mut self) {
+        self.guard = None;
+    }
+}
+
+fn guard_watch(
+    guard: Arc<Guard>,
+    watcher: Option<Watcher>,
+    masks_watch: Option<&Arc<SecretWatch>>,
+) -> oneshot::Sender<()> {
+    if let Some(watch) = masks_watch {
+        guard.follow(watch.clone());
+    }
+    let (stop, stopped) = oneshot::channel();
+    tokio::spawn(protected::watch(guard, watcher, stopped));
+    stop
 }
 
 /// Start the watches of `armed`.
 pub fn start(armed: Armed) -> Watches {
     let Armed { pid, guard, watcher, secret_watch, masks_watch, budget, killed_for, secret_appeared } = armed;
     let mut stops = Vec::new();
-    if let Some(guard) = guard {
-        if let Some(watch) = &masks_watch {
-            guard.follow(watch.clone());
-        }
-        let (stop, stopped) = oneshot::channel();
-        tokio::spawn(protected::watch(guard, watcher, stopped));
-        stops.push(stop);
-    }
+    let guard = guard.map(|g| guard_watch(g, watcher, masks_watch.as_ref()));
     if !secret_watch.is_empty() {
         stops.push(host_secrets(pid, secret_watch, killed_for.clone(), secret_appeared.clone()));
     }
@@ -106,5 +126,5 @@ pub fn start(armed: Armed) -> Watches {
         tokio::spawn(watch.run(stale, budget, stopped));
         stops.push(stop);
     }
-    Watches { _stops: stops }
+    Watches { _stops: stops, guard }
 }

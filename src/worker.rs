@@ -32,10 +32,11 @@ use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
 
 mod api;
 mod begin;
+mod mode;
 mod rollback;
 mod streams;
 pub use api::{
-    AfterResult, BoxError, Call, CodeForm, ExecDone, Halt, ImageCheck, Interrupt, Launch, NotReady, Progress,
+    AfterResult, BoxError, Call, CodeForm, Dead, ExecDone, Halt, ImageCheck, Interrupt, Launch, NotReady, Progress,
     ProgressFn, Ready, RequestFn, StartError, Stop,
 };
 pub use begin::NoPoint;
@@ -91,8 +92,11 @@ pub struct Worker {
     pub guard: Option<Arc<Guard>>,
     /// The project's secrets as the start planned them (see `protected`).
     masks_watch: Option<Arc<protected::SecretWatch>>,
-    /// The guard's and the secrets' watches; they end with the worker.
+    /// The guard's and the secrets' watches (and their budget); they end with the worker.
     _watches: crate::watches::Watches,
+    budget: Option<Arc<protected::Budget>>,
+    /// Replacements of the project's mount (see `mode`), told to the interpreter.
+    moved: u64,
     /// The pid namespace's init (host pid), once known: when it is gone,
     /// every process of the sandbox is.
     pub init_pid: Option<i32>,
@@ -227,6 +231,8 @@ impl Worker {
             host_secrets,
             guard,
             _watches: Default::default(),
+            budget: Some(budget.clone()),
+            moved: 0,
             masks_watch,
             init_pid: None,
             request,
@@ -453,7 +459,7 @@ impl Worker {
     async fn run(&mut self, call: Call<'_>, capture: &mut Capture, stop: &mut Stop<'_>) -> Result<ExecDone, Interrupt> {
         let Call { seq, code, mark, deadline, progress } = call;
         let checkpoint = self.keeper && self.execs > 0;
-        let request = (self.request)(CallRequest { id: seq, code, mark, checkpoint })
+        let request = (self.request)(CallRequest { id: seq, code, mark, checkpoint, moved: self.moved })
             .map_err(|e| Interrupt::Violation(format!("request could not be framed: {e}")))?;
         // The interpreter, idle, made this call's pipes: take their read
         // ends; the streams of earlier calls are drained and dropped by
@@ -653,13 +659,6 @@ impl Worker {
             let _ = nix::sys::wait::waitpid(pid, None);
         });
     }
-}
-
-/// What is left of a killed worker for the checks after it: its project
-/// guard and its namespace's init.
-pub struct Dead {
-    pub guard: Option<Arc<Guard>>,
-    pub init_pid: Option<i32>,
 }
 
 /// Read reply frames into `tx` until the stream ends; a frame that arrives

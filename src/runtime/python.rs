@@ -167,6 +167,7 @@ impl Runtime for PythonRuntime {
             code: b64.encode(call.code.as_bytes()),
             mark: b64.encode(call.mark),
             checkpoint: call.checkpoint,
+            moved: call.moved,
         }
     }
 
@@ -428,7 +429,7 @@ mod tests {
 
     #[test]
     fn request_carries_the_code_and_the_mark_as_base64() {
-        let call = CallRequest { id: 7, code: "print(\"é\")\n", mark: b"\x00end\n", checkpoint: true };
+        let call = CallRequest { id: 7, code: "print(\"é\")\n", mark: b"\x00end\n", checkpoint: true, moved: 2 };
         let b64 = &base64::engine::general_purpose::STANDARD;
         assert_eq!(
             PythonRuntime.request(call),
@@ -436,7 +437,8 @@ mod tests {
                 id: 7,
                 code: b64.encode("print(\"é\")\n"),
                 mark: b64.encode(b"\x00end\n"),
-                checkpoint: true
+                checkpoint: true,
+                moved: 2
             }
         );
     }

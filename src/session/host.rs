@@ -27,17 +27,7 @@ use crate::worker::{
     Call, CodeForm, Dead, ExecDone, Interrupt, NoReturn, Ready, RecoverError, Recovery, StartError, Stop, Worker,
 };
 
-/// What a live change needs of the session besides the sandbox.
-pub struct LiveEnv<'a> {
-    /// The session's directory (the empty mask sources are there).
-    pub dirs_root: &'a Path,
-    /// The project's canonical path.
-    pub project: &'a Path,
-    /// Trees no host-secret mask is needed in (the project, the runtime root).
-    pub trees: &'a [&'a Path],
-    /// The session's set-aside scratches, when there are any.
-    pub quarantine: Option<&'a Path>,
-}
+pub use crate::live_grants::LiveEnv;
 
 /// One started sandbox, as the session uses it.
 pub trait Sandbox: Send + 'static {
@@ -88,8 +78,9 @@ pub trait Sandbox: Send + 'static {
         capture: Option<&mut Capture>,
         reset: bool,
     ) -> impl Future<Output = Result<Recovery, RecoverError>> + Send;
-    /// Add `want`'s grants to it while it runs (see `live_grants`): its
-    /// mounts become `want`. `Err`: it must be restarted.
+    /// Add `want`'s grants to it while it runs (see `live_grants`), and
+    /// change its project's mount to `want`'s mode (see `worker::mode`):
+    /// its mounts become `want`. `Err`: it must be restarted.
     fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError>;
     /// Return its interpreter to its state before the last call, which a
     /// refused read ended; `Err` says why it cannot be.
@@ -227,6 +218,10 @@ impl Sandbox for Worker {
     }
     fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError> {
         let plan = crate::live_grants::plan(&self.mounts, want)?;
+        // A mode change first: the project's mount replaced whole.
+        if self.mounts.workspace_writable != want.workspace_writable {
+            self.swap_mode(want.workspace_writable, env)?;
+        }
         let live = crate::live_grants::Env {
             pid: self.init_pid.unwrap_or(0),
             secrets: &self.host_secrets,

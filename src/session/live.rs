@@ -71,6 +71,28 @@ impl<H: Host> Session<H> {
         })
     }
 
+    /// A change to a read-only project made now, not at the next
+    /// execution (a writable mount must not outlive the mode that granted
+    /// it): the running sandbox's project mount is replaced (see
+    /// `worker::mode`) with the rest of the change. `Err`: why it restarts
+    /// instead (a call runs, a step failed). Nothing to do without a
+    /// sandbox or when the project stays writable.
+    pub(super) fn read_only_now(&self, had: &MountConfig, want: &MountConfig) -> Result<(), live_grants::Restarted> {
+        if !had.workspace_writable || want.workspace_writable {
+            return Ok(());
+        }
+        let Ok(mut inner) = self.ops.try_lock() else {
+            return Err(live_grants::Restarted("a call was running".into()));
+        };
+        if inner.worker.is_none() {
+            return Ok(());
+        }
+        let began = Instant::now();
+        self.apply_live(&mut inner, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
+        tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "project made read-only in the running sandbox");
+        Ok(())
+    }
+
     /// Why the last mount change restarts the sandbox instead of reaching
     /// the running one, until the next execution replaces it.
     pub fn restart_pending(&self) -> Option<String> {
@@ -156,8 +178,17 @@ impl<H: Host> Session<H> {
         // Hidden where a grant shows it, as a start does (see `confine`): the
         // runtime root, every session's directory and the scratches set aside.
         let quarantine = Some(root.clone()).filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
-        let env =
-            LiveEnv { dirs_root: &dirs.root, project: &project, trees: &trees, quarantine: quarantine.as_deref() };
+        let env = LiveEnv {
+            dirs_root: &dirs.root,
+            project: &project,
+            trees: &trees,
+            quarantine: quarantine.as_deref(),
+            runtime_root: &root,
+            notes: &self.notes,
+            tainted: &self.tainted,
+            known: &self.known_secrets,
+            guard_inotify: self.opts.guard_inotify.unwrap_or(crate::protected::inotify_init),
+        };
         let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };
         let began = Instant::now();
         w.apply_live(wanted, &env)?;

@@ -175,8 +175,8 @@ async fn a_reset_replaces_the_interpreter_in_place_with_rollback_and_kills_witho
 }
 
 #[tokio::test]
-async fn a_mode_change_kills_the_sandbox_and_the_next_call_starts_with_the_new_mounts() {
-    let f = fixture(true, false);
+async fn with_rollback_off_a_mode_change_kills_the_sandbox_and_the_next_call_starts_with_the_new_mounts() {
+    let f = fixture(false, false);
     assert_eq!(f.run().await.status, Status::Ok);
     let writable = MountConfig { workspace_writable: true, ..Default::default() };
     assert_eq!(f.session.set_mounts(writable.clone()), Some(true));
@@ -349,14 +349,41 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
 }
 
 #[tokio::test]
-async fn a_mode_change_is_never_made_live() {
+async fn a_mode_change_reaches_the_running_sandbox_to_writable_at_the_next_call_and_to_read_only_at_once() {
     let f = fixture(true, false);
     assert_eq!(f.run().await.status, Status::Ok);
     let writable = MountConfig { workspace_writable: true, ..with_root("/data") };
-    assert_eq!(f.session.set_mounts(writable), Some(true));
+    assert_eq!(f.session.set_mounts(writable.clone()), Some(false), "nothing is killed");
+    assert_eq!(f.log(), ["start 1", "exec 1 #1"], "read-only a little longer is safe");
+    let o = f.run().await;
+    assert_eq!((o.lost_before.as_deref(), o.state), (None, StateFate::Kept));
+    assert_eq!(f.session.status().mounts, writable);
+    // Back to read-only: made in the running sandbox before set_mounts returns.
+    assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2", "live 1"]);
+    let o = f.run().await;
+    assert_eq!((o.lost_before.as_deref(), o.state), (None, StateFate::Kept));
+    assert_eq!(f.log().len(), 6, "{:?}", f.log());
+}
+
+#[tokio::test]
+async fn a_mode_change_the_running_sandbox_cannot_take_restarts_it_with_the_usual_words() {
+    let f = fixture(true, false);
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().live_fails.push_back(crate::live_grants::LiveError::Mode("busy".into()));
+    assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
     let o = f.run().await;
     assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
-    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+    // A call running: no swap under it; the sandbox is killed as before.
+    let f = fixture(true, false);
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
+    assert_eq!(f.run().await.status, Status::Ok);
+    let held = f.session.ops.try_lock().expect("no call runs");
+    assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
+    drop(held);
+    assert_eq!(f.run().await.lost_before.as_deref(), Some(REMOUNT_REASON));
 }
 
 #[tokio::test]

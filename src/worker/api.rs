@@ -216,3 +216,10 @@ pub struct Launch {
     /// (see `protected::budget`).
     pub budget: protected::BudgetLimits,
 }
+
+/// What is left of a killed worker for the checks after it: its project
+/// guard and its namespace's init.
+pub struct Dead {
+    pub guard: Option<Arc<Guard>>,
+    pub init_pid: Option<i32>,
+}

@@ -1488,6 +1488,16 @@ def serve_calls(state):
             send({"type": "error", "id": req_id, "message": "exec code or mark is not base64 (UTF-8): %s" % e})
             continue
         release(state)
+        # The host replaced the project's mount (a permission-mode change)
+        # since this interpreter last heard: its working directory is on
+        # the old tree, which shows nothing new; go to the new one.
+        moved = request.get("moved", 0)
+        if isinstance(moved, int) and moved > state.get("moved", 0):
+            state["moved"] = moved
+            try:
+                os.chdir("/workspace")
+            except OSError:
+                pass
         copy = None
         made = state.pop("ahead", None)
         # The copy a refused read kept (the host did not return to it).
