@@ -348,6 +348,9 @@ pub fn shown_with_masks(path: &Path, masked: &[Mask]) -> String {
 pub const CHANGE_DISCARDED: &str = " (the sandbox was restarted; interpreter state discarded, scratch files kept)";
 /// What a change does while no sandbox runs.
 pub const CHANGE_LATER: &str = " (applies from the next execution)";
+/// What a change to a read-only project did to a running sandbox that
+/// took it in place (see `worker::mode`).
+pub const CHANGE_NOW: &str = " (made in the running sandbox at once; interpreter state kept)";
 
 /// The user-facing note for a change of mounts. `discarded`: a running
 /// interpreter was killed.

@@ -98,6 +98,14 @@ impl Slot {
         }
     }
 
+    /// A mode change made in the running sandbox started or ended its
+    /// guard: the checks after a kill use the new one.
+    fn set_guard(&mut self, new: Option<(Arc<Guard>, Option<i32>)>) {
+        if let Slot::Ready { guard, .. } = self {
+            *guard = new;
+        }
+    }
+
     fn code(&self) -> Option<&'static str> {
         match self {
             Slot::Ready { code, .. } => Some(code),
@@ -434,7 +442,8 @@ impl<H: Host> Session<H> {
         }
         if restart.is_none() {
             // So does a writable project (with the rest of the change).
-            restart = self.read_only_now(&sh.report.mounts, &mounts).err().map(|e| e.0);
+            let had = sh.report.mounts.clone();
+            restart = self.read_only_now(&had, &mounts, &mut sh.slot).err().map(|e| e.0);
         }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;

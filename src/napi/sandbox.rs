@@ -302,6 +302,11 @@ impl PythonSandbox {
             ..plan.clone()
         };
         let mut notification = permissions::change_notification(&current, &wanted, &told, result == Some(true));
+        // A project made read-only in the running sandbox is so already.
+        let now = result == Some(false) && current.workspace_writable && !wanted.workspace_writable;
+        if let Some(note) = notification.as_mut().filter(|_| now && self.session.status().worker_running) {
+            *note = note.replacen(permissions::CHANGE_LATER, permissions::CHANGE_NOW, 1);
+        }
         // A restart says why the change could not reach the running sandbox.
         if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
             note.push_str(&displayed_line(format!(" — not applied to the running sandbox: {why}")));
@@ -315,7 +320,10 @@ impl PythonSandbox {
         // The next result that runs says it too (a notification can be
         // replaced on screen by another extension's).
         if let Some(note) = &notification {
-            let what = note.replacen(permissions::CHANGE_DISCARDED, "", 1).replacen(permissions::CHANGE_LATER, "", 1);
+            let what = note
+                .replacen(permissions::CHANGE_DISCARDED, "", 1)
+                .replacen(permissions::CHANGE_LATER, "", 1)
+                .replacen(permissions::CHANGE_NOW, "", 1);
             *self.mode_note.lock() = Some(what);
         }
         ModeChange {

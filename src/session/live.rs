@@ -9,6 +9,9 @@ use super::*;
 use crate::live_grants;
 use crate::session::host::LiveEnv;
 
+/// A sandbox's guard and its init pid, as the session's slot keeps them.
+type SlotGuard = Option<(Arc<crate::protected::Guard>, Option<i32>)>;
+
 /// What the session remembers of live grants.
 #[derive(Debug, Default)]
 pub(super) struct LiveState {
@@ -77,7 +80,12 @@ impl<H: Host> Session<H> {
     /// `worker::mode`) with the rest of the change. `Err`: why it restarts
     /// instead (a call runs, a step failed). Nothing to do without a
     /// sandbox or when the project stays writable.
-    pub(super) fn read_only_now(&self, had: &MountConfig, want: &MountConfig) -> Result<(), live_grants::Restarted> {
+    pub(super) fn read_only_now(
+        &self,
+        had: &MountConfig,
+        want: &MountConfig,
+        slot: &mut Slot,
+    ) -> Result<(), live_grants::Restarted> {
         if !had.workspace_writable || want.workspace_writable {
             return Ok(());
         }
@@ -88,7 +96,8 @@ impl<H: Host> Session<H> {
             return Ok(());
         }
         let began = Instant::now();
-        self.apply_live(&mut inner, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
+        let guard = self.apply_live(&mut inner, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
+        slot.set_guard(guard);
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "project made read-only in the running sandbox");
         Ok(())
     }
@@ -131,7 +140,8 @@ impl<H: Host> Session<H> {
                 None => self.apply_live(inner, &wanted).map_err(|e| e.to_string()),
             };
             match result {
-                Ok(()) => {
+                Ok(guard) => {
+                    self.shared.lock().slot.set_guard(guard);
                     // Nothing is lost: the allow-once paths stay with this
                     // sandbox (its mounts now name them).
                     let mut sh = self.shared.lock();
@@ -169,7 +179,9 @@ impl<H: Host> Session<H> {
         self.shared.lock().live.rerun = Some(failed.map_or(Ok(()), |why| Err(live_grants::Restarted(why))));
     }
 
-    fn apply_live(&self, inner: &mut Inner<H>, wanted: &MountConfig) -> Result<(), live_grants::LiveError> {
+    /// Apply `wanted` to the running sandbox; its guard after, for the
+    /// session's slot (a mode change starts or ends it).
+    fn apply_live(&self, inner: &mut Inner<H>, wanted: &MountConfig) -> Result<SlotGuard, live_grants::LiveError> {
         let Some(dirs) = inner.dirs.clone() else { return Err(live_grants::LiveError::NoDirectory) };
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(live_grants::LiveError::Project)?;
         let root = self.runtime_root();
@@ -193,6 +205,6 @@ impl<H: Host> Session<H> {
         let began = Instant::now();
         w.apply_live(wanted, &env)?;
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "grants applied to the running sandbox");
-        Ok(())
+        Ok(w.guard().map(|g| (g, w.init_pid())))
     }
 }
