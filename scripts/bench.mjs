@@ -640,6 +640,41 @@ async function liveGrant() {
   }
 }
 
+/**
+ * A permission-mode change made in the running sandbox (the project's mount replaced in place,
+ * the interpreter kept). To writable: it is made at the next execute, timed as that execute minus
+ * the same execute without a change. To read-only: it is made when the mode event arrives, timed
+ * as `applyModeEvent`. Baseline: a cold first execute in yolo mode (what a restart costs at
+ * least), in the same run.
+ */
+async function liveMode() {
+  const cold = [];
+  for (let i = 0; i < runs(10); i++) cold.push(await startIn(project, "yolo"));
+  const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+  sb.applyModeEvent({ mode: "manual", readRoots: [] });
+  mustOk(await sb.execute("state = 0"), "first");
+  const toWritable = [];
+  const toReadOnly = [];
+  for (let i = 0; i < runs(20); i++) {
+    sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+    const [ms, r] = await timed(() => sb.execute("state += 1"));
+    mustOk(r, "execute after the change to yolo");
+    if (r.stateLost) throw new Error(`the change to yolo did not keep the state: ${r.text}`);
+    const [own] = await timed(() => sb.execute("state += 1"));
+    toWritable.push(ms - own);
+    const began = now();
+    const change = sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    toReadOnly.push(now() - began);
+    if (change.discarded) throw new Error(`the change to manual restarted the sandbox: ${change.notification}`);
+  }
+  const r = await sb.execute("state");
+  mustOk(r, "last");
+  if (r.stateLost) throw new Error(`the state was lost: ${r.text}`);
+  await sb.dispose();
+  record("mode change to writable in place", median(toWritable), "ms", "cold first execute, yolo", median(cold), "");
+  record("mode change to read-only in place", median(toReadOnly), "ms", "cold first execute, yolo", median(cold), "");
+}
+
 // -- 2b. through a real pi session, on both majors ------------------------------
 
 /**
@@ -995,7 +1030,7 @@ console.log(`${"measure".padEnd(46)} ${"value".padStart(9)} ${"unit".padEnd(5)} 
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 try {
   if (only) {
-    const sections = { coldStart, shell, network, writableStart, secretScan, warm, piSessions, liveGrant, recovery, rollback, timeoutPrecision, manySessions };
+    const sections = { coldStart, shell, network, writableStart, secretScan, warm, piSessions, liveGrant, liveMode, recovery, rollback, timeoutPrecision, manySessions };
     if (!sections[only]) throw new Error(`--only=${only}: no such section (${Object.keys(sections).join(", ")})`);
     await sections[only]();
   } else {
@@ -1007,6 +1042,7 @@ try {
     await warm();
     await piSessions();
     await liveGrant();
+    await liveMode();
     await recovery();
     await rollback();
     await timeoutPrecision();
