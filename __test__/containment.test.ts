@@ -316,10 +316,23 @@ describe("containment", { concurrency: 1 }, () => {
     await sb.reset();
     assertOk(await sb.execute("print(2)"));
     assert.deepEqual(fresh(), first, "the same cgroups after a rollback and a reset");
-    // A mode change kills the sandbox; the next call's sandbox has cgroups of its own.
-    const changed = sb.applyModeEvent({ mode: "edits", readRoots: [] });
-    assert.ok(changed.changed, JSON.stringify(changed));
+    // A mode change made in place keeps the sandbox and its cgroups.
+    const inPlace = sb.applyModeEvent({ mode: "edits", readRoots: [] });
+    assert.ok(inPlace.changed && !inPlace.discarded, JSON.stringify(inPlace));
     assertOk(await sb.execute("print(3)"));
+    assert.deepEqual(fresh(), first, "the same cgroups after a mode change made in place");
+    // One that kills the sandbox (the live path off): the next call's sandbox has cgroups of its own.
+    const saved = process.env.PI_SANDBOX_LIVE_GRANTS;
+    process.env.PI_SANDBOX_LIVE_GRANTS = "0";
+    let changed;
+    try {
+      changed = sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    } finally {
+      if (saved === undefined) delete process.env.PI_SANDBOX_LIVE_GRANTS;
+      else process.env.PI_SANDBOX_LIVE_GRANTS = saved;
+    }
+    assert.ok(changed.changed && changed.discarded, JSON.stringify(changed));
+    assertOk(await sb.execute("print(4)"));
     const second = fresh();
     assert.equal(second.length, first.length, `${second}`);
     assert.ok(first.every((d) => !existsSync(d)), `left after the mode change: ${first}`);

@@ -63,12 +63,15 @@ const FAILURES: Array<{ name: string; status: string; run(sb: PythonSandbox): Pr
   { name: "an output flood", status: "output_limit", run: (sb) => sb.execute("import sys\nwhile True: sys.stdout.write('x' * 65536)") },
   { name: "os._exit(3)", status: "worker_error", run: (sb) => sb.execute("import os\nos._exit(3)") },
   {
+    // Back to read-only while a call runs: never made under the call (with rollback on, a change
+    // between calls is made in place and keeps the state; see "a mode change between calls").
     name: "a mode change while the code runs",
     status: "worker_error",
     run: async (sb) => {
+      sb.applyModeEvent({ mode: "edits", readRoots: [] });
       const call = sb.execute("import time\ntime.sleep(30)", 60);
       await sleep(400);
-      sb.applyModeEvent({ mode: "edits", readRoots: [] });
+      sb.applyModeEvent({ mode: "manual", readRoots: [] });
       return call;
     },
   },
@@ -109,9 +112,22 @@ for (const rollback of [true, false]) {
       assert.equal(after.repr, "(1, 1)", show(after));
     });
 
-    test("a mode change between calls: the next result says the state was discarded before it, once", async (t) => {
+    test("a mode change between calls: with rollback on it is made in place and nothing is said of state; with it off the next result says the state was discarded before it, once", async (t) => {
       const sb = await setup(t, rollback);
       if (!sb) return;
+      if (rollback) {
+        sb.applyModeEvent({ mode: "edits", readRoots: [] });
+        const ok = await sb.execute("during = 1");
+        assertOk(ok);
+        assert.equal(stateStatements(ok.text), 0, ok.text);
+        assert.equal(ok.stateLost, false);
+        assert.equal(await survived(sb), true, "the state from before the change is kept");
+        sb.applyModeEvent({ mode: "manual", readRoots: [] });
+        const failed = await sb.execute("raise ValueError('boom')");
+        assert.equal(said(failed), "kept");
+        assert.equal(await survived(sb), true);
+        return;
+      }
       sb.applyModeEvent({ mode: "edits", readRoots: [] });
       const ok = await sb.execute("during = 1");
       assertOk(ok);

@@ -157,15 +157,23 @@ export async function assertRecovers(sb: { execute(code: string): Promise<ExecRe
 /**
  * Makes the next call start a new sandbox, in either setting: with rollback off a reset does;
  * with rollback on a reset keeps the sandbox (its PID 1 forks a fresh interpreter), and a
- * permission-mode change (new mounts) is what replaces it.
+ * permission-mode change that restarts (the live path off for it) is what replaces it.
  */
 export async function replaceSandbox(sb: PythonSandbox): Promise<void> {
   if (!ROLLBACK) {
     await sb.reset();
     return;
   }
+  // A mode change made in place keeps the sandbox: the live path off, it restarts it.
   const mode = sb.status().workspaceMode === "read-only" ? "yolo" : "manual";
-  assert.equal(sb.applyModeEvent({ mode, readRoots: [] }).changed, true, `a change to ${mode}`);
+  const saved = process.env.PI_SANDBOX_LIVE_GRANTS;
+  process.env.PI_SANDBOX_LIVE_GRANTS = "0";
+  try {
+    assert.equal(sb.applyModeEvent({ mode, readRoots: [] }).changed, true, `a change to ${mode}`);
+  } finally {
+    if (saved === undefined) delete process.env.PI_SANDBOX_LIVE_GRANTS;
+    else process.env.PI_SANDBOX_LIVE_GRANTS = saved;
+  }
 }
 
 export { hostPidsWithCmdline } from "../../scripts/lib/procs.mjs";
