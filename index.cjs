@@ -843,6 +843,7 @@ module.exports.displayLine = nativeBinding.displayLine
 module.exports.displayText = nativeBinding.displayText
 module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
 module.exports.LossCause = nativeBinding.LossCause
+module.exports.LostBeforeCause = nativeBinding.LostBeforeCause
 module.exports.PartKind = nativeBinding.PartKind
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
 module.exports.sandboxProbe = nativeBinding.sandboxProbe

@@ -279,6 +279,8 @@ export interface ExecResult {
    * change, a death while idle), and why; this call's state is kept.
    */
   lostBefore?: string
+  /** Why, as a value (present with `lostBefore`). */
+  lostBeforeCause?: LostBeforeCause
   /** repr() of the final expression, when it is not None (bounded to 8 KiB). */
   repr?: string
   reprTruncated: boolean
@@ -369,6 +371,12 @@ export interface LogPaths {
 
 /** Why a call lost the interpreter's state (the engine's `Loss`). */
 export type LossCause = 'rollback_off' | 'no_rollback_point' | 'rollback_failed' | 'stopped' | 'after_result'
+
+/**
+ * Why the state was discarded before a call ran (the engine's `Discarded`;
+ * `lostBefore` says it in words).
+ */
+export type LostBeforeCause = 'host_secret' | 'killed' | 'died_idle' | 'new_secret' | 'remounted' | 'grant_not_live' | 'no_return'
 
 /** What applying a `tool-permissions:mode` payload did. */
 export interface ModeChange {

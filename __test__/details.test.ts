@@ -124,3 +124,24 @@ test("a closing paragraph is read from its part: shown whole collapsed, in place
   const expanded = shownOf(r, d, true);
   assert.equal(expanded.split("Execution exceeded the 1s deadline").length, 2, expanded);
 });
+
+test("the state discarded before a call is a typed cause: a mode change, a death while idle", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const first = await sb.execute("x = 1");
+  assert.equal(first.status, "ok", show(first));
+  assert.equal(first.lostBeforeCause, undefined, "nothing was discarded before the first call");
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  const remounted = await sb.execute("x = 2");
+  assert.equal(remounted.status, "ok", show(remounted));
+  assert.deepEqual([remounted.state, remounted.lostBeforeCause], ["kept", "remounted"], show(remounted));
+  assert.match(remounted.lostBefore ?? "", /permission mode or read roots changed/);
+  // The interpreter (pid 2) is killed after the result, while idle.
+  const killer = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 1.5; kill -9 2'])";
+  assert.equal((await sb.execute(killer, 10)).status, "ok");
+  await new Promise((resolve) => setTimeout(resolve, 2500));
+  const died = await sb.execute("'x' in globals()");
+  assert.equal(died.repr, "False", show(died));
+  assert.deepEqual([died.state, died.lostBeforeCause], ["kept", "died_idle"], show(died));
+  assert.match(died.lostBefore ?? "", /died while idle/);
+});

@@ -23,7 +23,7 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome, ResetDone,
+    interruption, recovered_text, start_failure, with_oom, Discarded, LogFiles, Loss, OomKill, Outcome, ResetDone,
     ResetReason, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
@@ -129,7 +129,7 @@ struct Inner<H: Host> {
     dirs: Option<Dirs>,
     exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
-    pending_loss: Option<String>,
+    pending_loss: Option<Discarded>,
     /// The last sandbox start failed: no spare with the same setup.
     start_failed: bool,
     /// A sandbox was stopped because a secret appeared while it could
@@ -339,10 +339,11 @@ impl<H: Host> Session<H> {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                outcome.lost_before = Some(loss.clone());
+                let said = loss.to_string();
+                outcome.lost_before = Some(loss);
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
-                    Some(now) => format!("{loss}; then {now}"),
-                    None => loss,
+                    Some(now) => format!("{said}; then {now}"),
+                    None => said,
                 });
             }
         }

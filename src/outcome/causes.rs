@@ -39,6 +39,53 @@ pub fn death_text(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// Why the interpreter's state was discarded between two calls: the next
+/// call that runs says so (its `lost_before`), in these words only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discarded {
+    /// A host secret appeared in a read root (it is not masked in the running sandbox).
+    HostSecret(std::path::PathBuf),
+    /// The host killed the idle sandbox itself (a limit, a watch), and why.
+    Killed(String),
+    /// The interpreter died while idle (its sandbox stays); the memory cap's note.
+    DiedIdle { oom: Option<String> },
+    /// The whole sandbox ended while idle, how; the memory cap's note.
+    SandboxDied { exit: Option<std::process::ExitStatus>, oom: Option<String> },
+    /// A project secret appeared: the sandbox was restarted to mask it (what appeared).
+    NewSecret(String),
+    /// The mode or the read roots changed (the default wording, or the caller's).
+    Remounted(String),
+    /// A grant could not reach the running sandbox: the restart's reason, and why not.
+    NotLive { reason: String, why: String },
+    /// The call run again after a grant could not return to its state before the call.
+    NoReturn(String),
+}
+
+impl std::fmt::Display for Discarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let oom = |oom: &Option<String>| oom.as_ref().map(|n| format!(" ({n})")).unwrap_or_default();
+        match self {
+            Discarded::HostSecret(path) => write!(
+                f,
+                "the sandbox was restarted because a host secret appeared in a read root ({})",
+                crate::display::one_line(path)
+            ),
+            Discarded::Killed(why) => write!(f, "the sandbox was killed between executions: {why}"),
+            Discarded::DiedIdle { oom: note } => write!(f, "the interpreter died while idle{}", oom(note)),
+            Discarded::SandboxDied { exit, oom: note } => {
+                write!(f, "the interpreter died while idle: the sandbox {}{}", exit_text(*exit), oom(note))
+            }
+            Discarded::NewSecret(why) => write!(f, "the sandbox was restarted to mask a new secret: {why}"),
+            Discarded::Remounted(reason) => f.write_str(reason),
+            Discarded::NotLive { reason, why } => write!(f, "{reason}: the grant could not reach it ({why})"),
+            Discarded::NoReturn(why) => write!(
+                f,
+                "the sandbox was restarted because the call could not run again on its state before the call ({why})"
+            ),
+        }
+    }
+}
+
 /// Why the session's interpreter was last discarded (`status` shows it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResetReason {

@@ -42,21 +42,17 @@ impl<H: Host> Session<H> {
         if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
             // It could read the secret, and write it to /scratch.
             inner.scratch_suspect = true;
-            inner.pending_loss = Some(format!(
-                "the sandbox was restarted because a host secret appeared in a read root ({})",
-                crate::display::one_line(&path)
-            ));
+            inner.pending_loss = Some(Discarded::HostSecret(path));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Some(why) = w.take_killed_for() {
-                inner.pending_loss = Some(format!("the sandbox was killed between executions: {why}"));
+                inner.pending_loss = Some(Discarded::Killed(why));
                 self.drop_worker(inner, ResetReason::WorkerError).await;
             } else if w.keeper() && w.interpreter_gone() {
                 // The sandbox is still there: a fresh interpreter in it.
-                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
-                inner.pending_loss = Some(format!("the interpreter died while idle{oom}"));
+                inner.pending_loss = Some(Discarded::DiedIdle { oom: w.oom_note(true) });
                 if w.recover(None, true).await.is_ok() {
                     let mut sh = self.shared.lock();
                     sh.report.generation += 1;
@@ -65,9 +61,7 @@ impl<H: Host> Session<H> {
                     self.drop_worker(inner, ResetReason::DiedIdle).await;
                 }
             } else if let Some(status) = w.exited() {
-                let what = exit_text(Some(status));
-                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
-                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}{oom}"));
+                inner.pending_loss = Some(Discarded::SandboxDied { exit: Some(status), oom: w.oom_note(true) });
                 self.drop_worker(inner, ResetReason::DiedIdle).await;
             }
         }
@@ -76,7 +70,7 @@ impl<H: Host> Session<H> {
         // stops it at once; this reads the watch's queue, or walks).
         if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
             inner.scratch_suspect = true;
-            inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
+            inner.pending_loss = Some(Discarded::NewSecret(why));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         let mut restarts = 0;
@@ -88,7 +82,7 @@ impl<H: Host> Session<H> {
                 let remounted = self.shared.lock().report.mount_epoch != epoch;
                 if remounted && restarts < 3 && !self.is_cancelled(call) && !self.is_disposed() {
                     restarts += 1;
-                    inner.pending_loss = Some(self.remount_reason());
+                    inner.pending_loss = Some(Discarded::Remounted(self.remount_reason()));
                     continue;
                 }
                 return *outcome;

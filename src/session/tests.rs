@@ -29,6 +29,11 @@ fn fixture(rollback: bool, prewarm: bool) -> Fixture {
     Fixture { session, host, _dirs: (project, root) }
 }
 
+/// What a result says was discarded before its call, in its words.
+fn said(o: &Outcome) -> Option<String> {
+    o.lost_before.as_ref().map(ToString::to_string)
+}
+
 impl Fixture {
     async fn run(&self) -> Outcome {
         self.session.execute("x = 1".into(), 30, None).await
@@ -143,7 +148,8 @@ async fn a_death_between_calls_is_told_by_the_next_result() {
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
     assert_eq!(o.state, StateFate::Kept);
-    let before = o.lost_before.clone().expect("the death is told");
+    assert!(matches!(o.lost_before, Some(Discarded::SandboxDied { .. })), "{o:?}");
+    let before = said(&o).expect("the death is told");
     assert!(before.starts_with("the interpreter died while idle: the sandbox"), "{before}");
     let said = state_statement(&o).expect("the loss before the call is told");
     assert!(said.starts_with("Earlier interpreter state was discarded before this call"), "{said}");
@@ -183,7 +189,8 @@ async fn a_mode_change_kills_the_sandbox_and_the_next_call_starts_with_the_new_m
     assert_eq!(f.session.set_mounts(writable.clone()), None, "the same mounts change nothing");
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(o.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
+    assert_eq!(said(&o).as_deref(), Some(REMOUNT_REASON));
     let said = state_statement(&o).expect("the restart is told");
     assert!(said.contains(REMOUNT_REASON), "{said}");
     let status = f.session.status();
@@ -262,7 +269,8 @@ async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
     f.host.script.lock().gone.insert(1);
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(o.lost_before.as_deref(), Some("the interpreter died while idle"));
+    assert_eq!(o.lost_before, Some(Discarded::DiedIdle { oom: None }));
+    assert_eq!(said(&o).as_deref(), Some("the interpreter died while idle"));
     let status = f.session.status();
     assert!(status.worker_running);
     assert_eq!(status.generation, 2);
@@ -324,7 +332,7 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(true), "killed as before");
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("PI_PYTHON_TOOL_ROLLBACK=0")), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("PI_PYTHON_TOOL_ROLLBACK=0")), "{o:?}");
     assert!(f.session.take_rerun().is_some_and(|r| r.is_err()));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 
@@ -335,7 +343,8 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("the sandbox's process is not known")), "{o:?}");
+    assert!(matches!(o.lost_before, Some(Discarded::NotLive { .. })), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("the sandbox's process is not known")), "{o:?}");
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill 1", "start 2", "exec 2 #2"]);
 
     // No rollback point to return to: restarted, never run twice on changed state.
@@ -345,7 +354,8 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     f.session.set_mounts(with_root("/data"));
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("could not run again on its state")), "{o:?}");
+    assert!(matches!(o.lost_before, Some(Discarded::NoReturn(_))), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("could not run again on its state")), "{o:?}");
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "restore 1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
@@ -356,7 +366,8 @@ async fn a_mode_change_is_never_made_live() {
     let writable = MountConfig { workspace_writable: true, ..with_root("/data") };
     assert_eq!(f.session.set_mounts(writable), Some(true));
     let o = f.run().await;
-    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(o.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
+    assert_eq!(said(&o).as_deref(), Some(REMOUNT_REASON));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
