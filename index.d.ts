@@ -281,6 +281,16 @@ export interface ExecResult {
   lostBefore?: string
   /** Why, as a value (present with `lostBefore`). */
   lostBeforeCause?: LostBeforeCause
+  /**
+   * What the host killed the call's sandbox or interpreter for (none
+   * where nothing killed it; `diagnostic` says it in words).
+   */
+  killedFor?: KilledFor
+  /**
+   * Why the call's sandbox did not start (`diagnostic` says it in
+   * words, with what to do).
+   */
+  startFailure?: StartFailure
   /** repr() of the final expression, when it is not None (bounded to 8 KiB). */
   repr?: string
   reprTruncated: boolean
@@ -333,6 +343,13 @@ export interface ImageResult {
   /** e.g. `640x480 PNG, 23.1KB`. */
   description: string
 }
+
+/**
+ * What the host killed a call's sandbox (or interpreter) for. The
+ * addon hands it to JavaScript as the string union `KilledFor`; the
+ * result's text says the same in words.
+ */
+export type KilledFor = 'timeout' | 'abort' | 'dispose' | 'remount' | 'output_limit' | 'memory' | 'violation' | 'breach' | 'budget' | 'host_secret' | 'new_secret'
 
 export interface Limits {
   maxCodeBytes: number
@@ -571,6 +588,13 @@ export interface SkippedRoot {
   root: string
   reason: string
 }
+
+/**
+ * Why a sandbox did not start. The addon hands it to JavaScript as the
+ * string union `StartFailure`; the result's text says it in words, with
+ * what to do.
+ */
+export type StartFailure = 'bwrap_missing' | 'user_namespaces' | 'other'
 
 /**
  * How a call ended: `ok`, or the kind of failure. The addon hands it to

@@ -61,8 +61,8 @@ mod causes;
 mod output;
 mod parts;
 pub use causes::{
-    death_text, exit_text, interruption, recovered_text, start_failure, with_oom, Discarded, OomKill, Recovered,
-    ResetReason,
+    death_text, exit_text, interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom,
+    Discarded, KilledFor, OomKill, Recovered, ResetReason, StartFailure,
 };
 use output::{displayed_output, fit_output};
 pub use output::{laid_out, omission, StreamText};
@@ -147,6 +147,10 @@ pub struct Outcome {
     pub started: bool,
     pub log_complete: bool,
     pub diagnostic: Option<String>,
+    /// What the host killed the call's sandbox or interpreter for.
+    pub killed_for: Option<KilledFor>,
+    /// Why the call's sandbox did not start.
+    pub start_failure: Option<StartFailure>,
 }
 
 /// What became of the interpreter's state in one call. A result states
@@ -222,6 +226,8 @@ impl Outcome {
             started: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
+            killed_for: None,
+            start_failure: None,
         }
     }
 }

@@ -23,8 +23,8 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    interruption, recovered_text, start_failure, with_oom, Discarded, LogFiles, Loss, OomKill, Outcome, ResetDone,
-    ResetReason, StateFate, Status, StreamText,
+    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, Discarded, KilledFor,
+    LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;

@@ -6,7 +6,7 @@ use napi_derive::napi;
 use super::path_str;
 use crate::display::{displayed, displayed_line};
 use crate::grants::orchestrator::Finished;
-use crate::outcome::{closing, render_parts, Discarded, Loss, PartKind, StateFate, Status};
+use crate::outcome::{closing, render_parts, Discarded, KilledFor, Loss, PartKind, StartFailure, StateFate, Status};
 
 #[napi(object)]
 pub struct ExceptionResult {
@@ -170,6 +170,12 @@ pub struct ExecResult {
     pub lost_before: Option<String>,
     /// Why, as a value (present with `lostBefore`).
     pub lost_before_cause: Option<LostBeforeCause>,
+    /// What the host killed the call's sandbox or interpreter for (none
+    /// where nothing killed it; `diagnostic` says it in words).
+    pub killed_for: Option<KilledFor>,
+    /// Why the call's sandbox did not start (`diagnostic` says it in
+    /// words, with what to do).
+    pub start_failure: Option<StartFailure>,
     /// repr() of the final expression, when it is not None (bounded to 8 KiB).
     pub repr: Option<String>,
     pub repr_truncated: bool,
@@ -263,6 +269,8 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
         rolled_back: o.rolled_back(),
         lost_before: o.lost_before.as_ref().map(|d| displayed(d.to_string())),
         lost_before_cause: o.lost_before.as_ref().map(lost_before_cause),
+        killed_for: o.killed_for,
+        start_failure: o.start_failure,
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
         stdout: displayed(join(&o.stdout)),

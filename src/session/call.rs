@@ -138,6 +138,7 @@ impl<H: Host> Session<H> {
                     let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
                     o.state = StateFate::Lost(Loss::AfterResult);
+                    o.killed_for = killed_for.as_ref().map(KilledFor::from);
                     o.state_lost_reason = Some(match killed_for {
                         Some(k) => format!("the sandbox was killed right after the execution: {k}"),
                         None => format!("the worker failed right after the execution: {why}"),
@@ -157,7 +158,7 @@ impl<H: Host> Session<H> {
                 // In a keeper layout the sandbox stays: the interpreter is
                 // rolled back (or replaced) and every other process killed.
                 let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
-                let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
+                let host_kill = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                 // A memory cap the kernel enforced says so (and whom it
                 // killed), read before the recovery kills the rest. The
                 // interpreter it ended may be noticed only at the deadline,
@@ -173,10 +174,11 @@ impl<H: Host> Session<H> {
                     Some(w) if interrupt == Interrupt::Died => w.interpreter_death().await,
                     _ => None,
                 };
+                o.killed_for = killed_for(&interrupt, host_kill.as_ref(), oom.as_ref());
                 let mut rollback_failed = None;
                 let keeper = inner.worker.as_ref().is_some_and(|w| w.keeper());
                 let recovered = match inner.worker.as_mut() {
-                    Some(w) if kept && killed_for.is_none() && w.keeper() => {
+                    Some(w) if kept && host_kill.is_none() && w.keeper() => {
                         Some(w.recover(Some(&mut capture), false).await)
                     }
                     _ => None,
@@ -233,13 +235,13 @@ impl<H: Host> Session<H> {
                 }
                 let loss = match rollback_failed {
                     Some(e) => Loss::RollbackFailed(e),
-                    None if kept && killed_for.is_none() && !keeper => Loss::RollbackOff,
+                    None if kept && host_kill.is_none() && !keeper => Loss::RollbackOff,
                     None => Loss::Stopped,
                 };
                 let reason = ResetReason::from(&interrupt);
                 let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
                 let (status, reason, diagnostic) =
-                    interruption(&interrupt, timeout_seconds, killed_for, exit.or(killed));
+                    interruption(&interrupt, timeout_seconds, host_kill.as_ref(), exit.or(killed));
                 let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
                 o.state = StateFate::Lost(loss);

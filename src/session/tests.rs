@@ -246,6 +246,7 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
     let o = f.run().await;
     // bubblewrap could not make the namespaces: the host cannot run the tool.
     assert_eq!(o.status, Status::Unavailable);
+    assert_eq!(o.start_failure, Some(StartFailure::UserNamespaces));
     assert_eq!(o.state, StateFate::Untouched);
     assert!(!o.started);
     let diagnostic = o.diagnostic.clone().expect("the failure is told");
