@@ -244,7 +244,7 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
     let why = NotReady::Exited(None);
     f.host.script.lock().start_fails.push_back(StartError::NotReady { why, stderr: "no uid map".into() });
     let o = f.run().await;
-    // bubblewrap could not make the namespaces: the host cannot run the tool.
+    // Its error output names a namespace cause: no sandbox can start here, so it is unavailable.
     assert_eq!(o.status, Status::Unavailable);
     assert_eq!(o.start_failure, Some(StartFailure::UserNamespaces));
     assert_eq!(o.state, StateFate::Untouched);
