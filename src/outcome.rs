@@ -56,7 +56,7 @@ use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
-pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
+pub use status::{reset_text, status_text, Availability, History, ResetDone, SpareState, StatusReport};
 mod causes;
 mod output;
 mod parts;
@@ -916,7 +916,7 @@ mod tests {
         );
         assert!(!text.contains("discarded") && !text.contains("last failed call"), "{text}");
         let rolled = StatusReport {
-            last_rollback: Some(ResetReason::Timeout),
+            history: History { last_rollback: Some(ResetReason::Timeout), ..History::default() },
             permission_mode: Some("edits".into()),
             mounts: MountConfig { workspace_writable: true, ..MountConfig::default() },
             ..report
@@ -926,8 +926,7 @@ mod tests {
         assert!(!text.contains("discarded"), "a rollback resets nothing: {text}");
         assert!(text.contains("\nmode: edits; /workspace read-write; read roots: none\n"), "{text}");
         let lost = StatusReport {
-            last_reset_reason: Some(ResetReason::Timeout),
-            executions: 1,
+            history: History { last_reset_reason: Some(ResetReason::Timeout), executions: 1, ..History::default() },
             ..StatusReport::new("/p".into(), MountConfig::default(), false)
         };
         let text = status_text(&lost, &settings);

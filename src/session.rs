@@ -127,7 +127,6 @@ struct Inner<H: Host> {
     worker: Option<H::Sandbox>,
     facts: Option<Arc<H::Facts>>,
     dirs: Option<Dirs>,
-    exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
     pending_loss: Option<Discarded>,
     /// The last sandbox start failed: no spare with the same setup.
@@ -200,7 +199,6 @@ impl<H: Host> Session<H> {
                 worker: None,
                 facts: None,
                 dirs: None,
-                exec_seq: 0,
                 pending_loss: None,
                 start_failed: false,
                 scratch_suspect: false,
@@ -357,7 +355,7 @@ impl<H: Host> Session<H> {
     fn finish_static(&self, call: u32, status: Status, diagnostic: String) -> Outcome {
         let mut sh = self.shared.lock();
         sh.cancelled.remove(&call);
-        Outcome::static_result(status, sh.report.generation, diagnostic)
+        Outcome::static_result(status, sh.report.history.generation, diagnostic)
     }
 
     /// Kill the sandbox after an interrupted execution, keep the output that
@@ -396,7 +394,7 @@ impl<H: Host> Session<H> {
     fn after_worker_gone(&self, reason: ResetReason) {
         let mut sh = self.shared.lock();
         sh.slot = Slot::Empty;
-        sh.report.last_reset_reason = Some(reason);
+        sh.report.history.discarded(reason);
         drop(sh);
         self.sync_live();
     }
@@ -569,9 +567,7 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         let done = if fast {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.last_reset_reason = Some(ResetReason::Explicit);
+            self.shared.lock().report.history.replaced(ResetReason::Explicit);
             ResetDone::Fresh
         } else {
             let running = inner.worker.is_some();

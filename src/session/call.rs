@@ -22,7 +22,7 @@ impl<H: Host> Session<H> {
         wake: &mut watch::Receiver<u64>,
     ) -> Outcome {
         let CallRequest { code, timeout_seconds, progress } = request;
-        let generation = || self.shared.lock().report.generation;
+        let generation = || self.shared.lock().report.history.generation;
         if code.len() > MAX_CODE_BYTES {
             return Outcome::static_result(
                 Status::Unavailable,
@@ -54,9 +54,7 @@ impl<H: Host> Session<H> {
                 // The sandbox is still there: a fresh interpreter in it.
                 inner.pending_loss = Some(Discarded::DiedIdle { oom: w.oom_note(true) });
                 if w.recover(None, true).await.is_ok() {
-                    let mut sh = self.shared.lock();
-                    sh.report.generation += 1;
-                    sh.report.last_reset_reason = Some(ResetReason::DiedIdle);
+                    self.shared.lock().report.history.replaced(ResetReason::DiedIdle);
                 } else {
                     self.drop_worker(inner, ResetReason::DiedIdle).await;
                 }
@@ -101,9 +99,7 @@ impl<H: Host> Session<H> {
                 "internal error: no session directory".into(),
             );
         };
-        inner.exec_seq += 1;
-        let seq = inner.exec_seq;
-        self.shared.lock().report.executions = seq;
+        let seq = self.shared.lock().report.history.call();
         let (out_path, err_path) = log_paths(&dirs, seq);
         let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
         let mut capture = Capture::new(frame::end_mark(&nonce), out_path.clone(), err_path.clone());
@@ -123,7 +119,7 @@ impl<H: Host> Session<H> {
         let call = Call { seq, code: &code, mark: &mark, deadline, progress };
         let result = worker.exec(call, &mut capture, &mut stop).await;
         if worker.took_point() {
-            self.shared.lock().report.last_rollback_point = Some(std::time::SystemTime::now());
+            self.shared.lock().report.history.point_taken();
         }
         match result {
             Ok(done) => {
@@ -149,8 +145,7 @@ impl<H: Host> Session<H> {
                 // Cancelled before its request reached the interpreter: no
                 // code ran, so nothing is rolled back, lost or killed.
                 tracing::debug!("cancelled before the request was sent");
-                inner.exec_seq -= 1;
-                self.shared.lock().report.executions = inner.exec_seq;
+                self.shared.lock().report.history.call_not_sent();
                 return Outcome::static_result(Status::Cancelled, generation(), NOT_TOUCHED.into());
             }
             Err(interrupt) => {
@@ -186,18 +181,12 @@ impl<H: Host> Session<H> {
                 match recovered {
                     Some(Ok(recovery)) => {
                         let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref(), death);
-                        if matches!(r.state, StateFate::Lost(_)) {
-                            self.shared.lock().report.generation += 1;
-                            o.generation = generation();
-                        }
                         // Only a loss resets anything; a rollback is the last failure.
-                        {
-                            let mut sh = self.shared.lock();
-                            if matches!(r.state, StateFate::Lost(_)) {
-                                sh.report.last_reset_reason = Some(ResetReason::from(&interrupt));
-                            } else {
-                                sh.report.last_rollback = Some(ResetReason::from(&interrupt));
-                            }
+                        if matches!(r.state, StateFate::Lost(_)) {
+                            self.shared.lock().report.history.replaced(ResetReason::from(&interrupt));
+                            o.generation = generation();
+                        } else {
+                            self.shared.lock().report.history.rolled_back(ResetReason::from(&interrupt));
                         }
                         o.status = r.status;
                         o.state = r.state;

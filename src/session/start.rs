@@ -103,7 +103,7 @@ impl<H: Host> Session<H> {
         call: u32,
         wake: &mut watch::Receiver<u64>,
     ) -> Result<(), Box<Outcome>> {
-        let generation = self.shared.lock().report.generation;
+        let generation = self.shared.lock().report.history.generation;
         let (facts, dirs, project) = self.prepare(inner).await.map_err(|e| {
             let msg = e.to_string();
             self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
@@ -125,11 +125,7 @@ impl<H: Host> Session<H> {
             }
         }
         let mounts = self.shared.lock().report.mounts.clone();
-        let bump = || {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.generation
-        };
+        let bump = || self.shared.lock().report.history.started();
         let mut spare = self.take_spare(&mounts);
         // A writable spare was planned while the last sandbox could still
         // write the project: it is used only if the project still holds
@@ -171,7 +167,7 @@ impl<H: Host> Session<H> {
                 self.forget_once(&mounts);
                 inner.start_failed = true;
                 self.set_slot(Slot::Empty);
-                self.shared.lock().report.last_reset_reason = Some(ResetReason::StartupFailure);
+                self.shared.lock().report.history.discarded(ResetReason::StartupFailure);
                 let (status, msg) = start_failure(&e);
                 let mut o = Outcome::static_result(status, generation, msg);
                 o.start_failure = start_failure_of(&e);
