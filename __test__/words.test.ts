@@ -159,7 +159,7 @@ type Cause = "no bubblewrap" | "no user namespaces";
 type Seen = {
   uid: number;
   notifications: { message: string; type: string }[];
-  python?: { text: string; isError: boolean };
+  python?: { text: string; isError: boolean; startFailure?: string };
   bash?: { text: string; isError: boolean };
   status: string;
 };
@@ -240,6 +240,8 @@ function cannotStart(t: TestContext, cause: Cause, asNobody: boolean): void {
     assert.ok(!existsSync(join(project, `${tool}-ran`)), `${tool} ran on the host`);
   }
   assert.match(seen.python!.text, /^status: unavailable /, seen.python!.text);
+  // The cause is also a field of the result's details.
+  assert.equal(seen.python!.startFailure, cause === "no bubblewrap" ? "bwrap_missing" : "user_namespaces");
   assert.match(seen.bash!.text, /^The command was not run \([^)]*it never runs on the host\): /, seen.bash!.text);
   assert.doesNotMatch(seen.bash!.text, /python/i, "bash's result names the python tool");
   assert.match(seen.status, /^python tool: unavailable\ncause: /, seen.status);

@@ -23,8 +23,8 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome, ResetDone,
-    ResetReason, StateFate, Status, StreamText,
+    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, Discarded, KilledFor,
+    LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -127,9 +127,8 @@ struct Inner<H: Host> {
     worker: Option<H::Sandbox>,
     facts: Option<Arc<H::Facts>>,
     dirs: Option<Dirs>,
-    exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
-    pending_loss: Option<String>,
+    pending_loss: Option<Discarded>,
     /// The last sandbox start failed: no spare with the same setup.
     start_failed: bool,
     /// A sandbox was stopped because a secret appeared while it could
@@ -200,7 +199,6 @@ impl<H: Host> Session<H> {
                 worker: None,
                 facts: None,
                 dirs: None,
-                exec_seq: 0,
                 pending_loss: None,
                 start_failed: false,
                 scratch_suspect: false,
@@ -339,10 +337,11 @@ impl<H: Host> Session<H> {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                outcome.lost_before = Some(loss.clone());
+                let said = loss.to_string();
+                outcome.lost_before = Some(loss);
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
-                    Some(now) => format!("{loss}; then {now}"),
-                    None => loss,
+                    Some(now) => format!("{said}; then {now}"),
+                    None => said,
                 });
             }
         }
@@ -356,7 +355,7 @@ impl<H: Host> Session<H> {
     fn finish_static(&self, call: u32, status: Status, diagnostic: String) -> Outcome {
         let mut sh = self.shared.lock();
         sh.cancelled.remove(&call);
-        Outcome::static_result(status, sh.report.generation, diagnostic)
+        Outcome::static_result(status, sh.report.history.generation, diagnostic)
     }
 
     /// Kill the sandbox after an interrupted execution, keep the output that
@@ -395,7 +394,7 @@ impl<H: Host> Session<H> {
     fn after_worker_gone(&self, reason: ResetReason) {
         let mut sh = self.shared.lock();
         sh.slot = Slot::Empty;
-        sh.report.last_reset_reason = Some(reason);
+        sh.report.history.discarded(reason);
         drop(sh);
         self.sync_live();
     }
@@ -568,9 +567,7 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         let done = if fast {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.last_reset_reason = Some(ResetReason::Explicit);
+            self.shared.lock().report.history.replaced(ResetReason::Explicit);
             ResetDone::Fresh
         } else {
             let running = inner.worker.is_some();

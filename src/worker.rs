@@ -72,7 +72,7 @@ pub struct Worker {
     /// The task that reads `replies` (replaced with the channels).
     reader: tokio::task::JoinHandle<()>,
     /// Why the reply task or the guard killed the sandbox, when one did.
-    killed_for: protected::KilledFor,
+    killed_for: protected::KillSlot,
     /// A watch stopped the sandbox because a secret appeared (a host
     /// secret in a read root, or one in the project): what its processes
     /// wrote since may hold it (see `scratch::set_aside`).
@@ -199,7 +199,7 @@ impl Worker {
         // that no start or request asked for kills the sandbox at once.
         let (tx, rx) = mpsc::channel(2);
         let expecting = Arc::new(AtomicBool::new(true));
-        let killed_for: protected::KilledFor = Arc::default();
+        let killed_for: protected::KillSlot = Arc::default();
         // One budget for every watch on this sandbox: past it, it is stopped.
         let budget = Arc::new(protected::Budget::new(budget, child.pid, killed_for.clone()));
         if let Some(g) = &guard {
@@ -299,7 +299,7 @@ impl Worker {
     }
 
     /// Why the reply task or the guard killed this sandbox, once.
-    pub fn take_killed_for(&self) -> Option<String> {
+    pub fn take_killed_for(&self) -> Option<protected::HostKill> {
         self.killed_for.lock().take()
     }
 
@@ -668,7 +668,7 @@ async fn read_replies(
     mut reader: pipe::Receiver,
     tx: mpsc::Sender<Result<Reply, FrameError>>,
     expecting: Arc<AtomicBool>,
-    killed: protected::KilledFor,
+    killed: protected::KillSlot,
     group: i32,
 ) {
     loop {
@@ -679,7 +679,7 @@ async fn read_replies(
         );
         if !end && !expecting.load(Ordering::Acquire) {
             tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
-            *killed.lock() = Some("it sent a protocol frame while no execution ran".into());
+            *killed.lock() = Some(protected::HostKill::StrayFrame);
             kill_group(group);
             break;
         }

@@ -120,8 +120,11 @@ impl<H: Host> Session<H> {
                     let reason = self.remount_reason();
                     // A grant says why it was not applied live; a mode change
                     // is a restart anyway.
-                    inner.pending_loss =
-                        Some(if granted { format!("{reason}: the grant could not reach it ({why})") } else { reason });
+                    inner.pending_loss = Some(if granted {
+                        Discarded::NotLive { reason, why: why.clone() }
+                    } else {
+                        Discarded::Remounted(reason)
+                    });
                     self.drop_worker(inner, ResetReason::MountsChanged).await;
                     failed = Some(why);
                 }
@@ -135,10 +138,7 @@ impl<H: Host> Session<H> {
         if failed.is_none() {
             if let Some(w) = inner.worker.as_mut() {
                 if let Err(why) = w.restore_point().await.map_err(|e| e.to_string()) {
-                    inner.pending_loss = Some(format!(
-                        "the sandbox was restarted because the call could not run again on its state before the call \
-                         ({why})"
-                    ));
+                    inner.pending_loss = Some(Discarded::NoReturn(why.clone()));
                     self.drop_worker(inner, ResetReason::MountsChanged).await;
                     failed = Some(why);
                 }
