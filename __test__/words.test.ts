@@ -288,12 +288,12 @@ test("after a timeout, status and reset say what the setting in force did", asyn
   if (ROLLBACK) {
     assert.match(short, /^last failed call: a timeout, rolled back \(the interpreter kept its state from before that call\)$/m);
     assert.doesNotMatch(short, /discarded/);
-    assert.match(short, /^after a failed call: the interpreter goes back to its state before that call/m);
+    assert.match(short, /^after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call/m);
     assert.match(survived, /result: True/);
   } else {
     assert.match(short, /^interpreter state last discarded by: a timeout$/m);
     assert.doesNotMatch(short, /rolled back/);
-    assert.match(short, /^after a failed call: the sandbox is killed and interpreter state is lost \(PI_PYTHON_TOOL_ROLLBACK=0\)$/m);
+    assert.match(short, /^after a timeout, a cancel, too much output or a crash: the sandbox is killed and interpreter state is lost \(PI_PYTHON_TOOL_ROLLBACK=0\)$/m);
     assert.match(survived, /result: False/);
   }
   const reset = messageText(await tool.execute("r", { action: "reset" } as never, undefined, undefined));
@@ -372,6 +372,8 @@ test("a mode change's notification names only the roots newly skipped, and statu
   const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
   assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
   assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
+  // No spare is prepared while the project is writable: status does not say "none yet".
+  assert.match(text, /^next sandbox started ahead \(so that a restart is quick\): none while \/workspace is writable/m, text);
 });
 
 test("what a mode change did is the next result's first line; a first mode event that only skips roots still notifies", async (t) => {

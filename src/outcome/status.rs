@@ -116,19 +116,21 @@ pub enum SpareState {
 /// The `status` line about rollback: whether it is on, and how long ago
 /// the running interpreter last saved the state a failed call goes back to.
 pub(super) fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
+    // An exception is a failed call too, and keeps what ran before it:
+    // the line names the failures it is about.
+    const AFTER: &str = "after a timeout, a cancel, too much output or a crash";
     if !on {
-        return "after a failed call: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"
-            .into();
+        return format!("{AFTER}: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n");
     }
     match last.and_then(|t| now.duration_since(t).ok()) {
         Some(ago) => format!(
-            "after a failed call: the interpreter goes back to its state before that call (state last saved {:.1} s \
-             ago)\n",
+            "{AFTER}: the interpreter goes back to its state before that call (state last saved {:.1} s ago)\n",
             ago.as_secs_f64()
         ),
-        None => "after a failed call: the interpreter goes back to its state before that call (nothing saved yet: \
-                 a first call's failure gives a fresh interpreter)\n"
-            .into(),
+        None => format!(
+            "{AFTER}: the interpreter goes back to its state before that call (nothing saved yet: a first call's \
+             failure gives a fresh interpreter)\n"
+        ),
     }
 }
 
@@ -231,6 +233,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         "next sandbox started ahead (so that a restart is quick): {}\n",
         match (r.prewarm, r.spare) {
             (false, _) => "off (PI_SANDBOX_PREWARM)",
+            // None is prepared while a sandbox can write the project.
+            (true, SpareState::None) if r.mounts.workspace_writable => {
+                "none while /workspace is writable (one is prepared in the read-only modes only)"
+            }
             (true, SpareState::None) => "none yet",
             (true, SpareState::Starting) => "starting",
             (true, SpareState::Ready) => "ready",
