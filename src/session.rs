@@ -236,6 +236,10 @@ impl<H: Host> Session<H> {
         let sh = self.shared.lock();
         let mut report = sh.report.clone();
         report.worker_running = sh.slot.pid().is_some();
+        // A writable mode's sandbox without a guard has the project
+        // read-only (it failed closed).
+        report.workspace_held_read_only =
+            report.mounts.workspace_writable && matches!(sh.slot, Slot::Ready { guard: None, .. });
         report.worker_code = sh.slot.code();
         report.busy = sh.running_call.is_some();
         drop(sh);

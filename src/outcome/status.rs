@@ -16,6 +16,9 @@ pub enum Availability {
 pub struct StatusReport {
     pub availability: Availability,
     pub worker_running: bool,
+    /// The mode allows writes, but the running sandbox has the project
+    /// read-only: it could not be protected (see `confine`'s note).
+    pub workspace_held_read_only: bool,
     pub busy: bool,
     pub generation: u64,
     pub executions: u64,
@@ -74,6 +77,7 @@ impl StatusReport {
         StatusReport {
             availability: Availability::Unverified,
             worker_running: false,
+            workspace_held_read_only: false,
             busy: false,
             generation: 0,
             executions: 0,
@@ -184,7 +188,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         Availability::Unavailable(d) => Some(d.as_str()),
         _ => None,
     };
-    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
+    let held = r.mounts.workspace_writable && r.workspace_held_read_only;
+    let mode = if r.mounts.workspace_writable && !held { "read-write" } else { "read-only" };
+    let held_why =
+        if held { " in this sandbox although the mode allows writes (the project could not be protected)" } else { "" };
     let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
@@ -203,7 +210,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         (None, _) => "interpreter: not running (one starts on the first call)\n".to_string(),
     });
     text.push_str(&format!(
-        "mode: {}; /workspace {mode}; read roots: {}\n",
+        "mode: {}; /workspace {mode}{held_why}; read roots: {}\n",
         match &r.permission_mode {
             Some(m) => crate::display::one_line(m).to_string(),
             None => "none announced (no permission extension)".to_string(),
