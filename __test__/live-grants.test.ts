@@ -117,6 +117,9 @@ test("a session grant (the client's mode event adds a read root): the variable i
   const text = await keepsState(s, `${s.outside}/data.csv`, /1,2/);
   assert.match(text, /was granted and mounted in the running sandbox/);
   assert.equal(s.log.answers[0].modeEvent, true);
+  const note = s.h.notifications.find((n) => n.message.includes("read roots mounted read-only"))?.message ?? "";
+  assert.match(note, /\(added to the running sandbox at its next execution; interpreter state kept\)/, note);
+  assert.doesNotMatch(note, /applies from the next execution|discarded/, note);
   // The whole root came: a sibling needs no prompt.
   const sibling = await s.run({ code: `print(open('${s.outside}/sibling.txt').read())` });
   assert.match(sibling.text, /sibling-data/);
@@ -360,6 +363,10 @@ test("a revoked read root is detached from the running sandbox at once: the vari
   assert.match(r.text, /refused (FileNotFoundError|SandboxReadDenied|PermissionError)|denied/, r.text);
   assert.doesNotMatch(r.text, /sibling-data/);
   assert.doesNotMatch(r.text, /restarted|fresh interpreter|state was lost/i);
+  // The user is told what happened when it happened: detached now, state kept.
+  const note = s.h.notifications.find((n) => n.message.includes("read roots cleared"))?.message ?? "";
+  assert.match(note, /read roots cleared \(detached from the running sandbox now; interpreter state kept\)/, note);
+  assert.doesNotMatch(note, /applies from the next execution|discarded/, note);
   const live = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
   await s.h.dispose();
   const fresh = await setup(t, { project: s.project, outside: s.outside });
@@ -450,6 +457,21 @@ test("a host secret that appears in a root granted live stops the sandbox at onc
   assert.doesNotMatch(next.text, /vault-token-value/);
 });
 
+test("a read root inside the project (it unmasks the project's secrets) restarts the sandbox, and the notification says so, not that the mode changed", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  mkdirSync(join(s.project, "conf"));
+  writeFileSync(join(s.project, "conf", ".env"), "TOKEN=inside\n");
+  const masked = await s.run({ code: "kept = 1\nprint(repr(open('/workspace/conf/.env').read()))" });
+  assert.match(masked.text, /permission_needed|''/, masked.text);
+  s.h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [join(s.project, "conf")] });
+  const note = s.h.notifications.find((n) => n.message.includes("secrets no longer masked"))?.message ?? "";
+  assert.match(note, /interpreter state discarded.* not applied to the running sandbox: .*a read root inside the project changes which of its secrets are masked/, note);
+  assert.doesNotMatch(note, /mode change/, note);
+  const r = await s.run({ code: "print(open('/workspace/conf/.env').read())" });
+  assert.match(r.text, /TOKEN=inside/, r.text);
+});
+
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
   withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
   const s = await setup(t, { ui: { select: choose("Allow once") } });
@@ -496,5 +518,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 15);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 16);
 });

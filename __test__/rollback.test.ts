@@ -257,7 +257,7 @@ describe("a failed call rolls back", { concurrency: 4 }, () => {
     const s = sb.status();
     assert.equal(s.rollback, true);
     assert.ok(typeof s.lastRollbackPoint === "number" && Date.now() - s.lastRollbackPoint < 60_000);
-    assert.match(s.text, /^after a failed call: the interpreter goes back to its state before that call \(state last saved \d+\.\d s ago\)$/m);
+    assert.match(s.text, /^after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call \(state last saved \d+\.\d s ago\)$/m);
   });
 });
 
@@ -1045,6 +1045,6 @@ describe("through pi, rollback is the default", () => {
     const next = await call({ code: "kept + 1" });
     assert.match(next.text, /42/, next.text);
     const status = await call({ action: "status" });
-    assert.match(status.text, /after a failed call: the interpreter goes back to its state before that call \(state last saved/);
+    assert.match(status.text, /after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call \(state last saved/);
   });
 });

@@ -77,8 +77,8 @@ pub struct Plan {
 /// Why a change is not made live.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    #[error("the change is more than an added or revoked grant (a mode change, or an allow once removed)")]
-    NotAnAddition,
+    #[error("the change is more than an added or revoked grant: {0}")]
+    NotAnAddition(&'static str),
     #[error("{} overlaps a tree the sandbox already shows", crate::display::one_line(.0))]
     Overlap(PathBuf),
     #[error("{} is not a masked secret of the project by itself", crate::display::one_line(.0))]
@@ -102,12 +102,16 @@ pub enum LiveError {
 /// once; a tree that overlaps one still shown is left to a restart (a
 /// fresh start stacks them in its own order).
 pub fn plan(had: &MountConfig, want: &MountConfig) -> Result<Plan, LiveError> {
-    let kept = had.workspace_writable == want.workspace_writable
-        && had.unmasked == want.unmasked
-        && had.once.iter().all(|o| want.once.contains(o))
+    if had.workspace_writable != want.workspace_writable {
+        return Err(LiveError::NotAnAddition("the permission mode changed between read-only and writable"));
+    }
+    if had.unmasked != want.unmasked {
+        return Err(LiveError::NotAnAddition("a read root inside the project changes which of its secrets are masked"));
+    }
+    let kept = had.once.iter().all(|o| want.once.contains(o))
         && had.unmasked_once.iter().all(|u| want.unmasked_once.contains(u));
     if !kept {
-        return Err(LiveError::NotAnAddition);
+        return Err(LiveError::NotAnAddition("a path allowed once was removed"));
     }
     let detach = had.read_roots.iter().filter(|r| !want.read_roots.contains(r)).cloned().collect();
     let mut plan = Plan { detach, ..Plan::default() };
@@ -282,9 +286,18 @@ mod tests {
     #[test]
     fn anything_but_an_added_or_revoked_grant_restarts() {
         let writable = MountConfig { workspace_writable: true, ..roots(&[]) };
-        assert!(matches!(plan(&roots(&[]), &writable), Err(LiveError::NotAnAddition)));
+        let why = |had: &MountConfig, want: &MountConfig| match plan(had, want) {
+            Err(e @ LiveError::NotAnAddition(_)) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        // Each says which change it was (a read root inside the project is
+        // no mode change).
+        assert!(why(&roots(&[]), &writable).ends_with("the permission mode changed between read-only and writable"));
         let unmasked = MountConfig { unmasked: vec!["/p/.env".into()], ..roots(&[]) };
-        assert!(matches!(plan(&roots(&[]), &unmasked), Err(LiveError::NotAnAddition)));
+        assert!(why(&roots(&[]), &unmasked).contains("a read root inside the project"));
+        let once = OnceMount { path: "/b/x.csv".into(), source: "/b/x.csv".into(), is_dir: false };
+        let had = MountConfig { once: vec![once], ..roots(&[]) };
+        assert!(why(&had, &roots(&[])).ends_with("a path allowed once was removed"));
         // Over or under a tree already shown.
         assert!(matches!(plan(&roots(&["/a/b"]), &roots(&["/a/b", "/a"])), Err(LiveError::Overlap(_))));
         assert!(matches!(plan(&roots(&["/a"]), &roots(&["/a", "/a/b"])), Err(LiveError::Overlap(_))));

@@ -896,7 +896,10 @@ mod tests {
         assert!(short.lines().count() <= 7, "{short}");
         assert!(short.contains("\ninterpreter: not running (one starts on the first call)\n"), "{short}");
         assert!(
-            short.contains("\nafter a failed call: the interpreter goes back to its state before that call"),
+            short.contains(
+                "\nafter a timeout, a cancel, too much output or a crash: the interpreter goes back to its state \
+                 before that call"
+            ),
             "{short}"
         );
         assert!(short.contains("\ncontainment: at most 256 tasks"), "{short}");
@@ -908,6 +911,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+        // In a writable mode no spare is prepared: status does not promise one.
+        let mut writable =
+            StatusReport::new("/p".into(), MountConfig { workspace_writable: true, ..Default::default() }, true);
+        writable.spare = SpareState::None;
+        let yolo = status_text(&writable, &settings);
+        assert!(
+            yolo.contains("started ahead (so that a restart is quick): none while /workspace is writable"),
+            "{yolo}"
+        );
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
         assert!(text.contains("\ncontainment: ") && text.contains("PI_SANDBOX_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
@@ -971,7 +983,8 @@ mod tests {
         let ago = now - std::time::Duration::from_millis(2500);
         assert_eq!(
             rollback_line(true, Some(ago), now),
-            "after a failed call: the interpreter goes back to its state before that call (state last saved 2.5 s ago)\n"
+            "after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before \
+             that call (state last saved 2.5 s ago)\n"
         );
         assert!(rollback_line(true, None, now).contains("nothing saved yet"));
         assert!(rollback_line(false, Some(ago), now).ends_with("state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"));

@@ -78,6 +78,9 @@ enum Slot {
         /// Its guard and init pid, for checks after a kill that does not
         /// hold the operation lock.
         guard: Option<(Arc<Guard>, Option<i32>)>,
+        /// Started in a writable mode, but with the project read-only (it
+        /// could not be protected).
+        held_read_only: bool,
     },
 }
 
@@ -234,6 +237,8 @@ impl<H: Host> Session<H> {
         let sh = self.shared.lock();
         let mut report = sh.report.clone();
         report.worker_running = sh.slot.pid().is_some();
+        report.workspace_held_read_only =
+            report.mounts.workspace_writable && matches!(sh.slot, Slot::Ready { held_read_only: true, .. });
         report.worker_code = sh.slot.code();
         report.busy = sh.running_call.is_some();
         drop(sh);

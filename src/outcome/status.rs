@@ -77,6 +77,9 @@ impl History {
 pub struct StatusReport {
     pub availability: Availability,
     pub worker_running: bool,
+    /// The mode allows writes, but the running sandbox has the project
+    /// read-only: it could not be protected (see `confine`'s note).
+    pub workspace_held_read_only: bool,
     pub busy: bool,
     /// Generation, calls, the last reset and rollback.
     pub history: History,
@@ -127,6 +130,7 @@ impl StatusReport {
         StatusReport {
             availability: Availability::Unverified,
             worker_running: false,
+            workspace_held_read_only: false,
             busy: false,
             history: History::default(),
             runtime_version: None,
@@ -165,19 +169,21 @@ pub enum SpareState {
 /// The `status` line about rollback: whether it is on, and how long ago
 /// the running interpreter last saved the state a failed call goes back to.
 pub(super) fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
+    // An exception is a failed call too, and keeps what ran before it:
+    // the line names the failures it is about.
+    const AFTER: &str = "after a timeout, a cancel, too much output or a crash";
     if !on {
-        return "after a failed call: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"
-            .into();
+        return format!("{AFTER}: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n");
     }
     match last.and_then(|t| now.duration_since(t).ok()) {
         Some(ago) => format!(
-            "after a failed call: the interpreter goes back to its state before that call (state last saved {:.1} s \
-             ago)\n",
+            "{AFTER}: the interpreter goes back to its state before that call (state last saved {:.1} s ago)\n",
             ago.as_secs_f64()
         ),
-        None => "after a failed call: the interpreter goes back to its state before that call (nothing saved yet: \
-                 a first call's failure gives a fresh interpreter)\n"
-            .into(),
+        None => format!(
+            "{AFTER}: the interpreter goes back to its state before that call (nothing saved yet: a first call's \
+             failure gives a fresh interpreter)\n"
+        ),
     }
 }
 
@@ -231,7 +237,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         Availability::Unavailable(d) => Some(d.as_str()),
         _ => None,
     };
-    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
+    let held = r.mounts.workspace_writable && r.workspace_held_read_only;
+    let mode = if r.mounts.workspace_writable && !held { "read-write" } else { "read-only" };
+    let held_why =
+        if held { " in this sandbox although the mode allows writes (the project could not be protected)" } else { "" };
     let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
@@ -250,7 +259,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         (None, _) => "interpreter: not running (one starts on the first call)\n".to_string(),
     });
     text.push_str(&format!(
-        "mode: {}; /workspace {mode}; read roots: {}\n",
+        "mode: {}; /workspace {mode}{held_why}; read roots: {}\n",
         match &r.permission_mode {
             Some(m) => crate::display::one_line(m).to_string(),
             None => "none announced (no permission extension)".to_string(),
@@ -280,6 +289,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         "next sandbox started ahead (so that a restart is quick): {}\n",
         match (r.prewarm, r.spare) {
             (false, _) => "off (PI_SANDBOX_PREWARM)",
+            // None is prepared while a sandbox can write the project.
+            (true, SpareState::None) if r.mounts.workspace_writable => {
+                "none while /workspace is writable (one is prepared in the read-only modes only)"
+            }
             (true, SpareState::None) => "none yet",
             (true, SpareState::Starting) => "starting",
             (true, SpareState::Ready) => "ready",
