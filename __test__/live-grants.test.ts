@@ -459,6 +459,46 @@ test("attack: a thread with a working directory of its own (unshare CLONE_FS) in
   assert.match(text, /held its working directory in the revoked read root/, text);
 });
 
+for (const change of ["revoke", "read-only"] as const) {
+  test(`attack: a bash command running when ${change === "revoke" ? "a read root is revoked" : "the mode turns read-only"} would keep ${change === "revoke" ? "reading the root" : "writing the project"} until it ends: it is stopped, and says why (baseline: a command started after the change cannot)`, async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const base = mkdtempSync("/var/tmp/pps-live-bash-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    const project = join(base, "project");
+    const root = join(base, "granted");
+    mkdirSync(project);
+    mkdirSync(root);
+    const { PythonSandbox } = await import("./helpers/sandbox-fixture.ts");
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(base, "runtime"), prewarm: false });
+    t.after(() => sb.dispose("test end").catch(() => {}));
+    sb.applyModeEvent({ mode: change === "revoke" ? "manual" : "yolo", readRoots: [root] });
+    const attempt =
+      change === "revoke"
+        ? `cat ${root}/after.txt 2>&1; ls ${root} 2>&1`
+        : `echo written-after-the-change > ${project}/late.txt 2>&1; cat ${project}/late.txt 2>&1`;
+    let out = "";
+    let started!: () => void;
+    const go = new Promise<void>((r) => (started = r));
+    const running = sb.execShell(900, `echo started; sleep 3; ${attempt}`, { cwd: project, timeoutSeconds: 30 }, (text: string) => {
+      out += text;
+      if (out.includes("started")) started();
+    });
+    await go;
+    sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    if (change === "revoke") writeFileSync(join(root, "after.txt"), "made-after-the-revoke\n");
+    // Baseline: a command started after the change cannot.
+    let later = "";
+    await sb.execShell(901, attempt, { cwd: project, timeoutSeconds: 30 }, (text: string) => (later += text));
+    if (change === "revoke") assert.doesNotMatch(later, /made-after-the-revoke/, later);
+    else assert.match(later, /Read-only|Permission denied|read-only/i, later);
+    const r = await running;
+    if (change === "revoke") assert.doesNotMatch(out, /made-after-the-revoke|after\.txt/, out);
+    else assert.doesNotMatch(out, /^written-after-the-change$/m, out);
+    assert.equal(r.ending, "stopped", JSON.stringify(r));
+    assert.match(r.notes.join("\n"), /The command was stopped: the permission mode or the read roots changed while it ran/);
+  });
+}
+
 test("a late 'Allow once' (after the call stopped waiting) lifts the denial and says so: the next read needs no dialog, is mounted live, and keeps the variable", async (t) => {
   let answerLate: (choice: string | undefined) => void = () => {};
   const s = await setup(t, { ui: { select: () => new Promise((resolve) => (answerLate = resolve)) } });
@@ -585,5 +625,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 18);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 20);
 });
