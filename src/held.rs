@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// At most this many links are looked at (working directories, roots and
-/// descriptors of every task); more means the sandbox restarts.
-const MAX_LINKS: usize = 1 << 20;
+/// descriptors of every task; threads that share a table count each): a
+/// few hundred milliseconds of the host's time at most. More means the
+/// sandbox restarts.
+const MAX_LINKS: usize = 1 << 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HeldError {
@@ -240,13 +242,22 @@ fn on(
 
 /// The mount id of what `link` leads to (followed: a `/proc` link leads
 /// to the object itself, whatever name it shows), and whether it is a
-/// directory.
+/// directory. Cached attributes only: a network file system the object
+/// may be on is never asked.
 fn mount_id(link: &Path) -> io::Result<(u64, bool)> {
     let path = CString::new(link.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: statx is given a NUL-terminated path and a zeroed out-buffer of its own type.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: `path` and `st` outlive the call.
-    let rc = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), 0, libc::STATX_MNT_ID | libc::STATX_TYPE, &mut st) };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_MNT_ID | libc::STATX_TYPE,
+            &mut st,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -303,6 +314,24 @@ mod tests {
     #[test]
     fn a_mount_point_is_unescaped_as_the_kernel_escapes_it() {
         assert_eq!(unescape(b"/a\\040b\\011c\\012d\\134e\\9"), b"/a b\tc\nd\\e\\9");
+    }
+
+    #[test]
+    fn a_link_is_looked_at_through_the_object_and_the_work_is_bounded() {
+        let cwd = Path::new("/proc/self/cwd");
+        let (id, dir) = mount_id(cwd).unwrap_or_default();
+        assert!(dir, "a working directory is a directory");
+        let ids = HashMap::from([(id, PathBuf::from("/revoked"))]);
+        let mut budget = 1;
+        assert_eq!(on(cwd, &ids, &mut budget, true).ok().flatten(), Some(PathBuf::from("/revoked")));
+        assert!(matches!(on(cwd, &ids, &mut budget, true), Err(HeldError::TooMany)));
+        // A descriptor on a file counts only where files do.
+        let file = Path::new("/proc/self/exe");
+        let mut budget = 2;
+        let (file_id, _) = mount_id(file).unwrap_or_default();
+        let ids = HashMap::from([(file_id, PathBuf::from("/revoked"))]);
+        assert_eq!(on(file, &ids, &mut budget, true).ok().flatten(), None);
+        assert_eq!(on(file, &ids, &mut budget, false).ok().flatten(), Some(PathBuf::from("/revoked")));
     }
 
     #[test]
