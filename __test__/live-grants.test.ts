@@ -408,7 +408,7 @@ async function readAfterRevoke(t: TestContext, rollback: string, hold: (root: st
   );
   // Baseline: the revoke took the path away (documented: new opens fail).
   assert.match(r.text, /by path refused/, r.text);
-  return r.text;
+  return { text: r.text, sb };
 }
 
 const HOLD_ALL = (root: string) =>
@@ -423,7 +423,7 @@ const READ_ALL = [
 for (const rollback of ["1", "0"]) {
   test(`attack (rollback ${rollback === "1" ? "on" : "off"}): a working directory or a directory descriptor held in a revoked read root would keep the whole tree readable, files made after the revoke too: the sandbox restarts and says why (baseline: a new open by its path fails)`, async (t) => {
     if (skipWithoutSandbox(t)) return;
-    const text = await readAfterRevoke(t, rollback, HOLD_ALL, READ_ALL);
+    const { text } = await readAfterRevoke(t, rollback, HOLD_ALL, READ_ALL);
     // The attempt: before the fix, with rollback on, each of these read the revoked tree, the new file included.
     assert.doesNotMatch(text, /made-after-the-revoke|after\.txt/, text);
     // The interpreter was restarted: its variable is gone, and the result says why.
@@ -451,12 +451,27 @@ test("attack: a thread with a working directory of its own (unshare CLONE_FS) in
       "time.sleep(0.3)",
       "print('interpreter in', os.getcwd())",
     ].join("\n");
-  const text = await readAfterRevoke(t, "1", hold, [
+  const { text } = await readAfterRevoke(t, "1", hold, [
     "attempt('thread', lambda: open('/scratch/thread-seen').read())",
     "attempt('cwd', lambda: os.getcwd())",
   ]);
   assert.doesNotMatch(text, /made-after-the-revoke/, text);
   assert.match(text, /held its working directory in the revoked read root/, text);
+});
+
+test("a revoke that finds nothing held stops and continues the sandbox's processes: the interpreter, its rollback copy and a background process carry on (a failed call still rolls back)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { text, sb } = await readAfterRevoke(
+    t,
+    "1",
+    () => "import subprocess\nkept = 'kept-value'\nbg = subprocess.Popen(['/bin/sh', '-c', 'while :; do date +%s%N > /scratch/tick; sleep 0.05; done'])",
+    ["import time", "a = open('/scratch/tick').read(); time.sleep(0.3); b = open('/scratch/tick').read()", "print(kept, 'ticks on' if a != b else 'stopped', bg.poll())"],
+  );
+  assert.match(text, /kept-value ticks on None/, text);
+  assert.doesNotMatch(text, /restarted|state was lost/i, text);
+  const failed = await sb.execute("kept = 'changed'\nwhile True: pass", 1);
+  assert.equal(failed.rolledBack, true, failed.text);
+  assert.match((await sb.execute("print(kept)")).text, /kept-value/);
 });
 
 for (const change of ["revoke", "read-only"] as const) {
@@ -625,5 +640,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 20);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 21);
 });
