@@ -436,6 +436,11 @@ impl<H: Host> Session<H> {
             // A revoked read root goes at once, not at the next execution.
             restart = self.revoke_now(&sh.report.mounts, &mounts, sh.slot.pid()).err().map(|e| e.0);
         }
+        if shell::takes_away(&sh.report.mounts, &mounts) {
+            self.shells.stop_running(
+                "the permission mode or the read roots changed while it ran, taking away what its sandbox could reach",
+            );
+        }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
         sh.report.mount_epoch += 1;

@@ -6,8 +6,12 @@
 //! and the result says why state was lost.
 
 use super::*;
+use crate::held;
 use crate::live_grants;
 use crate::session::host::LiveEnv;
+
+/// How long the sandbox's processes may take to stop for a revoke.
+const HOLD_WAIT: Duration = Duration::from_secs(2);
 
 /// What the session remembers of live grants.
 #[derive(Debug, Default)]
@@ -66,9 +70,29 @@ impl<H: Host> Session<H> {
         // bubblewrap's child, the sandbox's PID 1, is in its namespaces.
         let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children")).unwrap_or_default();
         let inside = children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        live_grants::revoke(inside, &plan).map_err(|e| {
+        let restarted = |e: &dyn std::fmt::Display| {
             live_grants::Restarted(format!("a revoked read root could not be detached from the running sandbox ({e})"))
-        })
+        };
+        // A working directory, root or descriptor on the detached tree
+        // would keep it readable: the sandbox's processes are stopped while
+        // the roots go and what they hold is looked at (see `held`).
+        if inside <= 0 {
+            return Err(restarted(&live_grants::LiveError::NoProcess));
+        }
+        let ids = held::mount_ids(inside, &plan.detach).map_err(|e| restarted(&e))?;
+        let frozen = held::Frozen::stop(inside, HOLD_WAIT).map_err(|e| restarted(&e))?;
+        live_grants::revoke(inside, &plan).map_err(|e| restarted(&e))?;
+        match frozen.holding(&ids) {
+            Ok(None) => Ok(()),
+            Ok(Some(held)) => {
+                frozen.leave_stopped();
+                Err(live_grants::Restarted(held.to_string()))
+            }
+            Err(e) => {
+                frozen.leave_stopped();
+                Err(restarted(&e))
+            }
+        }
     }
 
     /// Why the last mount change restarts the sandbox instead of reaching

@@ -25,6 +25,8 @@ pub(super) struct Shells {
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
+    /// Why each command aborted by a mount change was stopped, by its id.
+    stopped_for: parking_lot::Mutex<HashMap<u32, String>>,
 }
 
 impl Shells {
@@ -34,6 +36,18 @@ impl Shells {
             let _ = tx.send(true);
         }
         self.running.write().await
+    }
+
+    /// Stop every running command: its sandbox has the mounts of before a
+    /// change that took some away (a revoked read root, a read-only
+    /// mode), which it must not keep until it ends. Its result says `why`.
+    pub(super) fn stop_running(&self, why: &str) {
+        let cancels = self.cancels.lock();
+        let mut stopped = self.stopped_for.lock();
+        for (id, tx) in cancels.iter() {
+            stopped.insert(*id, why.to_string());
+            let _ = tx.send(true);
+        }
     }
 
     /// Whether a command left /scratch in doubt (and forget it).
@@ -101,7 +115,13 @@ impl<H: Host> Session<H> {
             kept_reads: &self.shells.kept_reads,
             net_grants: &self.shells.net_grants,
         };
-        let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        let mut ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        if let Some(why) = self.shells.stopped_for.lock().remove(&id) {
+            if ended.ending == crate::shell::Ending::Aborted {
+                ended.notes.push(format!("The command was stopped: {why}."));
+                ended.ending = crate::shell::Ending::Stopped(why);
+            }
+        }
         if ended.secret_appeared {
             self.shells.suspect.store(true, Ordering::Release);
         }
@@ -137,4 +157,13 @@ impl<H: Host> Drop for Forget<'_, H> {
     fn drop(&mut self) {
         self.0.shells.cancels.lock().remove(&self.1);
     }
+}
+
+/// Whether going from `had` to `want` takes away something a running
+/// command's sandbox has: a read root, the writable project, an unmasked
+/// secret. (An allow-once path is for one sandbox: its end drops it.)
+pub(super) fn takes_away(had: &MountConfig, want: &MountConfig) -> bool {
+    (had.workspace_writable && !want.workspace_writable)
+        || had.read_roots.iter().any(|r| !want.read_roots.contains(r))
+        || had.unmasked.iter().any(|u| !want.unmasked.contains(u))
 }
