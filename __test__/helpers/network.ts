@@ -96,6 +96,8 @@ export interface NetSession {
   project: string;
   /** Runs `command` with the bash tool; its text (the network summary included). */
   bash(command: string, opts?: { signal?: AbortSignal; timeout?: number }): Promise<string>;
+  /** Runs `command` as the user's `!command`, as pi's RPC and interactive modes do; its output. */
+  userBash(command: string): Promise<string>;
 }
 
 export interface NetSessionOptions {
@@ -104,6 +106,10 @@ export interface NetSessionOptions {
   /** The permission mode pi-tool-permissions' stand-in announces. */
   mode?: string;
   project?: string;
+  /** More keys of the trusted configuration (beside `network`). */
+  config?: Record<string, unknown>;
+  /** More extension packages, loaded after pi-tool-permissions' stand-in and before this package. */
+  extensions?: string[];
 }
 
 /** A pi session whose trusted configuration has `network`; undefined where no sandbox can run. */
@@ -115,12 +121,12 @@ export async function netSession(t: TestContext, network: Record<string, unknown
   mkdirSync(project, { recursive: true });
   const agent = join(base, "agent");
   mkdirSync(join(agent, "extensions", "pi-python-sandbox"), { recursive: true });
-  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ network }));
+  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ ...opts.config, network }));
   // The trusted configuration is read when the extension loads.
   process.env.PI_CODING_AGENT_DIR = agent;
   delete process.env.PI_SANDBOX_BASH;
   configureClient(opts.mode ?? "manual", []);
-  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
+  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, ...(opts.extensions ?? []), PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
   t.after(() => h.dispose());
   let n = 0;
   return {
@@ -129,6 +135,14 @@ export async function netSession(t: TestContext, network: Record<string, unknown
     async bash(command, { signal, timeout } = {}) {
       const r = await h.getTool("bash").execute(`bash-${++n}`, { command, ...(timeout ? { timeout } : {}) }, signal, undefined);
       return messageText(r);
+    },
+    async userBash(command) {
+      const session = h.session;
+      const event = { type: "user_bash" as const, command, excludeFromContext: false, cwd: session.sessionManager.getCwd() };
+      const handled = await session.extensionRunner.emitUserBash(event);
+      assert.ok(handled?.operations, "the user's command goes through this package's shell");
+      const r = await session.executeBash(command, undefined, { operations: handled.operations });
+      return r.output;
     },
   };
 }
