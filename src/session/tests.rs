@@ -237,7 +237,8 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
     let why = NotReady::Exited(None);
     f.host.script.lock().start_fails.push_back(StartError::NotReady { why, stderr: "no uid map".into() });
     let o = f.run().await;
-    assert_eq!(o.status, Status::WorkerError);
+    // Its error output names a namespace cause: no sandbox can start here, so it is unavailable.
+    assert_eq!(o.status, Status::Unavailable);
     assert_eq!(o.state, StateFate::Untouched);
     assert!(!o.started);
     let diagnostic = o.diagnostic.clone().expect("the failure is told");
