@@ -175,6 +175,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     // goes too: in the sandbox it is a link to /workspace, like the resolved path.
     const projectNames = cwd !== projectDir ? [resolve(cwd)] : [];
     const sandbox = new addon.binding.PythonSandbox({ projectDir, projectNames }, permissions());
+    // The trusted configuration's part for commands and, with `network.python`, the python tool's network.
+    sandbox.setShellConfig(shellConfig());
     state.sandbox = sandbox;
     state.projectDir = projectDir;
     return sandbox;
@@ -183,6 +185,12 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   // The bash tool: each command in a sandbox of its own, with this session's mode, read roots and
   // protections; where the addon cannot load, a command is refused (never run on the host).
   let trusted = trustedConfig(process.cwd());
+  const shellConfig = () => ({
+    additionalAllowRead: trusted?.additionalAllowRead ?? [],
+    envPassthrough: trusted?.envPassthrough ?? [],
+    configPath: trusted?.path,
+    network: trusted?.network,
+  });
   let configTold = false;
   registerSandboxedBash(
     pi,
@@ -191,12 +199,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       if ("error" in sandbox) {
         return new Error(`The command was not run (the sandbox is unavailable; it never runs on the host): ${sandbox.error}`);
       }
-      sandbox.setShellConfig({
-        additionalAllowRead: trusted?.additionalAllowRead ?? [],
-        envPassthrough: trusted?.envPassthrough ?? [],
-        configPath: trusted?.path,
-        network: trusted?.network,
-      });
+      sandbox.setShellConfig(shellConfig());
       return addonShell(sandbox, () => {
         // The trusted configuration's errors, in the first result as well as at session start.
         if (configTold || !trusted?.errors.length) return [];

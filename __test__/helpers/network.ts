@@ -96,6 +96,8 @@ export interface NetSession {
   project: string;
   /** Runs `command` with the bash tool; its text (the network summary included). */
   bash(command: string, opts?: { signal?: AbortSignal; timeout?: number }): Promise<string>;
+  /** Runs `code` with the python tool; its text. */
+  python(code: string): Promise<string>;
   /** Runs `command` as the user's `!command`, as pi's RPC and interactive modes do; its output. */
   userBash(command: string): Promise<string>;
 }
@@ -134,6 +136,10 @@ export async function netSession(t: TestContext, network: Record<string, unknown
     project,
     async bash(command, { signal, timeout } = {}) {
       const r = await h.getTool("bash").execute(`bash-${++n}`, { command, ...(timeout ? { timeout } : {}) }, signal, undefined);
+      return messageText(r);
+    },
+    async python(code) {
+      const r = await h.getTool("python").execute(`python-${++n}`, { code }, undefined, undefined);
       return messageText(r);
     },
     async userBash(command) {

@@ -48,6 +48,15 @@ impl<H: Host> Session<H> {
         *self.shells.config.lock() = config;
     }
 
+    /// The python tool's network from the trusted configuration
+    /// (`network.python` with a proxy policy): the policy with the
+    /// session's grants; none by default.
+    pub(super) fn python_network(&self) -> Option<crate::worker::PythonNetwork> {
+        let config = self.shells.config.lock();
+        let policy = config.network.clone().filter(|_| config.python_network)?;
+        Some(crate::worker::PythonNetwork { policy, grants: self.shells.net_grants.clone() })
+    }
+
     /// Abort the command `id`; whether one was running.
     pub fn cancel_shell(&self, id: u32) -> bool {
         self.shells.cancels.lock().get(&id).is_some_and(|tx| tx.send(true).is_ok())
