@@ -402,9 +402,14 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
             return len(body).to_bytes(4, 'big') + body
         if os.fork() == 0:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT})
+            def take(n):
+                got = b""
+                while len(got) < n:
+                    got += os.read(3, n - len(got))
+                return got
             req = {}
-            while req.get("type") != "exec":  # the host's release of a finished call's copy comes too
-                req = json.loads(os.read(3, 1 << 20)[4:])
+            while req.get("type") != "exec":  # the host's point and release frames come too, maybe in one read
+                req = json.loads(take(int.from_bytes(take(4), 'big')))
             os.kill(os.getppid(), 9)
             os.write(4, fr({"type": "begin", "id": req["id"], "copy": os.getpid(), "why": None}))
             os.write(4, (7).to_bytes(4, 'big') + b"garbage")
