@@ -131,7 +131,18 @@ test("a session grant the user gave a bash command reaches the python tool's net
   assert.equal(s.other.hits(), 2);
 });
 
+test("/sandbox allow reaches the running python sandbox: the interpreter's state is kept", async (t) => {
+  const s = await setup(t, true);
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  assert.match(await s.python(`kept = 42\n${fetch(url)}`), /HTTP 403/);
+  await s.h.prompt(`/sandbox allow ${s.other.name}:${s.other.port}`);
+  const got = await s.python(`print("KEPT", kept)\n${fetch(url)}`);
+  assert.match(got, /KEPT 42\nBODY OTHER-BODY/, got);
+  assert.equal(s.other.hits(), 1);
+});
+
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 5);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 6);
 });

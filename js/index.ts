@@ -327,7 +327,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       run: (args) => {
         if (!trusted) return "Nothing was allowed: the native addon, which reads the configuration, is unavailable.";
         const done = allowDestination(args, trusted.path, trusted.errors, () => trustedConfig(process.cwd()));
-        if (done.config) trusted = done.config;
+        if (done.config) {
+          trusted = done.config;
+          // The python sandbox's proxy reads the lists at each connection; each command reads them anew.
+          state.sandbox?.setShellConfig(shellConfig());
+        }
         return done.message;
       },
     },

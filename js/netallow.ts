@@ -4,7 +4,7 @@
  * file is changed in place of its `network.allowedDomains` only (other keys kept, the file written
  * to a new name and renamed over the old, its mode kept), then read again, strictly, by the engine:
  * an entry the grammar refuses puts the previous file back and says why. What the re-read gives
- * applies to the next command of the running session and to later sessions.
+ * applies to the next command (and python connection) of the running session and to later sessions.
  */
 import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";

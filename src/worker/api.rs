@@ -227,6 +227,9 @@ pub struct Launch {
 pub struct PythonNetwork {
     pub policy: crate::network::proxy::Policy,
     pub grants: crate::network::review::SessionGrants,
+    /// The session's lists as the configuration now has them (read at
+    /// each connection, so that `/sandbox allow` reaches a running sandbox).
+    pub lists: crate::network::proxy::LiveLists,
 }
 
 /// The proxy serving a python sandbox's listener; it stops with the worker.
@@ -255,7 +258,8 @@ pub async fn prepare_with_network(
         (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
             Ok(l) => {
                 let desk = crate::network::review::Desk::new(None, net.grants);
-                Some(crate::network::proxy::serve(l, net.policy, crate::network::decide::SystemResolver, desk))
+                let resolver = crate::network::decide::SystemResolver;
+                Some(crate::network::proxy::serve_live(l, net.policy, Some(net.lists), resolver, desk))
             }
             Err(e) => {
                 notes.push(format!("The python tool has no network: its proxy could not serve its listener ({e})."));
