@@ -11,8 +11,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
-import { httpOrigin, type NetSession, netSession, type Origin } from "./helpers/network.ts";
-import type { UIHooks } from "./helpers/pi-session.ts";
+import { httpOrigin, type NetSession, netSession, type Origin, pipIndex } from "./helpers/network.ts";
+import { messageText, type UIHooks } from "./helpers/pi-session.ts";
 
 interface Setup extends NetSession {
   o: Origin;
@@ -142,7 +142,44 @@ test("/sandbox allow reaches the running python sandbox: the interpreter's state
   assert.equal(s.other.hits(), 1);
 });
 
+test("with network.python true, pip installs into a venv in /scratch from an allowed local index; without it, nothing is fetched", { timeout: 300_000 }, async (t) => {
+  const { index, files } = await pipIndex(t);
+  const pip = (python: boolean) =>
+    netSession(t, {
+      mode: "proxy",
+      allowedDomains: [index, files].map((o) => `${o.name}:${o.port}`),
+      allowPrivate: [index, files].map((o) => `${o.address}:${o.port}`),
+      python,
+    }, { hasUI: false });
+  const code = `
+import subprocess, sys
+subprocess.run([sys.executable, "-m", "venv", "/scratch/venv"], check=True, capture_output=True)
+r = subprocess.run(["/scratch/venv/bin/python", "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+    "--retries", "0", "--timeout", "20", "--index-url", "http://${index.name}:${index.port}/simple/",
+    "--trusted-host", "${index.name}", "--trusted-host", "${files.name}", "netdemo"], capture_output=True, text=True)
+print("PIP", r.returncode, r.stdout[-300:], r.stderr[-300:])
+r = subprocess.run(["/scratch/venv/bin/python", "-c", "import netdemo; print('VALUE', netdemo.VALUE)"], capture_output=True, text=True)
+print(r.stdout.strip() or "NOT-INSTALLED")
+`;
+  const run = async (s: NetSession) =>
+    s.h.getTool("python").execute("pip", { code, timeoutSeconds: 120 }, undefined, undefined).then((r) => messageText(r));
+  // Baseline: the default (no network for python): pip fetches nothing.
+  const off = await pip(false);
+  if (!off) return;
+  const none = await run(off);
+  assert.match(none, /PIP [1-9]/, none);
+  assert.match(none, /NOT-INSTALLED/, none);
+  assert.equal(index.hits() + files.hits(), 0);
+  await off.h.dispose();
+  const on = await pip(true);
+  if (!on) return;
+  const got = await run(on);
+  assert.match(got, /PIP 0 /, got);
+  assert.match(got, /^VALUE 1$/m, got);
+  assert.ok(index.hits() >= 1 && files.hits() === 1, `index ${index.hits()}, files ${files.hits()}`);
+});
+
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 6);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 7);
 });
