@@ -436,6 +436,8 @@ export interface NetworkSettings {
   reviewYolo?: 'allow' | 'review'
   /** Why the network is off when an error turned it off. */
   offBecause?: string
+  /** `network.python`: the python tool gets the same proxy (unset: no). */
+  python?: boolean
 }
 
 /** What a part of the text is. JavaScript gets the string union `PartKind`. */

@@ -59,6 +59,9 @@ pub struct ShellConfig {
     /// Why commands have no network when the configuration's network part
     /// is in error (said in every result).
     pub network_off: Option<String>,
+    /// `network.python`: the python tool's sandbox gets `network` too
+    /// (from its next start).
+    pub python_network: bool,
 }
 
 /// Where a command runs: the session's facts, directories and mounts.

@@ -28,7 +28,7 @@ use crate::limits::{
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
 use crate::secrets::MaskReport;
-use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
+use crate::spawn::{kill_group, spawn_sandbox};
 
 mod api;
 mod begin;
@@ -36,7 +36,7 @@ mod rollback;
 mod streams;
 pub use api::{
     AfterResult, BoxError, Call, CodeForm, ExecDone, Halt, ImageCheck, Interrupt, Launch, NotReady, Progress,
-    ProgressFn, Ready, RequestFn, StartError, Stop,
+    ProgressFn, PythonNetwork, Ready, RequestFn, StartError, Stop,
 };
 pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
@@ -128,10 +128,11 @@ pub struct Worker {
     /// The tasks reading streams of earlier calls until their last writer
     /// exits (at most MAX_RETIRED; past it the oldest is closed).
     retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
-    /// The caps on the sandbox's tasks and memory. Its cgroups live as
-    /// long as the sandbox, across interpreters, and go when the worker
-    /// does: the last field, so that they are removed after the child is
-    /// dropped (killed).
+    /// The proxy of its network (`network.python`); it stops with it.
+    _proxy: Option<api::Proxy>,
+    /// The caps on the sandbox's tasks and memory. Its cgroups live as long as the sandbox, across
+    /// interpreters, and go when the worker does: the last field, so that they are removed after
+    /// the child is dropped (killed).
     contained: Contained,
 }
 
@@ -155,7 +156,7 @@ impl Worker {
             secret_watch,
             masks_watch,
             guard,
-            plan_notes,
+            mut plan_notes,
             masks,
             code,
             emit_code,
@@ -167,6 +168,7 @@ impl Worker {
             inside,
             watcher,
             budget,
+            network,
         } = launch;
         let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
@@ -174,7 +176,9 @@ impl Worker {
         // namespaces prepared. The payload is released only by the byte
         // written after both: on a failure it is killed before its pipe
         // closes.
-        if let Err(why) = prepare_inside(child.info, &child.release, &limits, inside).await {
+        let (prepared, proxy) =
+            api::prepare_with_network(child.info, &child.release, &limits, inside, network, &mut plan_notes).await;
+        if let Err(why) = prepared {
             // A bubblewrap that failed on its own (a mount source gone, say)
             // has ended or ends at once, and its own words on stderr are
             // what the start reports, as for any bubblewrap failure. One
@@ -244,6 +248,7 @@ impl Worker {
             begin_check: None,
             ahead: None,
             retired: Default::default(),
+            _proxy: proxy,
             contained,
         };
         spawned(worker.pid, true);

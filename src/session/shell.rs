@@ -22,6 +22,8 @@ pub(super) struct Shells {
     kept_reads: crate::hostsecrets::KeptReads,
     /// Network destinations the user allowed for the session.
     net_grants: crate::network::review::SessionGrants,
+    /// The configuration's lists, as the python sandbox's proxy reads them.
+    python_lists: crate::network::proxy::LiveLists,
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
@@ -59,7 +61,20 @@ impl Shells {
 impl<H: Host> Session<H> {
     /// What the trusted configuration adds to every command.
     pub fn set_shell_config(&self, config: ShellConfig) {
+        if let Some(policy) = &config.network {
+            *self.shells.python_lists.write() = policy.lists.clone();
+        }
         *self.shells.config.lock() = config;
+    }
+
+    /// The python tool's network from the trusted configuration
+    /// (`network.python` with a proxy policy): the policy with the
+    /// session's grants; none by default.
+    pub(super) fn python_network(&self) -> Option<crate::worker::PythonNetwork> {
+        let config = self.shells.config.lock();
+        let policy = config.network.clone().filter(|_| config.python_network)?;
+        let (grants, lists) = (self.shells.net_grants.clone(), self.shells.python_lists.clone());
+        Some(crate::worker::PythonNetwork { policy, grants, lists })
     }
 
     /// Abort the command `id`; whether one was running.

@@ -196,6 +196,7 @@ impl<H: Host> Session<H> {
             tainted: self.tainted.clone(),
             known: self.known_secrets.clone(),
             rollback: self.opts.rollback,
+            network: self.python_network(),
         }
     }
 
