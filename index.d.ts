@@ -279,6 +279,18 @@ export interface ExecResult {
    * change, a death while idle), and why; this call's state is kept.
    */
   lostBefore?: string
+  /** Why, as a value (present with `lostBefore`). */
+  lostBeforeCause?: LostBeforeCause
+  /**
+   * What the host killed the call's sandbox or interpreter for (none
+   * where nothing killed it; `diagnostic` says it in words).
+   */
+  killedFor?: KilledFor
+  /**
+   * Why the call's sandbox did not start (`diagnostic` says it in
+   * words, with what to do).
+   */
+  startFailure?: StartFailure
   /** repr() of the final expression, when it is not None (bounded to 8 KiB). */
   repr?: string
   reprTruncated: boolean
@@ -332,6 +344,13 @@ export interface ImageResult {
   description: string
 }
 
+/**
+ * What the host killed a call's sandbox (or interpreter) for. The
+ * addon hands it to JavaScript as the string union `KilledFor`; the
+ * result's text says the same in words.
+ */
+export type KilledFor = 'timeout' | 'abort' | 'dispose' | 'remount' | 'output_limit' | 'memory' | 'violation' | 'breach' | 'budget' | 'host_secret' | 'new_secret'
+
 export interface Limits {
   maxCodeBytes: number
   defaultTimeoutSeconds: number
@@ -369,6 +388,12 @@ export interface LogPaths {
 
 /** Why a call lost the interpreter's state (the engine's `Loss`). */
 export type LossCause = 'rollback_off' | 'no_rollback_point' | 'rollback_failed' | 'stopped' | 'after_result'
+
+/**
+ * Why the state was discarded before a call ran (the engine's `Discarded`;
+ * `lostBefore` says it in words).
+ */
+export type LostBeforeCause = 'host_secret' | 'killed' | 'died_idle' | 'new_secret' | 'remounted' | 'grant_not_live' | 'no_return'
 
 /** What applying a `tool-permissions:mode` payload did. */
 export interface ModeChange {
@@ -411,6 +436,8 @@ export interface NetworkSettings {
   reviewYolo?: 'allow' | 'review'
   /** Why the network is off when an error turned it off. */
   offBecause?: string
+  /** `network.python`: the python tool gets the same proxy (unset: no). */
+  python?: boolean
 }
 
 /** What a part of the text is. JavaScript gets the string union `PartKind`. */
@@ -563,6 +590,13 @@ export interface SkippedRoot {
   root: string
   reason: string
 }
+
+/**
+ * Why a sandbox did not start. The addon hands it to JavaScript as the
+ * string union `StartFailure`; the result's text says it in words, with
+ * what to do.
+ */
+export type StartFailure = 'bwrap_missing' | 'user_namespaces' | 'other'
 
 /**
  * How a call ended: `ok`, or the kind of failure. The addon hands it to

@@ -6,7 +6,9 @@
  * Run: node --import tsx --test __test__/details.test.ts
  */
 import assert from "node:assert/strict";
+import { writeFile } from "node:fs/promises";
 import { test } from "node:test";
+import { join } from "node:path";
 import type { ExecResult } from "../index.d.ts";
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
@@ -123,4 +125,95 @@ test("a closing paragraph is read from its part: shown whole collapsed, in place
   // Expanded, the same paragraph is in its place, once.
   const expanded = shownOf(r, d, true);
   assert.equal(expanded.split("Execution exceeded the 1s deadline").length, 2, expanded);
+});
+
+test("the state discarded before a call is a typed cause: a mode change, a death while idle", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const first = await sb.execute("x = 1");
+  assert.equal(first.status, "ok", show(first));
+  assert.equal(first.lostBeforeCause, undefined, "nothing was discarded before the first call");
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  const remounted = await sb.execute("x = 2");
+  assert.equal(remounted.status, "ok", show(remounted));
+  assert.deepEqual([remounted.state, remounted.lostBeforeCause], ["kept", "remounted"], show(remounted));
+  assert.match(remounted.lostBefore ?? "", /permission mode or read roots changed/);
+  // The interpreter (pid 2) is killed after the result, while idle.
+  const killer = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 1.5; kill -9 2'])";
+  assert.equal((await sb.execute(killer, 10)).status, "ok");
+  await new Promise((resolve) => setTimeout(resolve, 2500));
+  const died = await sb.execute("'x' in globals()");
+  assert.equal(died.repr, "False", show(died));
+  assert.deepEqual([died.state, died.lostBeforeCause], ["kept", "died_idle"], show(died));
+  assert.match(died.lostBefore ?? "", /died while idle/);
+});
+
+test("what a kill was for is a typed field: timeout, abort, output bound, violation, remount, dispose", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const ok = await sb.execute("1 + 1");
+  assert.deepEqual([ok.status, ok.killedFor], ["ok", undefined], show(ok));
+  const sleep = "import time\nprint('started', flush=True)\ntime.sleep(30)";
+  const later = (ms: number, what: () => void) => new Promise<void>((resolve) => setTimeout(() => (what(), resolve()), ms));
+
+  const timeout = await sb.execute("while True: pass", 1);
+  assert.deepEqual([timeout.status, timeout.killedFor], ["timeout", "timeout"], show(timeout));
+  const [aborted] = await Promise.all([sb.execute(sleep, 30, 41), later(1500, () => assert.ok(sb.cancel(41), "the call runs"))]);
+  assert.deepEqual([aborted.status, aborted.killedFor], ["cancelled", "abort"], show(aborted));
+  const flood = await sb.execute('while True:\n    print("y" * 499)', 60);
+  assert.deepEqual([flood.status, flood.killedFor], ["output_limit", "output_limit"], show(flood));
+  const violation = await sb.execute('import os\nos.write(4, b"\\x00\\x00\\x00\\x05hello")');
+  assert.match(violation.diagnostic ?? "", /Protocol violation/, show(violation));
+  assert.equal(violation.killedFor, "violation", show(violation));
+  // An interpreter that ends on its own was not killed.
+  const exited = await sb.execute("import os\nos._exit(7)");
+  assert.deepEqual([exited.status, exited.killedFor], ["worker_error", undefined], show(exited));
+  assert.equal(exited.startFailure, undefined);
+  const [remounted] = await Promise.all([
+    sb.execute(sleep, 30),
+    later(1500, () => sb.applyModeEvent({ mode: "edits", readRoots: [] })),
+  ]);
+  assert.match(remounted.diagnostic ?? "", /permission mode or read roots changed while the code ran/, show(remounted));
+  assert.equal(remounted.killedFor, "remount", show(remounted));
+  const [disposed] = await Promise.all([sb.execute(sleep, 30), later(1500, () => void sb.dispose())]);
+  assert.match(disposed.diagnostic ?? "", /disposed while the code ran/, show(disposed));
+  assert.equal(disposed.killedFor, "dispose", show(disposed));
+});
+
+test("a kill by the memory cap is killedFor memory", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  // The cap is read at each start: this test's sandbox gets 256 MiB.
+  const before = process.env.PI_PYTHON_TOOL_MAX_MEMORY;
+  process.env.PI_PYTHON_TOOL_MAX_MEMORY = "256M";
+  t.after(() => {
+    if (before === undefined) delete process.env.PI_PYTHON_TOOL_MAX_MEMORY;
+    else process.env.PI_PYTHON_TOOL_MAX_MEMORY = before;
+  });
+  const { sb } = await makeFixture(t);
+  const c = sb.status().containment;
+  if (c.memory === "none") {
+    // No memory cap on this host, and status says so (as containment.test.ts checks): nothing to kill for.
+    assert.match(c.text, /memory NOT contained/);
+    t.diagnostic(`no memory cap here: ${c.text}`);
+    return;
+  }
+  const r = await sb.execute("block = b'\\x01' * (400 << 20)\nprint('held')");
+  assert.equal(r.status, "worker_error", show(r));
+  assert.match(r.diagnostic ?? "", /out of memory/, show(r));
+  assert.equal(r.killedFor, "memory", show(r));
+});
+
+test("why a sandbox did not start is a typed field", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const fx = await makeFixture(t);
+  // bubblewrap refuses to mount a project that is a file.
+  const file = join(fx.base, "not-a-dir");
+  await writeFile(file, "x");
+  const sb = fx.open({ projectDir: file });
+  const r = await sb.execute("1");
+  assert.equal(r.status, "worker_error", show(r));
+  assert.match(r.diagnostic ?? "", /did not start/, show(r));
+  assert.deepEqual([r.startFailure, r.killedFor, r.state], ["other", undefined, "untouched"], show(r));
+  const ok = await fx.sb.execute("1");
+  assert.deepEqual([ok.status, ok.startFailure], ["ok", undefined], show(ok));
 });

@@ -117,6 +117,9 @@ test("a session grant (the client's mode event adds a read root): the variable i
   const text = await keepsState(s, `${s.outside}/data.csv`, /1,2/);
   assert.match(text, /was granted and mounted in the running sandbox/);
   assert.equal(s.log.answers[0].modeEvent, true);
+  const note = s.h.notifications.find((n) => n.message.includes("read roots mounted read-only"))?.message ?? "";
+  assert.match(note, /\(added to the running sandbox at its next execution; interpreter state kept\)/, note);
+  assert.doesNotMatch(note, /applies from the next execution|discarded/, note);
   // The whole root came: a sibling needs no prompt.
   const sibling = await s.run({ code: `print(open('${s.outside}/sibling.txt').read())` });
   assert.match(sibling.text, /sibling-data/);
@@ -360,6 +363,10 @@ test("a revoked read root is detached from the running sandbox at once: the vari
   assert.match(r.text, /refused (FileNotFoundError|SandboxReadDenied|PermissionError)|denied/, r.text);
   assert.doesNotMatch(r.text, /sibling-data/);
   assert.doesNotMatch(r.text, /restarted|fresh interpreter|state was lost/i);
+  // The user is told what happened when it happened: detached now, state kept.
+  const note = s.h.notifications.find((n) => n.message.includes("read roots cleared"))?.message ?? "";
+  assert.match(note, /read roots cleared \(detached from the running sandbox now; interpreter state kept\)/, note);
+  assert.doesNotMatch(note, /applies from the next execution|discarded/, note);
   const live = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
   await s.h.dispose();
   const fresh = await setup(t, { project: s.project, outside: s.outside });
@@ -369,6 +376,150 @@ test("a revoked read root is detached from the running sandbox at once: the vari
   assert.ok(!live.some((row: string) => row.startsWith(`${s.outside} `)), "the root is gone from the live table");
   assert.deepEqual(live, cold);
 });
+
+/**
+ * The attack on a revoked read root: `hold` (Python, run in the interpreter while the root is
+ * granted, in the root's folder `root`) keeps something in the root; after the revoke a file is
+ * made there and `read` (Python) tries to read it. Returns the second call's text.
+ */
+async function readAfterRevoke(t: TestContext, rollback: string, hold: (root: string) => string, read: string[]) {
+  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", rollback);
+  const base = mkdtempSync("/var/tmp/pps-live-revoke-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  const project = join(base, "project");
+  const root = join(base, "granted");
+  mkdirSync(project);
+  mkdirSync(root);
+  writeFileSync(join(root, "before.txt"), "before-revoke\n");
+  const { PythonSandbox } = await import("./helpers/sandbox-fixture.ts");
+  const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(base, "runtime"), prewarm: false });
+  t.after(() => sb.dispose("test end").catch(() => {}));
+  sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  const held = await sb.execute(`${hold(root)}\nprint(open(${JSON.stringify(join(root, "before.txt"))}).read())`);
+  assert.match(held.text, /before-revoke/, held.text);
+  const change = sb.applyModeEvent({ mode: "manual", readRoots: [] });
+  assert.deepEqual(change.readRoots, []);
+  writeFileSync(join(root, "after.txt"), "made-after-the-revoke\n");
+  await new Promise((r) => setTimeout(r, 600));
+  const r = await sb.execute(
+    [
+      "import os",
+      "def attempt(what, f):",
+      "    try:",
+      "        print(what, f())",
+      "    except Exception as e:",
+      "        print(what, 'refused', type(e).__name__)",
+      `attempt("by path", lambda: open(${JSON.stringify(join(root, "after.txt"))}).read())`,
+      ...read,
+    ].join("\n"),
+  );
+  // Baseline: the revoke took the path away (documented: new opens fail).
+  assert.match(r.text, /by path refused/, r.text);
+  return { text: r.text, sb };
+}
+
+const HOLD_ALL = (root: string) =>
+  `import os, subprocess\nos.chdir(${JSON.stringify(root)})\nd = os.open(".", os.O_RDONLY)\n` +
+  `bg = subprocess.Popen(["/bin/sh", "-c", "cd ${root} && while :; do cat *.txt > /scratch/seen 2>/dev/null; sleep 0.1; done"])`;
+const READ_ALL = [
+  `attempt("by cwd", lambda: open("after.txt").read())`,
+  "attempt('by fd', lambda: sorted(os.listdir(d)))",
+  "attempt('background', lambda: open('/scratch/seen').read())",
+];
+
+for (const rollback of ["1", "0"]) {
+  test(`attack (rollback ${rollback === "1" ? "on" : "off"}): a working directory or a directory descriptor held in a revoked read root would keep the whole tree readable, files made after the revoke too: the sandbox restarts and says why (baseline: a new open by its path fails)`, async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { text } = await readAfterRevoke(t, rollback, HOLD_ALL, READ_ALL);
+    // The attempt: before the fix, with rollback on, each of these read the revoked tree, the new file included.
+    assert.doesNotMatch(text, /made-after-the-revoke|after\.txt/, text);
+    // The interpreter was restarted: its variable is gone, and the result says why.
+    assert.match(text, /by fd refused NameError/, text);
+    if (rollback === "1") assert.match(text, /held its working directory in the revoked read root|held an open directory in the revoked read root/, text);
+    else assert.match(text, /rollback is off/, text);
+  });
+}
+
+test("attack: a thread with a working directory of its own (unshare CLONE_FS) in a revoked read root, the interpreter's elsewhere: the sandbox restarts (baseline: a new open by its path fails)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const hold = (root: string) =>
+    [
+      "import ctypes, os, threading, time",
+      "def reader():",
+      "    ctypes.CDLL(None, use_errno=True).unshare(0x200)  # CLONE_FS: a working directory of its own",
+      `    os.chdir(${JSON.stringify(root)})`,
+      "    while True:",
+      "        try:",
+      "            open('/scratch/thread-seen', 'w').write(' '.join(sorted(os.listdir('.'))) + open('after.txt').read())",
+      "        except OSError:",
+      "            pass",
+      "        time.sleep(0.1)",
+      "threading.Thread(target=reader, daemon=True).start()",
+      "time.sleep(0.3)",
+      "print('interpreter in', os.getcwd())",
+    ].join("\n");
+  const { text } = await readAfterRevoke(t, "1", hold, [
+    "attempt('thread', lambda: open('/scratch/thread-seen').read())",
+    "attempt('cwd', lambda: os.getcwd())",
+  ]);
+  assert.doesNotMatch(text, /made-after-the-revoke/, text);
+  assert.match(text, /held its working directory in the revoked read root/, text);
+});
+
+test("a revoke that finds nothing held stops and continues the sandbox's processes: the interpreter, its rollback copy and a background process carry on (a failed call still rolls back)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { text, sb } = await readAfterRevoke(
+    t,
+    "1",
+    () => "import subprocess\nkept = 'kept-value'\nbg = subprocess.Popen(['/bin/sh', '-c', 'while :; do date +%s%N > /scratch/tick; sleep 0.05; done'])",
+    ["import time", "a = open('/scratch/tick').read(); time.sleep(0.3); b = open('/scratch/tick').read()", "print(kept, 'ticks on' if a != b else 'stopped', bg.poll())"],
+  );
+  assert.match(text, /kept-value ticks on None/, text);
+  assert.doesNotMatch(text, /restarted|state was lost/i, text);
+  const failed = await sb.execute("kept = 'changed'\nwhile True: pass", 1);
+  assert.equal(failed.rolledBack, true, failed.text);
+  assert.match((await sb.execute("print(kept)")).text, /kept-value/);
+});
+
+for (const change of ["revoke", "read-only"] as const) {
+  test(`attack: a bash command running when ${change === "revoke" ? "a read root is revoked" : "the mode turns read-only"} would keep ${change === "revoke" ? "reading the root" : "writing the project"} until it ends: it is stopped, and says why (baseline: a command started after the change cannot)`, async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const base = mkdtempSync("/var/tmp/pps-live-bash-");
+    t.after(() => rmSync(base, { recursive: true, force: true }));
+    const project = join(base, "project");
+    const root = join(base, "granted");
+    mkdirSync(project);
+    mkdirSync(root);
+    const { PythonSandbox } = await import("./helpers/sandbox-fixture.ts");
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(base, "runtime"), prewarm: false });
+    t.after(() => sb.dispose("test end").catch(() => {}));
+    sb.applyModeEvent({ mode: change === "revoke" ? "manual" : "yolo", readRoots: [root] });
+    const attempt =
+      change === "revoke"
+        ? `cat ${root}/after.txt 2>&1; ls ${root} 2>&1`
+        : `echo written-after-the-change > ${project}/late.txt 2>&1; cat ${project}/late.txt 2>&1`;
+    let out = "";
+    let started!: () => void;
+    const go = new Promise<void>((r) => (started = r));
+    const running = sb.execShell(900, `echo started; sleep 3; ${attempt}`, { cwd: project, timeoutSeconds: 30 }, (text: string) => {
+      out += text;
+      if (out.includes("started")) started();
+    });
+    await go;
+    sb.applyModeEvent({ mode: "manual", readRoots: [] });
+    if (change === "revoke") writeFileSync(join(root, "after.txt"), "made-after-the-revoke\n");
+    // Baseline: a command started after the change cannot.
+    let later = "";
+    await sb.execShell(901, attempt, { cwd: project, timeoutSeconds: 30 }, (text: string) => (later += text));
+    if (change === "revoke") assert.doesNotMatch(later, /made-after-the-revoke/, later);
+    else assert.match(later, /Read-only|Permission denied|read-only/i, later);
+    const r = await running;
+    if (change === "revoke") assert.doesNotMatch(out, /made-after-the-revoke|after\.txt/, out);
+    else assert.doesNotMatch(out, /^written-after-the-change$/m, out);
+    assert.equal(r.ending, "stopped", JSON.stringify(r));
+    assert.match(r.notes.join("\n"), /The command was stopped: the permission mode or the read roots changed while it ran/);
+  });
+}
 
 test("a late 'Allow once' (after the call stopped waiting) lifts the denial and says so: the next read needs no dialog, is mounted live, and keeps the variable", async (t) => {
   let answerLate: (choice: string | undefined) => void = () => {};
@@ -450,6 +601,21 @@ test("a host secret that appears in a root granted live stops the sandbox at onc
   assert.doesNotMatch(next.text, /vault-token-value/);
 });
 
+test("a read root inside the project (it unmasks the project's secrets) restarts the sandbox, and the notification says so, not that the mode changed", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  mkdirSync(join(s.project, "conf"));
+  writeFileSync(join(s.project, "conf", ".env"), "TOKEN=inside\n");
+  const masked = await s.run({ code: "kept = 1\nprint(repr(open('/workspace/conf/.env').read()))" });
+  assert.match(masked.text, /permission_needed|''/, masked.text);
+  s.h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [join(s.project, "conf")] });
+  const note = s.h.notifications.find((n) => n.message.includes("secrets no longer masked"))?.message ?? "";
+  assert.match(note, /interpreter state discarded.* not applied to the running sandbox: .*a read root inside the project changes which of its secrets are masked/, note);
+  assert.doesNotMatch(note, /mode change/, note);
+  const r = await s.run({ code: "print(open('/workspace/conf/.env').read())" });
+  assert.match(r.text, /TOKEN=inside/, r.text);
+});
+
 test("PI_SANDBOX_LIVE_GRANTS=0: the grant restarts the sandbox, and the prompt, result and status say state is lost and why", async (t) => {
   withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
   const s = await setup(t, { ui: { select: choose("Allow once") } });
@@ -496,5 +662,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 15);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 22);
 });

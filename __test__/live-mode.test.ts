@@ -101,9 +101,9 @@ test("manual → edits → manual keeps the variable; the project is writable in
   assert.match(edits.text, /wrote relative.txt/);
   assert.doesNotMatch(edits.text, KEPT);
   assert.equal(readFileSync(join(s.project, "relative.txt"), "utf8"), "x");
-  assert.match(s.h.notifications.at(-1)!.message, /\/workspace is now read-write \(applies from the next execution\)/);
+  assert.match(s.h.notifications.at(-1)!.message, /\/workspace is now read-write \(made writable in the running sandbox at its next execution; interpreter state kept\)/);
   s.mode("manual");
-  assert.match(s.h.notifications.at(-1)!.message, /\/workspace is now read-only \(made in the running sandbox at once; interpreter state kept\)/);
+  assert.match(s.h.notifications.at(-1)!.message, /\/workspace is now read-only \(made read-only in the running sandbox now; interpreter state kept\)/);
   const back = await s.run({ code: `print(kept, os.getcwd())\n${TRY_WRITE("/workspace/after.txt")}\n${TRY_WRITE("relative2.txt")}` });
   assert.match(back.text, /kept-value \/workspace/);
   assert.match(back.text, /refused \/workspace\/after.txt Read-only file system/);

@@ -18,7 +18,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync }
 import { connect } from "node:net";
 import { join, normalize } from "node:path";
 import { test } from "node:test";
-import { httpOrigin, netSession, tlsOrigin } from "./helpers/network.ts";
+import { httpOrigin, netSession, pipIndex, tlsOrigin } from "./helpers/network.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { unfiltered } from "./helpers/unfiltered.ts";
 
@@ -75,43 +75,7 @@ test("allowed: curl over https (CONNECT to a local TLS origin), Python's urllib,
 });
 
 test("allowed: pip download from a local package index (its simple page and its file host)", async (t) => {
-  const base = mkdtempSync("/var/tmp/pps-net-pip-");
-  t.after(() => rmSync(base, { recursive: true, force: true }));
-  // A one-file wheel, made here, on a file host; its index page on another origin.
-  const wheelName = "netdemo-1.0-py3-none-any.whl";
-  const made = spawnSync("python3", ["-c", `
-import base64, hashlib, sys, zipfile
-files = {
-    "netdemo/__init__.py": b"VALUE = 1\\n",
-    "netdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\\nName: netdemo\\nVersion: 1.0\\n",
-    "netdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
-}
-def digest(b):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
-record = "".join(f"{n},{digest(b)},{len(b)}\\n" for n, b in files.items()) + "netdemo-1.0.dist-info/RECORD,,\\n"
-with zipfile.ZipFile(sys.argv[1], "w") as z:
-    for n, b in files.items():
-        z.writestr(n, b)
-    z.writestr("netdemo-1.0.dist-info/RECORD", record)
-`, join(base, wheelName)], { encoding: "utf8" });
-  assert.equal(made.status, 0, made.stderr);
-  const wheel = readFileSync(join(base, wheelName));
-  const files = await httpOrigin(t, "", (req, res) => {
-    if (req.url === `/files/${wheelName}`) res.end(wheel);
-    else {
-      res.statusCode = 404;
-      res.end();
-    }
-  });
-  const index = await httpOrigin(t, "", (req, res) => {
-    if ((req.url ?? "").replace(/\/$/, "") === "/simple/netdemo") {
-      res.setHeader("Content-Type", "text/html");
-      res.end(`<html><body><a href="http://${files.name}:${files.port}/files/${wheelName}">${wheelName}</a></body></html>`);
-    } else {
-      res.statusCode = 404;
-      res.end();
-    }
-  });
+  const { index, files, wheelName } = await pipIndex(t);
   const network = {
     allowedDomains: [`${index.name}:${index.port}`, `${files.name}:${files.port}`],
     allowPrivate: [index, files].map((o) => `${o.address}:${o.port}`),

@@ -12,6 +12,8 @@
  * file again as `nobody` (as live-grants.test.ts does).
  */
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { test } from "node:test";
 import type { UIHooks } from "./helpers/pi-session.ts";
 import { httpOrigin, type NetSession, netSession, type Origin } from "./helpers/network.ts";
@@ -24,7 +26,7 @@ interface Setup extends NetSession {
 /** A session whose only entry for the origin is its address in allowPrivate: its name is reviewed. */
 async function setup(
   t: import("node:test").TestContext,
-  opts: { ui?: UIHooks; hasUI?: boolean; mode?: string; reviewYolo?: "allow" | "review" } = {},
+  opts: { ui?: UIHooks; hasUI?: boolean; mode?: string; reviewYolo?: "allow" | "review"; config?: Record<string, unknown> } = {},
 ): Promise<Setup | undefined> {
   const o = await httpOrigin(t);
   const network = {
@@ -34,7 +36,7 @@ async function setup(
     allowPrivate: [`${o.address}:${o.port}`],
     ...(opts.reviewYolo ? { review: { yolo: opts.reviewYolo } } : {}),
   };
-  const s = await netSession(t, network, { ui: opts.ui, hasUI: opts.hasUI, mode: opts.mode });
+  const s = await netSession(t, network, { ui: opts.ui, hasUI: opts.hasUI, mode: opts.mode, config: opts.config });
   return s && { ...s, o };
 }
 
@@ -156,7 +158,57 @@ test("yolo allows an unmatched name without a dialog; review.yolo \"review\" ask
   assert.match(await m.bash(one(m.o)), /refused at review/);
 });
 
+test("the user's !command through the sandbox: its destination is reviewed in the dialog titled !command", async (t) => {
+  const s = await setup(t, { config: { userBash: "sandbox" }, ui: { select: pick("Allow this connection") } });
+  if (!s) return;
+  const out = await s.userBash(`${one(s.o)}; ${one(s.o)}`);
+  assert.equal(out.match(/^ORIGIN-BODY\nrc=0$/gm)?.length, 2, out);
+  assert.equal(s.h.selects.length, 2, "a one-connection grant: the second connection is reviewed again");
+  assert.ok(s.h.selects[0].title.startsWith(`!command: the command asks to connect to ${s.o.name}:${s.o.port}`), s.h.selects[0].title);
+  assert.equal(s.o.hits(), 2);
+  // Denied at review, as for the model's bash.
+  s.h.ui.select = pick("Deny");
+  assert.match(await s.userBash(one(s.o)), /refused at review/);
+  assert.equal(s.o.hits(), 2);
+});
+
+test("/sandbox allow host:port writes allowedDomains of the trusted file and applies to the next command; a malformed entry changes nothing", async (t) => {
+  const s = await setup(t, { ui: { select: pick("Deny") } });
+  if (!s) return;
+  const file = join(process.env.PI_CODING_AGENT_DIR ?? assert.fail("no agent dir"), "extensions", "pi-python-sandbox", "config.json");
+  const notes = () => s.h.notifications.map((n) => n.message);
+  // Baseline: reviewed, and denied.
+  assert.match(await s.bash(one(s.o)), /refused at review/);
+  assert.equal(s.h.selects.length, 1);
+
+  let seen = s.h.notifications.length;
+  await s.h.prompt(`/sandbox allow ${s.o.name.toUpperCase()}.:${s.o.port}`);
+  const said = notes().slice(seen).join("\n");
+  assert.ok(said.includes(`Allowed ${s.o.name.toUpperCase()}.:${s.o.port}: added to network.allowedDomains of ${file} (now ${s.o.name}:${s.o.port})`), said);
+  const written = JSON.parse(readFileSync(file, "utf8"));
+  assert.deepEqual(written.network.allowedDomains, [`${s.o.name.toUpperCase()}.:${s.o.port}`]);
+  assert.deepEqual(written.network.allowPrivate, [`${s.o.address}:${s.o.port}`], "the other keys are kept");
+  assert.deepEqual(written.network.deniedDomains, ["*:22"]);
+  const out = await s.bash(one(s.o));
+  assert.match(out, /ORIGIN-BODY\nrc=0/, out);
+  assert.equal(s.h.selects.length, 1, "no review: the entry allows it");
+  assert.equal(s.o.hits(), 1);
+
+  // A wildcard of one label, a bare `*`: refused by the grammar, the file put back as it was.
+  const before = readFileSync(file, "utf8");
+  for (const bad of ["*.com", "*"]) {
+    seen = s.h.notifications.length;
+    await s.h.prompt(`/sandbox allow ${bad}`);
+    const refused = notes().slice(seen).join("\n");
+    assert.match(refused, /^Nothing was allowed: .*allowedDomains.*is as it was\.$/s, refused);
+    assert.equal(readFileSync(file, "utf8"), before);
+  }
+  // The session keeps the allowed entry (the refused write did not turn the network off).
+  assert.match(await s.bash(one(s.o)), /ORIGIN-BODY\nrc=0/);
+  assert.equal(s.o.hits(), 2);
+});
+
 const AS_NOBODY_ENV = "PPS_NET_REVIEW_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-review.test.ts", AS_NOBODY_ENV, 6);
+  rerunAsNobody(t, "__test__/network-review.test.ts", AS_NOBODY_ENV, 8);
 });

@@ -410,5 +410,5 @@ test("/sandbox shows the session's denials and clear-denials forgets them: the n
 
   const last = s.h.notifications.length;
   await s.h.prompt("/sandbox nonsense");
-  assert.match(notes().slice(last).join("\n"), /Unknown \/sandbox subcommand nonsense; one of: clear-denials\./);
+  assert.match(notes().slice(last).join("\n"), /Unknown \/sandbox subcommand nonsense; one of: clear-denials, allow\./);
 });

@@ -111,7 +111,7 @@ test("leaving a writable mode makes the sandbox read-only (in place with rollbac
   assert.match(after.text, /Read-only file system/);
   if (ROLLBACK) {
     // The project's mount was replaced in the running sandbox: nothing was lost.
-    assert.match(note, /made in the running sandbox at once; interpreter state kept/);
+    assert.match(note, /made read-only in the running sandbox now; interpreter state kept/);
     assert.equal(after.details.stateLost, false, after.text);
     assert.match(after.text, /^1$/m);
   } else {

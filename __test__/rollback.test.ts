@@ -257,7 +257,7 @@ describe("a failed call rolls back", { concurrency: 4 }, () => {
     const s = sb.status();
     assert.equal(s.rollback, true);
     assert.ok(typeof s.lastRollbackPoint === "number" && Date.now() - s.lastRollbackPoint < 60_000);
-    assert.match(s.text, /^after a failed call: the interpreter goes back to its state before that call \(state last saved \d+\.\d s ago\)$/m);
+    assert.match(s.text, /^after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call \(state last saved \d+\.\d s ago\)$/m);
   });
 });
 
@@ -402,9 +402,14 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
             return len(body).to_bytes(4, 'big') + body
         if os.fork() == 0:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT})
+            def take(n):
+                got = b""
+                while len(got) < n:
+                    got += os.read(3, n - len(got))
+                return got
             req = {}
-            while req.get("type") != "exec":  # the host's release of a finished call's copy comes too
-                req = json.loads(os.read(3, 1 << 20)[4:])
+            while req.get("type") != "exec":  # the host's point and release frames come too, maybe in one read
+                req = json.loads(take(int.from_bytes(take(4), 'big')))
             os.kill(os.getppid(), 9)
             os.write(4, fr({"type": "begin", "id": req["id"], "copy": os.getpid(), "why": None}))
             os.write(4, (7).to_bytes(4, 'big') + b"garbage")
@@ -804,6 +809,60 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
     assert.match(again.stateLostReason ?? "", /no rollback point: the code replaced kill_now \(its code\)/);
   });
 
+  test("attack: a closure cell of the worker's JSON reader, replaced through a frame, runs in the copy as it takes over: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // loads() reads the resume request in the copy, and every request after: its scanner is a
+    // closure cell, which the function's code and defaults do not show.
+    const setup = py`
+      import sys
+      W = sys._getframe(1).f_globals
+      counter = 0
+      _cell = W["loads"].__closure__[W["loads"].__code__.co_freevars.index("scan")]
+      _real = _cell.cell_contents
+      def _evil(text, i):
+          if '"resume"' in text:
+              globals()["counter"] += 1000
+          return _real(text, i)
+      _cell.cell_contents = _evil
+    `;
+    assertOk(await sb.execute(setup));
+    const r = await sb.execute("counter += 1\nimport time\ntime.sleep(5)", 1);
+    assert.equal(r.status, "timeout", show(r));
+    const after = await sb.execute("counter");
+    if (r.rolledBack) {
+      // Baseline (before the check): "rolled back", yet the code ran in the copy as it took over.
+      assert.fail(`rolled back with a replaced closure cell: counter is ${after.repr} (0 before the call)`);
+    }
+    assert.equal(r.stateLost, true, show(r));
+    assert.match(r.stateLostReason ?? "", /no rollback point: the code replaced loads \(its closure\)/);
+  });
+
+  test("attack: binascii.a2b_base64, which decodes each call's code between the idle fork and the call, replaced by the code: no rollback point, and why", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await fixture(t);
+    // Runs in the restored interpreter before the next call's code, signals held and the
+    // collector off: a rolled-back interpreter is then not the state before the failed call.
+    const setup = py`
+      import binascii
+      counter = 0
+      _real = binascii.a2b_base64
+      def _evil(*a, **k):
+          globals()["counter"] += 1000
+          return _real(*a, **k)
+      binascii.a2b_base64 = _evil
+    `;
+    assertOk(await sb.execute(setup));
+    const r = await sb.execute("counter += 1\nimport time\ntime.sleep(5)", 1);
+    assert.equal(r.status, "timeout", show(r));
+    const after = await sb.execute("counter");
+    if (r.rolledBack) {
+      assert.fail(`rolled back with a replaced binascii.a2b_base64: counter is ${after.repr} (0 before the call)`);
+    }
+    assert.equal(r.stateLost, true, show(r));
+    assert.match(r.stateLostReason ?? "", /no rollback point: the code replaced binascii\.a2b_base64/);
+  });
+
   test("a trace or profile function would run on the copy's own lines: no rollback point, and why", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);
@@ -1040,6 +1099,6 @@ describe("through pi, rollback is the default", () => {
     const next = await call({ code: "kept + 1" });
     assert.match(next.text, /42/, next.text);
     const status = await call({ action: "status" });
-    assert.match(status.text, /after a failed call: the interpreter goes back to its state before that call \(state last saved/);
+    assert.match(status.text, /after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call \(state last saved/);
   });
 });

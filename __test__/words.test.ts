@@ -14,7 +14,7 @@
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
@@ -159,7 +159,7 @@ type Cause = "no bubblewrap" | "no user namespaces";
 type Seen = {
   uid: number;
   notifications: { message: string; type: string }[];
-  python?: { text: string; isError: boolean };
+  python?: { text: string; isError: boolean; startFailure?: string };
   bash?: { text: string; isError: boolean };
   status: string;
 };
@@ -240,6 +240,8 @@ function cannotStart(t: TestContext, cause: Cause, asNobody: boolean): void {
     assert.ok(!existsSync(join(project, `${tool}-ran`)), `${tool} ran on the host`);
   }
   assert.match(seen.python!.text, /^status: unavailable /, seen.python!.text);
+  // The cause is also a field of the result's details.
+  assert.equal(seen.python!.startFailure, cause === "no bubblewrap" ? "bwrap_missing" : "user_namespaces");
   assert.match(seen.bash!.text, /^The command was not run \([^)]*it never runs on the host\): /, seen.bash!.text);
   assert.doesNotMatch(seen.bash!.text, /python/i, "bash's result names the python tool");
   assert.match(seen.status, /^python tool: unavailable\ncause: /, seen.status);
@@ -288,12 +290,12 @@ test("after a timeout, status and reset say what the setting in force did", asyn
   if (ROLLBACK) {
     assert.match(short, /^last failed call: a timeout, rolled back \(the interpreter kept its state from before that call\)$/m);
     assert.doesNotMatch(short, /discarded/);
-    assert.match(short, /^after a failed call: the interpreter goes back to its state before that call/m);
+    assert.match(short, /^after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before that call/m);
     assert.match(survived, /result: True/);
   } else {
     assert.match(short, /^interpreter state last discarded by: a timeout$/m);
     assert.doesNotMatch(short, /rolled back/);
-    assert.match(short, /^after a failed call: the sandbox is killed and interpreter state is lost \(PI_PYTHON_TOOL_ROLLBACK=0\)$/m);
+    assert.match(short, /^after a timeout, a cancel, too much output or a crash: the sandbox is killed and interpreter state is lost \(PI_PYTHON_TOOL_ROLLBACK=0\)$/m);
     assert.match(survived, /result: False/);
   }
   const reset = messageText(await tool.execute("r", { action: "reset" } as never, undefined, undefined));
@@ -372,6 +374,41 @@ test("a mode change's notification names only the roots newly skipped, and statu
   const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
   assert.ok(text.includes(`\nmode: edits; /workspace read-write; read roots: ${real}\n`), text);
   assert.match(text, /read roots skipped: \/nonexistent\/pi-words-missing-root/, "status keeps the whole list");
+  // No spare is prepared while the project is writable: status does not say "none yet".
+  assert.match(text, /^next sandbox started ahead \(so that a restart is quick\): none while \/workspace is writable/m, text);
+});
+
+test("a writable mode whose project could not be protected: status says /workspace is read-only in this sandbox, as the first result does (baseline: within the bound, read-write)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const cwd = await mkdtemp(join(tmpdir(), "pi-python-words-big-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  for (let i = 0; i < 20; i++) writeFileSync(join(cwd, `f${i}.txt`), "x");
+  const saved = process.env.PI_SANDBOX_SCAN_ENTRIES;
+  t.after(() => {
+    if (saved === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
+    else process.env.PI_SANDBOX_SCAN_ENTRIES = saved;
+  });
+  const statusIn = async (bound: string | undefined) => {
+    if (bound === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
+    else process.env.PI_SANDBOX_SCAN_ENTRIES = bound;
+    const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE_DIR] });
+    try {
+      h.events.emit("tool-permissions:mode", { mode: "yolo", readRoots: [] });
+      const first = messageText(await modelSees(h, { code: "open('/workspace/new.txt', 'w').close()" }));
+      const status = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
+      return { first, status };
+    } finally {
+      await h.dispose();
+    }
+  };
+  const held = await statusIn("5");
+  assert.match(held.first, /is mounted READ-ONLY for this sandbox although the permission mode allows writes/, held.first);
+  assert.match(held.first, /Read-only file system/, held.first);
+  assert.match(held.status, /^mode: yolo; \/workspace read-only in this sandbox although the mode allows writes \(the project could not be protected\); /m, held.status);
+  assert.match(held.status, /-> \/workspace \(read-only\)/, held.status);
+  const free = await statusIn(undefined);
+  assert.match(free.first, /^status: ok/, free.first);
+  assert.match(free.status, /^mode: yolo; \/workspace read-write; /m, free.status);
 });
 
 test("what a mode change did is the next result's first line; a first mode event that only skips roots still notifies", async (t) => {

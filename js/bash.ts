@@ -13,63 +13,13 @@
  * handed on; only pi's session variables are.
  */
 import { constants } from "node:os";
-import type { BashOperations, ExtensionAPI, ExtensionContext, ExtensionUIContext } from "@mariozechner/pi-coding-agent";
+import type { BashOperations, ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { createBashToolDefinition, getAgentDir, SettingsManager } from "@mariozechner/pi-coding-agent";
 import { displayLine } from "./display.ts";
+import { type NetworkChoice, type NetworkDialog, type NetworkReviewBus, type NetworkReviewRequest, networkDialog, networkReviewBus } from "./netreview.ts";
 
-/** What a network review dialog is about (the addon's `NetworkReviewRequest`). */
-export interface NetworkReviewRequest {
-  /** The canonical `host:port`. */
-  authority: string;
-  host: string;
-  port: number;
-  /** The Unicode form of an `xn--` name. */
-  unicode?: string | null;
-  /** That form mixes Latin letters with another script's in one label. */
-  mixedScripts: boolean;
-}
-
-/** The answer the addon takes: `once`, `command`, `session`, `deny`; anything else is a cancelled dialog. */
-export type NetworkChoice = "once" | "command" | "session" | "deny" | "cancel";
-
-/** Opens the review dialog about one destination of `command`; `signal` closes it (the command ended). */
-export type NetworkDialog = (request: NetworkReviewRequest, command: string, signal: AbortSignal) => Promise<NetworkChoice>;
-
-/** How long a review dialog stays open (the addon's own deadline is the same: then it refuses). */
-export const NETWORK_REVIEW_TIMEOUT_MS = 60_000;
-
-/**
- * The review dialog through pi's `ctx.ui.select`: titled with the tool, the destination (and the
- * Unicode form of an `xn--` name, with a warning when it mixes scripts) and the command. A dismissed
- * or timed-out dialog is a cancel (the addon refuses the connection).
- */
-export function networkDialog(ui: Pick<ExtensionUIContext, "select">, tool: string): NetworkDialog {
-  return async (r, command, signal) => {
-    const authority = displayLine(r.authority);
-    const lines = [`${tool}: the command asks to connect to ${authority}`];
-    if (r.unicode) {
-      const warn = r.mixedScripts ? " (WARNING: it mixes scripts, and may imitate another name)" : "";
-      lines.push(`that name is ${displayLine(r.unicode)}${warn}`);
-    }
-    const shown = command.length > 500 ? `${command.slice(0, 500)}...` : command;
-    lines.push(`command: ${displayLine(shown)}`);
-    const options = [
-      "Allow this connection",
-      `Allow ${authority} for this command`,
-      `Allow ${authority} for this session`,
-      "Deny",
-    ];
-    const choices: NetworkChoice[] = ["once", "command", "session", "deny"];
-    if (signal.aborted) return "cancel";
-    try {
-      const picked = await ui.select(lines.join("\n"), options, { signal, timeout: NETWORK_REVIEW_TIMEOUT_MS });
-      const i = picked === undefined ? -1 : options.indexOf(picked);
-      return i < 0 || signal.aborted ? "cancel" : choices[i];
-    } catch {
-      return "cancel";
-    }
-  };
-}
+export type { NetworkChoice, NetworkDialog, NetworkReviewRequest } from "./netreview.ts";
+export { NETWORK_REVIEW_TIMEOUT_MS, networkDialog } from "./netreview.ts";
 
 /** What the native addon provides: one command in a fresh sandbox. */
 export interface SandboxShell {
@@ -292,13 +242,18 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
   let lastCwd = process.cwd();
   const shellPath = () => shellSettings(lastCwd).shellPath;
   const operations = sandboxOperations(source, shellPath);
+  const bus: NetworkReviewBus = networkReviewBus(pi);
+  /** A network destination no entry matches: a reviewer on the bus first, else with a UI the dialog; else refused. */
+  const reviewFor = (ctx: ExtensionContext | undefined, tool: string) =>
+    bus.dialogFor(tool, ctx?.hasUI ? networkDialog(ctx.ui, tool) : undefined);
 
-  // With a UI, a network destination no entry matches is reviewed in a dialog; without, refused.
-  const definitionFor = (cwd: string, ctx: ExtensionContext | undefined) =>
-    createBashToolDefinition(cwd, {
-      operations: ctx?.hasUI ? sandboxOperations(source, shellPath, networkDialog(ctx.ui, "bash")) : operations,
+  const definitionFor = (cwd: string, ctx: ExtensionContext | undefined) => {
+    const review = reviewFor(ctx, "bash");
+    return createBashToolDefinition(cwd, {
+      operations: review ? sandboxOperations(source, shellPath, review) : operations,
       commandPrefix: shellSettings(cwd).shellCommandPrefix,
     });
+  };
   // The schema, words and renderers (the settings are read at session start, not at load).
   const base = createBashToolDefinition(lastCwd, { operations });
   // A copy of pi's schema object (with its non-enumerable TypeBox keys): pi's built-in bash shares
@@ -318,10 +273,13 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
     },
   });
 
+  pi.on("session_shutdown", () => bus.close());
+
   let warned = false;
   pi.on("session_start", (_event, ctx) => {
     lastCwd = ctx.cwd;
     settings = readShellSettings(pi, ctx.cwd);
+    bus.query();
     if (warned) return;
     const winner = pi.getAllTools().find((t) => t.name === "bash");
     if (winner && winner.parameters !== parameters) {
@@ -343,7 +301,7 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
       const shell = shellFor(source, cwd);
       if (shell instanceof Error) return userBashFailure(shell.message);
       // pi prepends the command prefix itself and streams, truncates and records the output.
-      const dialog = ctx?.hasUI ? networkDialog(ctx.ui, "!command") : undefined;
+      const dialog = reviewFor(ctx, "!command");
       const ops = sandboxOperations(() => shell, () => shellSettings(cwd).shellPath, dialog);
       return {
         operations: {

@@ -19,6 +19,7 @@ import { Type } from "typebox";
 import type { ExecProgress, TrustedConfig } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { addonShell, type BashConfig, registerSandboxedBash } from "./bash.ts";
+import { allowDestination } from "./netallow.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -174,6 +175,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     // goes too: in the sandbox it is a link to /workspace, like the resolved path.
     const projectNames = cwd !== projectDir ? [resolve(cwd)] : [];
     const sandbox = new addon.binding.PythonSandbox({ projectDir, projectNames }, permissions());
+    // The trusted configuration's part for commands and, with `network.python`, the python tool's network.
+    sandbox.setShellConfig(shellConfig());
     state.sandbox = sandbox;
     state.projectDir = projectDir;
     return sandbox;
@@ -181,7 +184,13 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
 
   // The bash tool: each command in a sandbox of its own, with this session's mode, read roots and
   // protections; where the addon cannot load, a command is refused (never run on the host).
-  const trusted = trustedConfig(process.cwd());
+  let trusted = trustedConfig(process.cwd());
+  const shellConfig = () => ({
+    additionalAllowRead: trusted?.additionalAllowRead ?? [],
+    envPassthrough: trusted?.envPassthrough ?? [],
+    configPath: trusted?.path,
+    network: trusted?.network,
+  });
   let configTold = false;
   registerSandboxedBash(
     pi,
@@ -190,12 +199,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       if ("error" in sandbox) {
         return new Error(`The command was not run (the sandbox is unavailable; it never runs on the host): ${sandbox.error}`);
       }
-      sandbox.setShellConfig({
-        additionalAllowRead: trusted?.additionalAllowRead ?? [],
-        envPassthrough: trusted?.envPassthrough ?? [],
-        configPath: trusted?.path,
-        network: trusted?.network,
-      });
+      sandbox.setShellConfig(shellConfig());
       return addonShell(sandbox, () => {
         // The trusted configuration's errors, in the first result as well as at session start.
         if (configTold || !trusted?.errors.length) return [];
@@ -308,8 +312,9 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
   });
 
   // /sandbox: what this session's sandbox has mounted, granted, masked and denied, and the
-  // subcommands that change it (`/sandbox clear-denials`). Another subcommand is one more entry.
-  const subcommands: Record<string, { description: string; run: () => string }> = {
+  // subcommands that change it (`/sandbox clear-denials`, `/sandbox allow host[:port]`). Another
+  // subcommand is one more entry.
+  const subcommands: Record<string, { description: string; run: (args: string) => string }> = {
     "clear-denials": {
       description: "forget this session's denied reads (the next read there asks again)",
       run: () => {
@@ -317,22 +322,35 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         return n === 0 ? "No denied reads to clear." : `Cleared ${n === 1 ? "1 denied directory" : `${n} denied directories`}: a read there asks again.`;
       },
     },
+    allow: {
+      description: "allow a network destination (host[:port]) without review: adds it to network.allowedDomains of the trusted configuration",
+      run: (args) => {
+        if (!trusted) return "Nothing was allowed: the native addon, which reads the configuration, is unavailable.";
+        const done = allowDestination(args, trusted.path, trusted.errors, () => trustedConfig(process.cwd()));
+        if (done.config) {
+          trusted = done.config;
+          // The python sandbox's proxy reads the lists at each connection; each command reads them anew.
+          state.sandbox?.setShellConfig(shellConfig());
+        }
+        return done.message;
+      },
+    },
   };
   pi.registerCommand("sandbox", {
-    description: "What the sandbox mounts, grants, masks and denies in this session; /sandbox clear-denials",
+    description: "What the sandbox mounts, grants, masks and denies in this session; /sandbox clear-denials; /sandbox allow host[:port]",
     getArgumentCompletions: (prefix) =>
       Object.entries(subcommands)
         .filter(([name]) => name.startsWith(prefix.trim()))
         .map(([name, s]) => ({ value: name, label: name, description: s.description })),
     handler: async (args, ctx) => {
-      const name = args.trim();
+      const [name = "", ...rest] = args.trim().split(/\s+/);
       const sub = subcommands[name];
       if (name && !sub) {
         ctx.ui.notify(displayText(`Unknown /sandbox subcommand ${displayLine(name)}; one of: ${Object.keys(subcommands).join(", ")}.`), "warning");
         return;
       }
       if (sub) {
-        ctx.ui.notify(displayText(sub.run()), "info");
+        ctx.ui.notify(displayText(sub.run(rest.join(" "))), "info");
         return;
       }
       ctx.ui.notify(displayText(sandboxReport(ctx.cwd)), "info");

@@ -24,6 +24,8 @@ export const PI1_TEST_FILES = [
   "__test__/live-grants.test.ts",
   "__test__/live-mode.test.ts",
   "__test__/network-inside.test.ts",
+  "__test__/network-python.test.ts",
+  "__test__/network-bus.test.ts",
   "__test__/network-review.test.ts",
   "__test__/listeners.test.ts",
   "__test__/output-order.test.ts",

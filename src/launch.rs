@@ -66,6 +66,9 @@ pub struct Start<'a, F = Facts> {
     pub known: protected::KnownSecrets,
     /// The caller's rollback choice, over the environment's.
     pub rollback: Option<bool>,
+    /// The network through the host's proxy (`network.python`); none: no
+    /// network at all (the default).
+    pub network: Option<crate::worker::PythonNetwork>,
 }
 
 /// Start one sandbox and wait for it to report ready: from the stored
@@ -106,6 +109,7 @@ async fn start_once(
     let Start { facts, dirs, project, mounts, .. } = start;
     let settings = Settings::from_env();
     let keeper = start.rollback.unwrap_or(settings.rollback);
+    let network = start.network.clone();
     let secrets = crate::confine::host_secrets(&settings, dirs, project);
     let mut confined = crate::confine::confine(crate::confine::Request {
         host: &facts.host,
@@ -123,7 +127,7 @@ async fn start_once(
         secrets,
         cache: None,
         kept_reads: None,
-        seccomp: seccomp::Profile::Python,
+        seccomp: if network.is_some() { seccomp::Profile::PythonNet } else { seccomp::Profile::Python },
     })
     .await
     .map_err(|e| match e {
@@ -184,9 +188,13 @@ async fn start_once(
     let seccomp = seccomp::bpf_memfd(policy.seccomp)
         .map_err(|e| StartError::Prepare(format!("The seccomp filter could not be built: {e}")))?;
     let form = if matches!(code, WorkerCode::Bytecode(_)) { CodeForm::Bytecode } else { CodeForm::Source };
+    let mut payload = PythonRuntime.payload(&python);
+    if network.is_some() {
+        payload.env.extend(crate::network::proxy::environment(crate::nshelper::listen::PROXY_PORT));
+    }
     let launch = Launch {
         bwrap: facts.host.bwrap.path.clone(),
-        argv: bwrap_argv(&policy, &PythonRuntime.payload(&python)),
+        argv: bwrap_argv(&policy, &payload),
         seccomp,
         mount_fds,
         mounts: mounts.clone(),
@@ -207,6 +215,7 @@ async fn start_once(
         inside: crate::inotify::cap_steps(facts.host.inotify_share),
         watcher,
         budget,
+        network,
     };
     let (worker, ready) = Worker::start(launch, stop, spawned).await?;
     if let (Some(image), Some(key)) = (&ready.image, facts.code_key) {

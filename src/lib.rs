@@ -18,6 +18,7 @@ pub mod display;
 pub mod frame;
 pub mod gitconfig;
 pub mod grants;
+pub mod held;
 pub mod hostsecrets;
 pub mod inotify;
 pub mod launch;

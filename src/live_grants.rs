@@ -77,8 +77,8 @@ pub struct Plan {
 /// Why a change is not made live.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    #[error("the change is more than a mode change or an added or revoked grant (an allow once removed)")]
-    NotAnAddition,
+    #[error("the change is more than an added or revoked grant: {0}")]
+    NotAnAddition(&'static str),
     #[error("{} overlaps a tree the sandbox already shows", crate::display::one_line(.0))]
     Overlap(PathBuf),
     #[error("{} is not a masked secret of the project by itself", crate::display::one_line(.0))]
@@ -106,11 +106,13 @@ pub enum LiveError {
 pub fn plan(had: &MountConfig, want: &MountConfig) -> Result<Plan, LiveError> {
     // A mode change is made apart (the project's mount replaced whole,
     // see `worker::mode`), before the plan's steps.
-    let kept = had.unmasked == want.unmasked
-        && had.once.iter().all(|o| want.once.contains(o))
+    if had.unmasked != want.unmasked {
+        return Err(LiveError::NotAnAddition("a read root inside the project changes which of its secrets are masked"));
+    }
+    let kept = had.once.iter().all(|o| want.once.contains(o))
         && had.unmasked_once.iter().all(|u| want.unmasked_once.contains(u));
     if !kept {
-        return Err(LiveError::NotAnAddition);
+        return Err(LiveError::NotAnAddition("a path allowed once was removed"));
     }
     let detach = had.read_roots.iter().filter(|r| !want.read_roots.contains(r)).cloned().collect();
     let mut plan = Plan { detach, ..Plan::default() };
@@ -307,9 +309,17 @@ mod tests {
     fn anything_but_an_added_or_revoked_grant_restarts() {
         // A mode change alone has no steps here (see `worker::mode`).
         let writable = MountConfig { workspace_writable: true, ..roots(&[]) };
+        let why = |had: &MountConfig, want: &MountConfig| match plan(had, want) {
+            Err(e @ LiveError::NotAnAddition(_)) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        // A mode change alone has no steps here (see `worker::mode`).
         assert_eq!(plan(&roots(&[]), &writable).unwrap(), Plan::default());
         let unmasked = MountConfig { unmasked: vec!["/p/.env".into()], ..roots(&[]) };
-        assert!(matches!(plan(&roots(&[]), &unmasked), Err(LiveError::NotAnAddition)));
+        assert!(why(&roots(&[]), &unmasked).contains("a read root inside the project"));
+        let once = OnceMount { path: "/b/x.csv".into(), source: "/b/x.csv".into(), is_dir: false };
+        let had = MountConfig { once: vec![once], ..roots(&[]) };
+        assert!(why(&had, &roots(&[])).ends_with("a path allowed once was removed"));
         // Over or under a tree already shown.
         assert!(matches!(plan(&roots(&["/a/b"]), &roots(&["/a/b", "/a"])), Err(LiveError::Overlap(_))));
         assert!(matches!(plan(&roots(&["/a"]), &roots(&["/a", "/a/b"])), Err(LiveError::Overlap(_))));

@@ -61,6 +61,8 @@ pub struct NetworkSettings {
     pub review_yolo: Option<String>,
     /// Why the network is off when an error turned it off.
     pub off_because: Option<String>,
+    /// `network.python`: the python tool gets the same proxy (unset: no).
+    pub python: Option<bool>,
 }
 
 fn network_settings(n: &config::NetworkConfig) -> NetworkSettings {
@@ -74,6 +76,7 @@ fn network_settings(n: &config::NetworkConfig) -> NetworkSettings {
             if n.review_yolo == crate::network::policy::YoloReview::Review { "review" } else { "allow" }.into(),
         ),
         off_because: n.off_because.clone().map(displayed_line),
+        python: Some(n.python),
     }
 }
 

@@ -227,6 +227,7 @@ impl PythonSandbox {
             passthrough: settings.env_passthrough.unwrap_or_default(),
             config_path: settings.config_path.map(PathBuf::from),
             network_off: network_off(settings.network.as_ref()),
+            python_network: settings.network.as_ref().and_then(|n| n.python) == Some(true),
             network: proxy_policy(settings.network),
         });
         Ok(())

@@ -56,12 +56,13 @@ use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
-pub use status::{reset_text, status_text, Availability, ResetDone, SpareState, StatusReport};
+pub use status::{reset_text, status_text, Availability, History, ResetDone, SpareState, StatusReport};
 mod causes;
 mod output;
 mod parts;
 pub use causes::{
-    death_text, exit_text, interruption, recovered_text, start_failure, with_oom, OomKill, Recovered, ResetReason,
+    death_text, exit_text, interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom,
+    Discarded, KilledFor, OomKill, Recovered, ResetReason, StartFailure,
 };
 use output::{displayed_output, fit_output};
 pub use output::{laid_out, omission, StreamText};
@@ -117,7 +118,7 @@ pub struct Outcome {
     pub state_lost_reason: Option<String>,
     /// The earlier state was discarded before this call ran (a mode
     /// change, a death while idle): this call's own state is kept.
-    pub lost_before: Option<String>,
+    pub lost_before: Option<Discarded>,
     /// This call ran again after a read was allowed; what to tell.
     pub replay: Option<String>,
     /// What a mode change since the last call did (one line, under the
@@ -146,6 +147,10 @@ pub struct Outcome {
     pub started: bool,
     pub log_complete: bool,
     pub diagnostic: Option<String>,
+    /// What the host killed the call's sandbox or interpreter for.
+    pub killed_for: Option<KilledFor>,
+    /// Why the call's sandbox did not start.
+    pub start_failure: Option<StartFailure>,
 }
 
 /// What became of the interpreter's state in one call. A result states
@@ -221,6 +226,8 @@ impl Outcome {
             started: false,
             log_complete: true,
             diagnostic: Some(diagnostic),
+            killed_for: None,
+            start_failure: None,
         }
     }
 }
@@ -232,7 +239,7 @@ const FILES_KEPT: &str = "files in /workspace and /scratch keep what the call wr
 /// [`StateFate`] and what was discarded before the call ran. None where
 /// there is nothing to say (a clean result, a call that never ran).
 pub fn state_statement(o: &Outcome) -> Option<String> {
-    let before = o.lost_before.as_deref().map(display_text);
+    let before = o.lost_before.as_ref().map(|d| display_text(&d.to_string()).into_owned());
     let failed = o.status.is_failure();
     match (&o.state, before) {
         (StateFate::Lost(loss), _) => {
@@ -763,9 +770,9 @@ mod tests {
             ("rollback off", timeout(StateFate::Lost(Loss::RollbackOff), Some("timeout")), Some("Interpreter state was LOST (timeout; rollback is off (PI_PYTHON_TOOL_ROLLBACK=0))")),
             ("no point", timeout(StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())), Some("timeout; no rollback point had been taken")), Some("Interpreter state was LOST (timeout; no rollback point had been taken)")),
             ("rollback failed", timeout(StateFate::Lost(Loss::RollbackFailed("the sandbox's PID 1 is gone".into())), Some("timeout")), Some("LOST (timeout; the rollback failed (the sandbox's PID 1 is gone), so the sandbox was killed)")),
-            ("mode change, ok", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..ok() }, Some("Earlier interpreter state was discarded before this call (the sandbox was restarted because the permission mode or read roots changed); this call ran on a fresh interpreter.")),
-            ("mode change, error", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..error }, Some("this call ran on a fresh interpreter, and what ran before the error remains.")),
-            ("mode change, rolled back", Outcome { lost_before: Some(mode.into()), state_lost_reason: Some(mode.into()), ..timeout(StateFate::RolledBack { fresh: true }, None) }, Some("the call was rolled back to the fresh interpreter it ran on")),
+            ("mode change, ok", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..ok() }, Some("Earlier interpreter state was discarded before this call (the sandbox was restarted because the permission mode or read roots changed); this call ran on a fresh interpreter.")),
+            ("mode change, error", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..error }, Some("this call ran on a fresh interpreter, and what ran before the error remains.")),
+            ("mode change, rolled back", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..timeout(StateFate::RolledBack { fresh: true }, None) }, Some("the call was rolled back to the fresh interpreter it ran on")),
             ("after the result", Outcome { state: StateFate::Lost(Loss::AfterResult), state_lost_reason: Some("the worker failed right after the execution: x".into()), ..ok() }, Some("Interpreter state was LOST (the worker failed right after the execution: x)")),
         ];
         for (what, o, want) in cases {
@@ -889,7 +896,10 @@ mod tests {
         assert!(short.lines().count() <= 7, "{short}");
         assert!(short.contains("\ninterpreter: not running (one starts on the first call)\n"), "{short}");
         assert!(
-            short.contains("\nafter a failed call: the interpreter goes back to its state before that call"),
+            short.contains(
+                "\nafter a timeout, a cancel, too much output or a crash: the interpreter goes back to its state \
+                 before that call"
+            ),
             "{short}"
         );
         assert!(short.contains("\ncontainment: at most 256 tasks"), "{short}");
@@ -901,6 +911,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+        // In a writable mode no spare is prepared: status does not promise one.
+        let mut writable =
+            StatusReport::new("/p".into(), MountConfig { workspace_writable: true, ..Default::default() }, true);
+        writable.spare = SpareState::None;
+        let yolo = status_text(&writable, &settings);
+        assert!(
+            yolo.contains("started ahead (so that a restart is quick): none while /workspace is writable"),
+            "{yolo}"
+        );
         assert!(text.contains("protected paths when /workspace is writable: .git, "), "{text}");
         assert!(text.contains("\ncontainment: ") && text.contains("PI_SANDBOX_MAX_TASKS"), "{text}");
         assert!(text.contains("\nscratch disk use: not measured yet; a note past 1 GiB"), "{text}");
@@ -909,7 +928,7 @@ mod tests {
         );
         assert!(!text.contains("discarded") && !text.contains("last failed call"), "{text}");
         let rolled = StatusReport {
-            last_rollback: Some(ResetReason::Timeout),
+            history: History { last_rollback: Some(ResetReason::Timeout), ..History::default() },
             permission_mode: Some("edits".into()),
             mounts: MountConfig { workspace_writable: true, ..MountConfig::default() },
             ..report
@@ -919,8 +938,7 @@ mod tests {
         assert!(!text.contains("discarded"), "a rollback resets nothing: {text}");
         assert!(text.contains("\nmode: edits; /workspace read-write; read roots: none\n"), "{text}");
         let lost = StatusReport {
-            last_reset_reason: Some(ResetReason::Timeout),
-            executions: 1,
+            history: History { last_reset_reason: Some(ResetReason::Timeout), executions: 1, ..History::default() },
             ..StatusReport::new("/p".into(), MountConfig::default(), false)
         };
         let text = status_text(&lost, &settings);
@@ -965,7 +983,8 @@ mod tests {
         let ago = now - std::time::Duration::from_millis(2500);
         assert_eq!(
             rollback_line(true, Some(ago), now),
-            "after a failed call: the interpreter goes back to its state before that call (state last saved 2.5 s ago)\n"
+            "after a timeout, a cancel, too much output or a crash: the interpreter goes back to its state before \
+             that call (state last saved 2.5 s ago)\n"
         );
         assert!(rollback_line(true, None, now).contains("nothing saved yet"));
         assert!(rollback_line(false, Some(ago), now).ends_with("state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"));
@@ -995,7 +1014,7 @@ mod tests {
         let o = Outcome {
             state: StateFate::Kept,
             state_lost_reason: Some(before.into()),
-            lost_before: Some(before.into()),
+            lost_before: Some(Discarded::Remounted(before.into())),
             ..Outcome::static_result(Status::Ok, 2, String::new())
         };
         let text = render(&o);

@@ -348,9 +348,35 @@ pub fn shown_with_masks(path: &Path, masked: &[Mask]) -> String {
 pub const CHANGE_DISCARDED: &str = " (the sandbox was restarted; interpreter state discarded, scratch files kept)";
 /// What a change does while no sandbox runs.
 pub const CHANGE_LATER: &str = " (applies from the next execution)";
-/// What a change to a read-only project did to a running sandbox that
-/// took it in place (see `worker::mode`).
-pub const CHANGE_NOW: &str = " (made in the running sandbox at once; interpreter state kept)";
+/// What a change that reached the running sandbox did (see
+/// [`change_live`]).
+pub const CHANGE_LIVE: [&str; 5] = [
+    " (detached from the running sandbox now; interpreter state kept)",
+    " (added to the running sandbox at its next execution; interpreter state kept)",
+    " (interpreter state kept: the removed roots are detached from the running sandbox now, the added ones \
+     attached at its next execution)",
+    " (made read-only in the running sandbox now; interpreter state kept)",
+    " (made writable in the running sandbox at its next execution; interpreter state kept)",
+];
+
+/// What a change from `old` to `new` that reaches the running sandbox
+/// (no restart) does: a revoked read root is detached at once, an added
+/// one attached at the next execution; a project made read-only at once,
+/// writable at the next execution (see `worker::mode`).
+pub fn change_live(old: &MountConfig, new: &MountConfig) -> &'static str {
+    match (old.workspace_writable, new.workspace_writable) {
+        (true, false) => return CHANGE_LIVE[3],
+        (false, true) => return CHANGE_LIVE[4],
+        _ => {}
+    }
+    let removed = old.read_roots.iter().any(|r| !new.read_roots.contains(r));
+    let added = new.read_roots.iter().any(|r| !old.read_roots.contains(r));
+    match (removed, added) {
+        (true, false) => CHANGE_LIVE[0],
+        (false, _) => CHANGE_LIVE[1],
+        (true, true) => CHANGE_LIVE[2],
+    }
+}
 
 /// The user-facing note for a change of mounts. `discarded`: a running
 /// interpreter was killed.
@@ -695,6 +721,23 @@ mod tests {
         let ro = MountConfig { workspace_writable: false, ..c.clone() };
         let note = change_notification(&c, &ro, &MountPlan::default(), false).expect("changed");
         assert!(note.starts_with("python sandbox: /workspace is now read-only"), "{note}");
+    }
+
+    #[test]
+    fn a_change_that_reaches_the_running_sandbox_says_when_and_that_state_is_kept() {
+        let with = |roots: &[&str]| MountConfig {
+            read_roots: roots.iter().map(PathBuf::from).collect(),
+            ..Default::default()
+        };
+        let (a, ab, b) = (with(&["/a"]), with(&["/a", "/b"]), with(&["/b"]));
+        assert!(change_live(&ab, &a).contains("detached from the running sandbox now"));
+        assert!(change_live(&a, &ab).contains("added to the running sandbox at its next execution"));
+        let both = change_live(&a, &b);
+        assert!(both.contains("removed roots are detached") && both.contains("added ones attached"), "{both}");
+        let writable = MountConfig { workspace_writable: true, ..a.clone() };
+        assert!(change_live(&writable, &a).contains("made read-only in the running sandbox now"));
+        assert!(change_live(&a, &writable).contains("made writable in the running sandbox at its next execution"));
+        assert!(CHANGE_LIVE.iter().all(|s| s.contains("interpreter state kept")));
     }
 
     #[test]

@@ -140,9 +140,6 @@ pub struct Known {
     pub idents: HashSet<Ident>,
 }
 
-/// Where a sandbox's reply task, and the guard, say why they killed it.
-pub type KilledFor = std::sync::Arc<parking_lot::Mutex<Option<String>>>;
-
 /// Identity of an entry: (device, inode).
 pub type Ident = (u64, u64);
 
@@ -605,7 +602,9 @@ pub mod budget;
 pub use budget::{budget_limits, Budget, BudgetLimits, DEFAULT_BUDGET, MAX_INERT_ENV, WATCH_CPU_ENV};
 mod guard;
 pub use guard::{inotify_init, settle_and_check, watch, Guard, InotifyInit, Watcher, BACKGROUND_CHECK};
+mod killed;
 mod secretwatch;
+pub use killed::{HostKill, KillSlot};
 pub use secretwatch::{SecretWatch, Watching, MAX_WATCHES};
 
 #[cfg(test)]
@@ -871,14 +870,17 @@ mod tests {
         let p = tmp();
         let small = Limits { max_entries: 64, max_depth: 24 };
         let armed = plan_of(&p, Some(".git"), small).expect("plan");
-        let killed: KilledFor = Default::default();
+        let killed: KillSlot = Default::default();
         armed.guard.arm(-1, killed.clone()); // no process group: kill_group ignores it
         for i in 0..80 {
             std::fs::write(p.join(format!("junk{i}")), "").expect("write");
         }
         let notes = armed.guard.check_all().join("\n");
         assert!(notes.contains("The sandbox was stopped: the project grew past 64 entries"), "{notes}");
-        assert!(killed.lock().as_deref().is_some_and(|w| w.contains("grew past")));
+        let kill = killed.lock().clone();
+        assert!(matches!(kill, Some(HostKill::Breach(_))), "{kill:?}");
+        let why = kill.map(|k| k.to_string()).unwrap_or_default();
+        assert!(why.contains("grew past") && why.ends_with("so the sandbox that could write the project was stopped"));
         // Once tainted, no later plan gives a writable project while the name exists.
         let tainted = Tainted::default();
         tainted.lock().push(PathBuf::from("stuck/.envrc"));

@@ -147,9 +147,9 @@ const fn eperm_when(syscall: &'static str, when: When, reason: &'static str) -> 
 /// The system calls a payload may make, by what it runs. [`allowlist`] and
 /// [`rules`] are the python profile; every other profile is named by how
 /// it differs from them ([`allowlist_for`], [`rules_for`]). Only
-/// [`Profile::ShellNet`] has network sockets: TCP ones, for a policy whose
-/// network is a host proxy (`socket(AF_INET)` in the sandbox's empty
-/// network namespace).
+/// [`Profile::ShellNet`] and [`Profile::PythonNet`] have network sockets:
+/// TCP ones, for a policy whose network is a host proxy
+/// (`socket(AF_INET)` in the sandbox's empty network namespace).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Profile {
     /// The python tool: no sockets of any kind.
@@ -161,17 +161,27 @@ pub enum Profile {
     /// (`AF_INET`/`AF_INET6`, `SOCK_STREAM`) in its own network namespace,
     /// where the proxy's listener is the one way out.
     ShellNet,
+    /// The python tool when the configuration gives it the proxy
+    /// (`network.python`): the python profile with [`Profile::ShellNet`]'s
+    /// TCP sockets.
+    PythonNet,
 }
 
 impl Profile {
-    pub const ALL: [Profile; 3] = [Profile::Python, Profile::Shell, Profile::ShellNet];
+    pub const ALL: [Profile; 4] = [Profile::Python, Profile::Shell, Profile::ShellNet, Profile::PythonNet];
 
     fn index(self) -> usize {
         match self {
             Profile::Python => 0,
             Profile::Shell => 1,
             Profile::ShellNet => 2,
+            Profile::PythonNet => 3,
         }
+    }
+
+    /// Whether it has TCP sockets (a network through the host's proxy).
+    pub fn has_tcp(self) -> bool {
+        matches!(self, Profile::ShellNet | Profile::PythonNet)
     }
 
     fn is_shell(self) -> bool {
@@ -230,7 +240,7 @@ pub fn allowlist_for(profile: Profile) -> Vec<Allowed> {
     if profile.is_shell() {
         allowed.push(allow(&["socketpair"], SOCKETPAIR_UNIX));
     }
-    if profile == Profile::ShellNet {
+    if profile.has_tcp() {
         allowed.push(allow(&["socket"], SOCKET_TCP));
     }
     allowed
@@ -240,7 +250,7 @@ pub fn allowlist_for(profile: Profile) -> Vec<Allowed> {
 /// refusal of `socketpair` narrowed to every domain but `AF_UNIX`.
 pub fn rules_for(profile: Profile) -> Vec<Rule> {
     let mut rules = rules();
-    if profile == Profile::ShellNet {
+    if profile.has_tcp() {
         rules.retain(|r| r.syscall != "socket");
         rules.extend(tcp_only_socket_rules());
     }
@@ -757,6 +767,26 @@ mod tests {
         // The Unix pair stays as in the shell profile.
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_UNIX_, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_INET, 1, 0, 0, 0, 0]), EPERM);
+    }
+
+    #[test]
+    fn the_network_python_profile_allows_tcp_sockets_only_and_no_socket_pair() {
+        let net = profile_program(Profile::PythonNet);
+        let python = profile_program(Profile::Python);
+        let socket = nr("socket");
+        for domain in [AF_INET, AF_INET6] {
+            let args = [domain, SOCK_STREAM, 0, 0, 0, 0];
+            assert_eq!(run(&net, AUDIT_ARCH, socket, args), RET_ALLOW, "{domain}");
+            // Baseline: the python tool without a network refuses it.
+            assert_eq!(run(&python, AUDIT_ARCH, socket, args), EPERM, "{domain} without a network");
+        }
+        const AF_NETLINK: u64 = 16;
+        const AF_PACKET: u64 = 17;
+        for (domain, ty) in [(1, SOCK_STREAM), (AF_NETLINK, 3), (AF_PACKET, 3), (AF_INET, 2), (AF_INET6, 3), (64, 1)] {
+            assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty}");
+        }
+        // No socket pair at all, as in the python profile.
+        assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [1, 1, 0, 0, 0, 0]), EPERM);
     }
 
     #[test]

@@ -23,8 +23,8 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    exit_text, interruption, recovered_text, start_failure, with_oom, LogFiles, Loss, OomKill, Outcome, ResetDone,
-    ResetReason, StateFate, Status, StreamText,
+    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, Discarded, KilledFor,
+    LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -78,6 +78,9 @@ enum Slot {
         /// Its guard and init pid, for checks after a kill that does not
         /// hold the operation lock.
         guard: Option<(Arc<Guard>, Option<i32>)>,
+        /// Started in a writable mode, but with the project read-only (it
+        /// could not be protected).
+        held_read_only: bool,
     },
 }
 
@@ -99,10 +102,12 @@ impl Slot {
     }
 
     /// A mode change made in the running sandbox started or ended its
-    /// guard: the checks after a kill use the new one.
+    /// guard (the checks after a kill use the new one), and its project is
+    /// as the mode says (the change is refused where it cannot be).
     fn set_guard(&mut self, new: Option<(Arc<Guard>, Option<i32>)>) {
-        if let Slot::Ready { guard, .. } = self {
+        if let Slot::Ready { guard, held_read_only, .. } = self {
             *guard = new;
+            *held_read_only = false;
         }
     }
 
@@ -135,9 +140,8 @@ struct Inner<H: Host> {
     worker: Option<H::Sandbox>,
     facts: Option<Arc<H::Facts>>,
     dirs: Option<Dirs>,
-    exec_seq: u64,
     /// State loss that happened between calls, told by the next result.
-    pending_loss: Option<String>,
+    pending_loss: Option<Discarded>,
     /// The last sandbox start failed: no spare with the same setup.
     start_failed: bool,
     /// A sandbox was stopped because a secret appeared while it could
@@ -208,7 +212,6 @@ impl<H: Host> Session<H> {
                 worker: None,
                 facts: None,
                 dirs: None,
-                exec_seq: 0,
                 pending_loss: None,
                 start_failed: false,
                 scratch_suspect: false,
@@ -244,6 +247,8 @@ impl<H: Host> Session<H> {
         let sh = self.shared.lock();
         let mut report = sh.report.clone();
         report.worker_running = sh.slot.pid().is_some();
+        report.workspace_held_read_only =
+            report.mounts.workspace_writable && matches!(sh.slot, Slot::Ready { held_read_only: true, .. });
         report.worker_code = sh.slot.code();
         report.busy = sh.running_call.is_some();
         drop(sh);
@@ -347,10 +352,11 @@ impl<H: Host> Session<H> {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                outcome.lost_before = Some(loss.clone());
+                let said = loss.to_string();
+                outcome.lost_before = Some(loss);
                 outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
-                    Some(now) => format!("{loss}; then {now}"),
-                    None => loss,
+                    Some(now) => format!("{said}; then {now}"),
+                    None => said,
                 });
             }
         }
@@ -364,7 +370,7 @@ impl<H: Host> Session<H> {
     fn finish_static(&self, call: u32, status: Status, diagnostic: String) -> Outcome {
         let mut sh = self.shared.lock();
         sh.cancelled.remove(&call);
-        Outcome::static_result(status, sh.report.generation, diagnostic)
+        Outcome::static_result(status, sh.report.history.generation, diagnostic)
     }
 
     /// Kill the sandbox after an interrupted execution, keep the output that
@@ -403,7 +409,7 @@ impl<H: Host> Session<H> {
     fn after_worker_gone(&self, reason: ResetReason) {
         let mut sh = self.shared.lock();
         sh.slot = Slot::Empty;
-        sh.report.last_reset_reason = Some(reason);
+        sh.report.history.discarded(reason);
         drop(sh);
         self.sync_live();
     }
@@ -444,6 +450,11 @@ impl<H: Host> Session<H> {
             // So does a writable project (with the rest of the change).
             let had = sh.report.mounts.clone();
             restart = self.read_only_now(&had, &mounts, &mut sh.slot).err().map(|e| e.0);
+        }
+        if shell::takes_away(&sh.report.mounts, &mounts) {
+            self.shells.stop_running(
+                "the permission mode or the read roots changed while it ran, taking away what its sandbox could reach",
+            );
         }
         sh.report.mounts = mounts;
         sh.remount_reason = reason;
@@ -581,9 +592,7 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         let done = if fast {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.last_reset_reason = Some(ResetReason::Explicit);
+            self.shared.lock().report.history.replaced(ResetReason::Explicit);
             ResetDone::Fresh
         } else {
             let running = inner.worker.is_some();

@@ -59,6 +59,9 @@ pub struct ShellConfig {
     /// Why commands have no network when the configuration's network part
     /// is in error (said in every result).
     pub network_off: Option<String>,
+    /// `network.python`: the python tool's sandbox gets `network` too
+    /// (from its next start).
+    pub python_network: bool,
 }
 
 /// Where a command runs: the session's facts, directories and mounts.
@@ -405,7 +408,7 @@ pub async fn run(
     // No frames: the request and reply pipes close on our side.
     drop((child.requests, child.replies));
     let pid = child.pid;
-    let killed_for: protected::KilledFor = Arc::default();
+    let killed_for: protected::KillSlot = Arc::default();
     let secret_appeared = Arc::new(AtomicBool::new(false));
     let budget = Arc::new(protected::Budget::new(budget, pid, killed_for.clone()));
     if let Some(g) = &guard {
@@ -513,7 +516,7 @@ pub async fn run(
     let appeared = secret_appeared.load(Ordering::Acquire);
     let ending = match (stopped, watch_said) {
         (Some(e), _) => e,
-        (None, Some(why)) => Ending::Stopped(why),
+        (None, Some(why)) => Ending::Stopped(why.to_string()),
         (None, None) => match status.flatten() {
             Some(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
                 (Some(c), _) => Ending::Exited(c),

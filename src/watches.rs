@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::protected::{self, Budget, Guard, KilledFor, SecretWatch, Watcher};
+use crate::protected::{self, Budget, Guard, HostKill, KillSlot, SecretWatch, Watcher};
 use crate::spawn::kill_group;
 
 /// What one sandbox's watches are made of.
@@ -23,7 +23,7 @@ pub struct Armed {
     pub masks_watch: Option<Arc<SecretWatch>>,
     pub budget: Arc<Budget>,
     /// Where a watch writes why it stopped the sandbox.
-    pub killed_for: KilledFor,
+    pub killed_for: KillSlot,
     /// Set when a watch stopped it because a secret appeared.
     pub secret_appeared: Arc<AtomicBool>,
 }
@@ -42,18 +42,14 @@ pub struct Watches {
 fn host_secrets(
     pid: i32,
     points: Vec<crate::hostsecrets::WatchPoint>,
-    killed_for: KilledFor,
+    killed_for: KillSlot,
     secret: Arc<AtomicBool>,
 ) -> oneshot::Sender<()> {
     let (stop, stopped) = oneshot::channel();
     let appeared = move |path: std::path::PathBuf| {
         secret.store(true, Ordering::Release);
-        *killed_for.lock() = Some(format!(
-            "a host secret appeared in a read root ({}); the sandbox was stopped so that nothing in it could read \
-             it, and the next one masks it",
-            crate::display::one_line(&path)
-        ));
         tracing::debug!(pid, path = %path.display(), "host secret appeared; sandbox killed");
+        *killed_for.lock() = Some(HostKill::HostSecret(path));
         kill_group(pid);
     };
     tokio::spawn(crate::hostsecrets::watch(points, appeared, stopped));
@@ -65,7 +61,7 @@ fn host_secrets(
 pub fn granted(
     pid: i32,
     points: Vec<crate::hostsecrets::WatchPoint>,
-    killed_for: KilledFor,
+    killed_for: KillSlot,
     secret: Arc<AtomicBool>,
 ) -> Watches {
     Watches { _stops: vec![host_secrets(pid, points, killed_for, secret)], guard: None }
@@ -117,10 +113,8 @@ pub fn start(armed: Armed) -> Watches {
         let (stop, stopped) = oneshot::channel();
         let stale = move |why: String| {
             secret_appeared.store(true, Ordering::Release);
-            killed_for.lock().get_or_insert_with(|| {
-                format!("{why}; the sandbox was stopped so that nothing in it could read it, and the next one masks it")
-            });
             tracing::debug!(pid, why, "project secret appeared; sandbox killed");
+            killed_for.lock().get_or_insert(HostKill::NewSecret(why));
             kill_group(pid);
         };
         tokio::spawn(watch.run(stale, budget, stopped));

@@ -28,7 +28,7 @@ use crate::limits::{
 use crate::permissions::MountConfig;
 use crate::protected::{self, Guard};
 use crate::secrets::MaskReport;
-use crate::spawn::{kill_group, prepare_inside, spawn_sandbox};
+use crate::spawn::{kill_group, spawn_sandbox};
 
 mod api;
 mod begin;
@@ -37,7 +37,7 @@ mod rollback;
 mod streams;
 pub use api::{
     AfterResult, BoxError, Call, CodeForm, Dead, ExecDone, Halt, ImageCheck, Interrupt, Launch, NotReady, Progress,
-    ProgressFn, Ready, RequestFn, StartError, Stop,
+    ProgressFn, PythonNetwork, Ready, RequestFn, StartError, Stop,
 };
 pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
@@ -73,7 +73,7 @@ pub struct Worker {
     /// The task that reads `replies` (replaced with the channels).
     reader: tokio::task::JoinHandle<()>,
     /// Why the reply task or the guard killed the sandbox, when one did.
-    killed_for: protected::KilledFor,
+    killed_for: protected::KillSlot,
     /// A watch stopped the sandbox because a secret appeared (a host
     /// secret in a read root, or one in the project): what its processes
     /// wrote since may hold it (see `scratch::set_aside`).
@@ -132,10 +132,11 @@ pub struct Worker {
     /// The tasks reading streams of earlier calls until their last writer
     /// exits (at most MAX_RETIRED; past it the oldest is closed).
     retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
-    /// The caps on the sandbox's tasks and memory. Its cgroups live as
-    /// long as the sandbox, across interpreters, and go when the worker
-    /// does: the last field, so that they are removed after the child is
-    /// dropped (killed).
+    /// The proxy of its network (`network.python`); it stops with it.
+    _proxy: Option<api::Proxy>,
+    /// The caps on the sandbox's tasks and memory. Its cgroups live as long as the sandbox, across
+    /// interpreters, and go when the worker does: the last field, so that they are removed after
+    /// the child is dropped (killed).
     contained: Contained,
 }
 
@@ -159,7 +160,7 @@ impl Worker {
             secret_watch,
             masks_watch,
             guard,
-            plan_notes,
+            mut plan_notes,
             masks,
             code,
             emit_code,
@@ -171,6 +172,7 @@ impl Worker {
             inside,
             watcher,
             budget,
+            network,
         } = launch;
         let mut child =
             spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
@@ -178,7 +180,9 @@ impl Worker {
         // namespaces prepared. The payload is released only by the byte
         // written after both: on a failure it is killed before its pipe
         // closes.
-        if let Err(why) = prepare_inside(child.info, &child.release, &limits, inside).await {
+        let (prepared, proxy) =
+            api::prepare_with_network(child.info, &child.release, &limits, inside, network, &mut plan_notes).await;
+        if let Err(why) = prepared {
             // A bubblewrap that failed on its own (a mount source gone, say)
             // has ended or ends at once, and its own words on stderr are
             // what the start reports, as for any bubblewrap failure. One
@@ -203,7 +207,7 @@ impl Worker {
         // that no start or request asked for kills the sandbox at once.
         let (tx, rx) = mpsc::channel(2);
         let expecting = Arc::new(AtomicBool::new(true));
-        let killed_for: protected::KilledFor = Arc::default();
+        let killed_for: protected::KillSlot = Arc::default();
         // One budget for every watch on this sandbox: past it, it is stopped.
         let budget = Arc::new(protected::Budget::new(budget, child.pid, killed_for.clone()));
         if let Some(g) = &guard {
@@ -250,6 +254,7 @@ impl Worker {
             begin_check: None,
             ahead: None,
             retired: Default::default(),
+            _proxy: proxy,
             contained,
         };
         spawned(worker.pid, true);
@@ -305,7 +310,7 @@ impl Worker {
     }
 
     /// Why the reply task or the guard killed this sandbox, once.
-    pub fn take_killed_for(&self) -> Option<String> {
+    pub fn take_killed_for(&self) -> Option<protected::HostKill> {
         self.killed_for.lock().take()
     }
 
@@ -667,7 +672,7 @@ async fn read_replies(
     mut reader: pipe::Receiver,
     tx: mpsc::Sender<Result<Reply, FrameError>>,
     expecting: Arc<AtomicBool>,
-    killed: protected::KilledFor,
+    killed: protected::KillSlot,
     group: i32,
 ) {
     loop {
@@ -678,7 +683,7 @@ async fn read_replies(
         );
         if !end && !expecting.load(Ordering::Acquire) {
             tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
-            *killed.lock() = Some("it sent a protocol frame while no execution ran".into());
+            *killed.lock() = Some(protected::HostKill::StrayFrame);
             kill_group(group);
             break;
         }

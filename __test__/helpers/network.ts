@@ -96,6 +96,10 @@ export interface NetSession {
   project: string;
   /** Runs `command` with the bash tool; its text (the network summary included). */
   bash(command: string, opts?: { signal?: AbortSignal; timeout?: number }): Promise<string>;
+  /** Runs `code` with the python tool; its text. */
+  python(code: string): Promise<string>;
+  /** Runs `command` as the user's `!command`, as pi's RPC and interactive modes do; its output. */
+  userBash(command: string): Promise<string>;
 }
 
 export interface NetSessionOptions {
@@ -104,6 +108,10 @@ export interface NetSessionOptions {
   /** The permission mode pi-tool-permissions' stand-in announces. */
   mode?: string;
   project?: string;
+  /** More keys of the trusted configuration (beside `network`). */
+  config?: Record<string, unknown>;
+  /** More extension packages, loaded after pi-tool-permissions' stand-in and before this package. */
+  extensions?: string[];
 }
 
 /** A pi session whose trusted configuration has `network`; undefined where no sandbox can run. */
@@ -115,12 +123,12 @@ export async function netSession(t: TestContext, network: Record<string, unknown
   mkdirSync(project, { recursive: true });
   const agent = join(base, "agent");
   mkdirSync(join(agent, "extensions", "pi-python-sandbox"), { recursive: true });
-  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ network }));
+  writeFileSync(join(agent, "extensions", "pi-python-sandbox", "config.json"), JSON.stringify({ ...opts.config, network }));
   // The trusted configuration is read when the extension loads.
   process.env.PI_CODING_AGENT_DIR = agent;
   delete process.env.PI_SANDBOX_BASH;
   configureClient(opts.mode ?? "manual", []);
-  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
+  const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, ...(opts.extensions ?? []), PACKAGE], ui: opts.ui, hasUI: opts.hasUI });
   t.after(() => h.dispose());
   let n = 0;
   return {
@@ -130,5 +138,62 @@ export async function netSession(t: TestContext, network: Record<string, unknown
       const r = await h.getTool("bash").execute(`bash-${++n}`, { command, ...(timeout ? { timeout } : {}) }, signal, undefined);
       return messageText(r);
     },
+    async python(code) {
+      const r = await h.getTool("python").execute(`python-${++n}`, { code }, undefined, undefined);
+      return messageText(r);
+    },
+    async userBash(command) {
+      const session = h.session;
+      const event = { type: "user_bash" as const, command, excludeFromContext: false, cwd: session.sessionManager.getCwd() };
+      const handled = await session.extensionRunner.emitUserBash(event);
+      assert.ok(handled?.operations, "the user's command goes through this package's shell");
+      const r = await session.executeBash(command, undefined, { operations: handled.operations });
+      return r.output;
+    },
   };
+}
+
+/**
+ * A local package index for pip: a one-file wheel (`netdemo` 1.0, made here) on a file host, and
+ * its simple page on another origin (as PyPI's pages and files are on two hosts).
+ */
+export async function pipIndex(t: TestContext): Promise<{ index: Origin; files: Origin; wheelName: string }> {
+  const base = mkdtempSync("/var/tmp/pps-net-pip-");
+  t.after(() => rmSync(base, { recursive: true, force: true }));
+  // A one-file wheel, made here, on a file host; its index page on another origin.
+  const wheelName = "netdemo-1.0-py3-none-any.whl";
+  const made = spawnSync("python3", ["-c", `
+import base64, hashlib, sys, zipfile
+files = {
+    "netdemo/__init__.py": b"VALUE = 1\\n",
+    "netdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\\nName: netdemo\\nVersion: 1.0\\n",
+    "netdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+}
+def digest(b):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(b)},{len(b)}\\n" for n, b in files.items()) + "netdemo-1.0.dist-info/RECORD,,\\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for n, b in files.items():
+        z.writestr(n, b)
+    z.writestr("netdemo-1.0.dist-info/RECORD", record)
+`, join(base, wheelName)], { encoding: "utf8" });
+  assert.equal(made.status, 0, made.stderr);
+  const wheel = readFileSync(join(base, wheelName));
+  const files = await httpOrigin(t, "", (req, res) => {
+    if (req.url === `/files/${wheelName}`) res.end(wheel);
+    else {
+      res.statusCode = 404;
+      res.end();
+    }
+  });
+  const index = await httpOrigin(t, "", (req, res) => {
+    if ((req.url ?? "").replace(/\/$/, "") === "/simple/netdemo") {
+      res.setHeader("Content-Type", "text/html");
+      res.end(`<html><body><a href="http://${files.name}:${files.port}/files/${wheelName}">${wheelName}</a></body></html>`);
+    } else {
+      res.statusCode = 404;
+      res.end();
+    }
+  });
+  return { index, files, wheelName };
 }

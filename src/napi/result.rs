@@ -6,7 +6,7 @@ use napi_derive::napi;
 use super::path_str;
 use crate::display::{displayed, displayed_line};
 use crate::grants::orchestrator::Finished;
-use crate::outcome::{closing, render_parts, Loss, PartKind, StateFate, Status};
+use crate::outcome::{closing, render_parts, Discarded, KilledFor, Loss, PartKind, StartFailure, StateFate, Status};
 
 #[napi(object)]
 pub struct ExceptionResult {
@@ -62,6 +62,39 @@ pub enum LossCause {
     Stopped,
     /// The call's result came, then the worker failed or was stopped.
     AfterResult,
+}
+
+/// Why the state was discarded before a call ran (the engine's `Discarded`;
+/// `lostBefore` says it in words).
+#[napi(string_enum = "snake_case")]
+#[derive(Debug, PartialEq, Eq)]
+pub enum LostBeforeCause {
+    /// A host secret appeared in a read root: the sandbox was restarted.
+    HostSecret,
+    /// The host killed the idle sandbox itself (a limit, a watch).
+    Killed,
+    /// The interpreter, or its whole sandbox, died while idle.
+    DiedIdle,
+    /// A project secret appeared: the sandbox was restarted to mask it.
+    NewSecret,
+    /// The permission mode or the read roots changed.
+    Remounted,
+    /// A grant could not reach the running sandbox: it was restarted.
+    GrantNotLive,
+    /// The call run again after a grant could not return to its state before the call.
+    NoReturn,
+}
+
+fn lost_before_cause(d: &Discarded) -> LostBeforeCause {
+    match d {
+        Discarded::HostSecret(_) => LostBeforeCause::HostSecret,
+        Discarded::Killed(_) => LostBeforeCause::Killed,
+        Discarded::DiedIdle { .. } | Discarded::SandboxDied { .. } => LostBeforeCause::DiedIdle,
+        Discarded::NewSecret(_) => LostBeforeCause::NewSecret,
+        Discarded::Remounted(_) => LostBeforeCause::Remounted,
+        Discarded::NotLive { .. } => LostBeforeCause::GrantNotLive,
+        Discarded::NoReturn(_) => LostBeforeCause::NoReturn,
+    }
 }
 
 /// The typed state of a call and why it was lost.
@@ -135,6 +168,14 @@ pub struct ExecResult {
     /// The earlier state was discarded before this call ran (a mode
     /// change, a death while idle), and why; this call's state is kept.
     pub lost_before: Option<String>,
+    /// Why, as a value (present with `lostBefore`).
+    pub lost_before_cause: Option<LostBeforeCause>,
+    /// What the host killed the call's sandbox or interpreter for (none
+    /// where nothing killed it; `diagnostic` says it in words).
+    pub killed_for: Option<KilledFor>,
+    /// Why the call's sandbox did not start (`diagnostic` says it in
+    /// words, with what to do).
+    pub start_failure: Option<StartFailure>,
     /// repr() of the final expression, when it is not None (bounded to 8 KiB).
     pub repr: Option<String>,
     pub repr_truncated: bool,
@@ -226,7 +267,10 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
         state_lost: o.state_lost(),
         state_lost_reason: o.state_lost_reason.clone().map(displayed),
         rolled_back: o.rolled_back(),
-        lost_before: o.lost_before.clone().map(displayed),
+        lost_before: o.lost_before.as_ref().map(|d| displayed(d.to_string())),
+        lost_before_cause: o.lost_before.as_ref().map(lost_before_cause),
+        killed_for: o.killed_for,
+        start_failure: o.start_failure,
         repr: o.repr.clone().map(displayed),
         repr_truncated: o.repr_truncated,
         stdout: displayed(join(&o.stdout)),

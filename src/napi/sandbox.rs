@@ -294,7 +294,8 @@ impl PythonSandbox {
             };
         };
         // The roots skipped already were told: a change names only new ones.
-        let skipped_before = self.session.status().skipped_roots;
+        let before = self.session.status();
+        let (skipped_before, running) = (before.skipped_roots, before.worker_running);
         self.grants.set_mode(event.clone());
         let (plan, wanted, result, late) = self.apply(event, Some(&current));
         let told = permissions::MountPlan {
@@ -302,10 +303,9 @@ impl PythonSandbox {
             ..plan.clone()
         };
         let mut notification = permissions::change_notification(&current, &wanted, &told, result == Some(true));
-        // A project made read-only in the running sandbox is so already.
-        let now = result == Some(false) && current.workspace_writable && !wanted.workspace_writable;
-        if let Some(note) = notification.as_mut().filter(|_| now && self.session.status().worker_running) {
-            *note = note.replacen(permissions::CHANGE_LATER, permissions::CHANGE_NOW, 1);
+        // A change that reached the running sandbox kept its interpreter.
+        if let (Some(note), Some(false), true) = (notification.as_mut(), result, running) {
+            *note = note.replacen(permissions::CHANGE_LATER, permissions::change_live(&current, &wanted), 1);
         }
         // A restart says why the change could not reach the running sandbox.
         if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
@@ -320,10 +320,11 @@ impl PythonSandbox {
         // The next result that runs says it too (a notification can be
         // replaced on screen by another extension's).
         if let Some(note) = &notification {
-            let what = note
-                .replacen(permissions::CHANGE_DISCARDED, "", 1)
-                .replacen(permissions::CHANGE_LATER, "", 1)
-                .replacen(permissions::CHANGE_NOW, "", 1);
+            let mut what =
+                note.replacen(permissions::CHANGE_DISCARDED, "", 1).replacen(permissions::CHANGE_LATER, "", 1);
+            for live in permissions::CHANGE_LIVE {
+                what = what.replacen(live, "", 1);
+            }
             *self.mode_note.lock() = Some(what);
         }
         ModeChange {

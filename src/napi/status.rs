@@ -233,10 +233,10 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
         diagnostic,
         worker_running: r.worker_running,
         busy: r.busy,
-        generation: r.generation as f64,
-        executions: r.executions as f64,
+        generation: r.history.generation as f64,
+        executions: r.history.executions as f64,
         runtime_version: r.runtime_version.map(displayed_line),
-        last_reset_reason: r.last_reset_reason.map(|r| displayed(r.to_string())),
+        last_reset_reason: r.history.last_reset_reason.map(|r| displayed(r.to_string())),
         disposed: r.disposed,
         workspace_mode: mode.into(),
         read_roots: roots,
@@ -270,6 +270,7 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
         prewarm: r.prewarm,
         rollback: r.rollback,
         last_rollback_point: r
+            .history
             .last_rollback_point
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_millis() as f64),

@@ -162,8 +162,14 @@ pub fn environment(port: u16) -> Vec<(String, String)> {
     env
 }
 
+/// Lists a running proxy reads at each connection (the python tool's,
+/// which lives across calls: `/sandbox allow` reaches it at once).
+pub type LiveLists = Arc<parking_lot::RwLock<Lists>>;
+
 struct Shared<R, V> {
     policy: Policy,
+    /// When set, the lists in force instead of `policy.lists`.
+    live: Option<LiveLists>,
     resolver: R,
     reviewer: V,
     summary: parking_lot::Mutex<Summary>,
@@ -194,7 +200,22 @@ where
     R: Resolver + Send + Sync + 'static,
     V: Reviewer + Send + Sync + 'static,
 {
-    let shared = Arc::new(Shared { policy, resolver, reviewer, summary: Default::default() });
+    serve_live(listener, policy, None, resolver, reviewer)
+}
+
+/// [`serve`], with the lists read from `live` at each connection when set.
+pub fn serve_live<R, V>(
+    listener: TcpListener,
+    policy: Policy,
+    live: Option<LiveLists>,
+    resolver: R,
+    reviewer: V,
+) -> Served<R, V>
+where
+    R: Resolver + Send + Sync + 'static,
+    V: Reviewer + Send + Sync + 'static,
+{
+    let shared = Arc::new(Shared { policy, live, resolver, reviewer, summary: Default::default() });
     let s = shared.clone();
     let task = tokio::spawn(async move {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -267,8 +288,9 @@ async fn put<W: AsyncWrite + Unpin>(to: &mut W, bytes: &[u8], b: &Bounds) -> boo
 }
 
 async fn decided<R: Resolver, V: Reviewer>(dest: &Destination, s: &Shared<R, V>) -> Result<Dial, Refusal> {
+    let live = s.live.as_ref().map(|l| l.read().clone());
     let ctx = Context {
-        lists: &s.policy.lists,
+        lists: live.as_ref().unwrap_or(&s.policy.lists),
         own: &s.policy.own,
         granted: s.reviewer.granted(dest),
         yolo: s.policy.yolo,

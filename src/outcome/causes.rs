@@ -4,6 +4,7 @@
 //! did), and what a failed call whose sandbox was kept recovered.
 
 use super::*;
+use crate::protected::HostKill;
 
 /// How a sandbox ended, in words.
 pub fn exit_text(status: Option<std::process::ExitStatus>) -> String {
@@ -36,6 +37,152 @@ pub fn death_text(status: std::process::ExitStatus) -> String {
             format!("was killed by signal {sig} ({name}{core})")
         }
         (None, None) => "ended".into(),
+    }
+}
+
+/// Why the interpreter's state was discarded between two calls: the next
+/// call that runs says so (its `lost_before`), in these words only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discarded {
+    /// A host secret appeared in a read root (it is not masked in the running sandbox).
+    HostSecret(std::path::PathBuf),
+    /// The host killed the idle sandbox itself (a limit, a watch), and why.
+    Killed(HostKill),
+    /// The interpreter died while idle (its sandbox stays); the memory cap's note.
+    DiedIdle { oom: Option<String> },
+    /// The whole sandbox ended while idle, how; the memory cap's note.
+    SandboxDied { exit: Option<std::process::ExitStatus>, oom: Option<String> },
+    /// A project secret appeared: the sandbox was restarted to mask it (what appeared).
+    NewSecret(String),
+    /// The mode or the read roots changed (the default wording, or the caller's).
+    Remounted(String),
+    /// A grant could not reach the running sandbox: the restart's reason, and why not.
+    NotLive { reason: String, why: String },
+    /// The call run again after a grant could not return to its state before the call.
+    NoReturn(String),
+}
+
+impl std::fmt::Display for Discarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let oom = |oom: &Option<String>| oom.as_ref().map(|n| format!(" ({n})")).unwrap_or_default();
+        match self {
+            Discarded::HostSecret(path) => write!(
+                f,
+                "the sandbox was restarted because a host secret appeared in a read root ({})",
+                crate::display::one_line(path)
+            ),
+            Discarded::Killed(why) => write!(f, "the sandbox was killed between executions: {why}"),
+            Discarded::DiedIdle { oom: note } => write!(f, "the interpreter died while idle{}", oom(note)),
+            Discarded::SandboxDied { exit, oom: note } => {
+                write!(f, "the interpreter died while idle: the sandbox {}{}", exit_text(*exit), oom(note))
+            }
+            Discarded::NewSecret(why) => write!(f, "the sandbox was restarted to mask a new secret: {why}"),
+            Discarded::Remounted(reason) => f.write_str(reason),
+            Discarded::NotLive { reason, why } => write!(f, "{reason}: the grant could not reach it ({why})"),
+            Discarded::NoReturn(why) => write!(
+                f,
+                "the sandbox was restarted because the call could not run again on its state before the call ({why})"
+            ),
+        }
+    }
+}
+
+/// What the host killed a call's sandbox (or interpreter) for. The
+/// addon hands it to JavaScript as the string union `KilledFor`; the
+/// result's text says the same in words.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KilledFor {
+    /// The call's deadline passed.
+    Timeout,
+    /// The call was aborted (pi's abort signal).
+    Abort,
+    /// The session was disposed.
+    Dispose,
+    /// The permission mode or the read roots changed.
+    Remount,
+    /// The output passed its per-call bound.
+    OutputLimit,
+    /// The sandbox's memory cap was reached: the kernel's OOM killer ended the interpreter.
+    Memory,
+    /// The sandbox broke the protocol (a bad frame, or one while no execution ran).
+    Violation,
+    /// The project's protections could not be kept (the guard).
+    Breach,
+    /// The host's budget for the sandbox's changes was spent.
+    Budget,
+    /// A host secret appeared in a read root.
+    HostSecret,
+    /// A project secret appeared.
+    NewSecret,
+}
+
+impl From<&HostKill> for KilledFor {
+    fn from(k: &HostKill) -> Self {
+        match k {
+            HostKill::Breach(_) => KilledFor::Breach,
+            HostKill::Budget(_) => KilledFor::Budget,
+            HostKill::HostSecret(_) => KilledFor::HostSecret,
+            HostKill::NewSecret(_) => KilledFor::NewSecret,
+            HostKill::StrayFrame => KilledFor::Violation,
+        }
+    }
+}
+
+impl From<Halt> for KilledFor {
+    fn from(h: Halt) -> Self {
+        match h {
+            Halt::Cancelled => KilledFor::Abort,
+            Halt::Disposed => KilledFor::Dispose,
+            Halt::Remounted => KilledFor::Remount,
+        }
+    }
+}
+
+/// What an interrupted call's kill was for: the memory cap that ended the
+/// interpreter, else what the host stopped the sandbox for itself, else
+/// the interruption. None where nothing killed it (the interpreter died
+/// on its own).
+pub fn killed_for(i: &Interrupt, host: Option<&HostKill>, oom: Option<&OomKill>) -> Option<KilledFor> {
+    if let Some(OomKill::Interpreter(_)) = oom {
+        return Some(KilledFor::Memory);
+    }
+    if let Some(k) = host {
+        return Some(k.into());
+    }
+    match i {
+        Interrupt::Timeout => Some(KilledFor::Timeout),
+        Interrupt::Halted(h) => Some((*h).into()),
+        Interrupt::OutputLimit => Some(KilledFor::OutputLimit),
+        Interrupt::Violation(_) => Some(KilledFor::Violation),
+        Interrupt::Died => None,
+    }
+}
+
+/// Why a sandbox did not start. The addon hands it to JavaScript as the
+/// string union `StartFailure`; the result's text says it in words, with
+/// what to do.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFailure {
+    /// bubblewrap (bwrap) is not installed where the sandbox looks for it.
+    BwrapMissing,
+    /// bubblewrap could not make the sandbox's user namespace (the kernel or a container refused it).
+    UserNamespaces,
+    /// Anything else (a setting, a missing interpreter, a mount bubblewrap refused, ...).
+    Other,
+}
+
+/// Why the start `e` failed; None for a start that was stopped (cancel,
+/// dispose, mode change), which is not a failure.
+pub fn start_failure_of(e: &StartError) -> Option<StartFailure> {
+    match e {
+        StartError::Halted(_) => None,
+        StartError::Spawn(e) if e.kind() == std::io::ErrorKind::NotFound => Some(StartFailure::BwrapMissing),
+        StartError::NotReady { stderr, .. } if crate::probe::namespace_hint(stderr).is_some() => {
+            Some(StartFailure::UserNamespaces)
+        }
+        _ => Some(StartFailure::Other),
     }
 }
 
@@ -113,13 +260,13 @@ pub fn start_failure(e: &StartError) -> (Status, String) {
             }
             // bubblewrap could not make the namespaces: the host cannot run the tool (as `status`
             // says), whatever the worker would have done.
-            let hint = crate::probe::namespace_hint(stderr);
-            if let Some(hint) = hint {
+            let namespaces = start_failure_of(e) == Some(StartFailure::UserNamespaces);
+            if let Some(hint) = crate::probe::namespace_hint(stderr) {
                 msg.push('\n');
                 msg.push_str(hint);
             }
             msg.push_str(" The python tool never runs Python outside the sandbox.");
-            (if hint.is_some() { Status::Unavailable } else { Status::WorkerError }, msg)
+            (if namespaces { Status::Unavailable } else { Status::WorkerError }, msg)
         }
     }
 }
@@ -131,7 +278,7 @@ pub fn start_failure(e: &StartError) -> (Status, String) {
 pub fn interruption(
     i: &Interrupt,
     timeout_seconds: u32,
-    killed_for: Option<String>,
+    killed_for: Option<&HostKill>,
     exit: Option<std::process::ExitStatus>,
 ) -> (Status, String, String) {
     let never = "Code is never replayed automatically.";
@@ -165,7 +312,7 @@ pub fn interruption(
             ),
         ),
         Interrupt::Died => match killed_for {
-            Some(why) => (Status::WorkerError, why.clone(), format!("The sandbox was killed: {why}. {never}")),
+            Some(why) => (Status::WorkerError, why.to_string(), format!("The sandbox was killed: {why}. {never}")),
             None => (
                 Status::WorkerError,
                 "worker_error".into(),
@@ -269,12 +416,53 @@ mod tests {
             assert!(!reason.is_empty());
             assert!(text.contains("killed"), "{i:?}: {text}");
         }
-        let (_, reason, text) = interruption(&Interrupt::Died, 7, Some("it sent a stray frame".into()), None);
-        assert_eq!(reason, "it sent a stray frame");
-        assert!(text.starts_with("The sandbox was killed: it sent a stray frame."));
+        let (_, reason, text) = interruption(&Interrupt::Died, 7, Some(&HostKill::StrayFrame), None);
+        assert_eq!(reason, "it sent a protocol frame while no execution ran");
+        assert!(text.starts_with("The sandbox was killed: it sent a protocol frame while no execution ran."));
         let (_, reason, text) = interruption(&Interrupt::Died, 7, None, None);
         assert_eq!(reason, "worker_error");
         assert!(text.contains("did not exit within the cleanup deadline"));
+    }
+
+    #[test]
+    fn a_kill_is_for_the_memory_cap_then_the_host_then_the_interruption() {
+        let oom = OomKill::Interpreter("out of memory".into());
+        let others = OomKill::Others("out of memory".into());
+        let breach = HostKill::Breach("x".into());
+        let cases = [
+            (Interrupt::Timeout, None, None, Some(KilledFor::Timeout)),
+            (Interrupt::Halted(Halt::Cancelled), None, None, Some(KilledFor::Abort)),
+            (Interrupt::Halted(Halt::Disposed), None, None, Some(KilledFor::Dispose)),
+            (Interrupt::Halted(Halt::Remounted), None, None, Some(KilledFor::Remount)),
+            (Interrupt::OutputLimit, None, None, Some(KilledFor::OutputLimit)),
+            (Interrupt::Violation("bad".into()), None, None, Some(KilledFor::Violation)),
+            (Interrupt::Died, None, None, None),
+            (Interrupt::Died, Some(&oom), None, Some(KilledFor::Memory)),
+            (Interrupt::Timeout, Some(&oom), None, Some(KilledFor::Memory)),
+            (Interrupt::Timeout, Some(&others), None, Some(KilledFor::Timeout)),
+            (Interrupt::Died, None, Some(&breach), Some(KilledFor::Breach)),
+            (Interrupt::Died, None, Some(&HostKill::Budget("b".into())), Some(KilledFor::Budget)),
+            (Interrupt::Died, None, Some(&HostKill::HostSecret("/h/.ssh".into())), Some(KilledFor::HostSecret)),
+            (Interrupt::Died, None, Some(&HostKill::NewSecret("s".into())), Some(KilledFor::NewSecret)),
+            (Interrupt::Died, None, Some(&HostKill::StrayFrame), Some(KilledFor::Violation)),
+        ];
+        for (i, oom, host, want) in cases {
+            assert_eq!(killed_for(&i, host, oom), want, "{i:?} {oom:?} {host:?}");
+        }
+    }
+
+    #[test]
+    fn a_start_failure_is_bubblewrap_missing_user_namespaces_or_other() {
+        let missing = StartError::Spawn(std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert_eq!(start_failure_of(&missing), Some(StartFailure::BwrapMissing));
+        let refused = StartError::NotReady {
+            why: NotReady::Exited(None),
+            stderr: "bwrap: No permissions to create new namespace".into(),
+        };
+        assert_eq!(start_failure_of(&refused), Some(StartFailure::UserNamespaces));
+        let mount = StartError::NotReady { why: NotReady::Exited(None), stderr: "bwrap: Can't mount tmpfs".into() };
+        assert_eq!(start_failure_of(&mount), Some(StartFailure::Other));
+        assert_eq!(start_failure_of(&StartError::Halted(Halt::Cancelled)), None);
     }
 
     #[test]

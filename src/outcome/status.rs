@@ -11,21 +11,79 @@ pub enum Availability {
     Unavailable(String),
 }
 
-/// What `status` reports; readable at any time without the lock.
-#[derive(Debug, Clone)]
-pub struct StatusReport {
-    pub availability: Availability,
-    pub worker_running: bool,
-    pub busy: bool,
+/// The session's history, kept here only: which interpreter this is, how
+/// many calls reached one, and what was last discarded or rolled back.
+/// `status` and the results read it; the session changes it through its
+/// methods, each a thing that happened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct History {
+    /// 1 for the session's first interpreter, +1 per fresh one (0 before any start).
     pub generation: u64,
+    /// Calls handed to an interpreter.
     pub executions: u64,
-    pub runtime_version: Option<String>,
     /// Why the interpreter's state was last discarded (a reset, a failure
     /// that was not rolled back, a restart).
     pub last_reset_reason: Option<ResetReason>,
     /// The last failed call that was rolled back, and why it failed (the
     /// state was kept: nothing was reset).
     pub last_rollback: Option<ResetReason>,
+    /// When the running interpreter last took a rollback point.
+    pub last_rollback_point: Option<std::time::SystemTime>,
+}
+
+impl History {
+    /// An interpreter starts (a cold start, a spare adopted): its generation.
+    pub fn started(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
+
+    /// A fresh interpreter replaced the last one in its sandbox, for `why`.
+    pub fn replaced(&mut self, why: ResetReason) {
+        self.generation += 1;
+        self.last_reset_reason = Some(why);
+    }
+
+    /// The interpreter (or its sandbox) was discarded, for `why`; the next
+    /// start is a new generation.
+    pub fn discarded(&mut self, why: ResetReason) {
+        self.last_reset_reason = Some(why);
+    }
+
+    /// A failed call was rolled back (nothing was reset).
+    pub fn rolled_back(&mut self, why: ResetReason) {
+        self.last_rollback = Some(why);
+    }
+
+    /// The running interpreter took a rollback point.
+    pub fn point_taken(&mut self) {
+        self.last_rollback_point = Some(std::time::SystemTime::now());
+    }
+
+    /// A call is handed to the interpreter: its number.
+    pub fn call(&mut self) -> u64 {
+        self.executions += 1;
+        self.executions
+    }
+
+    /// The call numbered last never reached the interpreter after all.
+    pub fn call_not_sent(&mut self) {
+        self.executions -= 1;
+    }
+}
+
+/// What `status` reports; readable at any time without the lock.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    pub availability: Availability,
+    pub worker_running: bool,
+    /// The mode allows writes, but the running sandbox has the project
+    /// read-only: it could not be protected (see `confine`'s note).
+    pub workspace_held_read_only: bool,
+    pub busy: bool,
+    /// Generation, calls, the last reset and rollback.
+    pub history: History,
+    pub runtime_version: Option<String>,
     /// The permission mode the last mode event named, if any.
     pub permission_mode: Option<String>,
     pub disposed: bool,
@@ -53,8 +111,6 @@ pub struct StatusReport {
     /// How the running worker was loaded: compiled from source, or from the
     /// bytecode an earlier sandbox produced.
     pub worker_code: Option<&'static str>,
-    /// When the running interpreter last took a rollback point.
-    pub last_rollback_point: Option<std::time::SystemTime>,
     /// Whether the next sandbox start gets rollback.
     pub rollback: bool,
     /// How much /scratch held at the last check (see `scratch`).
@@ -74,12 +130,10 @@ impl StatusReport {
         StatusReport {
             availability: Availability::Unverified,
             worker_running: false,
+            workspace_held_read_only: false,
             busy: false,
-            generation: 0,
-            executions: 0,
+            history: History::default(),
             runtime_version: None,
-            last_reset_reason: None,
-            last_rollback: None,
             permission_mode: None,
             disposed: false,
             project_dir,
@@ -96,7 +150,6 @@ impl StatusReport {
             prewarm,
             spare: SpareState::None,
             worker_code: None,
-            last_rollback_point: None,
             rollback: true,
             scratch: None,
             set_aside: Vec::new(),
@@ -116,19 +169,21 @@ pub enum SpareState {
 /// The `status` line about rollback: whether it is on, and how long ago
 /// the running interpreter last saved the state a failed call goes back to.
 pub(super) fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: std::time::SystemTime) -> String {
+    // An exception is a failed call too, and keeps what ran before it:
+    // the line names the failures it is about.
+    const AFTER: &str = "after a timeout, a cancel, too much output or a crash";
     if !on {
-        return "after a failed call: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n"
-            .into();
+        return format!("{AFTER}: the sandbox is killed and interpreter state is lost (PI_PYTHON_TOOL_ROLLBACK=0)\n");
     }
     match last.and_then(|t| now.duration_since(t).ok()) {
         Some(ago) => format!(
-            "after a failed call: the interpreter goes back to its state before that call (state last saved {:.1} s \
-             ago)\n",
+            "{AFTER}: the interpreter goes back to its state before that call (state last saved {:.1} s ago)\n",
             ago.as_secs_f64()
         ),
-        None => "after a failed call: the interpreter goes back to its state before that call (nothing saved yet: \
-                 a first call's failure gives a fresh interpreter)\n"
-            .into(),
+        None => format!(
+            "{AFTER}: the interpreter goes back to its state before that call (nothing saved yet: a first call's \
+             failure gives a fresh interpreter)\n"
+        ),
     }
 }
 
@@ -182,7 +237,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         Availability::Unavailable(d) => Some(d.as_str()),
         _ => None,
     };
-    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
+    let held = r.mounts.workspace_writable && r.workspace_held_read_only;
+    let mode = if r.mounts.workspace_writable && !held { "read-write" } else { "read-only" };
+    let held_why =
+        if held { " in this sandbox although the mode allows writes (the project could not be protected)" } else { "" };
     let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
@@ -191,7 +249,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     if let Some(d) = &diagnostic {
         text.push_str(&format!("cause: {}\n", crate::display::one_line(d)));
     }
-    let calls = match r.executions {
+    let calls = match r.history.executions {
         1 => "1 call so far".to_string(),
         n => format!("{n} calls so far"),
     };
@@ -201,23 +259,23 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         (None, _) => "interpreter: not running (one starts on the first call)\n".to_string(),
     });
     text.push_str(&format!(
-        "mode: {}; /workspace {mode}; read roots: {}\n",
+        "mode: {}; /workspace {mode}{held_why}; read roots: {}\n",
         match &r.permission_mode {
             Some(m) => crate::display::one_line(m).to_string(),
             None => "none announced (no permission extension)".to_string(),
         },
         if roots.is_empty() { "none".to_string() } else { roots.join(", ") }
     ));
-    if let Some(reason) = &r.last_rollback {
+    if let Some(reason) = &r.history.last_rollback {
         text.push_str(&format!(
             "last failed call: {}, rolled back (the interpreter kept its state from before that call)\n",
             reason_words(reason)
         ));
     }
-    if let Some(reason) = &r.last_reset_reason {
+    if let Some(reason) = &r.history.last_reset_reason {
         text.push_str(&format!("interpreter state last discarded by: {}\n", reason_words(reason)));
     }
-    text.push_str(&rollback_line(r.rollback, r.last_rollback_point, std::time::SystemTime::now()));
+    text.push_str(&rollback_line(r.rollback, r.history.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!("containment: {}\n", crate::contain::summary(crate::contain::host_plan(), &settings.caps)));
     text.push_str("details:\n");
     if !r.site_dirs.is_empty() {
@@ -231,6 +289,10 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         "next sandbox started ahead (so that a restart is quick): {}\n",
         match (r.prewarm, r.spare) {
             (false, _) => "off (PI_SANDBOX_PREWARM)",
+            // None is prepared while a sandbox can write the project.
+            (true, SpareState::None) if r.mounts.workspace_writable => {
+                "none while /workspace is writable (one is prepared in the read-only modes only)"
+            }
             (true, SpareState::None) => "none yet",
             (true, SpareState::Starting) => "starting",
             (true, SpareState::Ready) => "ready",
@@ -371,4 +433,27 @@ pub fn reset_text(dirs: Option<&Dirs>, done: ResetDone, notes: &[String]) -> Str
         text.push_str(&format!("\n\nnote: {}", crate::display::one_line(note)));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_moves_by_what_happened() {
+        let mut h = History::default();
+        assert_eq!((h.started(), h.call(), h.call()), (1, 1, 2));
+        h.call_not_sent();
+        assert_eq!(h.executions, 1, "a call that never reached the interpreter is not counted");
+        h.rolled_back(ResetReason::Timeout);
+        h.point_taken();
+        assert_eq!((h.generation, h.last_reset_reason.clone()), (1, None), "a rollback resets nothing");
+        assert!(h.last_rollback_point.is_some());
+        h.replaced(ResetReason::Explicit);
+        assert_eq!((h.generation, h.last_reset_reason.clone()), (2, Some(ResetReason::Explicit)));
+        h.discarded(ResetReason::Disposed);
+        assert_eq!((h.generation, h.last_reset_reason.clone()), (2, Some(ResetReason::Disposed)));
+        assert_eq!(h.started(), 3, "the next start is a new generation");
+        assert_eq!(h.last_rollback, Some(ResetReason::Timeout));
+    }
 }

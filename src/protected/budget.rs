@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::KilledFor;
+use super::KillSlot;
 pub use crate::inotify::PACE;
 
 /// Most inert renames in one sandbox's life (`0` or nothing: the default).
@@ -60,12 +60,12 @@ pub struct Budget {
     /// CPU time left, and when it was last topped up.
     cpu: parking_lot::Mutex<(Duration, Instant)>,
     /// The sandbox's process group and where to say why it was stopped.
-    target: (i32, KilledFor),
+    target: (i32, KillSlot),
     stopped: AtomicBool,
 }
 
 impl Budget {
-    pub fn new(limits: BudgetLimits, group: i32, killed_for: KilledFor) -> Budget {
+    pub fn new(limits: BudgetLimits, group: i32, killed_for: KillSlot) -> Budget {
         Budget {
             limits,
             renames: AtomicUsize::new(0),
@@ -128,7 +128,7 @@ impl Budget {
             return;
         }
         let (group, killed_for) = &self.target;
-        killed_for.lock().get_or_insert(why.clone());
+        killed_for.lock().get_or_insert(super::HostKill::Budget(why.clone()));
         tracing::debug!(group, why, "host budget exceeded; sandbox killed");
         crate::spawn::kill_group(*group);
     }
@@ -148,9 +148,10 @@ fn thread_cpu() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protected::HostKill;
 
-    fn budget(limits: BudgetLimits) -> (Budget, KilledFor) {
-        let killed: KilledFor = Default::default();
+    fn budget(limits: BudgetLimits) -> (Budget, KillSlot) {
+        let killed: KillSlot = Default::default();
         // Group 0 is never killed (kill_group ignores it).
         (Budget::new(limits, 0, killed.clone()), killed)
     }
@@ -174,7 +175,9 @@ mod tests {
         assert!(!b.exceeded() && killed.lock().is_none());
         b.renamed(std::path::Path::new("d/x\n.git"));
         b.renamed(std::path::Path::new("later"));
-        let why = killed.lock().clone().unwrap_or_default();
+        let kill = killed.lock().clone();
+        assert!(matches!(kill, Some(HostKill::Budget(_))), "{kill:?}");
+        let why = kill.map(|k| k.to_string()).unwrap_or_default();
         assert!(b.exceeded());
         assert!(why.contains("4 renamed") && why.contains("d/x\u{240a}.git") && !why.contains('\n'), "{why}");
     }
@@ -198,6 +201,9 @@ mod tests {
             n
         });
         assert!(spun > 0 && b.exceeded(), "40 ms of this thread's CPU is more than is left");
-        assert!(killed.lock().as_deref().is_some_and(|w| w.contains("busy reacting to names") && w.contains("100 ms")));
+        let kill = killed.lock().clone();
+        assert!(matches!(kill, Some(HostKill::Budget(_))), "{kill:?}");
+        let why = kill.map(|k| k.to_string()).unwrap_or_default();
+        assert!(why.contains("busy reacting to names") && why.contains("100 ms"), "{why}");
     }
 }

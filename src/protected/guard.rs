@@ -27,7 +27,7 @@ pub struct Guard {
     /// The sandbox's process group and where to say why it was killed:
     /// a name that cannot be made inert, or a project that outgrew the
     /// walk, ends the sandbox.
-    pub(super) armed: parking_lot::Mutex<Option<(i32, KilledFor)>>,
+    pub(super) armed: parking_lot::Mutex<Option<(i32, KillSlot)>>,
     /// What the host may spend on the sandbox (its renames and the
     /// watch's reactions), once armed.
     pub(super) budget: parking_lot::Mutex<Option<std::sync::Arc<Budget>>>,
@@ -61,7 +61,7 @@ impl Guard {
     }
 
     /// Let the guard end the sandbox `group`, saying why in `killed_for`.
-    pub fn arm(&self, group: i32, killed_for: KilledFor) {
+    pub fn arm(&self, group: i32, killed_for: KillSlot) {
         *self.armed.lock() = Some((group, killed_for));
     }
 
@@ -327,9 +327,7 @@ impl Guard {
         }
         let why = why.join("; ");
         if let Some((group, killed_for)) = &*self.armed.lock() {
-            killed_for
-                .lock()
-                .get_or_insert_with(|| format!("{why}, so the sandbox that could write the project was stopped"));
+            killed_for.lock().get_or_insert_with(|| super::HostKill::Breach(why.clone()));
             crate::spawn::kill_group(*group);
         }
         notes.push(format!("The sandbox was stopped: {why}. Until that is resolved the project is mounted read-only."));

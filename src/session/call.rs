@@ -22,7 +22,7 @@ impl<H: Host> Session<H> {
         wake: &mut watch::Receiver<u64>,
     ) -> Outcome {
         let CallRequest { code, timeout_seconds, progress } = request;
-        let generation = || self.shared.lock().report.generation;
+        let generation = || self.shared.lock().report.history.generation;
         if code.len() > MAX_CODE_BYTES {
             return Outcome::static_result(
                 Status::Unavailable,
@@ -42,32 +42,24 @@ impl<H: Host> Session<H> {
         if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
             // It could read the secret, and write it to /scratch.
             inner.scratch_suspect = true;
-            inner.pending_loss = Some(format!(
-                "the sandbox was restarted because a host secret appeared in a read root ({})",
-                crate::display::one_line(&path)
-            ));
+            inner.pending_loss = Some(Discarded::HostSecret(path));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         // A worker that died while idle is reported, not silently replaced.
         if let Some(w) = inner.worker.as_mut() {
             if let Some(why) = w.take_killed_for() {
-                inner.pending_loss = Some(format!("the sandbox was killed between executions: {why}"));
+                inner.pending_loss = Some(Discarded::Killed(why));
                 self.drop_worker(inner, ResetReason::WorkerError).await;
             } else if w.keeper() && w.interpreter_gone() {
                 // The sandbox is still there: a fresh interpreter in it.
-                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
-                inner.pending_loss = Some(format!("the interpreter died while idle{oom}"));
+                inner.pending_loss = Some(Discarded::DiedIdle { oom: w.oom_note(true) });
                 if w.recover(None, true).await.is_ok() {
-                    let mut sh = self.shared.lock();
-                    sh.report.generation += 1;
-                    sh.report.last_reset_reason = Some(ResetReason::DiedIdle);
+                    self.shared.lock().report.history.replaced(ResetReason::DiedIdle);
                 } else {
                     self.drop_worker(inner, ResetReason::DiedIdle).await;
                 }
             } else if let Some(status) = w.exited() {
-                let what = exit_text(Some(status));
-                let oom = w.oom_note(true).map(|n| format!(" ({n})")).unwrap_or_default();
-                inner.pending_loss = Some(format!("the interpreter died while idle: the sandbox {what}{oom}"));
+                inner.pending_loss = Some(Discarded::SandboxDied { exit: Some(status), oom: w.oom_note(true) });
                 self.drop_worker(inner, ResetReason::DiedIdle).await;
             }
         }
@@ -76,7 +68,7 @@ impl<H: Host> Session<H> {
         // stops it at once; this reads the watch's queue, or walks).
         if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
             inner.scratch_suspect = true;
-            inner.pending_loss = Some(format!("the sandbox was restarted to mask a new secret: {why}"));
+            inner.pending_loss = Some(Discarded::NewSecret(why));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
         let mut restarts = 0;
@@ -88,7 +80,7 @@ impl<H: Host> Session<H> {
                 let remounted = self.shared.lock().report.mount_epoch != epoch;
                 if remounted && restarts < 3 && !self.is_cancelled(call) && !self.is_disposed() {
                     restarts += 1;
-                    inner.pending_loss = Some(self.remount_reason());
+                    inner.pending_loss = Some(Discarded::Remounted(self.remount_reason()));
                     continue;
                 }
                 return *outcome;
@@ -107,9 +99,7 @@ impl<H: Host> Session<H> {
                 "internal error: no session directory".into(),
             );
         };
-        inner.exec_seq += 1;
-        let seq = inner.exec_seq;
-        self.shared.lock().report.executions = seq;
+        let seq = self.shared.lock().report.history.call();
         let (out_path, err_path) = log_paths(&dirs, seq);
         let nonce = format!("{:016x}{:08x}", self.nonce_base, seq);
         let mut capture = Capture::new(frame::end_mark(&nonce), out_path.clone(), err_path.clone());
@@ -129,7 +119,7 @@ impl<H: Host> Session<H> {
         let call = Call { seq, code: &code, mark: &mark, deadline, progress };
         let result = worker.exec(call, &mut capture, &mut stop).await;
         if worker.took_point() {
-            self.shared.lock().report.last_rollback_point = Some(std::time::SystemTime::now());
+            self.shared.lock().report.history.point_taken();
         }
         match result {
             Ok(done) => {
@@ -144,6 +134,7 @@ impl<H: Host> Session<H> {
                     let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
                     o.state = StateFate::Lost(Loss::AfterResult);
+                    o.killed_for = killed_for.as_ref().map(KilledFor::from);
                     o.state_lost_reason = Some(match killed_for {
                         Some(k) => format!("the sandbox was killed right after the execution: {k}"),
                         None => format!("the worker failed right after the execution: {why}"),
@@ -154,8 +145,7 @@ impl<H: Host> Session<H> {
                 // Cancelled before its request reached the interpreter: no
                 // code ran, so nothing is rolled back, lost or killed.
                 tracing::debug!("cancelled before the request was sent");
-                inner.exec_seq -= 1;
-                self.shared.lock().report.executions = inner.exec_seq;
+                self.shared.lock().report.history.call_not_sent();
                 return Outcome::static_result(Status::Cancelled, generation(), NOT_TOUCHED.into());
             }
             Err(interrupt) => {
@@ -163,7 +153,7 @@ impl<H: Host> Session<H> {
                 // In a keeper layout the sandbox stays: the interpreter is
                 // rolled back (or replaced) and every other process killed.
                 let kept = !matches!(interrupt, Interrupt::Halted(Halt::Disposed | Halt::Remounted));
-                let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
+                let host_kill = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                 // A memory cap the kernel enforced says so (and whom it
                 // killed), read before the recovery kills the rest. The
                 // interpreter it ended may be noticed only at the deadline,
@@ -179,10 +169,11 @@ impl<H: Host> Session<H> {
                     Some(w) if interrupt == Interrupt::Died => w.interpreter_death().await,
                     _ => None,
                 };
+                o.killed_for = killed_for(&interrupt, host_kill.as_ref(), oom.as_ref());
                 let mut rollback_failed = None;
                 let keeper = inner.worker.as_ref().is_some_and(|w| w.keeper());
                 let recovered = match inner.worker.as_mut() {
-                    Some(w) if kept && killed_for.is_none() && w.keeper() => {
+                    Some(w) if kept && host_kill.is_none() && w.keeper() => {
                         Some(w.recover(Some(&mut capture), false).await)
                     }
                     _ => None,
@@ -190,18 +181,12 @@ impl<H: Host> Session<H> {
                 match recovered {
                     Some(Ok(recovery)) => {
                         let r = recovered_text(&interrupt, timeout_seconds, &recovery, oom.as_ref(), death);
-                        if matches!(r.state, StateFate::Lost(_)) {
-                            self.shared.lock().report.generation += 1;
-                            o.generation = generation();
-                        }
                         // Only a loss resets anything; a rollback is the last failure.
-                        {
-                            let mut sh = self.shared.lock();
-                            if matches!(r.state, StateFate::Lost(_)) {
-                                sh.report.last_reset_reason = Some(ResetReason::from(&interrupt));
-                            } else {
-                                sh.report.last_rollback = Some(ResetReason::from(&interrupt));
-                            }
+                        if matches!(r.state, StateFate::Lost(_)) {
+                            self.shared.lock().report.history.replaced(ResetReason::from(&interrupt));
+                            o.generation = generation();
+                        } else {
+                            self.shared.lock().report.history.rolled_back(ResetReason::from(&interrupt));
                         }
                         o.status = r.status;
                         o.state = r.state;
@@ -239,13 +224,13 @@ impl<H: Host> Session<H> {
                 }
                 let loss = match rollback_failed {
                     Some(e) => Loss::RollbackFailed(e),
-                    None if kept && killed_for.is_none() && !keeper => Loss::RollbackOff,
+                    None if kept && host_kill.is_none() && !keeper => Loss::RollbackOff,
                     None => Loss::Stopped,
                 };
                 let reason = ResetReason::from(&interrupt);
                 let killed = self.kill_worker(inner, Some(&mut capture), reason).await;
                 let (status, reason, diagnostic) =
-                    interruption(&interrupt, timeout_seconds, killed_for, exit.or(killed));
+                    interruption(&interrupt, timeout_seconds, host_kill.as_ref(), exit.or(killed));
                 let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
                 o.state = StateFate::Lost(loss);

@@ -168,7 +168,7 @@ impl Sandbox for FakeSandbox {
     fn secret_appeared(&self) -> bool {
         false
     }
-    fn take_killed_for(&self) -> Option<String> {
+    fn take_killed_for(&self) -> Option<crate::protected::HostKill> {
         None
     }
     fn masks_watch(&self) -> Option<Arc<SecretWatch>> {

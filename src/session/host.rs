@@ -53,7 +53,7 @@ pub trait Sandbox: Send + 'static {
     /// Whether a watch stopped it because a secret appeared.
     fn secret_appeared(&self) -> bool;
     /// Why the host killed it on its own (a limit, a watch), once.
-    fn take_killed_for(&self) -> Option<String>;
+    fn take_killed_for(&self) -> Option<crate::protected::HostKill>;
     fn masks_watch(&self) -> Option<Arc<SecretWatch>>;
     /// Memory-cap kills since the last look, worded.
     fn oom_note(&mut self, died: bool) -> Option<String>;
@@ -183,7 +183,7 @@ impl Sandbox for Worker {
     fn secret_appeared(&self) -> bool {
         Worker::secret_appeared(self)
     }
-    fn take_killed_for(&self) -> Option<String> {
+    fn take_killed_for(&self) -> Option<crate::protected::HostKill> {
         Worker::take_killed_for(self)
     }
     fn masks_watch(&self) -> Option<Arc<SecretWatch>> {

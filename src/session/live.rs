@@ -6,11 +6,15 @@
 //! and the result says why state was lost.
 
 use super::*;
+use crate::held;
 use crate::live_grants;
 use crate::session::host::LiveEnv;
 
 /// A sandbox's guard and its init pid, as the session's slot keeps them.
 type SlotGuard = Option<(Arc<crate::protected::Guard>, Option<i32>)>;
+
+/// How long the sandbox's processes may take to stop for a revoke.
+const HOLD_WAIT: Duration = Duration::from_secs(2);
 
 /// What the session remembers of live grants.
 #[derive(Debug, Default)]
@@ -69,9 +73,29 @@ impl<H: Host> Session<H> {
         // bubblewrap's child, the sandbox's PID 1, is in its namespaces.
         let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children")).unwrap_or_default();
         let inside = children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        live_grants::revoke(inside, &plan).map_err(|e| {
+        let restarted = |e: &dyn std::fmt::Display| {
             live_grants::Restarted(format!("a revoked read root could not be detached from the running sandbox ({e})"))
-        })
+        };
+        // A working directory, root or descriptor on the detached tree
+        // would keep it readable: the sandbox's processes are stopped while
+        // the roots go and what they hold is looked at (see `held`).
+        if inside <= 0 {
+            return Err(restarted(&live_grants::LiveError::NoProcess));
+        }
+        let ids = held::mount_ids(inside, &plan.detach).map_err(|e| restarted(&e))?;
+        let frozen = held::Frozen::stop(inside, HOLD_WAIT).map_err(|e| restarted(&e))?;
+        live_grants::revoke(inside, &plan).map_err(|e| restarted(&e))?;
+        match frozen.holding(&ids) {
+            Ok(None) => Ok(()),
+            Ok(Some(held)) => {
+                frozen.leave_stopped();
+                Err(live_grants::Restarted(held.to_string()))
+            }
+            Err(e) => {
+                frozen.leave_stopped();
+                Err(restarted(&e))
+            }
+        }
     }
 
     /// A change to a read-only project made now, not at the next
@@ -97,7 +121,9 @@ impl<H: Host> Session<H> {
         }
         let began = Instant::now();
         let guard = self.apply_live(&mut inner, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
-        slot.set_guard(guard);
+        if let Some(guard) = guard {
+            slot.set_guard(guard);
+        }
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "project made read-only in the running sandbox");
         Ok(())
     }
@@ -141,7 +167,9 @@ impl<H: Host> Session<H> {
             };
             match result {
                 Ok(guard) => {
-                    self.shared.lock().slot.set_guard(guard);
+                    if let Some(guard) = guard {
+                        self.shared.lock().slot.set_guard(guard);
+                    }
                     // Nothing is lost: the allow-once paths stay with this
                     // sandbox (its mounts now name them).
                     let mut sh = self.shared.lock();
@@ -152,8 +180,11 @@ impl<H: Host> Session<H> {
                     let reason = self.remount_reason();
                     // A grant says why it was not applied live; a mode change
                     // is a restart anyway.
-                    inner.pending_loss =
-                        Some(if granted { format!("{reason}: the grant could not reach it ({why})") } else { reason });
+                    inner.pending_loss = Some(if granted {
+                        Discarded::NotLive { reason, why: why.clone() }
+                    } else {
+                        Discarded::Remounted(reason)
+                    });
                     self.drop_worker(inner, ResetReason::MountsChanged).await;
                     failed = Some(why);
                 }
@@ -167,10 +198,7 @@ impl<H: Host> Session<H> {
         if failed.is_none() {
             if let Some(w) = inner.worker.as_mut() {
                 if let Err(why) = w.restore_point().await.map_err(|e| e.to_string()) {
-                    inner.pending_loss = Some(format!(
-                        "the sandbox was restarted because the call could not run again on its state before the call \
-                         ({why})"
-                    ));
+                    inner.pending_loss = Some(Discarded::NoReturn(why.clone()));
                     self.drop_worker(inner, ResetReason::MountsChanged).await;
                     failed = Some(why);
                 }
@@ -179,9 +207,13 @@ impl<H: Host> Session<H> {
         self.shared.lock().live.rerun = Some(failed.map_or(Ok(()), |why| Err(live_grants::Restarted(why))));
     }
 
-    /// Apply `wanted` to the running sandbox; its guard after, for the
-    /// session's slot (a mode change starts or ends it).
-    fn apply_live(&self, inner: &mut Inner<H>, wanted: &MountConfig) -> Result<SlotGuard, live_grants::LiveError> {
+    /// Apply `wanted` to the running sandbox; after a mode change, its
+    /// guard, for the session's slot (the change starts or ends it).
+    fn apply_live(
+        &self,
+        inner: &mut Inner<H>,
+        wanted: &MountConfig,
+    ) -> Result<Option<SlotGuard>, live_grants::LiveError> {
         let Some(dirs) = inner.dirs.clone() else { return Err(live_grants::LiveError::NoDirectory) };
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(live_grants::LiveError::Project)?;
         let root = self.runtime_root();
@@ -203,8 +235,9 @@ impl<H: Host> Session<H> {
         };
         let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };
         let began = Instant::now();
+        let mode = w.mounts().workspace_writable != wanted.workspace_writable;
         w.apply_live(wanted, &env)?;
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "grants applied to the running sandbox");
-        Ok(w.guard().map(|g| (g, w.init_pid())))
+        Ok(mode.then(|| w.guard().map(|g| (g, w.init_pid()))))
     }
 }

@@ -22,9 +22,13 @@ pub(super) struct Shells {
     kept_reads: crate::hostsecrets::KeptReads,
     /// Network destinations the user allowed for the session.
     net_grants: crate::network::review::SessionGrants,
+    /// The configuration's lists, as the python sandbox's proxy reads them.
+    python_lists: crate::network::proxy::LiveLists,
     /// A command was stopped because a secret appeared while it could
     /// write /scratch: set aside before anything mounts it again.
     suspect: std::sync::atomic::AtomicBool,
+    /// Why each command aborted by a mount change was stopped, by its id.
+    stopped_for: parking_lot::Mutex<HashMap<u32, String>>,
 }
 
 impl Shells {
@@ -36,6 +40,18 @@ impl Shells {
         self.running.write().await
     }
 
+    /// Stop every running command: its sandbox has the mounts of before a
+    /// change that took some away (a revoked read root, a read-only
+    /// mode), which it must not keep until it ends. Its result says `why`.
+    pub(super) fn stop_running(&self, why: &str) {
+        let cancels = self.cancels.lock();
+        let mut stopped = self.stopped_for.lock();
+        for (id, tx) in cancels.iter() {
+            stopped.insert(*id, why.to_string());
+            let _ = tx.send(true);
+        }
+    }
+
     /// Whether a command left /scratch in doubt (and forget it).
     pub(super) fn take_suspect(&self) -> bool {
         self.suspect.swap(false, Ordering::AcqRel)
@@ -45,7 +61,20 @@ impl Shells {
 impl<H: Host> Session<H> {
     /// What the trusted configuration adds to every command.
     pub fn set_shell_config(&self, config: ShellConfig) {
+        if let Some(policy) = &config.network {
+            *self.shells.python_lists.write() = policy.lists.clone();
+        }
         *self.shells.config.lock() = config;
+    }
+
+    /// The python tool's network from the trusted configuration
+    /// (`network.python` with a proxy policy): the policy with the
+    /// session's grants; none by default.
+    pub(super) fn python_network(&self) -> Option<crate::worker::PythonNetwork> {
+        let config = self.shells.config.lock();
+        let policy = config.network.clone().filter(|_| config.python_network)?;
+        let (grants, lists) = (self.shells.net_grants.clone(), self.shells.python_lists.clone());
+        Some(crate::worker::PythonNetwork { policy, grants, lists })
     }
 
     /// Abort the command `id`; whether one was running.
@@ -101,7 +130,13 @@ impl<H: Host> Session<H> {
             kept_reads: &self.shells.kept_reads,
             net_grants: &self.shells.net_grants,
         };
-        let ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        let mut ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        if let Some(why) = self.shells.stopped_for.lock().remove(&id) {
+            if ended.ending == crate::shell::Ending::Aborted {
+                ended.notes.push(format!("The command was stopped: {why}."));
+                ended.ending = crate::shell::Ending::Stopped(why);
+            }
+        }
         if ended.secret_appeared {
             self.shells.suspect.store(true, Ordering::Release);
         }
@@ -137,4 +172,13 @@ impl<H: Host> Drop for Forget<'_, H> {
     fn drop(&mut self) {
         self.0.shells.cancels.lock().remove(&self.1);
     }
+}
+
+/// Whether going from `had` to `want` takes away something a running
+/// command's sandbox has: a read root, the writable project, an unmasked
+/// secret. (An allow-once path is for one sandbox: its end drops it.)
+pub(super) fn takes_away(had: &MountConfig, want: &MountConfig) -> bool {
+    (had.workspace_writable && !want.workspace_writable)
+        || had.read_roots.iter().any(|r| !want.read_roots.contains(r))
+        || had.unmasked.iter().any(|u| !want.unmasked.contains(u))
 }

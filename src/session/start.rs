@@ -26,6 +26,17 @@ pub(crate) enum Unprepared {
     ScratchStuck { scratch: PathBuf, source: std::io::Error },
 }
 
+impl Unprepared {
+    /// Why no sandbox could start, as a value.
+    fn start_failure(&self) -> StartFailure {
+        use crate::launch::ProbeError;
+        match self {
+            Unprepared::Probe(ProbeError::Bwrap(crate::probe::BwrapError::NotFound)) => StartFailure::BwrapMissing,
+            _ => StartFailure::Other,
+        }
+    }
+}
+
 impl<H: Host> Session<H> {
     /// Probe the host and make the session directory (once each).
     pub(super) async fn prepare(&self, inner: &mut Inner<H>) -> Result<(Arc<H::Facts>, Dirs, PathBuf), Unprepared> {
@@ -92,11 +103,13 @@ impl<H: Host> Session<H> {
         call: u32,
         wake: &mut watch::Receiver<u64>,
     ) -> Result<(), Box<Outcome>> {
-        let generation = self.shared.lock().report.generation;
+        let generation = self.shared.lock().report.history.generation;
         let (facts, dirs, project) = self.prepare(inner).await.map_err(|e| {
             let msg = e.to_string();
             self.shared.lock().report.availability = Availability::Unavailable(msg.clone());
-            Box::new(Outcome::static_result(Status::Unavailable, generation, msg))
+            let mut o = Outcome::static_result(Status::Unavailable, generation, msg);
+            o.start_failure = Some(e.start_failure());
+            Box::new(o)
         })?;
         // A sandbox stopped because a secret appeared could have written it
         // to /scratch: that scratch is set aside before any sandbox mounts
@@ -106,15 +119,13 @@ impl<H: Host> Session<H> {
         }
         if inner.scratch_suspect {
             if let Err(e) = self.set_aside_scratch(inner, &dirs).await {
-                return Err(Box::new(Outcome::static_result(Status::Unavailable, generation, e.to_string())));
+                let mut o = Outcome::static_result(Status::Unavailable, generation, e.to_string());
+                o.start_failure = Some(StartFailure::Other);
+                return Err(Box::new(o));
             }
         }
         let mounts = self.shared.lock().report.mounts.clone();
-        let bump = || {
-            let mut sh = self.shared.lock();
-            sh.report.generation += 1;
-            sh.report.generation
-        };
+        let bump = || self.shared.lock().report.history.started();
         let mut spare = self.take_spare(&mounts);
         // A writable spare was planned while the last sandbox could still
         // write the project: it is used only if the project still holds
@@ -156,9 +167,14 @@ impl<H: Host> Session<H> {
                 self.forget_once(&mounts);
                 inner.start_failed = true;
                 self.set_slot(Slot::Empty);
-                self.shared.lock().report.last_reset_reason = Some(ResetReason::StartupFailure);
+                self.shared.lock().report.history.discarded(ResetReason::StartupFailure);
                 let (status, msg) = start_failure(&e);
-                Err(Box::new(Outcome::static_result(status, generation, msg)))
+                let mut o = Outcome::static_result(status, generation, msg);
+                o.start_failure = start_failure_of(&e);
+                if let crate::worker::StartError::Halted(halt) = e {
+                    o.killed_for = Some(halt.into());
+                }
+                Err(Box::new(o))
             }
         }
     }
@@ -180,6 +196,7 @@ impl<H: Host> Session<H> {
             tainted: self.tainted.clone(),
             known: self.known_secrets.clone(),
             rollback: self.opts.rollback,
+            network: self.python_network(),
         }
     }
 
@@ -211,7 +228,10 @@ impl<H: Host> Session<H> {
             known.idents.extend(masks.idents.iter().copied());
         }
         let guard = worker.guard().map(|g| (g, worker.init_pid()));
-        self.set_slot(Slot::Ready { pid: worker.pid(), code: worker.code().as_str(), guard });
+        // A writable mode's sandbox without a guard has the project
+        // read-only: it failed closed.
+        let held_read_only = worker.mounts().workspace_writable && guard.is_none();
+        self.set_slot(Slot::Ready { pid: worker.pid(), code: worker.code().as_str(), guard, held_read_only });
         inner.worker = Some(worker);
     }
 

@@ -29,6 +29,11 @@ fn fixture(rollback: bool, prewarm: bool) -> Fixture {
     Fixture { session, host, _dirs: (project, root) }
 }
 
+/// What a result says was discarded before its call, in its words.
+fn said(o: &Outcome) -> Option<String> {
+    o.lost_before.as_ref().map(ToString::to_string)
+}
+
 impl Fixture {
     async fn run(&self) -> Outcome {
         self.session.execute("x = 1".into(), 30, None).await
@@ -46,7 +51,7 @@ async fn the_first_execution_starts_a_sandbox_and_keeps_its_state() {
     let f = fixture(true, false);
     let before = f.session.status();
     assert!(!before.worker_running);
-    assert_eq!(before.executions, 0);
+    assert_eq!(before.history.executions, 0);
     assert!(f.log().is_empty(), "nothing starts before the first execution");
 
     let o = f.run().await;
@@ -60,8 +65,8 @@ async fn the_first_execution_starts_a_sandbox_and_keeps_its_state() {
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2"]);
     let after = f.session.status();
     assert!(after.worker_running);
-    assert_eq!(after.executions, 2);
-    assert_eq!(after.generation, 1);
+    assert_eq!(after.history.executions, 2);
+    assert_eq!(after.history.generation, 1);
     assert!(after.dirs.is_some());
 }
 
@@ -89,9 +94,9 @@ async fn a_timeout_with_rollback_rolls_back_and_keeps_the_sandbox() {
     assert!(said.contains("rolled back to its state before this call"), "{said}");
     let status = f.session.status();
     assert!(status.worker_running);
-    assert_eq!(status.generation, 1, "a rollback is not a new interpreter");
-    assert_eq!(status.last_rollback, Some(ResetReason::Timeout));
-    assert!(status.last_rollback_point.is_some());
+    assert_eq!(status.history.generation, 1, "a rollback is not a new interpreter");
+    assert_eq!(status.history.last_rollback, Some(ResetReason::Timeout));
+    assert!(status.history.last_rollback_point.is_some());
     // The same sandbox takes the next call.
     assert_eq!(f.run().await.state, StateFate::Kept);
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "recover 1", "exec 1 #3"]);
@@ -110,14 +115,14 @@ async fn a_timeout_without_rollback_loses_the_state_and_the_next_call_starts_ane
     assert!(said.contains("rollback is off"), "{said}");
     let status = f.session.status();
     assert!(!status.worker_running);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::Timeout));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::Timeout));
 
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
     assert_eq!(o.state, StateFate::Kept);
     assert_eq!(o.lost_before, None, "the loss was told by the call that lost it");
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "kill 1", "start 2", "exec 2 #3"]);
-    assert_eq!(f.session.status().generation, 2);
+    assert_eq!(f.session.status().history.generation, 2);
 }
 
 #[tokio::test]
@@ -143,11 +148,12 @@ async fn a_death_between_calls_is_told_by_the_next_result() {
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
     assert_eq!(o.state, StateFate::Kept);
-    let before = o.lost_before.clone().expect("the death is told");
+    assert!(matches!(o.lost_before, Some(Discarded::SandboxDied { .. })), "{o:?}");
+    let before = said(&o).expect("the death is told");
     assert!(before.starts_with("the interpreter died while idle: the sandbox"), "{before}");
     let said = state_statement(&o).expect("the loss before the call is told");
     assert!(said.starts_with("Earlier interpreter state was discarded before this call"), "{said}");
-    assert_eq!(f.session.status().last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(f.session.status().history.last_reset_reason, Some(ResetReason::DiedIdle));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
@@ -160,8 +166,8 @@ async fn a_reset_replaces_the_interpreter_in_place_with_rollback_and_kills_witho
     assert_eq!(done, ResetDone::Fresh);
     let status = f.session.status();
     assert!(status.worker_running);
-    assert_eq!(status.generation, 2);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::Explicit));
+    assert_eq!(status.history.generation, 2);
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::Explicit));
     assert_eq!(f.run().await.state, StateFate::Kept);
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
 
@@ -183,12 +189,13 @@ async fn with_rollback_off_a_mode_change_kills_the_sandbox_and_the_next_call_sta
     assert_eq!(f.session.set_mounts(writable.clone()), None, "the same mounts change nothing");
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(o.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
+    assert_eq!(said(&o).as_deref(), Some(REMOUNT_REASON));
     let said = state_statement(&o).expect("the restart is told");
     assert!(said.contains(REMOUNT_REASON), "{said}");
     let status = f.session.status();
     assert_eq!(status.mounts, writable);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::MountsChanged));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::MountsChanged));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
@@ -206,7 +213,7 @@ async fn a_restart_takes_the_ready_spare() {
     assert_eq!(f.run().await.state, StateFate::Lost(Loss::RollbackOff));
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(f.session.status().generation, 2);
+    assert_eq!(f.session.status().history.generation, 2);
     // The spare (sandbox 2) ran the call: no start on its path.
     assert_eq!(f.log()[..6], ["start 1", "exec 1 #1", "start 2", "exec 1 #2", "kill 1", "exec 2 #3"]);
     f.session.dispose("disposed").await;
@@ -222,7 +229,7 @@ async fn dispose_kills_the_sandbox_removes_the_directories_and_refuses_later_cal
     let status = f.session.status();
     assert!(status.disposed);
     assert!(!status.worker_running);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::Disposed));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::Disposed));
     assert!(!dirs.root.exists(), "the session directory is removed");
     let o = f.run().await;
     assert_eq!(o.status, Status::Unavailable);
@@ -239,6 +246,7 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
     let o = f.run().await;
     // Its error output names a namespace cause: no sandbox can start here, so it is unavailable.
     assert_eq!(o.status, Status::Unavailable);
+    assert_eq!(o.start_failure, Some(StartFailure::UserNamespaces));
     assert_eq!(o.state, StateFate::Untouched);
     assert!(!o.started);
     let diagnostic = o.diagnostic.clone().expect("the failure is told");
@@ -246,7 +254,7 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
     assert!(diagnostic.contains("Its error output: no uid map\nCommon causes: unprivileged user"), "{diagnostic}");
     let status = f.session.status();
     assert!(!status.worker_running);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::StartupFailure));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::StartupFailure));
     // No spare is started with a setup that just failed.
     tokio::time::sleep(SPARE_DELAY * 3).await;
     assert_eq!(f.session.status().spare, SpareState::None);
@@ -262,11 +270,12 @@ async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
     f.host.script.lock().gone.insert(1);
     let o = f.run().await;
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(o.lost_before.as_deref(), Some("the interpreter died while idle"));
+    assert_eq!(o.lost_before, Some(Discarded::DiedIdle { oom: None }));
+    assert_eq!(said(&o).as_deref(), Some("the interpreter died while idle"));
     let status = f.session.status();
     assert!(status.worker_running);
-    assert_eq!(status.generation, 2);
-    assert_eq!(status.last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(status.history.generation, 2);
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::DiedIdle));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
 }
 
@@ -292,7 +301,7 @@ async fn a_cancel_that_lands_before_the_request_was_sent_leaves_the_interpreter_
     assert_eq!(o.status, Status::Cancelled);
     let text = crate::outcome::render(&o);
     assert!(text.contains("the interpreter was not touched"), "{text}");
-    assert_eq!(f.session.status().executions, 1, "not counted as an execution");
+    assert_eq!(f.session.status().history.executions, 1, "not counted as an execution");
     // Nothing was recovered or killed: the next call runs on the same interpreter.
     assert_eq!(f.run().await.status, Status::Ok);
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "exec 1 #2", "exec 1 #2"]);
@@ -313,7 +322,7 @@ async fn an_added_grant_reaches_the_running_sandbox_and_a_rerun_returns_to_its_r
     assert_eq!(o.lost_before, None);
     assert_eq!(f.session.take_rerun(), Some(Ok(())));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "restore 1", "exec 1 #2"]);
-    assert_eq!(f.session.status().last_reset_reason, None);
+    assert_eq!(f.session.status().history.last_reset_reason, None);
 }
 
 #[tokio::test]
@@ -324,7 +333,7 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(true), "killed as before");
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("PI_PYTHON_TOOL_ROLLBACK=0")), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("PI_PYTHON_TOOL_ROLLBACK=0")), "{o:?}");
     assert!(f.session.take_rerun().is_some_and(|r| r.is_err()));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
 
@@ -335,7 +344,8 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("the sandbox's process is not known")), "{o:?}");
+    assert!(matches!(o.lost_before, Some(Discarded::NotLive { .. })), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("the sandbox's process is not known")), "{o:?}");
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill 1", "start 2", "exec 2 #2"]);
 
     // No rollback point to return to: restarted, never run twice on changed state.
@@ -345,7 +355,8 @@ async fn a_grant_that_cannot_be_applied_live_restarts_and_says_why() {
     f.session.set_mounts(with_root("/data"));
     f.session.rerun_after_grant();
     let o = f.run().await;
-    assert!(o.lost_before.as_deref().is_some_and(|l| l.contains("could not run again on its state")), "{o:?}");
+    assert!(matches!(o.lost_before, Some(Discarded::NoReturn(_))), "{o:?}");
+    assert!(said(&o).is_some_and(|l| l.contains("could not run again on its state")), "{o:?}");
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "restore 1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
@@ -357,13 +368,13 @@ async fn a_mode_change_reaches_the_running_sandbox_to_writable_at_the_next_call_
     assert_eq!(f.session.set_mounts(writable.clone()), Some(false), "nothing is killed");
     assert_eq!(f.log(), ["start 1", "exec 1 #1"], "read-only a little longer is safe");
     let o = f.run().await;
-    assert_eq!((o.lost_before.as_deref(), o.state), (None, StateFate::Kept));
+    assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
     assert_eq!(f.session.status().mounts, writable);
     // Back to read-only: made in the running sandbox before set_mounts returns.
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2", "live 1"]);
     let o = f.run().await;
-    assert_eq!((o.lost_before.as_deref(), o.state), (None, StateFate::Kept));
+    assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
     assert_eq!(f.log().len(), 6, "{:?}", f.log());
 }
 
@@ -375,7 +386,8 @@ async fn a_mode_change_the_running_sandbox_cannot_take_restarts_it_with_the_usua
     f.host.script.lock().live_fails.push_back(crate::live_grants::LiveError::Mode("busy".into()));
     assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
     let o = f.run().await;
-    assert_eq!(o.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(o.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
+    assert_eq!(said(&o).as_deref(), Some(REMOUNT_REASON));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
     // A call running: no swap under it; the sandbox is killed as before.
     let f = fixture(true, false);
@@ -384,7 +396,7 @@ async fn a_mode_change_the_running_sandbox_cannot_take_restarts_it_with_the_usua
     let held = f.session.ops.try_lock().expect("no call runs");
     assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
     drop(held);
-    assert_eq!(f.run().await.lost_before.as_deref(), Some(REMOUNT_REASON));
+    assert_eq!(f.run().await.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
 }
 
 #[tokio::test]

@@ -215,6 +215,64 @@ pub struct Launch {
     /// What the host may spend on the sandbox's changes to the project
     /// (see `protected::budget`).
     pub budget: protected::BudgetLimits,
+    /// The network through the host's proxy (`network.python`); none: no
+    /// network at all.
+    pub network: Option<PythonNetwork>,
+}
+
+/// The python tool's network (`network.python`): the proxy's policy and
+/// the session's grants (those the user gave a bash command for the
+/// session count here too).
+#[derive(Clone)]
+pub struct PythonNetwork {
+    pub policy: crate::network::proxy::Policy,
+    pub grants: crate::network::review::SessionGrants,
+    /// The session's lists as the configuration now has them (read at
+    /// each connection, so that `/sandbox allow` reaches a running sandbox).
+    pub lists: crate::network::proxy::LiveLists,
+}
+
+/// The proxy serving a python sandbox's listener; it stops with the worker.
+pub type Proxy =
+    crate::network::proxy::Served<crate::network::decide::SystemResolver, Arc<crate::network::review::Desk>>;
+
+/// [`crate::spawn::prepare_inside`], and with `network` the proxy's
+/// listener in the sandbox's network namespace, served for as long as the
+/// sandbox lives. There is no review: a destination no entry (or session
+/// grant) matches is refused at once. A listener that could not be made or
+/// served leaves the sandbox with no network, and `notes` says why.
+pub async fn prepare_with_network(
+    info: OwnedFd,
+    release: &OwnedFd,
+    limits: &[(nix::sys::resource::Resource, u64)],
+    steps: Vec<crate::nshelper::Step>,
+    network: Option<PythonNetwork>,
+    notes: &mut Vec<String>,
+) -> (Result<(), crate::spawn::Unprepared>, Option<Proxy>) {
+    let listen = network.as_ref().map(|_| crate::nshelper::listen::PROXY_PORT);
+    let listener = match crate::spawn::prepare_inside_with(info, release, limits, steps, listen).await {
+        Ok(listener) => listener,
+        Err(why) => return (Err(why), None),
+    };
+    let proxy = match (listener, network) {
+        (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
+            Ok(l) => {
+                let desk = crate::network::review::Desk::new(None, net.grants);
+                let resolver = crate::network::decide::SystemResolver;
+                Some(crate::network::proxy::serve_live(l, net.policy, Some(net.lists), resolver, desk))
+            }
+            Err(e) => {
+                notes.push(format!("The python tool has no network: its proxy could not serve its listener ({e})."));
+                None
+            }
+        },
+        (Some(Err(e)), _) => {
+            notes.push(format!("The python tool has no network: {e}."));
+            None
+        }
+        _ => None,
+    };
+    (Ok(()), proxy)
 }
 
 /// What is left of a killed worker for the checks after it: its project

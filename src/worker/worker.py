@@ -1148,13 +1148,16 @@ def empty_dir(top):
 # removed and run on the copy's own steps (os.kill, open): code that added
 # one gets no rollback point. Nor does code that replaced a function or a
 # constant the copy uses (os.kill, time.sleep, builtins.open, os.O_CLOEXEC,
-# ...), bound at start, or
+# ...) or that the worker runs between the idle fork and the call
+# (binascii.a2b_base64, a closure cell of its loads or dumps), bound at
+# start, or
 # that traces (sys.settrace, sys.setprofile, sys.monitoring): the tracer
 # would run on the copy's own lines.
 AUDIT_HOOKS = [False]  # set by the read hook when the code adds an audit hook
 PAUSED = []  # (signal mask, collector was on) from the fork until resume()
 PRISTINE = ()  # (module, name, value) as they were before any code ran
 CODES = ()  # (function, code, defaults, keyword defaults) of PRISTINE's functions
+CELLS = ()  # (function, cell, contents) of the closures among them
 HELD = ()  # (the dict that holds it, name, value) for each of PRISTINE: the fast check
 _fork = None
 # The modules the copy uses, bound before any code ran: the copy imports
@@ -1197,6 +1200,9 @@ def pristine():
         _thread: ("_count",),
         fcntl: ("fcntl", "F_DUPFD_CLOEXEC"),
         time: ("sleep",),
+        # Between the idle fork and the call's code each request's code is
+        # decoded with it: in a restored interpreter, before its next call.
+        binascii: ("a2b_base64",),
         sys: ("gettrace", "getprofile"),
         builtins: ("__import__", "open", "len", "isinstance", "range", "set", "list", "dict", "zip", "min",
                    "int", "str", "bytes", "memoryview", "all", "iter", "next", "Exception", "BaseException",
@@ -1215,9 +1221,12 @@ def pristine():
     PRISTINE = tuple((m, n, m.__dict__[n]) for m, ns in names.items() for n in ns) + tuple(
         (sys.modules, m.__name__, m) for m in names if sys.modules.get(m.__name__) is m) + tuple(
         (own, n, v) for n, v in list(own.items()) if n not in REBOUND)
-    global CODES, HELD
+    global CODES, CELLS, HELD
     CODES = tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__)
                   for _, _, f in PRISTINE if type(f) is type(pristine))
+    # A closure's cells are writable (loads reads the copy's resume
+    # request through its cell's scanner; dumps encodes through its own).
+    CELLS = tuple((f, c, c.cell_contents) for f, _, _, _ in CODES for c in f.__closure__ or ())
     # A module's __dict__ is the same dict for the module's life (the
     # attribute is read-only); sys.modules itself is looked up each time.
     HELD = tuple((None if m is sys.modules else m if type(m) is dict else m.__dict__, n, v) for m, n, v in PRISTINE)
@@ -1225,7 +1234,7 @@ def pristine():
 
 # The worker's globals bound again after pristine(); and its containers
 # that it fills as it runs, whose contents must stay plain data.
-REBOUND = ("PRISTINE", "CODES", "HELD", "PREPARED")
+REBOUND = ("PRISTINE", "CODES", "CELLS", "HELD", "PREPARED")
 FILLED = ("ALL_SIGNALS", "CONTROL_PICTURES", "PAUSED", "AUDIT_HOOKS", "SOURCE_BYTES", "KEEPER_FDS", "RESERVED",
           "STREAM_FDS", "NEXT_FDS", "NULL_ID")
 PLAIN = frozenset((int, str, bytes, float, bool, type(None)))
@@ -1256,13 +1265,14 @@ def replaced():
     # The common case first, without building anything: nothing changed.
     own = globals()
     if all(f.__code__ is code and f.__defaults__ is defaults and f.__kwdefaults__ is kw
-           for f, code, defaults, kw in CODES) and all(
+           for f, code, defaults, kw in CODES) and all(cell_is(c, v) for _, c, v in CELLS) and all(
             (modules.get(name) is value and type(value) is ModuleType) if held is None else held.get(name) is value
             for held, name, value in HELD) and (PREPARED is True or PREPARED is False) and all(
             plain(own.get(name)) for name in FILLED):
         return []
     out = ["%s (its code)" % f.__name__ for f, code, defaults, kw in CODES
            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kw]
+    out.extend("%s (its closure)" % f.__name__ for f, c, v in CELLS if not cell_is(c, v))
     for (holder, name, value), (held, _, _) in zip(PRISTINE, HELD):
         if held is None:
             if modules.get(name) is not value or type(value) is not ModuleType:
@@ -1273,6 +1283,14 @@ def replaced():
         out.append("the worker's PREPARED")
     out.extend("the contents of the worker's %s" % name for name in FILLED if not plain(own.get(name)))
     return out
+
+
+def cell_is(cell, value):
+    """Whether closure cell `cell` holds `value` (the code can empty it)."""
+    try:
+        return cell.cell_contents is value
+    except ValueError:
+        return False
 
 
 def resume():

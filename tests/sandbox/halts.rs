@@ -36,6 +36,7 @@ async fn a_call_whose_sandbox_a_dispose_killed_before_its_request_went_out_ends_
         tainted: Default::default(),
         known: Default::default(),
         rollback: Some(true),
+        network: None,
     };
     let disposed = AtomicBool::new(false);
     let check = || disposed.load(Ordering::Acquire).then_some(Halt::Disposed);

@@ -1,0 +1,185 @@
+/**
+ * The python tool's network, through a real pi session: none by default (no proxy, no socket, the
+ * same configuration giving bash its network), and with `network.python: true` the same proxy as
+ * bash: an allowed destination is reached with `urllib`, an unmatched one is refused at once (the
+ * python tool has no review), and a direct connection that skips the proxy reaches nothing.
+ *
+ * Origins listen on the address this machine's name resolves to, reached only through
+ * `allowPrivate` entries, as in network-inside.test.ts. Both majors (scripts/pi1-host.mjs lists
+ * it); run as root, the last test runs this file again as `nobody`.
+ */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
+import { httpOrigin, type NetSession, netSession, type Origin, pipIndex } from "./helpers/network.ts";
+import { messageText, type UIHooks } from "./helpers/pi-session.ts";
+
+interface Setup extends NetSession {
+  o: Origin;
+  other: Origin;
+}
+
+/** `o` allowed by name and address; `other` reachable by its address only (its name is unmatched). */
+async function setup(t: import("node:test").TestContext, python?: boolean, ui?: UIHooks): Promise<Setup | undefined> {
+  const o = await httpOrigin(t);
+  const other = await httpOrigin(t, "OTHER-BODY\n");
+  const network = {
+    mode: "proxy",
+    allowedDomains: [`${o.name}:${o.port}`],
+    deniedDomains: [],
+    allowPrivate: [`${o.address}:${o.port}`, `${other.address}:${other.port}`],
+    ...(python === undefined ? {} : { python }),
+  };
+  const s = await netSession(t, network, ui ? { ui } : { hasUI: false });
+  return s && { ...s, o, other };
+}
+
+/** Python that fetches `url` with urllib and prints the body or the error. */
+const fetch = (url: string) => `
+import urllib.request, urllib.error
+try:
+    print("BODY", urllib.request.urlopen(${JSON.stringify(url)}, timeout=20).read().decode().strip())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode(errors="replace").strip())
+except Exception as e:
+    print("FAILED", type(e).__name__, e)
+`;
+
+/** Python that connects straight to `address:port`, skipping the proxy. */
+const direct = (address: string, port: number) => `
+import socket
+try:
+    s = socket.create_connection((${JSON.stringify(address)}, ${port}), timeout=5)
+    print("CONNECTED")
+except OSError as e:
+    print("DIRECT-FAILED", type(e).__name__, e.errno)
+`;
+
+test("by default the python tool has no network: no proxy variables, no socket; bash in the same session has one", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  const env = await s.python(`import os; print("PROXY", os.environ.get("HTTP_PROXY"), os.environ.get("ALL_PROXY"))`);
+  assert.match(env, /PROXY None None/, env);
+  const got = await s.python(fetch(`http://${s.o.name}:${s.o.port}/`));
+  assert.match(got, /FAILED URLError/, got);
+  const sock = await s.python(direct(s.o.address, s.o.port));
+  assert.match(sock, /DIRECT-FAILED PermissionError 1\b/, sock);
+  assert.equal(s.o.hits(), 0);
+  // Baseline: the same configuration gives bash the origin.
+  const bash = await s.bash(`curl -sS -m 20 http://${s.o.name}:${s.o.port}/`);
+  assert.match(bash, /ORIGIN-BODY/, bash);
+  assert.equal(s.o.hits(), 1);
+});
+
+test("network.python false is the default's: no network", async (t) => {
+  const s = await setup(t, false);
+  if (!s) return;
+  const got = await s.python(fetch(`http://${s.o.name}:${s.o.port}/`));
+  assert.match(got, /FAILED URLError/, got);
+  assert.equal(s.o.hits(), 0);
+});
+
+test("with network.python true, urllib reaches an allowed origin through the proxy; an unmatched name is refused at once", async (t) => {
+  const s = await setup(t, true);
+  if (!s) return;
+  const env = await s.python(`import os; print("PROXY", os.environ.get("HTTP_PROXY"), os.environ.get("ALL_PROXY"))`);
+  assert.match(env, /PROXY http:\/\/127\.0\.0\.1:\d+ socks5h:\/\/127\.0\.0\.1:\d+/, env);
+  const got = await s.python(fetch(`http://${s.o.name}:${s.o.port}/`));
+  assert.match(got, /BODY ORIGIN-BODY/, got);
+  assert.equal(s.o.hits(), 1);
+  // The other origin's name matches no entry: with no review for the python tool, a 403 naming why.
+  const refused = await s.python(fetch(`http://${s.other.name}:${s.other.port}/`));
+  assert.match(refused, /HTTP 403 .*no one can review it/s, refused);
+  assert.ok(refused.includes(`add "${s.other.name}:${s.other.port}" to network.allowedDomains`), refused);
+  assert.equal(s.other.hits(), 0);
+  // The interpreter keeps its network across calls (one proxy for the sandbox's life).
+  assert.match(await s.python(fetch(`http://${s.o.name}:${s.o.port}/`)), /BODY ORIGIN-BODY/);
+  assert.equal(s.o.hits(), 2);
+});
+
+test("with network.python true, a direct connection skipping the proxy reaches nothing; UDP and raw sockets are refused", async (t) => {
+  const s = await setup(t, true);
+  if (!s) return;
+  // Baseline: through the proxy the origin answers.
+  assert.match(await s.python(fetch(`http://${s.o.address}:${s.o.port}/`)), /BODY ORIGIN-BODY/);
+  const sock = await s.python(direct(s.o.address, s.o.port));
+  assert.match(sock, /DIRECT-FAILED \w+ (101|111)\b/, sock);
+  const others = await s.python(`
+import socket
+for name, family, kind in [("udp", socket.AF_INET, socket.SOCK_DGRAM), ("raw", socket.AF_INET, socket.SOCK_RAW),
+                           ("netlink", socket.AF_NETLINK, socket.SOCK_RAW), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)]:
+    try:
+        socket.socket(family, kind)
+        print(name, "MADE")
+    except OSError as e:
+        print(name, "REFUSED", e.errno)
+`);
+  for (const name of ["udp", "raw", "netlink", "unix"]) assert.match(others, new RegExp(`^${name} REFUSED 1$`, "m"), others);
+  assert.equal(s.o.hits(), 1);
+});
+
+test("a session grant the user gave a bash command reaches the python tool's network", async (t) => {
+  const s = await setup(t, true, { select: async (_t, options) => options.find((o) => o.endsWith("for this session")) });
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  // Baseline: unmatched, refused for python.
+  assert.match(await s.python(fetch(url)), /HTTP 403/);
+  assert.match(await s.bash(`curl -sS -m 20 ${url}`), /OTHER-BODY/);
+  assert.equal(s.h.selects.length, 1);
+  const got = await s.python(fetch(url));
+  assert.match(got, /BODY OTHER-BODY/, got);
+  assert.equal(s.other.hits(), 2);
+});
+
+test("/sandbox allow reaches the running python sandbox: the interpreter's state is kept", async (t) => {
+  const s = await setup(t, true);
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  assert.match(await s.python(`kept = 42\n${fetch(url)}`), /HTTP 403/);
+  await s.h.prompt(`/sandbox allow ${s.other.name}:${s.other.port}`);
+  const got = await s.python(`print("KEPT", kept)\n${fetch(url)}`);
+  assert.match(got, /KEPT 42\nBODY OTHER-BODY/, got);
+  assert.equal(s.other.hits(), 1);
+});
+
+test("with network.python true, pip installs into a venv in /scratch from an allowed local index; without it, nothing is fetched", { timeout: 300_000 }, async (t) => {
+  const { index, files } = await pipIndex(t);
+  const pip = (python: boolean) =>
+    netSession(t, {
+      mode: "proxy",
+      allowedDomains: [index, files].map((o) => `${o.name}:${o.port}`),
+      allowPrivate: [index, files].map((o) => `${o.address}:${o.port}`),
+      python,
+    }, { hasUI: false });
+  const code = `
+import subprocess, sys
+subprocess.run([sys.executable, "-m", "venv", "/scratch/venv"], check=True, capture_output=True)
+r = subprocess.run(["/scratch/venv/bin/python", "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+    "--retries", "0", "--timeout", "20", "--index-url", "http://${index.name}:${index.port}/simple/",
+    "--trusted-host", "${index.name}", "--trusted-host", "${files.name}", "netdemo"], capture_output=True, text=True)
+print("PIP", r.returncode, r.stdout[-300:], r.stderr[-300:])
+r = subprocess.run(["/scratch/venv/bin/python", "-c", "import netdemo; print('VALUE', netdemo.VALUE)"], capture_output=True, text=True)
+print(r.stdout.strip() or "NOT-INSTALLED")
+`;
+  const run = async (s: NetSession) =>
+    s.h.getTool("python").execute("pip", { code, timeoutSeconds: 120 }, undefined, undefined).then((r) => messageText(r));
+  // Baseline: the default (no network for python): pip fetches nothing.
+  const off = await pip(false);
+  if (!off) return;
+  const none = await run(off);
+  assert.match(none, /PIP [1-9]/, none);
+  assert.match(none, /NOT-INSTALLED/, none);
+  assert.equal(index.hits() + files.hits(), 0);
+  await off.h.dispose();
+  const on = await pip(true);
+  if (!on) return;
+  const got = await run(on);
+  assert.match(got, /PIP 0 /, got);
+  assert.match(got, /^VALUE 1$/m, got);
+  assert.ok(index.hits() >= 1 && files.hits() === 1, `index ${index.hits()}, files ${files.hits()}`);
+});
+
+const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
+test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 7);
+});
