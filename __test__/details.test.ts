@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { writeFile } from "node:fs/promises";
 import { test } from "node:test";
 import { join } from "node:path";
-import type { ExecResult } from "../index.d.ts";
+import type { ExecResult, ResetReason } from "../index.d.ts";
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -216,4 +216,49 @@ test("why a sandbox did not start is a typed field", async (t) => {
   assert.deepEqual([r.startFailure, r.killedFor, r.state], ["other", undefined, "untouched"], show(r));
   const ok = await fx.sb.execute("1");
   assert.deepEqual([ok.status, ok.startFailure], ["ok", undefined], show(ok));
+});
+
+/** Every value of the union, so that a variant renamed or added on the Rust side fails `tsc` here. */
+const RESET_REASONS: Record<ResetReason, true> = {
+  explicit_reset: true,
+  startup_failure: true,
+  mounts_changed: true,
+  worker_error: true,
+  worker_died_idle: true,
+  timeout: true,
+  cancelled: true,
+  output_limit: true,
+  remounted: true,
+  disposed: true,
+};
+
+test("status's last reset is a typed cause: mounts_changed and worker_error (rollback off), remounted, explicit_reset, disposed", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const reason = () => {
+    const r = sb.status().lastResetReason;
+    assert.ok(r === undefined || r in RESET_REASONS, `not a ResetReason: ${r}`);
+    return r;
+  };
+  assert.equal(reason(), undefined, "nothing was discarded yet");
+  assert.equal((await sb.execute("x = 1")).status, "ok");
+  // Writable between calls: made in place with rollback on, a restart with it off.
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  assert.equal((await sb.execute("x = 2")).status, "ok");
+  assert.equal(reason(), ROLLBACK ? undefined : "mounts_changed");
+  // Back to read-only while a call runs: never made under the call.
+  const sleep = "import time\nprint('started', flush=True)\ntime.sleep(30)";
+  const later = (ms: number, what: () => void) => new Promise<void>((resolve) => setTimeout(() => (what(), resolve()), ms));
+  const [remounted] = await Promise.all([sb.execute(sleep, 30), later(1500, () => sb.applyModeEvent({ mode: "manual", readRoots: [] }))]);
+  assert.equal(remounted.killedFor, "remount", show(remounted));
+  assert.equal(reason(), "remounted");
+  await sb.reset();
+  assert.equal(reason(), "explicit_reset");
+  const exited = await sb.execute("import os\nos._exit(7)");
+  assert.equal(exited.status, "worker_error", show(exited));
+  // Rolled back, the interpreter's death is the last failure, not a reset.
+  assert.equal(reason(), ROLLBACK ? "explicit_reset" : "worker_error", show(exited));
+  await sb.dispose();
+  assert.equal(reason(), "disposed");
+  assert.match(sb.status().text, /interpreter state last discarded by: the session's dispose\n/);
 });

@@ -382,7 +382,7 @@ impl<H: Host> Session<H> {
         reason: ResetReason,
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
-        tracing::debug!(pid = w.pid(), %reason, "killing the sandbox");
+        tracing::debug!(pid = w.pid(), ?reason, "killing the sandbox");
         if w.secret_appeared() {
             inner.scratch_suspect = true;
         }
@@ -592,11 +592,11 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         let done = if fast {
-            self.shared.lock().report.history.replaced(ResetReason::Explicit);
+            self.shared.lock().report.history.replaced(ResetReason::ExplicitReset);
             ResetDone::Fresh
         } else {
             let running = inner.worker.is_some();
-            self.drop_worker(&mut inner, ResetReason::Explicit).await;
+            self.drop_worker(&mut inner, ResetReason::ExplicitReset).await;
             if running {
                 ResetDone::Killed
             } else {
@@ -634,11 +634,8 @@ impl<H: Host> Session<H> {
         // Every command of the bash tool ends before the directories go.
         let _no_shells = self.shells.stop_all().await;
         let mut inner = self.ops.lock().await;
-        let reason = match reason {
-            "disposed" => ResetReason::Disposed,
-            other => ResetReason::DisposedFor(other.to_string()),
-        };
-        self.drop_worker(&mut inner, reason).await;
+        // The caller's reason is the log's (above): the status says `disposed`.
+        self.drop_worker(&mut inner, ResetReason::Disposed).await;
         if let Some(dirs) = inner.dirs.take() {
             let _ = crate::beneath::remove_tree(&dirs.root);
         }

@@ -186,45 +186,33 @@ pub fn start_failure_of(e: &StartError) -> Option<StartFailure> {
     }
 }
 
-/// Why the session's interpreter was last discarded (`status` shows it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why the session's interpreter was last discarded, or the last failed
+/// call rolled back (`status` shows both). The addon hands it to
+/// JavaScript as the string union `ResetReason` (`lastResetReason`); the
+/// `status` text words each one once.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetReason {
-    Explicit,
+    /// The caller reset the session (`reset()`).
+    ExplicitReset,
+    /// A sandbox start failed.
     StartupFailure,
+    /// The permission mode or the read roots changed between calls.
     MountsChanged,
+    /// The interpreter died or broke the protocol during a call.
     WorkerError,
-    DiedIdle,
+    /// The interpreter died between calls.
+    WorkerDiedIdle,
+    /// A call passed its deadline.
     Timeout,
+    /// A call was cancelled.
     Cancelled,
+    /// A call's output passed its per-call bound.
     OutputLimit,
+    /// The permission mode or the read roots changed while a call ran.
     Remounted,
+    /// The session was disposed.
     Disposed,
-    /// A dispose with the caller's own reason.
-    DisposedFor(String),
-}
-
-impl ResetReason {
-    pub fn as_str(&self) -> &str {
-        match self {
-            ResetReason::Explicit => "explicit_reset",
-            ResetReason::StartupFailure => "startup_failure",
-            ResetReason::MountsChanged => "mounts_changed",
-            ResetReason::WorkerError => "worker_error",
-            ResetReason::DiedIdle => "worker_died_idle",
-            ResetReason::Timeout => "timeout",
-            ResetReason::Cancelled => "cancelled",
-            ResetReason::OutputLimit => "output_limit",
-            ResetReason::Remounted => "permission mode or read roots changed",
-            ResetReason::Disposed => "session disposed",
-            ResetReason::DisposedFor(why) => why,
-        }
-    }
-}
-
-impl std::fmt::Display for ResetReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 impl From<&Interrupt> for ResetReason {

@@ -54,13 +54,13 @@ impl<H: Host> Session<H> {
                 // The sandbox is still there: a fresh interpreter in it.
                 inner.pending_loss = Some(Discarded::DiedIdle { oom: w.oom_note(true) });
                 if w.recover(None, true).await.is_ok() {
-                    self.shared.lock().report.history.replaced(ResetReason::DiedIdle);
+                    self.shared.lock().report.history.replaced(ResetReason::WorkerDiedIdle);
                 } else {
-                    self.drop_worker(inner, ResetReason::DiedIdle).await;
+                    self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
                 }
             } else if let Some(status) = w.exited() {
                 inner.pending_loss = Some(Discarded::SandboxDied { exit: Some(status), oom: w.oom_note(true) });
-                self.drop_worker(inner, ResetReason::DiedIdle).await;
+                self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
             }
         }
         // A project secret that appeared since the sandbox started is not
