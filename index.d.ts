@@ -463,7 +463,7 @@ export interface ReadVerdict {
  * Why the session's interpreter was last discarded, or the last failed
  * call rolled back (`status` shows both). The addon hands it to
  * JavaScript as the string union `ResetReason` (`lastResetReason`); the
- * `status` text words it once ([`super::status`]'s `reason_words`).
+ * `status` text words each one once.
  */
 export type ResetReason = 'explicit_reset' | 'startup_failure' | 'mounts_changed' | 'worker_error' | 'worker_died_idle' | 'timeout' | 'cancelled' | 'output_limit' | 'remounted' | 'disposed'
 

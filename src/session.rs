@@ -23,8 +23,8 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, Discarded, KilledFor,
-    LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
+    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, AfterResult, Discarded,
+    KilledFor, LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -352,12 +352,7 @@ impl<H: Host> Session<H> {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                let said = loss.to_string();
                 outcome.lost_before = Some(loss);
-                outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
-                    Some(now) => format!("{said}; then {now}"),
-                    None => said,
-                });
             }
         }
         outcome.duration_ms = started.elapsed().as_millis() as u64;

@@ -273,7 +273,7 @@ async fn a_mount_change_restarts_the_sandbox_and_says_so() {
     let second = s.execute("open('/workspace/w.txt', 'w').write('hi')\n'v' in globals()".into(), 30, None).await;
     assert_eq!(second.repr.as_deref(), Some("False"), "{}", render(&second));
     assert!(second.state_lost());
-    assert!(second.state_lost_reason.as_deref().unwrap_or("").contains("permission mode"));
+    assert!(second.state_lost_reason().unwrap_or_default().contains("permission mode"));
     assert_eq!(std::fs::read_to_string(f.dir.join("project/w.txt")).expect("written"), "hi");
     assert_eq!(
         s.set_mounts(pi_python_sandbox::permissions::MountConfig { workspace_writable: true, ..Default::default() }),

@@ -341,7 +341,8 @@ pub struct Recovered {
     /// What happened (the state is [`Recovered::state`]'s to say).
     pub diagnostic: String,
     pub state: StateFate,
-    pub state_lost_reason: Option<String>,
+    /// What ended the interpreter, where the state was lost.
+    pub ended_by: Option<String>,
 }
 
 /// The words for a failed call whose interpreter was rolled back or
@@ -375,13 +376,13 @@ pub fn recovered_text(
         Interrupt::Violation(m) => format!("Protocol violation: {m}{died_of}"),
     };
     let diagnostic = format!("{what}; every process of the sandbox was killed.{also}");
-    let (state, state_lost_reason) = match recovery {
+    let (state, ended_by) = match recovery {
         Recovery::Restored => (StateFate::RolledBack { fresh: false }, None),
         Recovery::Fresh => (StateFate::RolledBack { fresh: true }, None),
-        Recovery::Lost(why) => (StateFate::Lost(Loss::NoPoint(why.clone())), Some(format!("{reason}; {why}"))),
+        Recovery::Lost(why) => (StateFate::Lost(Loss::NoPoint(why.clone())), Some(reason)),
         Recovery::Reset => (StateFate::Lost(Loss::Stopped), Some(reason)),
     };
-    Recovered { status, diagnostic, state, state_lost_reason }
+    Recovered { status, diagnostic, state, ended_by }
 }
 
 #[cfg(test)]
@@ -504,7 +505,12 @@ mod tests {
         assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
         let gone = Recovery::Lost("no rollback point had been taken".into());
         let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended), None);
-        assert_eq!(lost.state_lost_reason, Some(format!("{oom}; no rollback point had been taken")));
+        let o = Outcome {
+            state: lost.state,
+            ended_by: lost.ended_by,
+            ..Outcome::static_result(lost.status, 1, String::new())
+        };
+        assert_eq!(o.state_lost_reason(), Some(format!("{oom}; no rollback point had been taken")));
         let child = "out of memory: the cap was reached; the kernel's OOM killer ended 1 process(es) the code started";
         let others = OomKill::Others(child.into());
         let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others), None);

@@ -133,12 +133,11 @@ impl<H: Host> Session<H> {
                     // result, but its interpreter is gone.
                     let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
-                    o.state = StateFate::Lost(Loss::AfterResult);
                     o.killed_for = killed_for.as_ref().map(KilledFor::from);
-                    o.state_lost_reason = Some(match killed_for {
-                        Some(k) => format!("the sandbox was killed right after the execution: {k}"),
-                        None => format!("the worker failed right after the execution: {why}"),
-                    });
+                    o.state = StateFate::Lost(Loss::AfterResult(match killed_for {
+                        Some(k) => AfterResult::Killed(k),
+                        None => AfterResult::Failed(why.to_string()),
+                    }));
                 }
             }
             Err(Interrupt::Halted(Halt::Cancelled)) if inner.worker.as_ref().is_some_and(|w| !w.request_sent()) => {
@@ -190,7 +189,7 @@ impl<H: Host> Session<H> {
                         }
                         o.status = r.status;
                         o.state = r.state;
-                        o.state_lost_reason = r.state_lost_reason;
+                        o.ended_by = r.ended_by;
                         o.diagnostic = Some(r.diagnostic);
                         o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
                         o.log_complete = !o.output_limit_exceeded;
@@ -234,7 +233,7 @@ impl<H: Host> Session<H> {
                 let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
                 o.state = StateFate::Lost(loss);
-                o.state_lost_reason = Some(reason);
+                o.ended_by = Some(reason);
                 o.diagnostic = Some(diagnostic);
                 o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
                 o.log_complete = !o.output_limit_exceeded;
