@@ -133,7 +133,15 @@ test("the state discarded before a call is a typed cause: a mode change, a death
   const first = await sb.execute("x = 1");
   assert.equal(first.status, "ok", show(first));
   assert.equal(first.lostBeforeCause, undefined, "nothing was discarded before the first call");
-  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  // With rollback on the change would be made in place (state kept): the live path off, it restarts.
+  const saved = process.env.PI_SANDBOX_LIVE_GRANTS;
+  process.env.PI_SANDBOX_LIVE_GRANTS = "0";
+  try {
+    assert.ok(sb.applyModeEvent({ mode: "edits", readRoots: [] }).discarded, "the change restarts the sandbox");
+  } finally {
+    if (saved === undefined) delete process.env.PI_SANDBOX_LIVE_GRANTS;
+    else process.env.PI_SANDBOX_LIVE_GRANTS = saved;
+  }
   const remounted = await sb.execute("x = 2");
   assert.equal(remounted.status, "ok", show(remounted));
   assert.deepEqual([remounted.state, remounted.lostBeforeCause], ["kept", "remounted"], show(remounted));
@@ -169,9 +177,11 @@ test("what a kill was for is a typed field: timeout, abort, output bound, violat
   const exited = await sb.execute("import os\nos._exit(7)");
   assert.deepEqual([exited.status, exited.killedFor], ["worker_error", undefined], show(exited));
   assert.equal(exited.startFailure, undefined);
+  // Writable between calls, then back to read-only under a running call (never made under it).
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
   const [remounted] = await Promise.all([
     sb.execute(sleep, 30),
-    later(1500, () => sb.applyModeEvent({ mode: "edits", readRoots: [] })),
+    later(1500, () => sb.applyModeEvent({ mode: "manual", readRoots: [] })),
   ]);
   assert.match(remounted.diagnostic ?? "", /permission mode or read roots changed while the code ran/, show(remounted));
   assert.equal(remounted.killedFor, "remount", show(remounted));
