@@ -6,7 +6,7 @@
  * Run: node --import tsx --test __test__/details.test.ts
  */
 import assert from "node:assert/strict";
-import { writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { test } from "node:test";
 import { join } from "node:path";
 import type { ExecResult, ResetReason } from "../index.d.ts";
@@ -271,4 +271,12 @@ test("status's last reset is a typed cause: mounts_changed and worker_error (rol
   await sb.dispose();
   assert.equal(reason(), "disposed");
   assert.match(sb.status().text, /interpreter state last discarded by: the session's dispose\n/);
+});
+
+test("the docs list every ResetReason, and nothing else, as status().lastResetReason's values", async () => {
+  const doc = await readFile(join(import.meta.dirname, "..", "docs", "architecture.md"), "utf8");
+  const listed = /`status\(\)\.lastResetReason`[^]*?`ResetReason`: ([^;]*);/.exec(doc.replace(/\n/g, " "));
+  assert.ok(listed, "docs/architecture.md names lastResetReason's values");
+  const values = [...listed[1].matchAll(/`([a-z_]+)`/g)].map((m) => m[1]);
+  assert.deepEqual(values.sort(), Object.keys(RESET_REASONS).sort());
 });
