@@ -25,7 +25,8 @@ import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { waitUntil } from "./helpers/sandbox-fixture.ts";
 import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 
-const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
+// Real and without a trailing slash: the node binary inside it (pi 1.x's) is found by prefix.
+const PACKAGE_DIR = realpathSync(fileURLToPath(new URL("..", import.meta.url)));
 
 // A private TMPDIR: the sandboxes' runtime root belongs to this file.
 const PRIVATE_TMP = mkdtempSync(join(tmpdir(), "pi-python-words-"));
