@@ -186,6 +186,12 @@ impl<R, V> Served<R, V> {
     pub fn summary(&self) -> Summary {
         self.shared.summary.lock().clone()
     }
+
+    /// The decisions since the last take, and a fresh summary for the
+    /// next ones (a proxy that serves many calls: the python tool's).
+    pub fn take_summary(&self) -> Summary {
+        std::mem::take(&mut *self.shared.summary.lock())
+    }
 }
 
 impl<R, V> Drop for Served<R, V> {

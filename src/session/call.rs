@@ -118,6 +118,9 @@ impl<H: Host> Session<H> {
         let mark = frame::end_mark(&nonce);
         let call = Call { seq, code: &code, mark: &mark, deadline, progress };
         let result = worker.exec(call, &mut capture, &mut stop).await;
+        // What its network's proxy decided during the call, read before a
+        // recovery may stop the sandbox (and its proxy).
+        o.notes.extend(worker.take_network_notes());
         if worker.took_point() {
             self.shared.lock().report.history.point_taken();
         }

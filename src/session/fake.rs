@@ -177,6 +177,9 @@ impl Sandbox for FakeSandbox {
     fn oom_note(&mut self, _died: bool) -> Option<String> {
         None
     }
+    fn take_network_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
     fn exited(&mut self) -> Option<ExitStatus> {
         // Killed by SIGKILL, as a sandbox that ended while idle.
         self.script.lock().dead.contains(&self.pid).then(|| ExitStatus::from_raw(9))

@@ -57,6 +57,8 @@ pub trait Sandbox: Send + 'static {
     fn masks_watch(&self) -> Option<Arc<SecretWatch>>;
     /// Memory-cap kills since the last look, worded.
     fn oom_note(&mut self, died: bool) -> Option<String>;
+    /// What its network's proxy allowed and refused since the last look.
+    fn take_network_notes(&self) -> Vec<String>;
     /// Its exit status, if it has ended.
     fn exited(&mut self) -> Option<ExitStatus>;
     /// Whether its interpreter is gone while its PID 1 stays.
@@ -191,6 +193,9 @@ impl Sandbox for Worker {
     }
     fn oom_note(&mut self, died: bool) -> Option<String> {
         Worker::oom_note(self, died)
+    }
+    fn take_network_notes(&self) -> Vec<String> {
+        Worker::take_network_notes(self)
     }
     fn exited(&mut self) -> Option<ExitStatus> {
         Worker::exited(self)

@@ -1,6 +1,8 @@
 //! What a worker is asked and what it answers: the stops, the progress,
 //! the start's settings ([`Launch`]) and its failures, one call and how
-//! it ended. Types only; the worker's code is in its parent module.
+//! it ended; and its network's proxy (served from the start, its summary
+//! taken after each call). The rest of the worker's code is in its parent
+//! module.
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -273,6 +275,14 @@ pub async fn prepare_with_network(
         _ => None,
     };
     (Ok(()), proxy)
+}
+
+impl super::Worker {
+    /// What its proxy allowed and refused since the last look (the end
+    /// of the last call), worded as a bash command's network summary.
+    pub fn take_network_notes(&self) -> Vec<String> {
+        self.proxy.as_ref().map(|p| p.take_summary().lines()).unwrap_or_default()
+    }
 }
 
 /// What is left of a killed worker for the checks after it: its project
