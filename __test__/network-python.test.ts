@@ -159,16 +159,35 @@ for name, family, kind in [("udp", socket.AF_INET, socket.SOCK_DGRAM), ("raw", s
 });
 
 test("a session grant the user gave a bash command reaches the python tool's network", async (t) => {
-  const s = await setup(t, true, { select: async (_t, options) => options.find((o) => o.endsWith("for this session")) });
+  // python's dialog is denied, bash's allows for the session.
+  const s = await setup(t, true, { select: async (title, options) => (title.startsWith("bash:") ? options.find((o) => o.endsWith("for this session")) : "Deny") });
   if (!s) return;
   const url = `http://${s.other.name}:${s.other.port}/`;
-  // Baseline: unmatched, refused for python.
+  // Baseline: unmatched and denied at review, refused for python.
   assert.match(await s.python(fetch(url)), /HTTP 403/);
   assert.match(await s.bash(`curl -sS -m 20 ${url}`), /OTHER-BODY/);
-  assert.equal(s.h.selects.length, 1);
+  assert.equal(s.h.selects.length, 2);
   const got = await s.python(fetch(url));
   assert.match(got, /BODY OTHER-BODY/, got);
   assert.equal(s.other.hits(), 2);
+});
+
+test("with a UI, the python tool's unmatched destination is reviewed in a dialog during the call: allowed once, then denied", async (t) => {
+  const answers = ["Allow this connection", "Deny"];
+  const s = await setup(t, true, { select: async () => answers.shift() });
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  const allowed = await s.python(fetch(url));
+  assert.match(allowed, /BODY OTHER-BODY/, allowed);
+  assert.equal(s.h.selects.length, 1);
+  const title = s.h.selects[0].title;
+  assert.ok(title.startsWith(`python: the command asks to connect to ${s.other.name}:${s.other.port}`), title);
+  assert.ok(title.includes("urllib.request.urlopen"), title);
+  // The grant was for one connection: the next call asks again, and a denial is a 403.
+  const denied = await s.python(fetch(url));
+  assert.match(denied, /HTTP 403/, denied);
+  assert.equal(s.h.selects.length, 2);
+  assert.equal(s.other.hits(), 1);
 });
 
 test("/sandbox allow reaches the running python sandbox: the interpreter's state is kept", async (t) => {
@@ -221,5 +240,5 @@ print(r.stdout.strip() or "NOT-INSTALLED")
 
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 8);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 9);
 });

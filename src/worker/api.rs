@@ -283,6 +283,22 @@ impl super::Worker {
     pub fn take_network_notes(&self) -> Vec<String> {
         self.proxy.as_ref().map(|p| p.take_summary().lines()).unwrap_or_default()
     }
+
+    /// A call starts: who reviews an unmatched destination during it
+    /// (none: refused at once).
+    pub fn network_call_starts(&self, ask: Option<crate::network::review::Ask>) {
+        if let Some(p) = &self.proxy {
+            p.reviewer().call_starts(ask);
+        }
+    }
+
+    /// The call ended: its open dialogs are cancelled, its grants "for
+    /// this command" end.
+    pub fn network_call_ended(&self) {
+        if let Some(p) = &self.proxy {
+            p.reviewer().between_calls();
+        }
+    }
 }
 
 /// What is left of a killed worker for the checks after it: its project
