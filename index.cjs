@@ -846,6 +846,7 @@ module.exports.loadTrustedConfig = nativeBinding.loadTrustedConfig
 module.exports.LossCause = nativeBinding.LossCause
 module.exports.LostBeforeCause = nativeBinding.LostBeforeCause
 module.exports.PartKind = nativeBinding.PartKind
+module.exports.ResetReason = nativeBinding.ResetReason
 module.exports.sandboxLimits = nativeBinding.sandboxLimits
 module.exports.sandboxProbe = nativeBinding.sandboxProbe
 module.exports.StartFailure = nativeBinding.StartFailure

@@ -466,6 +466,14 @@ export interface ReadVerdict {
   diagnostic?: string
 }
 
+/**
+ * Why the session's interpreter was last discarded, or the last failed
+ * call rolled back (`status` shows both). The addon hands it to
+ * JavaScript as the string union `ResetReason` (`lastResetReason`); the
+ * `status` text words each one once.
+ */
+export type ResetReason = 'explicit_reset' | 'startup_failure' | 'mounts_changed' | 'worker_error' | 'worker_died_idle' | 'timeout' | 'cancelled' | 'output_limit' | 'remounted' | 'disposed'
+
 export interface ResetResult {
   /** Host scratch directory (kept), if one was made. */
   scratchDir?: string
@@ -622,7 +630,8 @@ export interface StatusResult {
   generation: number
   executions: number
   runtimeVersion?: string
-  lastResetReason?: string
+  /** Why the interpreter was last discarded. */
+  lastResetReason?: ResetReason
   disposed: boolean
   /** `read-only` or `read-write`. */
   workspaceMode: string

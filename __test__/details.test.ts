@@ -6,10 +6,10 @@
  * Run: node --import tsx --test __test__/details.test.ts
  */
 import assert from "node:assert/strict";
-import { writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { test } from "node:test";
 import { join } from "node:path";
-import type { ExecResult } from "../index.d.ts";
+import type { ExecResult, ResetReason } from "../index.d.ts";
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -133,7 +133,15 @@ test("the state discarded before a call is a typed cause: a mode change, a death
   const first = await sb.execute("x = 1");
   assert.equal(first.status, "ok", show(first));
   assert.equal(first.lostBeforeCause, undefined, "nothing was discarded before the first call");
-  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  // With rollback on the change would be made in place (state kept): the live path off, it restarts.
+  const saved = process.env.PI_SANDBOX_LIVE_GRANTS;
+  process.env.PI_SANDBOX_LIVE_GRANTS = "0";
+  try {
+    assert.ok(sb.applyModeEvent({ mode: "edits", readRoots: [] }).discarded, "the change restarts the sandbox");
+  } finally {
+    if (saved === undefined) delete process.env.PI_SANDBOX_LIVE_GRANTS;
+    else process.env.PI_SANDBOX_LIVE_GRANTS = saved;
+  }
   const remounted = await sb.execute("x = 2");
   assert.equal(remounted.status, "ok", show(remounted));
   assert.deepEqual([remounted.state, remounted.lostBeforeCause], ["kept", "remounted"], show(remounted));
@@ -169,9 +177,11 @@ test("what a kill was for is a typed field: timeout, abort, output bound, violat
   const exited = await sb.execute("import os\nos._exit(7)");
   assert.deepEqual([exited.status, exited.killedFor], ["worker_error", undefined], show(exited));
   assert.equal(exited.startFailure, undefined);
+  // Writable between calls, then back to read-only under a running call (never made under it).
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
   const [remounted] = await Promise.all([
     sb.execute(sleep, 30),
-    later(1500, () => sb.applyModeEvent({ mode: "edits", readRoots: [] })),
+    later(1500, () => sb.applyModeEvent({ mode: "manual", readRoots: [] })),
   ]);
   assert.match(remounted.diagnostic ?? "", /permission mode or read roots changed while the code ran/, show(remounted));
   assert.equal(remounted.killedFor, "remount", show(remounted));
@@ -216,4 +226,57 @@ test("why a sandbox did not start is a typed field", async (t) => {
   assert.deepEqual([r.startFailure, r.killedFor, r.state], ["other", undefined, "untouched"], show(r));
   const ok = await fx.sb.execute("1");
   assert.deepEqual([ok.status, ok.startFailure], ["ok", undefined], show(ok));
+});
+
+/** Every value of the union, so that a variant renamed or added on the Rust side fails `tsc` here. */
+const RESET_REASONS: Record<ResetReason, true> = {
+  explicit_reset: true,
+  startup_failure: true,
+  mounts_changed: true,
+  worker_error: true,
+  worker_died_idle: true,
+  timeout: true,
+  cancelled: true,
+  output_limit: true,
+  remounted: true,
+  disposed: true,
+};
+
+test("status's last reset is a typed cause: mounts_changed and worker_error (rollback off), remounted, explicit_reset, disposed", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const reason = () => {
+    const r = sb.status().lastResetReason;
+    assert.ok(r === undefined || r in RESET_REASONS, `not a ResetReason: ${r}`);
+    return r;
+  };
+  assert.equal(reason(), undefined, "nothing was discarded yet");
+  assert.equal((await sb.execute("x = 1")).status, "ok");
+  // Writable between calls: made in place with rollback on, a restart with it off.
+  sb.applyModeEvent({ mode: "edits", readRoots: [] });
+  assert.equal((await sb.execute("x = 2")).status, "ok");
+  assert.equal(reason(), ROLLBACK ? undefined : "mounts_changed");
+  // Back to read-only while a call runs: never made under the call.
+  const sleep = "import time\nprint('started', flush=True)\ntime.sleep(30)";
+  const later = (ms: number, what: () => void) => new Promise<void>((resolve) => setTimeout(() => (what(), resolve()), ms));
+  const [remounted] = await Promise.all([sb.execute(sleep, 30), later(1500, () => sb.applyModeEvent({ mode: "manual", readRoots: [] }))]);
+  assert.equal(remounted.killedFor, "remount", show(remounted));
+  assert.equal(reason(), "remounted");
+  await sb.reset();
+  assert.equal(reason(), "explicit_reset");
+  const exited = await sb.execute("import os\nos._exit(7)");
+  assert.equal(exited.status, "worker_error", show(exited));
+  // Rolled back, the interpreter's death is the last failure, not a reset.
+  assert.equal(reason(), ROLLBACK ? "explicit_reset" : "worker_error", show(exited));
+  await sb.dispose();
+  assert.equal(reason(), "disposed");
+  assert.match(sb.status().text, /interpreter state last discarded by: the session's dispose\n/);
+});
+
+test("the docs list every ResetReason, and nothing else, as status().lastResetReason's values", async () => {
+  const doc = await readFile(join(import.meta.dirname, "..", "docs", "architecture.md"), "utf8");
+  const listed = /`status\(\)\.lastResetReason`[^]*?`ResetReason`: ([^;]*);/.exec(doc.replace(/\n/g, " "));
+  assert.ok(listed, "docs/architecture.md names lastResetReason's values");
+  const values = [...listed[1].matchAll(/`([a-z_]+)`/g)].map((m) => m[1]);
+  assert.deepEqual(values.sort(), Object.keys(RESET_REASONS).sort());
 });

@@ -5,9 +5,9 @@
  * working directory moves to the new /workspace, and the mount table equals a fresh start's in
  * the target mode. Through a real pi session with the pi-tool-permissions stand-in's mode events.
  * Attacks from inside, each with a baseline: a writer racing the change at a protected entry, a
- * protected name made during the change, a background process that keeps writing or holds a file
- * open for writing across the change back. The fallback (PI_SANDBOX_LIVE_GRANTS=0, rollback off)
- * restarts as before. Both majors (scripts/pi1-host.mjs lists it); run as root, the last test runs
+ * protected name made during the change, a background process that keeps writing, changes what
+ * its descriptors from edits reach, or holds a file open for writing across the change back. The
+ * fallback (PI_SANDBOX_LIVE_GRANTS=0, rollback off) restarts as before. Both majors (scripts/pi1-host.mjs lists it); run as root, the last test runs
  * this whole file again as `nobody`.
  */
 import assert from "node:assert/strict";
@@ -214,6 +214,36 @@ test("a background process started in edits that keeps writing: after the change
   assert.ok(after.split("\n").length <= atChange.split("\n").length + 1, "nothing more lands");
 });
 
+test("attack: descriptors a background process opened in edits (a file read-only, a directory) change nothing after the change back: fchmod, futimens, a create beneath the directory (baseline: before it, each works)", async (t) => {
+  const s = await setup(t, { mode: "edits" });
+  if (!s) return;
+  const prober =
+    "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', " +
+    JSON.stringify(
+      "import os, time\nf = os.open('/workspace/src/a.py', os.O_RDONLY)\nd = os.open('/workspace/src', os.O_RDONLY | os.O_DIRECTORY)\n" +
+        "def one(name, act):\n    try:\n        act()\n        return name + ' ok'\n    except OSError as e:\n        return name + ' ' + (e.strerror or str(e.errno))\n" +
+        "n = 0\nend = time.time() + 8\nwhile time.time() < end:\n    n += 1\n" +
+        "    row = [one('fchmod', lambda: os.fchmod(f, 0o755 if n % 2 else 0o644)), one('futimens', lambda: os.utime(f, (n, n))),\n" +
+        "           one('create', lambda: os.close(os.open('made-%d' % n, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=d)))]\n" +
+        "    open('/tmp/meta.log', 'a').write(' | '.join(row) + '\\n')\n    time.sleep(0.01)\n",
+    ) +
+    "], start_new_session=True)\nkept = 1";
+  await s.run({ code: prober });
+  await new Promise((r) => setTimeout(r, 500));
+  const before = await s.run({ code: "print(open('/tmp/meta.log').read().splitlines()[-1])" });
+  assert.match(before.text, /fchmod ok \| futimens ok \| create ok/, `baseline: each works in edits: ${before.text}`);
+  s.mode("manual");
+  const madeAtChange = readdirSync(join(s.project, "src")).filter((n) => n.startsWith("made-")).length;
+  await new Promise((r) => setTimeout(r, 1000));
+  const r = await s.run({ code: "print(kept, p.poll())\nprint(open('/tmp/meta.log').read().splitlines()[-1])" });
+  assert.doesNotMatch(r.text, KEPT);
+  assert.match(r.text, /1 None/, "the prober still runs");
+  assert.match(r.text, /fchmod Read-only file system \| futimens Read-only file system \| create Read-only file system/, r.text);
+  // At most the create in flight at the change lands after it.
+  const madeAfter = readdirSync(join(s.project, "src")).filter((n) => n.startsWith("made-")).length;
+  assert.ok(madeAfter <= madeAtChange + 1, `nothing more is made (${madeAtChange} → ${madeAfter})`);
+});
+
 test("a background process holding a project file open for writing across the change back: the sandbox restarts as before and says so", async (t) => {
   const s = await setup(t, { mode: "edits" });
   if (!s) return;
@@ -258,5 +288,5 @@ test("rollback off: a mode change restarts the sandbox, the spec's behaviour", a
 const AS_NOBODY_ENV = "PPS_LIVE_MODE_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-mode.test.ts", AS_NOBODY_ENV, 8);
+  rerunAsNobody(t, "__test__/live-mode.test.ts", AS_NOBODY_ENV, 9);
 });

@@ -9,6 +9,7 @@
  * it); run as root, the last test runs this file again as `nobody`.
  */
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { test } from "node:test";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { httpOrigin, type NetSession, netSession, type Origin, pipIndex } from "./helpers/network.ts";
@@ -158,6 +159,36 @@ for name, family, kind in [("udp", socket.AF_INET, socket.SOCK_DGRAM), ("raw", s
   assert.equal(s.o.hits(), 1);
 });
 
+/** A stream socket of each protocol but TCP that the kernel may offer with SOCK_STREAM (MPTCP, SCTP). */
+const OTHER_STREAM_PROTOCOLS = `
+import socket
+for name, proto in [("tcp", 0), ("tcp6", socket.IPPROTO_TCP), ("mptcp", 262), ("sctp", 132)]:
+    family = socket.AF_INET6 if name == "tcp6" else socket.AF_INET
+    try:
+        socket.socket(family, socket.SOCK_STREAM, proto).close()
+        print(name, "MADE")
+    except OSError as e:
+        print(name, "REFUSED", e.errno)
+`;
+
+test("with network.python true, a stream socket of another protocol than TCP (MPTCP, SCTP) is refused; the host makes the MPTCP one", async (t) => {
+  // Baseline: the same code unsandboxed makes an MPTCP socket (this kernel has MPTCP).
+  const host = execFileSync("python3", ["-c", OTHER_STREAM_PROTOCOLS], { encoding: "utf8" });
+  assert.match(host, /^mptcp MADE$/m, `the baseline needs a kernel with MPTCP: ${host}`);
+  const s = await setup(t, true);
+  if (!s) return;
+  const got = await s.python(OTHER_STREAM_PROTOCOLS);
+  assert.match(got, /^tcp MADE$/m, got);
+  assert.match(got, /^tcp6 MADE$/m, got);
+  assert.match(got, /^mptcp REFUSED 1$/m, got);
+  assert.match(got, /^sctp REFUSED 1$/m, got);
+  // The bash tool's network profile is the same rule.
+  const shell = await s.bash(`python3 -c '${OTHER_STREAM_PROTOCOLS.replaceAll("'", "'\\''")}'`);
+  assert.match(shell, /^tcp MADE$/m, shell);
+  assert.match(shell, /^mptcp REFUSED 1$/m, shell);
+  assert.match(shell, /^sctp REFUSED 1$/m, shell);
+});
+
 test("a session grant the user gave a bash command reaches the python tool's network", async (t) => {
   // python's dialog is denied, bash's allows for the session.
   const s = await setup(t, true, { select: async (title, options) => (title.startsWith("bash:") ? options.find((o) => o.endsWith("for this session")) : "Deny") });
@@ -240,5 +271,5 @@ print(r.stdout.strip() or "NOT-INSTALLED")
 
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 9);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 10);
 });

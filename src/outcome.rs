@@ -114,8 +114,10 @@ pub struct Outcome {
     pub generation: u64,
     /// What became of the interpreter's state (the one statement about it).
     pub state: StateFate,
-    /// Why the state is gone (a loss by this call, one before it, or both).
-    pub state_lost_reason: Option<String>,
+    /// What ended this call's interpreter, in words (the interruption, or
+    /// the memory cap's note), where the call lost the state; the reason
+    /// the result gives is [`Outcome::state_lost_reason`]'s.
+    pub ended_by: Option<String>,
     /// The earlier state was discarded before this call ran (a mode
     /// change, a death while idle): this call's own state is kept.
     pub lost_before: Option<Discarded>,
@@ -183,7 +185,16 @@ pub enum Loss {
     /// a dispose, a breach of a limit), whether or not rollback is on.
     Stopped,
     /// The call's result came, then the worker failed or was stopped.
-    AfterResult,
+    AfterResult(AfterResult),
+}
+
+/// What ended the interpreter after a call's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterResult {
+    /// The host stopped the sandbox itself, and why.
+    Killed(crate::protected::HostKill),
+    /// The worker failed (why).
+    Failed(String),
 }
 
 impl Outcome {
@@ -191,6 +202,32 @@ impl Outcome {
     /// or discarded before it ran).
     pub fn state_lost(&self) -> bool {
         matches!(self.state, StateFate::Lost(_)) || self.lost_before.is_some()
+    }
+
+    /// Why the state is gone, in words, from the typed causes: what was
+    /// discarded before the call ran, then what this call lost it to (the
+    /// one place that words the two together). None where no state was lost.
+    pub fn state_lost_reason(&self) -> Option<String> {
+        let now = match &self.state {
+            StateFate::Lost(loss) => {
+                let ended = self.ended_by.as_deref().unwrap_or("the sandbox was stopped");
+                Some(match loss {
+                    Loss::AfterResult(AfterResult::Killed(k)) => {
+                        format!("the sandbox was killed right after the execution: {k}")
+                    }
+                    Loss::AfterResult(AfterResult::Failed(why)) => {
+                        format!("the worker failed right after the execution: {why}")
+                    }
+                    Loss::NoPoint(why) => format!("{ended}; {why}"),
+                    Loss::RollbackOff | Loss::RollbackFailed(_) | Loss::Stopped => ended.to_string(),
+                })
+            }
+            _ => None,
+        };
+        match (self.lost_before.as_ref().map(ToString::to_string), now) {
+            (Some(before), Some(now)) => Some(format!("{before}; then {now}")),
+            (before, now) => before.or(now),
+        }
     }
 
     /// The call failed and the interpreter is back where it was before it.
@@ -206,7 +243,7 @@ impl Outcome {
             waited_ms: 0,
             generation,
             state: StateFate::Untouched,
-            state_lost_reason: None,
+            ended_by: None,
             lost_before: None,
             replay: None,
             mode_note: None,
@@ -243,13 +280,14 @@ pub fn state_statement(o: &Outcome) -> Option<String> {
     let failed = o.status.is_failure();
     match (&o.state, before) {
         (StateFate::Lost(loss), _) => {
-            let reason = display_text(o.state_lost_reason.as_deref().unwrap_or("the sandbox was stopped"));
+            let reason = o.state_lost_reason().unwrap_or_default();
+            let reason = display_text(&reason);
             let why = match loss {
                 Loss::RollbackOff => format!("; rollback is off ({ROLLBACK_ENV}=0)"),
                 Loss::RollbackFailed(e) => {
                     format!("; the rollback failed ({}), so the sandbox was killed", display_text(e))
                 }
-                Loss::NoPoint(_) | Loss::Stopped | Loss::AfterResult => String::new(),
+                Loss::NoPoint(_) | Loss::Stopped | Loss::AfterResult(_) => String::new(),
             };
             Some(format!(
                 "Interpreter state was LOST ({reason}{why}). A fresh interpreter starts on the next execution."
@@ -665,7 +703,7 @@ mod tests {
         let o = Outcome {
             status: Status::Timeout,
             state: StateFate::Lost(Loss::RollbackOff),
-            state_lost_reason: Some("timeout".into()),
+            ended_by: Some("timeout".into()),
             ..ok()
         };
         assert!(
@@ -708,7 +746,7 @@ mod tests {
         Outcome {
             status: Status::PermissionNeeded,
             state: StateFate::Lost(Loss::Stopped),
-            state_lost_reason: Some(h("reason")),
+            ended_by: Some(h("reason")),
             repr: Some(h("repr")),
             stdout: StreamText {
                 head: h("out-head"),
@@ -755,7 +793,7 @@ mod tests {
         let timeout = |state: StateFate, reason: Option<&str>| Outcome {
             status: Status::Timeout,
             state,
-            state_lost_reason: reason.map(String::from),
+            ended_by: reason.map(String::from),
             diagnostic: Some("Execution exceeded the 3s deadline; every process of the sandbox was killed.".into()),
             ..ok()
         };
@@ -768,12 +806,13 @@ mod tests {
             ("rolled back", timeout(StateFate::RolledBack { fresh: false }, None), Some("every process of the sandbox was killed. The interpreter was rolled back to its state before this call (variables")),
             ("rolled back, first call", timeout(StateFate::RolledBack { fresh: true }, None), Some("The interpreter was rolled back to its state before this call (a fresh interpreter")),
             ("rollback off", timeout(StateFate::Lost(Loss::RollbackOff), Some("timeout")), Some("Interpreter state was LOST (timeout; rollback is off (PI_PYTHON_TOOL_ROLLBACK=0))")),
-            ("no point", timeout(StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())), Some("timeout; no rollback point had been taken")), Some("Interpreter state was LOST (timeout; no rollback point had been taken)")),
+            ("no point", timeout(StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())), Some("timeout")), Some("Interpreter state was LOST (timeout; no rollback point had been taken)")),
             ("rollback failed", timeout(StateFate::Lost(Loss::RollbackFailed("the sandbox's PID 1 is gone".into())), Some("timeout")), Some("LOST (timeout; the rollback failed (the sandbox's PID 1 is gone), so the sandbox was killed)")),
-            ("mode change, ok", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..ok() }, Some("Earlier interpreter state was discarded before this call (the sandbox was restarted because the permission mode or read roots changed); this call ran on a fresh interpreter.")),
-            ("mode change, error", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..error }, Some("this call ran on a fresh interpreter, and what ran before the error remains.")),
-            ("mode change, rolled back", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), state_lost_reason: Some(mode.into()), ..timeout(StateFate::RolledBack { fresh: true }, None) }, Some("the call was rolled back to the fresh interpreter it ran on")),
-            ("after the result", Outcome { state: StateFate::Lost(Loss::AfterResult), state_lost_reason: Some("the worker failed right after the execution: x".into()), ..ok() }, Some("Interpreter state was LOST (the worker failed right after the execution: x)")),
+            ("mode change, ok", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), ..ok() }, Some("Earlier interpreter state was discarded before this call (the sandbox was restarted because the permission mode or read roots changed); this call ran on a fresh interpreter.")),
+            ("mode change, error", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), ..error }, Some("this call ran on a fresh interpreter, and what ran before the error remains.")),
+            ("mode change, rolled back", Outcome { lost_before: Some(Discarded::Remounted(mode.into())), ..timeout(StateFate::RolledBack { fresh: true }, None) }, Some("the call was rolled back to the fresh interpreter it ran on")),
+            ("after the result", Outcome { state: StateFate::Lost(Loss::AfterResult(AfterResult::Failed("x".into()))), ..ok() }, Some("Interpreter state was LOST (the worker failed right after the execution: x)")),
+            ("killed after the result", Outcome { state: StateFate::Lost(Loss::AfterResult(AfterResult::Killed(crate::protected::HostKill::StrayFrame))), ..ok() }, Some("Interpreter state was LOST (the sandbox was killed right after the execution: it sent a protocol frame while no execution ran)")),
         ];
         for (what, o, want) in cases {
             let text = render(&o);
@@ -1002,7 +1041,9 @@ mod tests {
         let lost =
             recovered_text(&Interrupt::Died, 3, &Recovery::Lost("no rollback point had been taken".into()), None, None);
         assert_eq!(lost.state, StateFate::Lost(Loss::NoPoint("no rollback point had been taken".into())));
-        assert_eq!(lost.state_lost_reason.as_deref(), Some("worker_error; no rollback point had been taken"));
+        assert_eq!(lost.ended_by.as_deref(), Some("worker_error"));
+        let o = Outcome { state: lost.state, ended_by: lost.ended_by, ..ok() };
+        assert_eq!(o.state_lost_reason().as_deref(), Some("worker_error; no rollback point had been taken"));
         let fresh = recovered_text(&Interrupt::OutputLimit, 3, &Recovery::Fresh, None, None);
         assert_eq!(fresh.status, Status::OutputLimit);
         assert_eq!(fresh.state, StateFate::RolledBack { fresh: true });
@@ -1013,7 +1054,6 @@ mod tests {
         let before = "the sandbox was restarted because the permission mode or read roots changed";
         let o = Outcome {
             state: StateFate::Kept,
-            state_lost_reason: Some(before.into()),
             lost_before: Some(Discarded::Remounted(before.into())),
             ..Outcome::static_result(Status::Ok, 2, String::new())
         };
@@ -1026,7 +1066,7 @@ mod tests {
         let both = Outcome {
             status: Status::Timeout,
             state: StateFate::Lost(Loss::RollbackOff),
-            state_lost_reason: Some(format!("{before}; then timeout")),
+            ended_by: Some("timeout".into()),
             ..o
         };
         let text = render(&both);

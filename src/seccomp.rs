@@ -204,7 +204,7 @@ const SOCKET_TCP: &str = "TCP sockets, in the sandbox's own network namespace: i
 /// `socket`'s refusals in [`Profile::ShellNet`], every one testing the
 /// domain first: every domain but `AF_INET`/`AF_INET6` (each of 0-63 by
 /// value, every larger one by a bit it sets), and those two with a type
-/// other than `SOCK_STREAM`.
+/// other than `SOCK_STREAM` or a protocol other than 0 or `IPPROTO_TCP`.
 fn tcp_only_socket_rules() -> Vec<Rule> {
     const WHY: &str = "no socket but a TCP one (AF_INET/AF_INET6, SOCK_STREAM): no netlink, packet, raw or datagram \
         socket, no Unix socket to a host service bound into a mount";
@@ -216,12 +216,16 @@ fn tcp_only_socket_rules() -> Vec<Rule> {
         .collect();
     rules.extend((6..32).map(|bit| refuse(When::ArgMasked { arg: 0, mask: 1 << bit, value: 1 << bit })));
     for family in [AF_INET, AF_INET6] {
+        let domain = Cmp::Masked { arg: 0, mask: low, value: family };
         for ty in OTHER_SOCKET_TYPES {
-            rules.push(refuse(When::Both(
-                Cmp::Masked { arg: 0, mask: low, value: family },
-                Cmp::Masked { arg: 1, mask: 0xf, value: ty },
-            )));
+            rules.push(refuse(When::Both(domain, Cmp::Masked { arg: 1, mask: 0xf, value: ty })));
         }
+        // A protocol other than 0 or IPPROTO_TCP (6): SOCK_STREAM is also
+        // MPTCP (262) and SCTP (132), each more kernel to reach. Every
+        // value with bit 0 or any of bits 3-31 set, and 2 and 4.
+        let protocol = |mask, value| refuse(When::Both(domain, Cmp::Masked { arg: 2, mask, value }));
+        rules.extend((0..32u32).filter(|bit| !(1..=2).contains(bit)).map(|bit| protocol(1u64 << bit, 1u64 << bit)));
+        rules.extend([2u64, 4].map(|value| protocol(low, value)));
     }
     rules
 }
@@ -764,9 +768,24 @@ mod tests {
         ] {
             assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty:#x}");
         }
+        assert_other_stream_protocols_refused(&net);
         // The Unix pair stays as in the shell profile.
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_UNIX_, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_INET, 1, 0, 0, 0, 0]), EPERM);
+    }
+
+    /// TCP's protocol numbers pass (0, IPPROTO_TCP); every other one of a
+    /// stream socket is refused (MPTCP, SCTP, and each value up to 300).
+    fn assert_other_stream_protocols_refused(net: &[u8]) {
+        let socket = nr("socket");
+        for domain in [AF_INET, AF_INET6] {
+            for proto in [0, 6, 0xffff_ffff_0000_0006] {
+                assert_eq!(run(net, AUDIT_ARCH, socket, [domain, SOCK_STREAM, proto, 0, 0, 0]), RET_ALLOW, "{proto}");
+            }
+            for proto in (1..300).filter(|p| *p != 6).chain([0x8000_0006, 0x1_0000_0106]) {
+                assert_eq!(run(net, AUDIT_ARCH, socket, [domain, SOCK_STREAM, proto, 0, 0, 0]), EPERM, "{proto:#x}");
+            }
+        }
     }
 
     #[test]
@@ -785,6 +804,7 @@ mod tests {
         for (domain, ty) in [(1, SOCK_STREAM), (AF_NETLINK, 3), (AF_PACKET, 3), (AF_INET, 2), (AF_INET6, 3), (64, 1)] {
             assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty}");
         }
+        assert_other_stream_protocols_refused(&net);
         // No socket pair at all, as in the python profile.
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [1, 1, 0, 0, 0, 0]), EPERM);
     }

@@ -23,8 +23,8 @@ use crate::launch::Start;
 use crate::limits::*;
 use crate::options::Settings;
 use crate::outcome::{
-    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, Discarded, KilledFor,
-    LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
+    interruption, killed_for, recovered_text, start_failure, start_failure_of, with_oom, AfterResult, Discarded,
+    KilledFor, LogFiles, Loss, OomKill, Outcome, ResetDone, ResetReason, StartFailure, StateFate, Status, StreamText,
 };
 pub use crate::outcome::{Progress, ProgressFn};
 pub use crate::permissions::MountConfig;
@@ -362,12 +362,7 @@ impl<H: Host> Session<H> {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
             } else {
-                let said = loss.to_string();
                 outcome.lost_before = Some(loss);
-                outcome.state_lost_reason = Some(match outcome.state_lost_reason.take() {
-                    Some(now) => format!("{said}; then {now}"),
-                    None => said,
-                });
             }
         }
         outcome.duration_ms = started.elapsed().as_millis() as u64;
@@ -392,7 +387,7 @@ impl<H: Host> Session<H> {
         reason: ResetReason,
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
-        tracing::debug!(pid = w.pid(), %reason, "killing the sandbox");
+        tracing::debug!(pid = w.pid(), ?reason, "killing the sandbox");
         if w.secret_appeared() {
             inner.scratch_suspect = true;
         }
@@ -602,11 +597,11 @@ impl<H: Host> Session<H> {
             inner.scratch_suspect = true;
         }
         let done = if fast {
-            self.shared.lock().report.history.replaced(ResetReason::Explicit);
+            self.shared.lock().report.history.replaced(ResetReason::ExplicitReset);
             ResetDone::Fresh
         } else {
             let running = inner.worker.is_some();
-            self.drop_worker(&mut inner, ResetReason::Explicit).await;
+            self.drop_worker(&mut inner, ResetReason::ExplicitReset).await;
             if running {
                 ResetDone::Killed
             } else {
@@ -644,11 +639,8 @@ impl<H: Host> Session<H> {
         // Every command of the bash tool ends before the directories go.
         let _no_shells = self.shells.stop_all().await;
         let mut inner = self.ops.lock().await;
-        let reason = match reason {
-            "disposed" => ResetReason::Disposed,
-            other => ResetReason::DisposedFor(other.to_string()),
-        };
-        self.drop_worker(&mut inner, reason).await;
+        // The caller's reason is the log's (above): the status says `disposed`.
+        self.drop_worker(&mut inner, ResetReason::Disposed).await;
         if let Some(dirs) = inner.dirs.take() {
             let _ = crate::beneath::remove_tree(&dirs.root);
         }

@@ -110,7 +110,7 @@ fn state_of(state: &StateFate) -> (CallState, Option<LossCause>) {
                 Loss::NoPoint(_) => LossCause::NoRollbackPoint,
                 Loss::RollbackFailed(_) => LossCause::RollbackFailed,
                 Loss::Stopped => LossCause::Stopped,
-                Loss::AfterResult => LossCause::AfterResult,
+                Loss::AfterResult(_) => LossCause::AfterResult,
             }),
         ),
     }
@@ -265,7 +265,7 @@ pub(super) fn to_js(finished: Finished) -> ExecResult {
         state,
         loss_cause,
         state_lost: o.state_lost(),
-        state_lost_reason: o.state_lost_reason.clone().map(displayed),
+        state_lost_reason: o.state_lost_reason().map(displayed),
         rolled_back: o.rolled_back(),
         lost_before: o.lost_before.as_ref().map(|d| displayed(d.to_string())),
         lost_before_cause: o.lost_before.as_ref().map(lost_before_cause),

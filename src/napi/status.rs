@@ -8,6 +8,7 @@ use super::permissions::SkippedRoot;
 use crate::display::{displayed, displayed_line};
 use crate::limits::*;
 use crate::options::Settings;
+use crate::outcome::ResetReason;
 use crate::session::{Availability, SpareState, StatusReport};
 
 #[napi(object)]
@@ -83,7 +84,8 @@ pub struct StatusResult {
     pub generation: f64,
     pub executions: f64,
     pub runtime_version: Option<String>,
-    pub last_reset_reason: Option<String>,
+    /// Why the interpreter was last discarded.
+    pub last_reset_reason: Option<ResetReason>,
     pub disposed: bool,
     /// `read-only` or `read-write`.
     pub workspace_mode: String,
@@ -236,7 +238,7 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
         generation: r.history.generation as f64,
         executions: r.history.executions as f64,
         runtime_version: r.runtime_version.map(displayed_line),
-        last_reset_reason: r.history.last_reset_reason.map(|r| displayed(r.to_string())),
+        last_reset_reason: r.history.last_reset_reason,
         disposed: r.disposed,
         workspace_mode: mode.into(),
         read_roots: roots,

@@ -186,45 +186,33 @@ pub fn start_failure_of(e: &StartError) -> Option<StartFailure> {
     }
 }
 
-/// Why the session's interpreter was last discarded (`status` shows it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why the session's interpreter was last discarded, or the last failed
+/// call rolled back (`status` shows both). The addon hands it to
+/// JavaScript as the string union `ResetReason` (`lastResetReason`); the
+/// `status` text words each one once.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetReason {
-    Explicit,
+    /// The caller reset the session (`reset()`).
+    ExplicitReset,
+    /// A sandbox start failed.
     StartupFailure,
+    /// The permission mode or the read roots changed between calls.
     MountsChanged,
+    /// The interpreter died or broke the protocol during a call.
     WorkerError,
-    DiedIdle,
+    /// The interpreter died between calls.
+    WorkerDiedIdle,
+    /// A call passed its deadline.
     Timeout,
+    /// A call was cancelled.
     Cancelled,
+    /// A call's output passed its per-call bound.
     OutputLimit,
+    /// The permission mode or the read roots changed while a call ran.
     Remounted,
+    /// The session was disposed.
     Disposed,
-    /// A dispose with the caller's own reason.
-    DisposedFor(String),
-}
-
-impl ResetReason {
-    pub fn as_str(&self) -> &str {
-        match self {
-            ResetReason::Explicit => "explicit_reset",
-            ResetReason::StartupFailure => "startup_failure",
-            ResetReason::MountsChanged => "mounts_changed",
-            ResetReason::WorkerError => "worker_error",
-            ResetReason::DiedIdle => "worker_died_idle",
-            ResetReason::Timeout => "timeout",
-            ResetReason::Cancelled => "cancelled",
-            ResetReason::OutputLimit => "output_limit",
-            ResetReason::Remounted => "permission mode or read roots changed",
-            ResetReason::Disposed => "session disposed",
-            ResetReason::DisposedFor(why) => why,
-        }
-    }
-}
-
-impl std::fmt::Display for ResetReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 impl From<&Interrupt> for ResetReason {
@@ -353,7 +341,8 @@ pub struct Recovered {
     /// What happened (the state is [`Recovered::state`]'s to say).
     pub diagnostic: String,
     pub state: StateFate,
-    pub state_lost_reason: Option<String>,
+    /// What ended the interpreter, where the state was lost.
+    pub ended_by: Option<String>,
 }
 
 /// The words for a failed call whose interpreter was rolled back or
@@ -387,13 +376,13 @@ pub fn recovered_text(
         Interrupt::Violation(m) => format!("Protocol violation: {m}{died_of}"),
     };
     let diagnostic = format!("{what}; every process of the sandbox was killed.{also}");
-    let (state, state_lost_reason) = match recovery {
+    let (state, ended_by) = match recovery {
         Recovery::Restored => (StateFate::RolledBack { fresh: false }, None),
         Recovery::Fresh => (StateFate::RolledBack { fresh: true }, None),
-        Recovery::Lost(why) => (StateFate::Lost(Loss::NoPoint(why.clone())), Some(format!("{reason}; {why}"))),
+        Recovery::Lost(why) => (StateFate::Lost(Loss::NoPoint(why.clone())), Some(reason)),
         Recovery::Reset => (StateFate::Lost(Loss::Stopped), Some(reason)),
     };
-    Recovered { status, diagnostic, state, state_lost_reason }
+    Recovered { status, diagnostic, state, ended_by }
 }
 
 #[cfg(test)]
@@ -516,7 +505,12 @@ mod tests {
         assert!(died.diagnostic.starts_with(&every), "{}", died.diagnostic);
         let gone = Recovery::Lost("no rollback point had been taken".into());
         let lost = recovered_text(&Interrupt::Died, 3, &gone, Some(&ended), None);
-        assert_eq!(lost.state_lost_reason, Some(format!("{oom}; no rollback point had been taken")));
+        let o = Outcome {
+            state: lost.state,
+            ended_by: lost.ended_by,
+            ..Outcome::static_result(lost.status, 1, String::new())
+        };
+        assert_eq!(o.state_lost_reason(), Some(format!("{oom}; no rollback point had been taken")));
         let child = "out of memory: the cap was reached; the kernel's OOM killer ended 1 process(es) the code started";
         let others = OomKill::Others(child.into());
         let timeout = recovered_text(&Interrupt::Timeout, 3, &Recovery::Fresh, Some(&others), None);

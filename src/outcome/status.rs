@@ -188,17 +188,18 @@ pub(super) fn rollback_line(on: bool, last: Option<std::time::SystemTime>, now: 
 }
 
 /// What a [`ResetReason`] was, in words.
-fn reason_words(r: &ResetReason) -> String {
+fn reason_words(r: &ResetReason) -> &'static str {
     match r {
-        ResetReason::Explicit => "a reset".into(),
-        ResetReason::StartupFailure => "a failed start".into(),
-        ResetReason::MountsChanged => "a change of the mounts".into(),
-        ResetReason::WorkerError => "the interpreter's death".into(),
-        ResetReason::DiedIdle => "the interpreter's death between calls".into(),
-        ResetReason::Timeout => "a timeout".into(),
-        ResetReason::Cancelled => "a cancel".into(),
-        ResetReason::OutputLimit => "too much output".into(),
-        other => crate::display::one_line(&other.to_string()).to_string(),
+        ResetReason::ExplicitReset => "a reset",
+        ResetReason::StartupFailure => "a failed start",
+        ResetReason::MountsChanged => "a change of the mounts",
+        ResetReason::WorkerError => "the interpreter's death",
+        ResetReason::WorkerDiedIdle => "the interpreter's death between calls",
+        ResetReason::Timeout => "a timeout",
+        ResetReason::Cancelled => "a cancel",
+        ResetReason::OutputLimit => "too much output",
+        ResetReason::Remounted => "a change of the permission mode or read roots while a call ran",
+        ResetReason::Disposed => "the session's dispose",
     }
 }
 
@@ -447,12 +448,12 @@ mod tests {
         assert_eq!(h.executions, 1, "a call that never reached the interpreter is not counted");
         h.rolled_back(ResetReason::Timeout);
         h.point_taken();
-        assert_eq!((h.generation, h.last_reset_reason.clone()), (1, None), "a rollback resets nothing");
+        assert_eq!((h.generation, h.last_reset_reason), (1, None), "a rollback resets nothing");
         assert!(h.last_rollback_point.is_some());
-        h.replaced(ResetReason::Explicit);
-        assert_eq!((h.generation, h.last_reset_reason.clone()), (2, Some(ResetReason::Explicit)));
+        h.replaced(ResetReason::ExplicitReset);
+        assert_eq!((h.generation, h.last_reset_reason), (2, Some(ResetReason::ExplicitReset)));
         h.discarded(ResetReason::Disposed);
-        assert_eq!((h.generation, h.last_reset_reason.clone()), (2, Some(ResetReason::Disposed)));
+        assert_eq!((h.generation, h.last_reset_reason), (2, Some(ResetReason::Disposed)));
         assert_eq!(h.started(), 3, "the next start is a new generation");
         assert_eq!(h.last_rollback, Some(ResetReason::Timeout));
     }

@@ -54,13 +54,13 @@ impl<H: Host> Session<H> {
                 // The sandbox is still there: a fresh interpreter in it.
                 inner.pending_loss = Some(Discarded::DiedIdle { oom: w.oom_note(true) });
                 if w.recover(None, true).await.is_ok() {
-                    self.shared.lock().report.history.replaced(ResetReason::DiedIdle);
+                    self.shared.lock().report.history.replaced(ResetReason::WorkerDiedIdle);
                 } else {
-                    self.drop_worker(inner, ResetReason::DiedIdle).await;
+                    self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
                 }
             } else if let Some(status) = w.exited() {
                 inner.pending_loss = Some(Discarded::SandboxDied { exit: Some(status), oom: w.oom_note(true) });
-                self.drop_worker(inner, ResetReason::DiedIdle).await;
+                self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
             }
         }
         // A project secret that appeared since the sandbox started is not
@@ -138,12 +138,11 @@ impl<H: Host> Session<H> {
                     // result, but its interpreter is gone.
                     let killed_for = inner.worker.as_ref().and_then(|w| w.take_killed_for());
                     self.kill_worker(inner, Some(&mut capture), ResetReason::WorkerError).await;
-                    o.state = StateFate::Lost(Loss::AfterResult);
                     o.killed_for = killed_for.as_ref().map(KilledFor::from);
-                    o.state_lost_reason = Some(match killed_for {
-                        Some(k) => format!("the sandbox was killed right after the execution: {k}"),
-                        None => format!("the worker failed right after the execution: {why}"),
-                    });
+                    o.state = StateFate::Lost(Loss::AfterResult(match killed_for {
+                        Some(k) => AfterResult::Killed(k),
+                        None => AfterResult::Failed(why.to_string()),
+                    }));
                 }
             }
             Err(Interrupt::Halted(Halt::Cancelled)) if inner.worker.as_ref().is_some_and(|w| !w.request_sent()) => {
@@ -195,7 +194,7 @@ impl<H: Host> Session<H> {
                         }
                         o.status = r.status;
                         o.state = r.state;
-                        o.state_lost_reason = r.state_lost_reason;
+                        o.ended_by = r.ended_by;
                         o.diagnostic = Some(r.diagnostic);
                         o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
                         o.log_complete = !o.output_limit_exceeded;
@@ -239,7 +238,7 @@ impl<H: Host> Session<H> {
                 let (reason, diagnostic) = with_oom(reason, diagnostic, oom.as_ref());
                 o.status = status;
                 o.state = StateFate::Lost(loss);
-                o.state_lost_reason = Some(reason);
+                o.ended_by = Some(reason);
                 o.diagnostic = Some(diagnostic);
                 o.output_limit_exceeded = interrupt == Interrupt::OutputLimit;
                 o.log_complete = !o.output_limit_exceeded;

@@ -153,7 +153,7 @@ async fn a_death_between_calls_is_told_by_the_next_result() {
     assert!(before.starts_with("the interpreter died while idle: the sandbox"), "{before}");
     let said = state_statement(&o).expect("the loss before the call is told");
     assert!(said.starts_with("Earlier interpreter state was discarded before this call"), "{said}");
-    assert_eq!(f.session.status().history.last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(f.session.status().history.last_reset_reason, Some(ResetReason::WorkerDiedIdle));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill 1", "start 2", "exec 2 #2"]);
 }
 
@@ -167,7 +167,7 @@ async fn a_reset_replaces_the_interpreter_in_place_with_rollback_and_kills_witho
     let status = f.session.status();
     assert!(status.worker_running);
     assert_eq!(status.history.generation, 2);
-    assert_eq!(status.history.last_reset_reason, Some(ResetReason::Explicit));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::ExplicitReset));
     assert_eq!(f.run().await.state, StateFate::Kept);
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
 
@@ -275,7 +275,7 @@ async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
     let status = f.session.status();
     assert!(status.worker_running);
     assert_eq!(status.history.generation, 2);
-    assert_eq!(status.history.last_reset_reason, Some(ResetReason::DiedIdle));
+    assert_eq!(status.history.last_reset_reason, Some(ResetReason::WorkerDiedIdle));
     assert_eq!(f.log(), ["start 1", "exec 1 #1", "reset 1", "exec 1 #2"]);
 }
 
