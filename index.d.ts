@@ -37,7 +37,14 @@ export declare class PythonSandbox {
    * Cancel the call named `callId` (queued or running), or the running
    * call when omitted: its sandbox is killed. Returns whether anything
    * was targeted.
+   * With `network.python`: who reviews a destination no entry matches
+   * during the calls that start from now (resolves `once`, `command`,
+   * `session` or `deny`; anything else, or a rejection, denies); none
+   * (the default): refused at once. A call's open dialogs are cancelled
+   * when it ends, and "for this command" grants last for the call. The
+   * function kept does not keep the process alive.
    */
+  setNetworkReview(onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null): void
   cancel(callId?: number | undefined | null): boolean
   /**
    * Apply a `tool-permissions:mode` payload `{ mode, readRoots }`:

@@ -98,6 +98,46 @@ test("with network.python true, urllib reaches an allowed origin through the pro
   assert.equal(s.o.hits(), 2);
 });
 
+test("a python result ends with its call's network summary: allowed and refused with the line to allow it, bounded, escaped", async (t) => {
+  const s = await setup(t, true);
+  if (!s) return;
+  const allowed = `note: network: allowed ${s.o.name}:${s.o.port}.`;
+  const both = await s.python(`${fetch(`http://${s.o.name}:${s.o.port}/`)}\n${fetch(`http://${s.other.name}:${s.other.port}/`)}`);
+  assert.match(both, /BODY ORIGIN-BODY[\s\S]*HTTP 403/, both);
+  assert.ok(both.includes(allowed), both);
+  const refusal = both.split("\n").find((l) => l.startsWith("note: network: ") && l.includes(`${s.other.name}:${s.other.port}`));
+  assert.ok(refusal?.includes("no one can review it"), both);
+  assert.ok(refusal?.includes(`(to allow it: network.allowedDomains "${s.other.name}:${s.other.port}")`), both);
+  // The next call's summary is its own: the allowed origin only; a call with no connection has none.
+  const again = await s.python(fetch(`http://${s.o.name}:${s.o.port}/`));
+  assert.ok(again.includes(allowed), again);
+  assert.ok(!again.includes(`${s.other.name}:${s.other.port}`), again);
+  const quiet = await s.python(`print("NO-NETWORK")`);
+  assert.match(quiet, /NO-NETWORK/);
+  assert.ok(!quiet.includes("network:"), quiet);
+  // Hostile requests straight to the proxy: a Host header holding a bidi override, then 100 distinct
+  // unmatched names. The note shows the override escaped; the summary stays bounded.
+  const flood = await s.python(`
+import os, socket
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[1].split(":")
+def send(head):
+    c = socket.create_connection((host, int(port)), timeout=20)
+    c.sendall(head.encode())
+    print("ANSWER", c.recv(64).split(b"\\r\\n")[0].decode())
+    c.close()
+send("GET http://${s.o.name}:${s.o.port}/ HTTP/1.1\\r\\nHost: evil\u202e.test\\r\\n\\r\\n")
+for i in range(100):
+    send(f"GET http://n{i}.invalid/ HTTP/1.1\\r\\nHost: n{i}.invalid\\r\\n\\r\\n")
+`);
+  assert.match(flood, /ANSWER HTTP\/1\.1 403/, flood);
+  assert.ok(!flood.includes("\u202e"), "the bidi override reached the result unescaped");
+  const notes = flood.split("\n").filter((l) => l.startsWith("note: network: "));
+  assert.ok(notes.some((l) => l.includes("Host header names `evil")), flood);
+  assert.ok(notes.length <= 33, `${notes.length} network notes`);
+  assert.ok(notes.some((l) => /network: \d+ more connection outcomes not listed\./.test(l)), flood);
+  assert.equal(s.o.hits(), 2);
+});
+
 test("with network.python true, a direct connection skipping the proxy reaches nothing; UDP and raw sockets are refused", async (t) => {
   const s = await setup(t, true);
   if (!s) return;
@@ -150,16 +190,35 @@ test("with network.python true, a stream socket of another protocol than TCP (MP
 });
 
 test("a session grant the user gave a bash command reaches the python tool's network", async (t) => {
-  const s = await setup(t, true, { select: async (_t, options) => options.find((o) => o.endsWith("for this session")) });
+  // python's dialog is denied, bash's allows for the session.
+  const s = await setup(t, true, { select: async (title, options) => (title.startsWith("bash:") ? options.find((o) => o.endsWith("for this session")) : "Deny") });
   if (!s) return;
   const url = `http://${s.other.name}:${s.other.port}/`;
-  // Baseline: unmatched, refused for python.
+  // Baseline: unmatched and denied at review, refused for python.
   assert.match(await s.python(fetch(url)), /HTTP 403/);
   assert.match(await s.bash(`curl -sS -m 20 ${url}`), /OTHER-BODY/);
-  assert.equal(s.h.selects.length, 1);
+  assert.equal(s.h.selects.length, 2);
   const got = await s.python(fetch(url));
   assert.match(got, /BODY OTHER-BODY/, got);
   assert.equal(s.other.hits(), 2);
+});
+
+test("with a UI, the python tool's unmatched destination is reviewed in a dialog during the call: allowed once, then denied", async (t) => {
+  const answers = ["Allow this connection", "Deny"];
+  const s = await setup(t, true, { select: async () => answers.shift() });
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  const allowed = await s.python(fetch(url));
+  assert.match(allowed, /BODY OTHER-BODY/, allowed);
+  assert.equal(s.h.selects.length, 1);
+  const title = s.h.selects[0].title;
+  assert.ok(title.startsWith(`python: the command asks to connect to ${s.other.name}:${s.other.port}`), title);
+  assert.ok(title.includes("urllib.request.urlopen"), title);
+  // The grant was for one connection: the next call asks again, and a denial is a 403.
+  const denied = await s.python(fetch(url));
+  assert.match(denied, /HTTP 403/, denied);
+  assert.equal(s.h.selects.length, 2);
+  assert.equal(s.other.hits(), 1);
 });
 
 test("/sandbox allow reaches the running python sandbox: the interpreter's state is kept", async (t) => {
@@ -212,5 +271,5 @@ print(r.stdout.strip() or "NOT-INSTALLED")
 
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 8);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 10);
 });

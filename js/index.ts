@@ -20,6 +20,7 @@ import type { ExecProgress, TrustedConfig } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { addonShell, type BashConfig, registerSandboxedBash } from "./bash.ts";
 import { allowDestination } from "./netallow.ts";
+import { networkDialog } from "./netreview.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -255,7 +256,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       }
 
       const callId = state.nextCallId++;
-      const onAbort = () => target.cancel(callId);
+      const reviews = new AbortController();
+      const onAbort = () => {
+        reviews.abort();
+        target.cancel(callId);
+      };
       if (signal?.aborted) target.cancel(callId);
       else signal?.addEventListener("abort", onAbort, { once: true });
       // Partial output for the UI while the code runs (about twice a second).
@@ -293,11 +298,16 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       try {
         // A read outside the mounts goes through the addon's grant loop: it
         // decides, asks through `ask`, applies the answer and runs again.
+        // With network.python: a destination no entry matches is reviewed in the dialog while the
+        // call runs (without a UI, refused at once); the call's dialogs close when it ends.
+        const dialog = ctx.hasUI ? networkDialog(ctx.ui, "python") : undefined;
+        target.setNetworkReview(dialog ? (request) => dialog(request, params.code, reviews.signal).catch(() => "cancel") : undefined);
         const r = await target.execute(params.code, params.timeoutSeconds, callId, onProgress, ask, ctx.hasUI);
         const scratchDir = target.status().paths.scratchDir ?? undefined;
         const images = r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType }));
         return textResult(r.text, executeDetails(r, scratchDir), images);
       } finally {
+        reviews.abort();
         signal?.removeEventListener("abort", onAbort);
       }
     },

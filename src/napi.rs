@@ -20,6 +20,7 @@ use crate::display::{displayed, displayed_line};
 
 mod permissions;
 mod result;
+pub(crate) mod review;
 pub(crate) mod sandbox;
 mod status;
 

@@ -10,6 +10,7 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
+use crate::napi::review::{asker, ReviewFn};
 use crate::napi::sandbox::PythonSandbox;
 use crate::napi::{call_id_of, invalid};
 use crate::shell::{Command, Ending, ShellConfig, ShellError};
@@ -45,44 +46,6 @@ pub struct ShellResult {
     pub ending: String,
     /// Sentences for the end of the result, safe to show.
     pub notes: Vec<String>,
-}
-
-/// What a network review dialog shows: the canonical destination, the
-/// Unicode form of an `xn--` name, and whether that form mixes scripts.
-#[napi(object)]
-pub struct NetworkReviewRequest {
-    /// `host:port`, canonical (IPv6 in brackets).
-    pub authority: String,
-    pub host: String,
-    pub port: u32,
-    pub unicode: Option<String>,
-    pub mixed_scripts: bool,
-}
-
-/// Opens the dialog; resolves `once`, `command`, `session` or `deny`
-/// (anything else, or a rejection, is a cancelled dialog).
-type ReviewFn = ThreadsafeFunction<NetworkReviewRequest, Promise<String>, NetworkReviewRequest, Status, false>;
-
-/// The dialog as the proxy's review calls it.
-fn asker(f: ReviewFn) -> crate::network::review::Ask {
-    use crate::network::review::{Asking, Choice, Request};
-    let f = Arc::new(f);
-    Arc::new(move |r: Request| -> Asking {
-        let f = f.clone();
-        Box::pin(async move {
-            let req = NetworkReviewRequest {
-                authority: r.authority,
-                host: r.host,
-                port: u32::from(r.port),
-                unicode: r.unicode,
-                mixed_scripts: r.mixed_scripts,
-            };
-            match f.call_async_catch(req).await {
-                Ok(promise) => promise.await.map(|s| Choice::parse(&s)).unwrap_or(Choice::Cancelled),
-                Err(_) => Choice::Cancelled,
-            }
-        })
-    })
 }
 
 /// What the trusted configuration adds to every command.

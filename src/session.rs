@@ -161,6 +161,9 @@ pub struct Session<H: Host = RealHost> {
     shared: parking_lot::Mutex<Shared>,
     wake: watch::Sender<u64>,
     auto_call: AtomicU64,
+    /// Who reviews the python tool's unmatched network destinations during
+    /// the next calls (none: refused at once).
+    network_review: parking_lot::Mutex<Option<crate::network::review::Ask>>,
     /// Notes for the next result, found between executions (protected
     /// names made inert, ...).
     notes: protected::Notes,
@@ -228,6 +231,7 @@ impl<H: Host> Session<H> {
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
+            network_review: Default::default(),
             notes: protected::Notes::default(),
             tainted: protected::Tainted::default(),
             known_secrets: protected::KnownSecrets::default(),
@@ -279,6 +283,12 @@ impl<H: Host> Session<H> {
 
     fn is_disposed(&self) -> bool {
         self.shared.lock().report.disposed
+    }
+
+    /// Who reviews a network destination no entry matches during the calls
+    /// that start from now (with `network.python`); none: refused at once.
+    pub fn set_network_review(&self, ask: Option<crate::network::review::Ask>) {
+        *self.network_review.lock() = ask;
     }
 
     /// Run `code`. `call_id` names the call for `cancel`.

@@ -133,7 +133,7 @@ pub struct Worker {
     /// exits (at most MAX_RETIRED; past it the oldest is closed).
     retired: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
     /// The proxy of its network (`network.python`); it stops with it.
-    _proxy: Option<api::Proxy>,
+    proxy: Option<api::Proxy>,
     /// The caps on the sandbox's tasks and memory. Its cgroups live as long as the sandbox, across
     /// interpreters, and go when the worker does: the last field, so that they are removed after
     /// the child is dropped (killed).
@@ -254,7 +254,7 @@ impl Worker {
             begin_check: None,
             ahead: None,
             retired: Default::default(),
-            _proxy: proxy,
+            proxy,
             contained,
         };
         spawned(worker.pid, true);

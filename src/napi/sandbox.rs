@@ -269,6 +269,17 @@ impl PythonSandbox {
     /// Cancel the call named `callId` (queued or running), or the running
     /// call when omitted: its sandbox is killed. Returns whether anything
     /// was targeted.
+    /// With `network.python`: who reviews a destination no entry matches
+    /// during the calls that start from now (resolves `once`, `command`,
+    /// `session` or `deny`; anything else, or a rejection, denies); none
+    /// (the default): refused at once. A call's open dialogs are cancelled
+    /// when it ends, and "for this command" grants last for the call. The
+    /// function kept does not keep the process alive.
+    #[napi(ts_args_type = "onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null")]
+    pub fn set_network_review(&self, on_review: Option<crate::napi::review::ReviewFn<true>>) {
+        self.session.set_network_review(on_review.map(crate::napi::review::asker));
+    }
+
     #[napi]
     pub fn cancel(&self, call_id: Option<f64>) -> Result<bool> {
         let call_id = call_id.map(call_id_of).transpose()?;

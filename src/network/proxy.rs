@@ -186,6 +186,17 @@ impl<R, V> Served<R, V> {
     pub fn summary(&self) -> Summary {
         self.shared.summary.lock().clone()
     }
+
+    /// Its reviewer (a desk serving many calls is told when each starts).
+    pub fn reviewer(&self) -> &V {
+        &self.shared.reviewer
+    }
+
+    /// The decisions since the last take, and a fresh summary for the
+    /// next ones (a proxy that serves many calls: the python tool's).
+    pub fn take_summary(&self) -> Summary {
+        std::mem::take(&mut *self.shared.summary.lock())
+    }
 }
 
 impl<R, V> Drop for Served<R, V> {

@@ -573,3 +573,18 @@ async fn an_origin_that_speaks_first_is_heard_through_a_tunnel_before_the_client
     tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut echo)).await.unwrap().unwrap();
     assert_eq!(&echo, b"HELO a\r\n");
 }
+
+#[tokio::test]
+async fn a_taken_summary_starts_afresh_for_the_next_call() {
+    let (port, _count, _o) = origin().await;
+    let s = proxy(&[], &[format!("127.0.0.1:{port}")], &[]).await;
+    let get = |p: u16| format!("GET http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\n\r\n");
+    assert!(exchange(s.proxy, get(port).as_bytes()).await.starts_with("HTTP/1.1 200 OK"));
+    assert_eq!(s.served.take_summary().lines(), vec![format!("network: allowed 127.0.0.1:{port}.")]);
+    // The next call's summary holds its own decisions only.
+    assert!(s.served.take_summary().lines().is_empty());
+    assert!(exchange(s.proxy, get(22).as_bytes()).await.starts_with("HTTP/1.1 403"));
+    let lines = s.served.take_summary().lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("127.0.0.1:22") && !lines[0].contains(&format!(":{port}")), "{lines:?}");
+}

@@ -157,7 +157,9 @@ type Answer = Option<(Choice, Arc<AtomicBool>)>;
 
 /// One command's review state: its grants and its open dialogs.
 pub struct Desk {
-    ask: Option<Ask>,
+    /// Who reviews now: set for a whole command, or per call for a
+    /// desk that serves many (see [`Desk::between_calls`]).
+    ask: parking_lot::Mutex<Option<Ask>>,
     session: SessionGrants,
     command: parking_lot::Mutex<HashSet<Destination>>,
     pending: parking_lot::Mutex<HashMap<Destination, watch::Receiver<Answer>>>,
@@ -173,13 +175,29 @@ impl Desk {
 
     pub fn with_deadline(ask: Option<Ask>, session: SessionGrants, deadline: Duration) -> Arc<Desk> {
         Arc::new(Desk {
-            ask,
+            ask: parking_lot::Mutex::new(ask),
             session,
             command: Default::default(),
             pending: Default::default(),
             dialogs: Default::default(),
             deadline,
         })
+    }
+
+    /// A call starts on a desk that serves many (the python tool's): its
+    /// reviewer (none: no one can review).
+    pub fn call_starts(&self, ask: Option<Ask>) {
+        *self.ask.lock() = ask;
+    }
+
+    /// The call ended: no one reviews until the next starts, its open
+    /// dialogs are cancelled (a waiting connection is refused) and its
+    /// grants "for this command" end with it.
+    pub fn between_calls(&self) {
+        *self.ask.lock() = None;
+        self.dialogs.lock().abort_all();
+        self.pending.lock().clear();
+        self.command.lock().clear();
     }
 
     /// The open dialog about `dest`, or a new one (none: too many open).
@@ -230,7 +248,7 @@ impl Reviewer for Arc<Desk> {
     }
 
     async fn review(&self, dest: &Destination) -> Review {
-        let Some(ask) = self.ask.clone() else { return Review::Unavailable };
+        let Some(ask) = self.ask.lock().clone() else { return Review::Unavailable };
         loop {
             if self.granted(dest) {
                 return Review::Allowed;
@@ -385,5 +403,31 @@ mod tests {
         assert!(r.unicode.is_some() && !r.mixed_scripts, "one script throughout");
         let r = Request::of(&dest("example.org", 80));
         assert_eq!((r.unicode, r.mixed_scripts, r.authority.as_str()), (None, false, "example.org:80"));
+    }
+
+    #[tokio::test]
+    async fn a_desk_across_calls_reviews_only_during_a_call_and_forgets_its_command_grants() {
+        let (ask, count) = asker(vec![Choice::Command], Duration::from_millis(10));
+        let desk = Desk::new(None, SessionGrants::default());
+        let d = dest("example.org", 443);
+        assert_eq!(desk.review(&d).await, Review::Unavailable);
+        desk.call_starts(Some(ask.clone()));
+        assert_eq!(desk.review(&d).await, Review::Allowed);
+        assert!(desk.granted(&d));
+        desk.between_calls();
+        assert!(!desk.granted(&d));
+        assert_eq!(desk.review(&d).await, Review::Unavailable);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        // A dialog still open when the call ends is cancelled: its connection is refused.
+        let (slow, _) = asker(vec![Choice::Command], Duration::from_secs(30));
+        desk.call_starts(Some(slow));
+        let waiting = tokio::spawn({
+            let (desk, d) = (desk.clone(), d.clone());
+            async move { desk.review(&d).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        desk.between_calls();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
+        assert_eq!(got, Review::Cancelled);
     }
 }

@@ -117,7 +117,12 @@ impl<H: Host> Session<H> {
         let mut stop = Stop { wake, check: &check };
         let mark = frame::end_mark(&nonce);
         let call = Call { seq, code: &code, mark: &mark, deadline, progress };
+        worker.network_review(Some(self.network_review.lock().clone()));
         let result = worker.exec(call, &mut capture, &mut stop).await;
+        worker.network_review(None);
+        // What its network's proxy decided during the call, read before a
+        // recovery may stop the sandbox (and its proxy).
+        o.notes.extend(worker.take_network_notes());
         if worker.took_point() {
             self.shared.lock().report.history.point_taken();
         }

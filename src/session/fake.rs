@@ -177,6 +177,10 @@ impl Sandbox for FakeSandbox {
     fn oom_note(&mut self, _died: bool) -> Option<String> {
         None
     }
+    fn take_network_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn network_review(&self, _during: Option<Option<crate::network::review::Ask>>) {}
     fn exited(&mut self) -> Option<ExitStatus> {
         // Killed by SIGKILL, as a sandbox that ended while idle.
         self.script.lock().dead.contains(&self.pid).then(|| ExitStatus::from_raw(9))

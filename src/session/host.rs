@@ -57,6 +57,10 @@ pub trait Sandbox: Send + 'static {
     fn masks_watch(&self) -> Option<Arc<SecretWatch>>;
     /// Memory-cap kills since the last look, worded.
     fn oom_note(&mut self, died: bool) -> Option<String>;
+    /// What its network's proxy allowed and refused since the last look.
+    fn take_network_notes(&self) -> Vec<String>;
+    /// A call starts (`Some`: who reviews during it) or ended (`None`).
+    fn network_review(&self, during: Option<Option<crate::network::review::Ask>>);
     /// Its exit status, if it has ended.
     fn exited(&mut self) -> Option<ExitStatus>;
     /// Whether its interpreter is gone while its PID 1 stays.
@@ -191,6 +195,15 @@ impl Sandbox for Worker {
     }
     fn oom_note(&mut self, died: bool) -> Option<String> {
         Worker::oom_note(self, died)
+    }
+    fn take_network_notes(&self) -> Vec<String> {
+        Worker::take_network_notes(self)
+    }
+    fn network_review(&self, during: Option<Option<crate::network::review::Ask>>) {
+        match during {
+            Some(ask) => Worker::network_call_starts(self, ask),
+            None => Worker::network_call_ended(self),
+        }
     }
     fn exited(&mut self) -> Option<ExitStatus> {
         Worker::exited(self)

@@ -1,6 +1,8 @@
 //! What a worker is asked and what it answers: the stops, the progress,
 //! the start's settings ([`Launch`]) and its failures, one call and how
-//! it ended. Types only; the worker's code is in its parent module.
+//! it ended; and its network's proxy (served from the start, its summary
+//! taken after each call). The rest of the worker's code is in its parent
+//! module.
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -273,6 +275,30 @@ pub async fn prepare_with_network(
         _ => None,
     };
     (Ok(()), proxy)
+}
+
+impl super::Worker {
+    /// What its proxy allowed and refused since the last look (the end
+    /// of the last call), worded as a bash command's network summary.
+    pub fn take_network_notes(&self) -> Vec<String> {
+        self.proxy.as_ref().map(|p| p.take_summary().lines()).unwrap_or_default()
+    }
+
+    /// A call starts: who reviews an unmatched destination during it
+    /// (none: refused at once).
+    pub fn network_call_starts(&self, ask: Option<crate::network::review::Ask>) {
+        if let Some(p) = &self.proxy {
+            p.reviewer().call_starts(ask);
+        }
+    }
+
+    /// The call ended: its open dialogs are cancelled, its grants "for
+    /// this command" end.
+    pub fn network_call_ended(&self) {
+        if let Some(p) = &self.proxy {
+            p.reviewer().between_calls();
+        }
+    }
 }
 
 /// What is left of a killed worker for the checks after it: its project
