@@ -13,7 +13,7 @@ import { dirname, join } from "node:path";
 import { test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
 import { assertNoProcess } from "./helpers/host-procs.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 import { INDEX_CJS, makeFixture, type PythonSandbox } from "./helpers/sandbox-fixture.ts";
 
 let nextId = 1;
@@ -36,15 +36,6 @@ async function sh(
 function host(cwd: string, command: string, env: NodeJS.ProcessEnv = process.env): { status: number | null; out: string } {
   const r = spawnSync("/bin/sh", ["-c", command], { cwd, env, encoding: "utf8", timeout: 10_000 });
   return { status: r.status, out: (r.stdout ?? "") + (r.stderr ?? "") };
-}
-
-function withEnv(t: TestContext, name: string, value: string): void {
-  const before = process.env[name];
-  process.env[name] = value;
-  t.after(() => {
-    if (before === undefined) delete process.env[name];
-    else process.env[name] = before;
-  });
 }
 
 test("a key under a home directory is not readable by its absolute host path", async (t) => {

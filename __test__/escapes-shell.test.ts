@@ -33,7 +33,7 @@ import { dirname, join } from "node:path";
 import { describe, test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
 import { assertNoProcess } from "./helpers/host-procs.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 import { type Fixture, hostPidsWithCmdline, INDEX_CJS, makeFixture, type PythonSandbox, py, waitUntil } from "./helpers/sandbox-fixture.ts";
 import { type Answer, lastJson, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
 import { unfiltered, type UnfilteredOptions } from "./helpers/unfiltered.ts";
@@ -82,15 +82,6 @@ async function bare(command: string, options: UnfilteredOptions = {}): Promise<{
 const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 /** A shell command running Python `code` by the system's python3 (the one a command sees). */
 const python = (code: string) => `/usr/bin/python3 -I -S -c ${quote(code)}`;
-
-function withEnv(t: TestContext, name: string, value: string): void {
-  const before = process.env[name];
-  process.env[name] = value;
-  t.after(() => {
-    if (before === undefined) delete process.env[name];
-    else process.env[name] = before;
-  });
-}
 
 /** Kill (SIGKILL) every host process whose command line holds `marker`, after the test. */
 function killAfter(t: TestContext, marker: string): void {

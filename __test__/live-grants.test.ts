@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 import { type ClientLog, configureClient } from "./fixtures/permissions-client/index.ts";
 import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./helpers/pi-session.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
@@ -29,16 +29,6 @@ interface Setup {
   outside: string;
   log: ClientLog;
   run(params: Record<string, unknown>): Promise<{ text: string; details: Record<string, any> }>;
-}
-
-/** Set an environment variable for one test. */
-function withEnv(t: TestContext, name: string, value: string): void {
-  const old = process.env[name];
-  process.env[name] = value;
-  t.after(() => {
-    if (old === undefined) delete process.env[name];
-    else process.env[name] = old;
-  });
 }
 
 async function setup(

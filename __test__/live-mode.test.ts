@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 import { configureClient } from "./fixtures/permissions-client/index.ts";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
@@ -28,15 +28,6 @@ interface Setup {
   project: string;
   run(params: Record<string, unknown>): Promise<{ text: string; details: Record<string, any> }>;
   mode(mode: string): void;
-}
-
-function withEnv(t: TestContext, name: string, value: string): void {
-  const old = process.env[name];
-  process.env[name] = value;
-  t.after(() => {
-    if (old === undefined) delete process.env[name];
-    else process.env[name] = old;
-  });
 }
 
 /** A project with a protected entry (.git) and a secret (.env), in `mode`. */
@@ -258,27 +249,27 @@ test("a background process holding a project file open for writing across the ch
   assert.match(r.text, /NameError/);
 });
 
-test("PI_SANDBOX_LIVE_GRANTS=0: a mode change restarts the sandbox as before", async (t) => {
-  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
-  const s = await setup(t);
-  if (!s) return;
+/** The fallback: a change to edits restarts the sandbox (the write works, `kept` is gone) and says why. */
+async function restartsOnEdits(s: Setup): Promise<void> {
   await s.run({ code: "kept = 1" });
   s.mode("edits");
   const r = await s.run({ code: `${TRY_WRITE("/workspace/e.txt")}\nprint(kept)` });
   assert.match(r.text, /wrote \/workspace\/e.txt/);
   assert.match(r.text, /the sandbox was restarted because the permission mode or read roots changed/);
   assert.match(r.text, /NameError/);
+}
+
+test("PI_SANDBOX_LIVE_GRANTS=0: a mode change restarts the sandbox as before", async (t) => {
+  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
+  const s = await setup(t);
+  if (!s) return;
+  await restartsOnEdits(s);
 });
 
 test("rollback off: a mode change restarts the sandbox, the spec's behaviour", async (t) => {
   const s = await setup(t, { rollbackOff: true });
   if (!s) return;
-  await s.run({ code: "kept = 1" });
-  s.mode("edits");
-  const r = await s.run({ code: `${TRY_WRITE("/workspace/e.txt")}\nprint(kept)` });
-  assert.match(r.text, /wrote \/workspace\/e.txt/);
-  assert.match(r.text, /the sandbox was restarted because the permission mode or read roots changed/);
-  assert.match(r.text, /NameError/);
+  await restartsOnEdits(s);
   s.mode("manual");
   const back = await s.run({ code: `${TRY_WRITE("/workspace/m.txt")}\nkept = 2` });
   assert.match(back.text, /refused \/workspace\/m.txt Read-only file system/);

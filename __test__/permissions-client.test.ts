@@ -12,7 +12,7 @@ import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type ClientLog, configureClient } from "./fixtures/permissions-client/index.ts";
 import { createPiHarness, messageText, type PiHarness, type UIHooks } from "./helpers/pi-session.ts";
-import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
@@ -62,16 +62,6 @@ async function setup(
 
 /** Pick the dialog's choice that starts with `prefix`. */
 const choose = (prefix: string) => async (_title: string, options: string[]) => options.find((o) => o.startsWith(prefix));
-
-/** Set an environment variable for one test. */
-function withEnv(t: TestContext, name: string, value: string): void {
-  const old = process.env[name];
-  process.env[name] = value;
-  t.after(() => {
-    if (old === undefined) delete process.env[name];
-    else process.env[name] = old;
-  });
-}
 
 test("start-up: the client's first mode event, sent before this tool's session_start, is applied and reported", async (t) => {
   const s = await setup(t, { mode: "yolo", readRoots: (o) => [o, "/usr/share", `${o}/missing`] });

@@ -17,7 +17,7 @@ import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { createPiHarness, messageText, modelSees, type PiHarness } from "./helpers/pi-session.ts";
 import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
-import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 
 const PACKAGE_DIR = fileURLToPath(new URL("..", import.meta.url));
 
@@ -30,16 +30,6 @@ after(() => {
   else process.env.TMPDIR = SAVED_TMPDIR;
   rmSync(PRIVATE_TMP, { recursive: true, force: true });
 });
-
-function withEnv(t: TestContext, name: string, value: string | undefined): void {
-  const old = process.env[name];
-  if (value === undefined) delete process.env[name];
-  else process.env[name] = value;
-  t.after(() => {
-    if (old === undefined) delete process.env[name];
-    else process.env[name] = old;
-  });
-}
 
 async function setup(t: TestContext, cwd?: string): Promise<PiHarness> {
   if (!cwd) {

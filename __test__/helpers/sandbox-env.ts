@@ -40,3 +40,14 @@ export function skipWithoutSandbox(t: TestContext): boolean {
  * behaviour of the one in force (and `status().rollback` says the addon agrees).
  */
 export const ROLLBACK: boolean = !/^(0|false|off|no)$/i.test(process.env.PI_PYTHON_TOOL_ROLLBACK?.trim() ?? "");
+
+/** Set (or, with undefined, unset) environment variable `name` for test `t`; restored after it. */
+export function withEnv(t: TestContext, name: string, value: string | undefined): void {
+  const old = process.env[name];
+  if (value === undefined) delete process.env[name];
+  else process.env[name] = value;
+  t.after(() => {
+    if (old === undefined) delete process.env[name];
+    else process.env[name] = old;
+  });
+}
