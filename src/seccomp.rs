@@ -227,8 +227,24 @@ fn tcp_only_socket_rules() -> Vec<Rule> {
         rules.extend((0..32u32).filter(|bit| !(1..=2).contains(bit)).map(|bit| protocol(1u64 << bit, 1u64 << bit)));
         rules.extend([2u64, 4].map(|value| protocol(low, value)));
     }
+    rules.push(Rule {
+        syscall: "setsockopt",
+        action: Action::Eperm,
+        when: When::Both(
+            Cmp::Masked { arg: 1, mask: low, value: IPPROTO_TCP },
+            Cmp::Masked { arg: 2, mask: low, value: TCP_ULP },
+        ),
+        required: true,
+        reason: "no upper-layer protocol on a TCP socket (TCP_ULP: kernel TLS, espintcp): a client's TLS runs in \
+            the process, and the proxy needs none of that kernel code",
+    });
     rules
 }
+
+/// `setsockopt`'s level for TCP, and its option that attaches an upper
+/// layer protocol (kernel TLS) to a socket.
+pub const IPPROTO_TCP: u64 = 6;
+pub const TCP_ULP: u64 = 31;
 
 /// `socketpair`'s domain for a pair of Unix sockets.
 pub const AF_UNIX: u64 = 1;
@@ -769,9 +785,24 @@ mod tests {
             assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty:#x}");
         }
         assert_other_stream_protocols_refused(&net);
+        assert_tcp_ulp_refused(&net);
         // The Unix pair stays as in the shell profile.
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_UNIX_, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [AF_INET, 1, 0, 0, 0, 0]), EPERM);
+    }
+
+    /// setsockopt(IPPROTO_TCP, TCP_ULP) is refused (in any upper bits of the
+    /// arguments' registers); TCP's other options and other levels pass.
+    fn assert_tcp_ulp_refused(net: &[u8]) {
+        let setsockopt = nr("setsockopt");
+        for (level, opt) in [(IPPROTO_TCP, TCP_ULP), (0xffff_ffff_0000_0006, 0x1_0000_001f)] {
+            assert_eq!(run(net, AUDIT_ARCH, setsockopt, [3, level, opt, 0, 0, 0]), EPERM, "{level:#x} {opt:#x}");
+        }
+        const TCP_NODELAY: u64 = 1;
+        const SOL_SOCKET: u64 = 1;
+        for (level, opt) in [(IPPROTO_TCP, TCP_NODELAY), (SOL_SOCKET, TCP_ULP), (IPPROTO_TCP, 30), (IPPROTO_TCP, 32)] {
+            assert_eq!(run(net, AUDIT_ARCH, setsockopt, [3, level, opt, 0, 0, 0]), RET_ALLOW, "{level} {opt}");
+        }
     }
 
     /// TCP's protocol numbers pass (0, IPPROTO_TCP); every other one of a
@@ -805,6 +836,7 @@ mod tests {
             assert_eq!(run(&net, AUDIT_ARCH, socket, [domain, ty, 0, 0, 0, 0]), EPERM, "{domain} {ty}");
         }
         assert_other_stream_protocols_refused(&net);
+        assert_tcp_ulp_refused(&net);
         // No socket pair at all, as in the python profile.
         assert_eq!(run(&net, AUDIT_ARCH, nr("socketpair"), [1, 1, 0, 0, 0, 0]), EPERM);
     }
