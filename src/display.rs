@@ -132,6 +132,19 @@ pub fn display_line(text: &str) -> Cow<'_, str> {
     escape(text, true)
 }
 
+/// [`display_line`] of at most `max_bytes` of `text` (cut at a character
+/// boundary, `...` marking the cut): text from the sandbox that a note or
+/// a diagnostic quotes, so that it can neither start a line of the tool's
+/// own nor fill the result.
+pub fn quoted_line(text: &str, max_bytes: usize) -> String {
+    let mut end = text.len().min(max_bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = if end < text.len() { "..." } else { "" };
+    format!("{}{cut}", display_line(&text[..end]))
+}
+
 /// [`display_text`] of an owned string, reusing it when nothing changes.
 pub fn displayed(text: String) -> String {
     match display_text(&text) {

@@ -253,12 +253,7 @@ const MAX_QUOTED_BYTES: usize = 512;
 /// line (tab, newline and CR shown as stand-ins) of at most 512 bytes, so
 /// that it can neither start a line of the tool's own nor fill the result.
 pub fn quoted(text: &str) -> String {
-    let mut end = text.len().min(MAX_QUOTED_BYTES);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let cut = if end < text.len() { "..." } else { "" };
-    format!("{}{cut}", crate::display::display_line(&text[..end]))
+    crate::display::quoted_line(text, MAX_QUOTED_BYTES)
 }
 
 /// Read one frame body from `reader`.

@@ -233,11 +233,18 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(u16, usize)>, HttpError> {
     }
 }
 
+/// The most of a refused `Host` header a refusal quotes: a host name is at
+/// most 253 bytes, with a port 259.
+const MAX_HOST_QUOTED: usize = 260;
+
 /// A `Host` header must name the destination's host and port (`default`
-/// when it has none).
+/// when it has none). A refusal quotes the header on one line, cut at
+/// [`MAX_HOST_QUOTED`] bytes.
 fn check_host(found: &str, dest: &Destination, default: u16) -> Result<(), HttpError> {
-    let mismatch =
-        || HttpError::HostMismatch { found: crate::display::one_line(found).to_string(), authority: dest.authority() };
+    let mismatch = || HttpError::HostMismatch {
+        found: crate::display::quoted_line(found, MAX_HOST_QUOTED),
+        authority: dest.authority(),
+    };
     let named = destination(found, Some(default)).map_err(|_| mismatch())?;
     if named != *dest {
         return Err(mismatch());
@@ -478,6 +485,14 @@ mod tests {
         let e = parse("GET http://allowed.com/ HTTP/1.1\r\nHost: evil.com\r\n\r\n").unwrap_err();
         assert_eq!(e.to_string(), "the Host header names `evil.com`, not the request's `allowed.com:80`");
         assert_eq!(e.status(), 403);
+        // A long header is quoted on one line, cut (the head's bound alone would let 16 KiB through).
+        let long = format!("{}\u{202e}.evil.com", "a".repeat(12_000));
+        let e = parse(&format!("GET http://allowed.com/ HTTP/1.1\r\nHost: {long}\r\n\r\n")).unwrap_err();
+        let HttpError::HostMismatch { found, .. } = &e else { panic!("{e:?}") };
+        assert_eq!(found, &format!("{}...", "a".repeat(MAX_HOST_QUOTED)));
+        assert!(e.to_string().len() < 400, "{} bytes", e.to_string().len());
+        let e = parse("GET http://allowed.com/ HTTP/1.1\r\nHost: x\u{202e}y\r\n\r\n").unwrap_err();
+        assert!(!e.to_string().contains('\u{202e}'), "{e}");
         assert_eq!(parse("GET http://a.com/ HTTP/1.1\r\nHost: a.com\r\nHost: b.com\r\n\r\n"), Err(HttpError::TwoHosts));
     }
 
