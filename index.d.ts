@@ -41,7 +41,9 @@ export declare class PythonSandbox {
    * during the calls that start from now (resolves `once`, `command`,
    * `session` or `deny`; anything else, or a rejection, denies); none
    * (the default): refused at once. A call's open dialogs are cancelled
-   * when it ends, and "for this command" grants last for the call. The
+   * when it ends, and "for this command" grants last for the call. In
+   * yolo mode (the mode now) an unmatched destination is allowed
+   * unreviewed, unless `network.review.yolo` is `"review"`. The
    * function kept does not keep the process alive.
    */
   setNetworkReview(onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null): void

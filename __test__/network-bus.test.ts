@@ -13,6 +13,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { networkReviewBus } from "../js/netreview.ts";
 import { configureReviewer, type ReviewerLog } from "./fixtures/network-reviewer/index.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { httpOrigin, type NetSession, netSession, type Origin } from "./helpers/network.ts";
@@ -182,7 +183,29 @@ test("the user's !command is reviewed on the bus as \"!command\"", async (t) => 
   assert.equal(s.h.selects.length, 0);
 });
 
+test("the bus's own deadline: a review with no decision is refused and sandbox:network-cancel says \"timeout\"; a late decision changes nothing", async (t) => {
+  const s = await setup(t, () => undefined);
+  if (!s) return;
+  // The package's bus waits 60 s; this one, over the same session's bus with the same reviewer, 300 ms.
+  const bus = networkReviewBus({ events: s.h.events }, 300);
+  t.after(() => bus.close());
+  bus.query();
+  const dialog = bus.dialogFor("bash", undefined);
+  assert.ok(dialog, "the reviewer announced itself to this bus");
+  const request = { authority: `${s.o.name}:${s.o.port}`, host: s.o.name, port: s.o.port, unicode: null, mixedScripts: false };
+  const guard = new Promise<string>((r) => setTimeout(() => r("no answer within 20 s"), 20_000).unref());
+  const choice = await Promise.race([dialog(request, "curl x", new AbortController().signal), guard]);
+  assert.equal(choice, "cancel");
+  const review = s.log.reviews.at(-1);
+  assert.equal(review?.timeoutMs, 300);
+  assert.deepEqual(s.log.cancels, [{ id: review?.id, reason: "timeout" }]);
+  // The reviewer's answer after the deadline finds nothing open.
+  s.h.events.emit("sandbox:network-decision", { id: review?.id, decision: "session" });
+  assert.equal(s.log.cancels.length, 1);
+  assert.equal(s.h.selects.length, 0);
+});
+
 const AS_NOBODY_ENV = "PPS_NET_BUS_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-bus.test.ts", AS_NOBODY_ENV, 8);
+  rerunAsNobody(t, "__test__/network-bus.test.ts", AS_NOBODY_ENV, 9);
 });

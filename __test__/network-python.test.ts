@@ -1,8 +1,9 @@
 /**
  * The python tool's network, through a real pi session: none by default (no proxy, no socket, the
  * same configuration giving bash its network), and with `network.python: true` the same proxy as
- * bash: an allowed destination is reached with `urllib`, an unmatched one is refused at once (the
- * python tool has no review), and a direct connection that skips the proxy reaches nothing.
+ * bash: an allowed destination is reached with `urllib`, an unmatched one is reviewed as a bash
+ * command's (a reviewer on pi's event bus, else the dialog, else refused at once; yolo allows it),
+ * and a direct connection that skips the proxy reaches nothing.
  *
  * Origins listen on the address this machine's name resolves to, reached only through
  * `allowPrivate` entries, as in network-inside.test.ts. Both majors (scripts/pi1-host.mjs lists
@@ -11,6 +12,8 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { configureReviewer } from "./fixtures/network-reviewer/index.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { httpOrigin, type NetSession, netSession, type Origin, pipIndex } from "./helpers/network.ts";
 import { messageText, type UIHooks } from "./helpers/pi-session.ts";
@@ -20,8 +23,15 @@ interface Setup extends NetSession {
   other: Origin;
 }
 
+const REVIEWER = fileURLToPath(new URL("./fixtures/network-reviewer", import.meta.url));
+
 /** `o` allowed by name and address; `other` reachable by its address only (its name is unmatched). */
-async function setup(t: import("node:test").TestContext, python?: boolean, ui?: UIHooks): Promise<Setup | undefined> {
+async function setup(
+  t: import("node:test").TestContext,
+  python?: boolean,
+  ui?: UIHooks,
+  opts: { mode?: string; reviewYolo?: string; extensions?: string[] } = {},
+): Promise<Setup | undefined> {
   const o = await httpOrigin(t);
   const other = await httpOrigin(t, "OTHER-BODY\n");
   const network = {
@@ -30,8 +40,9 @@ async function setup(t: import("node:test").TestContext, python?: boolean, ui?: 
     deniedDomains: [],
     allowPrivate: [`${o.address}:${o.port}`, `${other.address}:${other.port}`],
     ...(python === undefined ? {} : { python }),
+    ...(opts.reviewYolo ? { review: { yolo: opts.reviewYolo } } : {}),
   };
-  const s = await netSession(t, network, ui ? { ui } : { hasUI: false });
+  const s = await netSession(t, network, { ...(ui ? { ui } : { hasUI: false }), mode: opts.mode, extensions: opts.extensions });
   return s && { ...s, o, other };
 }
 
@@ -189,6 +200,41 @@ test("with network.python true, a stream socket of another protocol than TCP (MP
   assert.match(shell, /^sctp REFUSED 1$/m, shell);
 });
 
+/** Python that connects a TCP socket on its own loopback and attaches upper-layer protocols (TCP_ULP, 31) to it. */
+const ULP = `
+import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname(), timeout=5)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+print("nodelay SET")
+for name in ("tls", "mptcp", "smc", "espintcp"):
+    try:
+        c.setsockopt(socket.IPPROTO_TCP, 31, name.encode())
+        print(name, "SET")
+    except OSError as e:
+        print(name, "REFUSED", e.errno)
+`;
+
+test("with a network, setsockopt(TCP_ULP) is refused before the kernel's upper-layer protocols (kernel TLS); on the host the kernel answers", async (t) => {
+  // Baseline: unsandboxed, the kernel's ULP code takes the request (and answers with what it has:
+  // set, or ENOENT / EINVAL where that ULP is missing or kernel-only), never EPERM.
+  const host = execFileSync("python3", ["-c", ULP], { encoding: "utf8" });
+  assert.match(host, /^nodelay SET$/m, host);
+  for (const name of ["tls", "mptcp", "smc", "espintcp"]) {
+    assert.match(host, new RegExp(`^${name} (SET|REFUSED (?!1$)\\d+)$`, "m"), host);
+  }
+  const s = await setup(t, true);
+  if (!s) return;
+  const got = await s.python(ULP);
+  const shell = await s.bash(`python3 -c '${ULP.replaceAll("'", "'\\''")}'`);
+  for (const out of [got, shell]) {
+    assert.match(out, /^nodelay SET$/m, out);
+    for (const name of ["tls", "mptcp", "smc", "espintcp"]) assert.match(out, new RegExp(`^${name} REFUSED 1$`, "m"), out);
+  }
+});
+
 test("a session grant the user gave a bash command reaches the python tool's network", async (t) => {
   // python's dialog is denied, bash's allows for the session.
   const s = await setup(t, true, { select: async (title, options) => (title.startsWith("bash:") ? options.find((o) => o.endsWith("for this session")) : "Deny") });
@@ -211,14 +257,56 @@ test("with a UI, the python tool's unmatched destination is reviewed in a dialog
   const allowed = await s.python(fetch(url));
   assert.match(allowed, /BODY OTHER-BODY/, allowed);
   assert.equal(s.h.selects.length, 1);
-  const title = s.h.selects[0].title;
-  assert.ok(title.startsWith(`python: the command asks to connect to ${s.other.name}:${s.other.port}`), title);
-  assert.ok(title.includes("urllib.request.urlopen"), title);
+  const { title, options } = s.h.selects[0];
+  assert.ok(title.startsWith(`python: the code asks to connect to ${s.other.name}:${s.other.port}`), title);
+  assert.match(title, /^code: .*urllib\.request\.urlopen/m, title);
+  // Its grants last for the call, and the options say so.
+  assert.deepEqual(options.slice(1, 3), [
+    `Allow ${s.other.name}:${s.other.port} for this call`,
+    `Allow ${s.other.name}:${s.other.port} for this session`,
+  ]);
   // The grant was for one connection: the next call asks again, and a denial is a 403.
   const denied = await s.python(fetch(url));
   assert.match(denied, /HTTP 403/, denied);
   assert.equal(s.h.selects.length, 2);
   assert.equal(s.other.hits(), 1);
+});
+
+test("a reviewer on pi's event bus reviews the python tool's destination as a bash command's: tool python, the code; no dialog", async (t) => {
+  const log = configureReviewer((r) => (r.tool === "python" && log.reviews.length === 1 ? "once" : "deny"));
+  const s = await setup(t, true, { select: async () => "Allow this connection" }, { extensions: [REVIEWER] });
+  if (!s) return;
+  const url = `http://${s.other.name}:${s.other.port}/`;
+  const allowed = await s.python(fetch(url));
+  assert.match(allowed, /BODY OTHER-BODY/, allowed);
+  assert.equal(log.reviews.length, 1);
+  const [review] = log.reviews;
+  assert.equal(review.tool, "python");
+  assert.equal(review.authority, `${s.other.name}:${s.other.port}`);
+  assert.match(String(review.command), /urllib\.request\.urlopen/);
+  // The reviewer's deny is a 403, still with no dialog (the dialog would have allowed it).
+  const denied = await s.python(fetch(url));
+  assert.match(denied, /HTTP 403 .*refused at review/, denied);
+  assert.equal(log.reviews.length, 2);
+  assert.equal(s.h.selects.length, 0, "the reviewer decided: no dialog");
+  assert.equal(s.other.hits(), 1);
+});
+
+test("in yolo mode the python tool's unmatched destination is allowed without review, as bash's; review.yolo \"review\" asks", async (t) => {
+  const s = await setup(t, true, { select: async () => "Deny" }, { mode: "yolo" });
+  if (!s) return;
+  const url = (o: Origin) => `http://${o.name}:${o.port}/`;
+  const got = await s.python(fetch(url(s.other)));
+  assert.match(got, /BODY OTHER-BODY/, got);
+  assert.equal(s.h.selects.length, 0);
+  await s.h.dispose();
+  // Baseline: with review.yolo "review" the same call is reviewed, and the dialog's Deny refuses.
+  const r = await setup(t, true, { select: async () => "Deny" }, { mode: "yolo", reviewYolo: "review" });
+  if (!r) return;
+  const denied = await r.python(fetch(url(r.other)));
+  assert.match(denied, /HTTP 403 .*refused at review/, denied);
+  assert.equal(r.h.selects.length, 1);
+  assert.equal(r.other.hits(), 0);
 });
 
 test("/sandbox allow reaches the running python sandbox: the interpreter's state is kept", async (t) => {
@@ -271,5 +359,5 @@ print(r.stdout.strip() or "NOT-INSTALLED")
 
 const AS_NOBODY_ENV = "PPS_NET_PYTHON_AS_NOBODY";
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 10);
+  rerunAsNobody(t, "__test__/network-python.test.ts", AS_NOBODY_ENV, 13);
 });

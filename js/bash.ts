@@ -16,7 +16,7 @@ import { constants } from "node:os";
 import type { BashOperations, ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { createBashToolDefinition, getAgentDir, SettingsManager } from "@mariozechner/pi-coding-agent";
 import { displayLine } from "./display.ts";
-import { type NetworkChoice, type NetworkDialog, type NetworkReviewBus, type NetworkReviewRequest, networkDialog, networkReviewBus } from "./netreview.ts";
+import { type NetworkChoice, type NetworkDialog, type NetworkReviewBus, type NetworkReviewRequest, attachNetworkReviewBus, networkDialog } from "./netreview.ts";
 
 export type { NetworkChoice, NetworkDialog, NetworkReviewRequest } from "./netreview.ts";
 export { NETWORK_REVIEW_TIMEOUT_MS, networkDialog } from "./netreview.ts";
@@ -232,9 +232,15 @@ function userBashFailure(text: string) {
 
 /**
  * Registers the sandboxed `bash` (unless `config.bash` is "host" or PI_SANDBOX_BASH turns it off)
- * and, with `config.userBash` "sandbox", runs the user's `!cmd` through the same shell.
+ * and, with `config.userBash` "sandbox", runs the user's `!cmd` through the same shell. `bus`: the
+ * extension's network review bus (shared with the python tool).
  */
-export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, config: BashConfig): void {
+export function registerSandboxedBash(
+  pi: ExtensionAPI,
+  source: ShellSource,
+  config: BashConfig,
+  bus: NetworkReviewBus = attachNetworkReviewBus(pi),
+): void {
   if (config.bash === "host" || sandboxBashDisabled()) return;
 
   let settings: ShellSettings | undefined;
@@ -242,7 +248,6 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
   let lastCwd = process.cwd();
   const shellPath = () => shellSettings(lastCwd).shellPath;
   const operations = sandboxOperations(source, shellPath);
-  const bus: NetworkReviewBus = networkReviewBus(pi);
   /** A network destination no entry matches: a reviewer on the bus first, else with a UI the dialog; else refused. */
   const reviewFor = (ctx: ExtensionContext | undefined, tool: string) =>
     bus.dialogFor(tool, ctx?.hasUI ? networkDialog(ctx.ui, tool) : undefined);
@@ -273,13 +278,10 @@ export function registerSandboxedBash(pi: ExtensionAPI, source: ShellSource, con
     },
   });
 
-  pi.on("session_shutdown", () => bus.close());
-
   let warned = false;
   pi.on("session_start", (_event, ctx) => {
     lastCwd = ctx.cwd;
     settings = readShellSettings(pi, ctx.cwd);
-    bus.query();
     if (warned) return;
     const winner = pi.getAllTools().find((t) => t.name === "bash");
     if (winner && winner.parameters !== parameters) {

@@ -20,7 +20,7 @@ import type { ExecProgress, TrustedConfig } from "../index.d.ts";
 import { loadAddon, type PythonSandbox, type ToolPermissions } from "./addon.ts";
 import { addonShell, type BashConfig, registerSandboxedBash } from "./bash.ts";
 import { allowDestination } from "./netallow.ts";
-import { networkDialog } from "./netreview.ts";
+import { attachNetworkReviewBus, networkDialog } from "./netreview.ts";
 import { displayLine, displayText } from "./display.ts";
 import { toolWords } from "./describe.ts";
 import { ACTIONS, parseParams, toolFacts } from "./params.ts";
@@ -193,6 +193,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     network: trusted?.network,
   });
   let configTold = false;
+  // The network review over pi's event bus, for bash, the user's !command and the python tool.
+  const reviewBus = attachNetworkReviewBus(pi);
   registerSandboxedBash(
     pi,
     (cwd) => {
@@ -209,6 +211,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       });
     },
     bashConfig(trusted),
+    reviewBus,
   );
 
   // What the model is told follows the settings and limits in force at registration.
@@ -298,9 +301,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       try {
         // A read outside the mounts goes through the addon's grant loop: it
         // decides, asks through `ask`, applies the answer and runs again.
-        // With network.python: a destination no entry matches is reviewed in the dialog while the
-        // call runs (without a UI, refused at once); the call's dialogs close when it ends.
-        const dialog = ctx.hasUI ? networkDialog(ctx.ui, "python") : undefined;
+        // With network.python: a destination no entry matches is reviewed while the call runs, as a
+        // bash command's: by a reviewer on the bus first, else in the dialog (without either,
+        // refused at once; in yolo mode allowed unless network.review.yolo is "review"); the
+        // call's open reviews close when it ends.
+        const dialog = reviewBus.dialogFor("python", ctx.hasUI ? networkDialog(ctx.ui, "python") : undefined);
         target.setNetworkReview(dialog ? (request) => dialog(request, params.code, reviews.signal).catch(() => "cancel") : undefined);
         const r = await target.execute(params.code, params.timeoutSeconds, callId, onProgress, ask, ctx.hasUI);
         const scratchDir = target.status().paths.scratchDir ?? undefined;

@@ -36,22 +36,24 @@ export const NETWORK_REVIEW_TIMEOUT_MS = 60_000;
 
 /**
  * The review dialog through pi's `ctx.ui.select`: titled with the tool, the destination (and the
- * Unicode form of an `xn--` name, with a warning when it mixes scripts) and the command. A dismissed
- * or timed-out dialog is a cancel (the addon refuses the connection).
+ * Unicode form of an `xn--` name, with a warning when it mixes scripts) and the command (for the
+ * python tool: the code, and its grants are "for this call"). A dismissed or timed-out dialog is a
+ * cancel (the addon refuses the connection).
  */
 export function networkDialog(ui: Pick<ExtensionUIContext, "select">, tool: string): NetworkDialog {
+  const [what, unit] = tool === "python" ? ["code", "call"] : ["command", "command"];
   return async (r, command, signal) => {
     const authority = displayLine(r.authority);
-    const lines = [`${tool}: the command asks to connect to ${authority}`];
+    const lines = [`${tool}: the ${what} asks to connect to ${authority}`];
     if (r.unicode) {
       const warn = r.mixedScripts ? " (WARNING: it mixes scripts, and may imitate another name)" : "";
       lines.push(`that name is ${displayLine(r.unicode)}${warn}`);
     }
     const shown = command.length > 500 ? `${command.slice(0, 500)}...` : command;
-    lines.push(`command: ${displayLine(shown)}`);
+    lines.push(`${what}: ${displayLine(shown)}`);
     const options = [
       "Allow this connection",
-      `Allow ${authority} for this command`,
+      `Allow ${authority} for this ${unit}`,
       `Allow ${authority} for this session`,
       "Deny",
     ];
@@ -109,7 +111,12 @@ export interface NetworkReviewBus {
   close(): void;
 }
 
-export function networkReviewBus(pi: ExtensionAPI): NetworkReviewBus {
+/**
+ * The review over pi's event bus, one per extension (the bash tool, the user's `!command` and the
+ * python tool share it). `timeoutMs`: how long a review waits for a decision (the product's is
+ * NETWORK_REVIEW_TIMEOUT_MS; tests make it short).
+ */
+export function networkReviewBus(pi: Pick<ExtensionAPI, "events">, timeoutMs = NETWORK_REVIEW_TIMEOUT_MS): NetworkReviewBus {
   const reviewers = new Set<string>();
   const pending = new Map<number, (decision: string) => void>();
   let nextId = 1;
@@ -141,7 +148,7 @@ export function networkReviewBus(pi: ExtensionAPI): NetworkReviewBus {
         resolve(decision);
       };
       const onAbort = () => finish("cancel", "aborted");
-      const timer = setTimeout(() => finish("cancel", "timeout"), NETWORK_REVIEW_TIMEOUT_MS);
+      const timer = setTimeout(() => finish("cancel", "timeout"), timeoutMs);
       signal.addEventListener("abort", onAbort, { once: true });
       // Registered before the emit: a synchronous bus may answer inside it.
       pending.set(id, (decision) => finish(decision, decision === "cancel" ? "closed" : undefined));
@@ -166,7 +173,7 @@ export function networkReviewBus(pi: ExtensionAPI): NetworkReviewBus {
             mixedScripts: r.mixedScripts,
             command,
             decisions: [...DECISIONS],
-            timeoutMs: NETWORK_REVIEW_TIMEOUT_MS,
+            timeoutMs,
           },
           signal,
         );
@@ -183,4 +190,15 @@ export function networkReviewBus(pi: ExtensionAPI): NetworkReviewBus {
       for (const finish of [...pending.values()]) finish("cancel");
     },
   };
+}
+
+/**
+ * The extension's bus: made once, it asks reviewers loaded earlier to announce themselves at each
+ * session start and closes at session end.
+ */
+export function attachNetworkReviewBus(pi: ExtensionAPI): NetworkReviewBus {
+  const bus = networkReviewBus(pi);
+  pi.on("session_start", () => bus.query());
+  pi.on("session_shutdown", () => bus.close());
+  return bus;
 }

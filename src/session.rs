@@ -162,8 +162,8 @@ pub struct Session<H: Host = RealHost> {
     wake: watch::Sender<u64>,
     auto_call: AtomicU64,
     /// Who reviews the python tool's unmatched network destinations during
-    /// the next calls (none: refused at once).
-    network_review: parking_lot::Mutex<Option<crate::network::review::Ask>>,
+    /// the next calls (none: refused at once), and whether yolo allows them.
+    network_review: parking_lot::Mutex<crate::network::review::Reviewing>,
     /// Notes for the next result, found between executions (protected
     /// names made inert, ...).
     notes: protected::Notes,
@@ -286,9 +286,11 @@ impl<H: Host> Session<H> {
     }
 
     /// Who reviews a network destination no entry matches during the calls
-    /// that start from now (with `network.python`); none: refused at once.
-    pub fn set_network_review(&self, ask: Option<crate::network::review::Ask>) {
-        *self.network_review.lock() = ask;
+    /// that start from now (with `network.python`; no `ask`: refused at
+    /// once), and whether the session is in yolo mode (then it is allowed
+    /// unreviewed, unless `network.review.yolo` is `"review"`).
+    pub fn set_network_review(&self, reviewing: crate::network::review::Reviewing) {
+        *self.network_review.lock() = reviewing;
     }
 
     /// Run `code`. `call_id` names the call for `cancel`.

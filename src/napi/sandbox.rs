@@ -273,11 +273,17 @@ impl PythonSandbox {
     /// during the calls that start from now (resolves `once`, `command`,
     /// `session` or `deny`; anything else, or a rejection, denies); none
     /// (the default): refused at once. A call's open dialogs are cancelled
-    /// when it ends, and "for this command" grants last for the call. The
+    /// when it ends, and "for this command" grants last for the call. In
+    /// yolo mode (the mode now) an unmatched destination is allowed
+    /// unreviewed, unless `network.review.yolo` is `"review"`. The
     /// function kept does not keep the process alive.
     #[napi(ts_args_type = "onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null")]
     pub fn set_network_review(&self, on_review: Option<crate::napi::review::ReviewFn<true>>) {
-        self.session.set_network_review(on_review.map(crate::napi::review::asker));
+        let yolo = self.mode_name().as_deref() == Some("yolo");
+        self.session.set_network_review(crate::network::review::Reviewing {
+            ask: on_review.map(crate::napi::review::asker),
+            yolo,
+        });
     }
 
     #[napi]

@@ -76,6 +76,11 @@ pub trait Reviewer {
     fn granted(&self, _dest: &Destination) -> bool {
         false
     }
+    /// The reviewer's session is in yolo mode now (a reviewer that serves
+    /// many calls, as the python tool's, learns the mode at each call).
+    fn yolo(&self) -> bool {
+        false
+    }
     fn review(&self, dest: &Destination) -> impl Future<Output = Review> + Send;
 }
 

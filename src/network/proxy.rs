@@ -304,7 +304,7 @@ async fn decided<R: Resolver, V: Reviewer>(dest: &Destination, s: &Shared<R, V>)
         lists: live.as_ref().unwrap_or(&s.policy.lists),
         own: &s.policy.own,
         granted: s.reviewer.granted(dest),
-        yolo: s.policy.yolo,
+        yolo: s.policy.yolo || s.reviewer.yolo(),
         yolo_review: s.policy.yolo_review,
     };
     let r = decide(dest, &ctx, &s.resolver, &s.reviewer).await;

@@ -165,6 +165,9 @@ pub struct Desk {
     pending: parking_lot::Mutex<HashMap<Destination, watch::Receiver<Answer>>>,
     dialogs: parking_lot::Mutex<tokio::task::JoinSet<()>>,
     deadline: Duration,
+    /// The running call's session is in yolo mode (a desk that serves many
+    /// calls; a command's desk leaves this to its policy).
+    yolo: AtomicBool,
 }
 
 impl Desk {
@@ -181,13 +184,16 @@ impl Desk {
             pending: Default::default(),
             dialogs: Default::default(),
             deadline,
+            yolo: AtomicBool::new(false),
         })
     }
 
     /// A call starts on a desk that serves many (the python tool's): its
-    /// reviewer (none: no one can review).
-    pub fn call_starts(&self, ask: Option<Ask>) {
-        *self.ask.lock() = ask;
+    /// reviewer (none: no one can review) and whether the session is in
+    /// yolo mode.
+    pub fn call_starts(&self, reviewing: Reviewing) {
+        *self.ask.lock() = reviewing.ask;
+        self.yolo.store(reviewing.yolo, Ordering::Release);
     }
 
     /// The call ended: no one reviews until the next starts, its open
@@ -195,6 +201,7 @@ impl Desk {
     /// grants "for this command" end with it.
     pub fn between_calls(&self) {
         *self.ask.lock() = None;
+        self.yolo.store(false, Ordering::Release);
         self.dialogs.lock().abort_all();
         self.pending.lock().clear();
         self.command.lock().clear();
@@ -245,6 +252,10 @@ impl Drop for Desk {
 impl Reviewer for Arc<Desk> {
     fn granted(&self, dest: &Destination) -> bool {
         self.command.lock().contains(dest) || self.session.covers(dest)
+    }
+
+    fn yolo(&self) -> bool {
+        self.yolo.load(Ordering::Acquire)
     }
 
     async fn review(&self, dest: &Destination) -> Review {
@@ -411,7 +422,7 @@ mod tests {
         let desk = Desk::new(None, SessionGrants::default());
         let d = dest("example.org", 443);
         assert_eq!(desk.review(&d).await, Review::Unavailable);
-        desk.call_starts(Some(ask.clone()));
+        desk.call_starts(Reviewing { ask: Some(ask.clone()), yolo: false });
         assert_eq!(desk.review(&d).await, Review::Allowed);
         assert!(desk.granted(&d));
         desk.between_calls();
@@ -420,7 +431,7 @@ mod tests {
         assert_eq!(count.load(Ordering::SeqCst), 1);
         // A dialog still open when the call ends is cancelled: its connection is refused.
         let (slow, _) = asker(vec![Choice::Command], Duration::from_secs(30));
-        desk.call_starts(Some(slow));
+        desk.call_starts(Reviewing { ask: Some(slow), yolo: false });
         let waiting = tokio::spawn({
             let (desk, d) = (desk.clone(), d.clone());
             async move { desk.review(&d).await }
@@ -429,5 +440,17 @@ mod tests {
         desk.between_calls();
         let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
         assert_eq!(got, Review::Cancelled);
+    }
+
+    #[test]
+    fn a_desk_across_calls_is_in_yolo_only_during_a_call_that_started_in_yolo() {
+        let desk = Desk::new(None, SessionGrants::default());
+        assert!(!desk.yolo());
+        desk.call_starts(Reviewing { ask: None, yolo: true });
+        assert!(desk.yolo());
+        desk.between_calls();
+        assert!(!desk.yolo(), "no call runs: nothing is allowed by yolo");
+        desk.call_starts(Reviewing { ask: None, yolo: false });
+        assert!(!desk.yolo());
     }
 }

@@ -180,7 +180,7 @@ impl Sandbox for FakeSandbox {
     fn take_network_notes(&self) -> Vec<String> {
         Vec::new()
     }
-    fn network_review(&self, _during: Option<Option<crate::network::review::Ask>>) {}
+    fn network_review(&self, _during: Option<crate::network::review::Reviewing>) {}
     fn exited(&mut self) -> Option<ExitStatus> {
         // Killed by SIGKILL, as a sandbox that ended while idle.
         self.script.lock().dead.contains(&self.pid).then(|| ExitStatus::from_raw(9))

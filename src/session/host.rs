@@ -60,7 +60,7 @@ pub trait Sandbox: Send + 'static {
     /// What its network's proxy allowed and refused since the last look.
     fn take_network_notes(&self) -> Vec<String>;
     /// A call starts (`Some`: who reviews during it) or ended (`None`).
-    fn network_review(&self, during: Option<Option<crate::network::review::Ask>>);
+    fn network_review(&self, during: Option<crate::network::review::Reviewing>);
     /// Its exit status, if it has ended.
     fn exited(&mut self) -> Option<ExitStatus>;
     /// Whether its interpreter is gone while its PID 1 stays.
@@ -199,9 +199,9 @@ impl Sandbox for Worker {
     fn take_network_notes(&self) -> Vec<String> {
         Worker::take_network_notes(self)
     }
-    fn network_review(&self, during: Option<Option<crate::network::review::Ask>>) {
+    fn network_review(&self, during: Option<crate::network::review::Reviewing>) {
         match during {
-            Some(ask) => Worker::network_call_starts(self, ask),
+            Some(reviewing) => Worker::network_call_starts(self, reviewing),
             None => Worker::network_call_ended(self),
         }
     }

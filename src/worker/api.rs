@@ -240,8 +240,10 @@ pub type Proxy =
 
 /// [`crate::spawn::prepare_inside`], and with `network` the proxy's
 /// listener in the sandbox's network namespace, served for as long as the
-/// sandbox lives. There is no review: a destination no entry (or session
-/// grant) matches is refused at once. A listener that could not be made or
+/// sandbox lives. A destination no entry (or session grant) matches is
+/// reviewed by the reviewer of the call running (see
+/// [`super::Worker::network_call_starts`]); between calls it is refused at
+/// once. A listener that could not be made or
 /// served leaves the sandbox with no network, and `notes` says why.
 pub async fn prepare_with_network(
     info: OwnedFd,
@@ -285,10 +287,10 @@ impl super::Worker {
     }
 
     /// A call starts: who reviews an unmatched destination during it
-    /// (none: refused at once).
-    pub fn network_call_starts(&self, ask: Option<crate::network::review::Ask>) {
+    /// (none: refused at once), and whether yolo allows it unreviewed.
+    pub fn network_call_starts(&self, reviewing: crate::network::review::Reviewing) {
         if let Some(p) = &self.proxy {
-            p.reviewer().call_starts(ask);
+            p.reviewer().call_starts(reviewing);
         }
     }
 
