@@ -424,6 +424,21 @@ async function network() {
       on.push(await shellOnce(withNet, project, "true"));
     }
     record("bash -c true with the network proxy", median(on), "ms", "bash -c true, no network", median(off), "(setup cost)");
+    // The python tool's: a cold first execute whose sandbox gets the listener and the proxy
+    // (network.python), against the same start without a network, alternated in this run.
+    const pyOn = [];
+    const pyOff = [];
+    for (let i = 0; i < runs(20); i++) {
+      for (const [python, into] of [[false, pyOff], [true, pyOn]]) {
+        const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+        sb.setShellConfig({ network: { ...networkConfig, python } });
+        const [ms, r] = await timed(() => sb.execute("1+1"));
+        mustOk(r, `cold execute, network.python ${python}`);
+        into.push(ms);
+        await sb.dispose();
+      }
+    }
+    record("python cold first execute with network.python", median(pyOn), "ms", "the same start, no network", median(pyOff), "(setup cost)");
     const n = runs(200);
     const rtt = [];
     const direct = [];
