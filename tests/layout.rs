@@ -3,7 +3,9 @@
 //! outside its test modules are its imports), no file in `src/` over
 //! [`MAX_LINES`] lines before its test module, and, outside test modules,
 //! no `Result<_, String>` (errors are typed) and no allowance of
-//! `clippy::too_many_arguments` (arguments that go together are a struct).
+//! `clippy::too_many_arguments` (arguments that go together are a struct);
+//! and the in-sandbox init (`src/worker/init.py`) knows nothing of the
+//! python worker that runs on it (checked by `tests/layout/init_check.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -314,4 +316,83 @@ fn no_result_with_a_string_error_and_no_too_many_arguments_allowance() {
          struct for arguments that go together):\n  {}",
         untyped.join("\n  ")
     );
+}
+
+/// What `tests/layout/init_check.py` finds in an init and a worker text:
+/// (problems, the names the init defines).
+fn init_check(init: &str, worker: &str) -> (Vec<String>, Vec<String>) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("python3")
+        .arg(root().join("tests/layout/init_check.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 on PATH (the sandbox tests need it too)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{init}\0{worker}").as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "init_check.py failed: {}", out.status);
+    let found: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = |key: &str| -> Vec<String> {
+        found[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    (list("problems"), list("defines"))
+}
+
+#[test]
+fn the_init_knows_nothing_of_the_python_worker() {
+    let init = std::fs::read_to_string(root().join("src/worker/init.py")).unwrap();
+    let worker = std::fs::read_to_string(root().join("src/worker/worker.py")).unwrap();
+    let (problems, defines) = init_check(&init, &worker);
+    assert!(problems.is_empty(), "the init and the worker are not apart:\n  {}", problems.join("\n  "));
+    // The init's pieces are the init's: PID 1, reaping, descriptors, end
+    // marks, kill, frames, the open-files limit.
+    for piece in [
+        "start_keeper",
+        "keeper",
+        "reap",
+        "reserve",
+        "prepare_process",
+        "end_streams",
+        "kill_all",
+        "kill_now",
+        "fresh_channels",
+        "prepare_streams",
+        "send",
+        "read_request",
+        "limit_files",
+    ] {
+        assert!(defines.iter().any(|d| d == piece), "init.py does not define {piece}: {defines:?}");
+    }
+    // The addon runs the two as one file, the init first.
+    let shipped = pi_python_sandbox::launch::WORKER_SOURCE;
+    assert_eq!(shipped.len(), init.len() + worker.len());
+    assert!(shipped.starts_with(&init) && shipped.ends_with(&worker));
+}
+
+#[test]
+fn the_init_check_sees_the_worker_s_knowledge_in_the_init() {
+    let init = "import os\nimport marshal\nimport sys\nPREPARED = False\nNULL_ID = None\n\n\
+                def reap():\n    serve()\n    exec('x')\n    return repr(os.getpid())\n\n\
+                def hook():\n    sys.addaudithook(print)\n";
+    let worker = "def reap():\n    pass\n\n\
+                  def call():\n    global PREPARED, NULL_ID\n    PREPARED = True\n    NULL_ID = 1\n";
+    let (problems, defines) = init_check(init, worker);
+    assert_eq!(
+        problems,
+        [
+            "init.py reads serve, which it does not define (in reap)",
+            "init.py uses exec (in reap)",
+            "init.py uses repr (in reap)",
+            "init.py imports marshal",
+            "init.py uses .addaudithook",
+            "worker.py defines reap again",
+            "worker.py's call sets the init's NULL_ID",
+        ],
+    );
+    assert_eq!(defines, ["NULL_ID", "PREPARED", "hook", "reap"]);
+    let (clean, _) =
+        init_check("import os\n\ndef reap():\n    return os.getpid()\n", "def call():\n    return reap()\n");
+    assert!(clean.is_empty(), "{clean:?}");
 }

@@ -18,8 +18,11 @@ use crate::runtime::{CallRequest, Runtime};
 pub mod bytecode;
 pub mod images;
 
-/// The worker script, embedded in the addon.
-pub const WORKER_SOURCE: &str = include_str!("../worker/worker.py");
+/// The script the sandbox runs, embedded in the addon: the generic init
+/// (`init.py`: PID 1, frame I/O, reserved descriptors, end marks) and then
+/// the python worker (`worker.py`), one file so that the rollback copy
+/// checks both as one module (see `pristine()`).
+pub const WORKER_SOURCE: &str = concat!(include_str!("../worker/init.py"), include_str!("../worker/worker.py"));
 
 pub use crate::runtime_paths::{LOGS, PYTHON_RESERVED as RESERVED_MOUNTS, WORKER, WORKER_PYC};
 
