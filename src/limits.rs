@@ -48,7 +48,7 @@ pub const RLIMIT_NOFILE: u64 = 128;
 /// and POSIX timers made by all of one sandbox's processes together (the
 /// kernel counts them per user in each user namespace, and every count up
 /// to the host's is charged). Without it the sandbox inherits pi's limit,
-/// about 96,000 on a 24 GiB host, and one process queueing that many to
+/// 96,367 on a 23.5 GiB host, and one process queueing that many to
 /// itself leaves every other program of pi's user unable to make a timer
 /// or queue a signal (`EAGAIN`) until it ends.
 pub const RLIMIT_SIGPENDING: u64 = 1024;
