@@ -577,6 +577,22 @@ describe("secrets that appear after the sandbox started", () => {
   });
 
   for (const mode of [undefined, "yolo"]) {
+    test(`${mode ?? "read-only"}: a .ENV.LOCAL and a KEY.PEM the host makes after the start are masked as their lower-case names would be`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, mode);
+        await writeFile(join(fx.project, ".ENV.LOCAL"), LATE);
+        await writeFile(join(fx.project, "deploy", "KEY.PEM"), LATE);
+        const r = await exec(catAll([".ENV.LOCAL", "deploy/KEY.PEM"]));
+        if (secrets === "") assert.match(seen(r), /late-secret-3b8e[^]*late-secret-3b8e/, `baseline: without masks both read: ${show(r)}`);
+        else {
+          assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+          assert.equal(jsonOut(r).out, "");
+        }
+        await sb.dispose();
+      }
+    });
+
     test(`${mode ?? "read-only"}: a masked secret the host renames to a plain name stays masked under it`, async (t) => {
       if (skipWithoutSandbox(t)) return;
       for (const secrets of ["", undefined]) {
