@@ -71,6 +71,17 @@ test("a project secret reads as empty and the project's files read as they are",
   assert.equal(out, `end\nfixture-content\n${f.project}\n`);
 });
 
+test("a project secret named in another case (.ENV, KEY.PEM) reads as empty", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  writeFileSync(join(f.project, ".ENV"), "API_TOKEN=upper-secret-a1\n");
+  writeFileSync(join(f.project, "KEY.PEM"), "-----BEGIN PRIVATE KEY-----upper-secret-b2\n");
+  assert.match(host(f.project, "cat .ENV KEY.PEM").out, /upper-secret-a1[^]*upper-secret-b2/, "baseline");
+  const { r, out } = await sh(f.sb, f.project, "cat .ENV KEY.PEM; echo end");
+  assert.equal(r.exitCode, 0);
+  assert.equal(out, "end\n");
+});
+
 test("no variable of pi's process reaches a command but the allowlisted ones", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);

@@ -214,6 +214,35 @@ for p in ["/workspace/.env", "/workspace/sub/.env.production"]:
     assert.equal(jsonOut(r.on).out, "ValueError;ValueError;", "an empty file cannot be mapped");
   });
 
+  test("a secret named in another case (.ENV, SERVER.PEM, ID_RSA, Secrets/) is masked; .ENV.EXAMPLE reads", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // Key files exported on other systems often carry upper-case names or extensions; a project
+    // copied from a case-insensitive file system holds `.ENV` where tools read `.env`.
+    const upper: Record<string, string> = {
+      ".ENV": "TOKEN=upper-secret-51ac\n",
+      "deploy/SERVER.PEM": "-----BEGIN PRIVATE KEY-----upper-secret-62bd\n",
+      "ID_RSA": "-----BEGIN OPENSSH PRIVATE KEY-----upper-secret-73ce\n",
+      "Secrets/token.txt": "TOKEN=upper-secret-84df\n",
+      ".ENV.EXAMPLE": "TOKEN=example-upper\n",
+    };
+    const code = py`
+      import json, subprocess
+      c = subprocess.run(["cat", *${JSON.stringify(Object.keys(upper).map((p) => `/workspace/${p}`))}], capture_output=True, text=True)
+      print(json.dumps({"out": c.stdout, "rc": c.returncode}))
+    `;
+    const run = async (secrets: string | undefined) => {
+      const fx = await makeFixtureWithoutSpare(t);
+      await put(fx.project, upper);
+      return withEnv({ PI_PYTHON_TOOL_SECRETS: secrets }, () => fx.open().execute(code));
+    };
+    const off = await run("");
+    assert.match(jsonOut(off).out, /upper-secret-51ac[^]*upper-secret-62bd[^]*upper-secret-73ce[^]*upper-secret-84df/, `baseline: ${show(off)}`);
+    const on = await run(undefined);
+    assert.doesNotMatch(seen(on), /upper-secret/, `a secret reached the result: ${show(on)}`);
+    // The masked directory is empty, so cat fails on Secrets/token.txt alone.
+    assert.deepEqual(jsonOut(on), { out: "TOKEN=example-upper\n", rc: 1 }, "the example stays readable");
+  });
+
   test(".env.example and other files read normally", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const fx = await project(t);
@@ -548,6 +577,22 @@ describe("secrets that appear after the sandbox started", () => {
   });
 
   for (const mode of [undefined, "yolo"]) {
+    test(`${mode ?? "read-only"}: a .ENV.LOCAL and a KEY.PEM the host makes after the start are masked as their lower-case names would be`, async (t) => {
+      if (skipWithoutSandbox(t)) return;
+      for (const secrets of ["", undefined]) {
+        const { fx, sb, exec } = await late(t, secrets, mode);
+        await writeFile(join(fx.project, ".ENV.LOCAL"), LATE);
+        await writeFile(join(fx.project, "deploy", "KEY.PEM"), LATE);
+        const r = await exec(catAll([".ENV.LOCAL", "deploy/KEY.PEM"]));
+        if (secrets === "") assert.match(seen(r), /late-secret-3b8e[^]*late-secret-3b8e/, `baseline: without masks both read: ${show(r)}`);
+        else {
+          assert.doesNotMatch(seen(r), /late-secret-3b8e/, show(r));
+          assert.equal(jsonOut(r).out, "");
+        }
+        await sb.dispose();
+      }
+    });
+
     test(`${mode ?? "read-only"}: a masked secret the host renames to a plain name stays masked under it`, async (t) => {
       if (skipWithoutSandbox(t)) return;
       for (const secrets of ["", undefined]) {

@@ -170,11 +170,15 @@ fn inert_base(name: &[u8]) -> Option<&[u8]> {
 }
 
 /// Shell-style matching of a whole name: `*` any run, `?` one byte.
+/// ASCII letters match in either case: a key exported elsewhere is
+/// `SERVER.PEM` or `ID_RSA` as often as `server.pem`, and a project
+/// copied from a case-insensitive file system holds `.ENV` where its
+/// tools read `.env`.
 pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     let (mut p, mut n) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while n < name.len() {
-        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == name[n]) {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&name[n])) {
             p += 1;
             n += 1;
         } else if p < pattern.len() && pattern[p] == b'*' {
@@ -512,6 +516,12 @@ mod tests {
             (".secrets", Kind::Dir),
             ("secret", Kind::Dir),
             (".env", Kind::Link),
+            (".ENV", f),
+            (".Env.Local", f),
+            (".ENV.EXAMPLE", f),
+            ("SERVER.PEM", f),
+            ("ID_RSA", f),
+            ("Secrets", Kind::Dir),
         ];
         assert_eq!(
             names(&r, &all),
@@ -537,6 +547,11 @@ mod tests {
                 "secrets",
                 ".secrets",
                 ".env",
+                ".ENV",
+                ".Env.Local",
+                "SERVER.PEM",
+                "ID_RSA",
+                "Secrets",
             ]
         );
         assert!(!r.is_empty());
@@ -568,6 +583,13 @@ mod tests {
             ("?x", "ax", true),
             ("?x", "x", false),
             ("**", "abc", true),
+            ("*.pem", "SERVER.PEM", true),
+            (".env", ".Env", true),
+            ("id_rsa*", "ID_RSA.pub", true),
+            ("?x", "aX", true),
+            // Only ASCII letters fold: other bytes match themselves alone.
+            ("\u{e4}.key", "\u{c4}.key", false),
+            ("a_b", "a-b", false),
         ] {
             assert_eq!(glob_match(p.as_bytes(), n.as_bytes()), m, "{p} ~ {n}");
         }

@@ -40,7 +40,7 @@ use tokio::net::unix::pipe;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 use crate::bwrap::{BLOCK_FD, INFO_FD, MOUNT_FD_BASE, REPLY_FD, REQUEST_FD, SECCOMP_FD};
-use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE};
+use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE, RLIMIT_SIGPENDING};
 
 /// A running sandbox and the host ends of its channels.
 pub struct Spawned {
@@ -58,11 +58,15 @@ pub struct Spawned {
 }
 
 /// The rlimits every sandboxed process starts with (soft = hard).
-pub const RLIMITS: [(Resource, u64); 4] = [
+/// `RLIMIT_SIGPENDING` is set before bubblewrap makes the sandbox's user
+/// namespace, which takes it as the most the sandbox may charge to pi's
+/// user in the host's count, whatever its processes do later.
+pub const RLIMITS: [(Resource, u64); 5] = [
     (Resource::RLIMIT_AS, RLIMIT_AS_BYTES),
     (Resource::RLIMIT_FSIZE, RLIMIT_FSIZE_BYTES),
     (Resource::RLIMIT_NOFILE, RLIMIT_NOFILE),
     (Resource::RLIMIT_CORE, 0),
+    (Resource::RLIMIT_SIGPENDING, RLIMIT_SIGPENDING),
 ];
 
 /// A close-on-exec pipe: (read end, write end).
@@ -130,6 +134,13 @@ fn child_cloexec_from(first: RawFd) -> io::Result<()> {
 fn child_rlimits(nofile: u64) -> io::Result<()> {
     for (resource, value) in RLIMITS {
         let value = if resource == Resource::RLIMIT_NOFILE { nofile } else { value };
+        // Never above pi's own hard limit, which only a privileged
+        // process could raise.
+        let value = if resource == Resource::RLIMIT_SIGPENDING {
+            value.min(nix::sys::resource::getrlimit(resource)?.1)
+        } else {
+            value
+        };
         nix::sys::resource::setrlimit(resource, value, value)?;
     }
     Ok(())
