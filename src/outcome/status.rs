@@ -11,6 +11,47 @@ pub enum Availability {
     Unavailable(String),
 }
 
+impl Availability {
+    /// Which of the three it is, without the diagnostic.
+    pub fn state(&self) -> AvailableState {
+        match self {
+            Availability::Unverified => AvailableState::Unverified,
+            Availability::Available => AvailableState::Available,
+            Availability::Unavailable(_) => AvailableState::Unavailable,
+        }
+    }
+}
+
+/// Whether a sandbox can start, as `status().available` names it. The
+/// addon hands it to JavaScript as the string union `AvailableState`.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AvailableState {
+    /// Nothing was started yet (no call so far).
+    Unverified,
+    Available,
+    /// The diagnostic says why.
+    Unavailable,
+}
+
+/// How the running sandbox has the project, as `status().workspaceMode`
+/// names it (the string union `WorkspaceMode`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "kebab-case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceMode {
+    ReadOnly,
+    ReadWrite,
+}
+
+impl WorkspaceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceMode::ReadOnly => "read-only",
+            WorkspaceMode::ReadWrite => "read-write",
+        }
+    }
+}
+
 /// The session's history, kept here only: which interpreter this is, how
 /// many calls reached one, and what was last discarded or rolled back.
 /// `status` and the results read it; the session changes it through its
@@ -110,7 +151,7 @@ pub struct StatusReport {
     pub spare: SpareState,
     /// How the running worker was loaded: compiled from source, or from the
     /// bytecode an earlier sandbox produced.
-    pub worker_code: Option<&'static str>,
+    pub worker_code: Option<crate::worker::CodeForm>,
     /// Whether the next sandbox start gets rollback.
     pub rollback: bool,
     /// How much /scratch held at the last check (see `scratch`).
@@ -157,8 +198,22 @@ impl StatusReport {
             grants: None,
         }
     }
+
+    /// How the sandbox has the project: read-only where the mode allows
+    /// writes but the running sandbox holds it read-only (it could not be
+    /// protected). `status()`'s field and its text both say this one.
+    pub fn workspace_mode(&self) -> WorkspaceMode {
+        if self.mounts.workspace_writable && !self.workspace_held_read_only {
+            WorkspaceMode::ReadWrite
+        } else {
+            WorkspaceMode::ReadOnly
+        }
+    }
 }
 
+/// The spare sandbox, as `status().spare` names it (the string union
+/// `SpareState`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpareState {
     None,
@@ -239,7 +294,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         _ => None,
     };
     let held = r.mounts.workspace_writable && r.workspace_held_read_only;
-    let mode = if r.mounts.workspace_writable && !held { "read-write" } else { "read-only" };
+    let mode = r.workspace_mode().as_str();
     let held_why =
         if held { " in this sandbox although the mode allows writes (the project could not be protected)" } else { "" };
     let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
@@ -439,6 +494,28 @@ pub fn reset_text(dirs: Option<&Dirs>, done: ResetDone, notes: &[String]) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writable_mode_whose_project_is_held_read_only_is_read_only_in_the_field_and_in_the_text() {
+        let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadOnly, "a read-only mode");
+        r.mounts.workspace_writable = true;
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadWrite, "baseline: a writable mode");
+        assert!(status_text(&r, &settings).contains("/p -> /workspace (read-write)"));
+        r.workspace_held_read_only = true;
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadOnly, "the project could not be protected");
+        let text = status_text(&r, &settings);
+        assert!(text.contains("; /workspace read-only in this sandbox although the mode allows writes"), "{text}");
+        assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+    }
+
+    #[test]
+    fn the_availability_s_state_drops_only_the_diagnostic() {
+        assert_eq!(Availability::Unverified.state(), AvailableState::Unverified);
+        assert_eq!(Availability::Available.state(), AvailableState::Available);
+        assert_eq!(Availability::Unavailable("why".into()).state(), AvailableState::Unavailable);
+    }
 
     #[test]
     fn the_history_moves_by_what_happened() {
