@@ -342,3 +342,17 @@ test("status()'s states: unverified, then available with the worker's code form;
   assert.match(held.status().text, /\/workspace read-only in this sandbox although the mode allows writes/);
   assert.equal(held.status().workspaceMode, "read-only");
 });
+
+test("status names where each setting in force comes from: the caller's option, the environment under the name it was read as", async (t) => {
+  withEnv(t, "PI_SANDBOX_TMP_SIZE", undefined);
+  withEnv(t, "PI_PYTHON_TOOL_TMP_SIZE", "64M");
+  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", "0");
+  const { sb, open } = await makeFixture(t);
+  const line = (s: typeof sb) => /^settings: .*$/m.exec(s.status().text)?.[0] ?? "";
+  // The fixture's sandboxes are made with `prewarm: false`.
+  assert.match(line(sb), /^settings: from the caller's options \(over the environment\): PI_SANDBOX_PREWARM; /, line(sb));
+  assert.match(line(sb), /from the environment: PI_PYTHON_TOOL_ROLLBACK, .*PI_PYTHON_TOOL_TMP_SIZE \(for PI_SANDBOX_TMP_SIZE\)/, line(sb));
+  const given = open({ rollback: true });
+  assert.match(line(given), /^settings: from the caller's options \(over the environment\): PI_SANDBOX_PREWARM, PI_PYTHON_TOOL_ROLLBACK; from the environment: /, line(given));
+  assert.doesNotMatch(line(given), /environment: [^;]*PI_PYTHON_TOOL_ROLLBACK/, line(given));
+});

@@ -250,6 +250,7 @@ impl<H: Host> Session<H> {
         let spare = self.spare.state();
         let sh = self.shared.lock();
         let mut report = sh.report.clone();
+        report.by_caller = self.opts.set_by_caller();
         report.worker_running = sh.slot.pid().is_some();
         report.workspace_held_read_only =
             report.mounts.workspace_writable && matches!(sh.slot, Slot::Ready { held_read_only: true, .. });

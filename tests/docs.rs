@@ -246,6 +246,18 @@ fn anchors_and_links_are_read_as_github_does() {
 }
 
 #[test]
+fn settings_md_s_table_is_the_list_status_names_the_sources_of() {
+    let doc = read("docs/settings.md");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(name, _)| name))
+        .filter(|name| name.starts_with("PI_"))
+        .collect();
+    assert_eq!(rows, pi_python_sandbox::options::SETTINGS, "docs/settings.md's rows and options::SETTINGS, in order");
+}
+
+#[test]
 fn settings_md_names_every_environment_variable_the_code_reads() {
     let doc = read("docs/settings.md");
     let mut names = BTreeSet::new();

@@ -163,6 +163,9 @@ pub struct StatusReport {
     /// How grants are applied in this session (to the running sandbox,
     /// or by a restart and why), when the session says.
     pub grants: Option<String>,
+    /// The settings the session's caller gave as options (see
+    /// `SessionOptions::set_by_caller`).
+    pub by_caller: Vec<&'static str>,
 }
 
 impl StatusReport {
@@ -196,6 +199,7 @@ impl StatusReport {
             set_aside: Vec::new(),
             masks: None,
             grants: None,
+            by_caller: Vec::new(),
         }
     }
 
@@ -365,6 +369,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
             .collect();
         text.push_str(&format!("settings ignored: {}\n", list.join(", ")));
     }
+    text.push_str(&settings_line(settings, &r.by_caller));
     text.push_str(&format!(
         "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
         crate::display::one_line(&r.project_dir),
@@ -454,6 +459,40 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     text
 }
 
+/// Where each setting in force comes from: the caller's options, the
+/// environment (under which name), else the default.
+fn settings_line(settings: &Settings, by_caller: &[&str]) -> String {
+    use crate::options::Source;
+    let from_env: Vec<String> = settings
+        .set
+        .iter()
+        .filter(|(name, _)| !by_caller.contains(name))
+        .map(|&(name, source)| {
+            let read = match source {
+                Source::Environment => name.to_string(),
+                Source::EarlierName(earlier) => format!("{earlier} (for {name})"),
+            };
+            if name == crate::config::BASH_ENV {
+                format!("{read} (over the trusted configuration file's bash)")
+            } else {
+                read
+            }
+        })
+        .collect();
+    let mut parts = Vec::new();
+    if !by_caller.is_empty() {
+        parts.push(format!("from the caller's options (over the environment): {}", by_caller.join(", ")));
+    }
+    if !from_env.is_empty() {
+        parts.push(format!("from the environment: {}", from_env.join(", ")));
+    }
+    if parts.is_empty() {
+        return "settings: every one at its default (none is set in the environment)\n".to_string();
+    }
+    parts.push("every other at its default".to_string());
+    format!("settings: {}\n", parts.join("; "))
+}
+
 /// What a reset did to the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetDone {
@@ -508,6 +547,40 @@ mod tests {
         let text = status_text(&r, &settings);
         assert!(text.contains("; /workspace read-only in this sandbox although the mode allows writes"), "{text}");
         assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+    }
+
+    #[test]
+    fn status_names_where_each_setting_in_force_comes_from() {
+        let vars = [
+            ("PI_PYTHON_TOOL_MAX_TASKS", "64"),
+            ("PI_SANDBOX_TMP_SIZE", "16M"),
+            ("PI_PYTHON_TOOL_ROLLBACK", "0"),
+            ("PI_SANDBOX_BASH", "0"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let settings = Settings::from_lookup(get, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        let text = status_text(&r, &settings);
+        assert!(
+            text.contains(
+                "\nsettings: from the environment: PI_PYTHON_TOOL_ROLLBACK, PI_SANDBOX_BASH (over the trusted \
+                 configuration file's bash), PI_SANDBOX_TMP_SIZE, PI_PYTHON_TOOL_MAX_TASKS (for PI_SANDBOX_MAX_TASKS); \
+                 every other at its default\n"
+            ),
+            "{text}"
+        );
+        r.by_caller = vec!["PI_PYTHON_TOOL_ROLLBACK"];
+        let text = status_text(&r, &settings);
+        assert!(
+            text.contains(
+                "\nsettings: from the caller's options (over the environment): PI_PYTHON_TOOL_ROLLBACK; from the \
+                 environment: PI_SANDBOX_BASH (over"
+            ),
+            "{text}"
+        );
+        let none = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let text = status_text(&StatusReport::new("/p".into(), MountConfig::default(), false), &none);
+        assert!(text.contains("\nsettings: every one at its default (none is set in the environment)\n"), "{text}");
     }
 
     #[test]
