@@ -715,6 +715,11 @@ export interface StatusResult {
   secretScanComplete?: boolean
   /** The report as text for the model. */
   text: string
+  /**
+   * How many lines of `text` are its short part (those before the
+   * `details:` line): what the TUI shows collapsed and `/sandbox` shows.
+   */
+  summaryLines: number
 }
 
 /**

@@ -356,3 +356,23 @@ test("status names where each setting in force comes from: the caller's option, 
   assert.match(line(given), /^settings: from the caller's options \(over the environment\): PI_SANDBOX_PREWARM, PI_PYTHON_TOOL_ROLLBACK; from the environment: /, line(given));
   assert.doesNotMatch(line(given), /environment: [^;]*PI_PYTHON_TOOL_ROLLBACK/, line(given));
 });
+
+test("a status report collapsed is cut at the count its report gives, not at a line that reads 'details:'", () => {
+  setupTui();
+  const text = "python tool: available\ndetails:\nmode: manual\ndetails:\nhardening: on";
+  const shown = (expanded: boolean, summaryLines?: number) =>
+    shownResult(
+      renderResult(
+        { content: [{ type: "text", text }], details: { action: "status", status: "ok", isError: false, report: { summaryLines } } },
+        { expanded, isPartial: false },
+        theme() as never,
+        context({ expanded }) as never,
+      ),
+    );
+  const collapsed = shown(false, 3);
+  assert.match(collapsed, /^✓ python status\npython tool: available\ndetails:\nmode: manual\n/, collapsed);
+  assert.doesNotMatch(collapsed, /hardening/, collapsed);
+  assert.match(collapsed, /details: 1 more line/, collapsed);
+  // Expanded, or without the count (a report kept from before it), every line.
+  for (const all of [shown(true, 3), shown(false)]) assert.match(all, /mode: manual\ndetails:\nhardening: on/, all);
+});

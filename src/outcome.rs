@@ -57,7 +57,8 @@ pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
 pub use status::{
-    reset_text, status_text, Availability, AvailableState, History, ResetDone, SpareState, StatusReport, WorkspaceMode,
+    reset_text, status_text, status_text_and_summary, Availability, AvailableState, History, ResetDone, SpareState,
+    StatusReport, WorkspaceMode,
 };
 mod causes;
 mod output;

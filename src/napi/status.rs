@@ -140,6 +140,9 @@ pub struct StatusResult {
     pub secret_scan_complete: Option<bool>,
     /// The report as text for the model.
     pub text: String,
+    /// How many lines of `text` are its short part (those before the
+    /// `details:` line): what the TUI shows collapsed and `/sandbox` shows.
+    pub summary_lines: u32,
 }
 
 /// The sandbox's limits (the same as `status().limits`), without a
@@ -223,7 +226,8 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
     let protected = crate::protected::describe(&settings.protected);
     let seccomp_rules = crate::seccomp::rules().len();
     // The worker's ready frame, the host's probes and the paths: any can hold anything.
-    let text = displayed(crate::outcome::status_text(&r, &settings));
+    let (text, summary_lines) = crate::outcome::status_text_and_summary(&r, &settings);
+    let text = displayed(text);
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
@@ -287,5 +291,6 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
             setuid: b.setuid,
         }),
         text,
+        summary_lines: summary_lines as u32,
     }
 }

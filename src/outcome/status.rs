@@ -262,11 +262,6 @@ fn reason_words(r: &ResetReason) -> &'static str {
     }
 }
 
-/// The `status` text: first the few lines a user needs (available, the
-/// interpreter, mode and mounts, the last failure and its recovery,
-/// containment in one line), then under `details:` what the session has,
-/// what the next sandbox start would get (`settings`), and what is and is
-/// not hardened.
 /// The project's masks as the running sandbox has them: a secret allowed
 /// once (its mask detached, `once` holding its canonical host path) is
 /// listed as unmasked by a grant, not as shown empty.
@@ -287,7 +282,18 @@ fn allowed_once(
     m
 }
 
+/// The `status` text: first the few lines a user needs (available, the
+/// interpreter, mode and mounts, the last failure and its recovery,
+/// containment in one line), then under `details:` what the session has,
+/// what the next sandbox start would get (`settings`), and what is and is
+/// not hardened.
 pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
+    status_text_and_summary(r, settings).0
+}
+
+/// [`status_text`] and how many of its lines are the few a user needs:
+/// the lines before `details:`.
+pub fn status_text_and_summary(r: &StatusReport, settings: &Settings) -> (String, usize) {
     let available = match &r.availability {
         Availability::Unverified => "not started yet (no call so far)",
         Availability::Available => "available",
@@ -337,6 +343,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     }
     text.push_str(&rollback_line(r.rollback, r.history.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!("containment: {}\n", crate::contain::summary(crate::contain::host_plan(), &settings.caps)));
+    let summary_lines = text.lines().count();
     text.push_str("details:\n");
     if !r.site_dirs.is_empty() {
         let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
@@ -456,7 +463,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         seccomp_rules,
         if protected.is_empty() { "none (PI_SANDBOX_PROTECTED is empty)".to_string() } else { protected.join(", ") }
     ));
-    text
+    (text, summary_lines)
 }
 
 /// Where each setting in force comes from: the caller's options, the
@@ -581,6 +588,21 @@ mod tests {
         let none = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
         let text = status_text(&StatusReport::new("/p".into(), MountConfig::default(), false), &none);
         assert!(text.contains("\nsettings: every one at its default (none is set in the environment)\n"), "{text}");
+    }
+
+    #[test]
+    fn the_summary_is_the_lines_before_details() {
+        let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        for unavailable in [false, true] {
+            if unavailable {
+                r.availability = Availability::Unavailable("no bwrap\ndetails:".into());
+            }
+            let (text, summary) = status_text_and_summary(&r, &settings);
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines[summary], "details:", "{text}");
+            assert!(!lines[..summary].contains(&"details:"), "{text}");
+        }
     }
 
     #[test]
