@@ -157,6 +157,12 @@ export declare class ToolPermissions {
   clear(): void
 }
 
+/**
+ * Whether a sandbox can start, as `status().available` names it. The
+ * addon hands it to JavaScript as the string union `AvailableState`.
+ */
+export type AvailableState = 'unverified' | 'available' | 'unavailable'
+
 export interface BwrapInfo {
   path: string
   version: string
@@ -170,6 +176,12 @@ export interface BwrapInfo {
 export type CallState = 'untouched' | 'kept' | 'rolled_back' | 'lost'
 
 export declare function cleanupAll(): void
+
+/**
+ * How the worker's code reached the sandbox, as `status().workerCode`
+ * names it (the string union `CodeForm`).
+ */
+export type CodeForm = 'source' | 'bytecode'
 
 /** What caps one sandbox's totals (see `contain` and `scratch`). */
 export interface Containment {
@@ -609,6 +621,12 @@ export interface SkippedRoot {
 }
 
 /**
+ * The spare sandbox, as `status().spare` names it (the string union
+ * `SpareState`).
+ */
+export type SpareState = 'none' | 'starting' | 'ready'
+
+/**
  * Why a sandbox did not start. The addon hands it to JavaScript as the
  * string union `StartFailure`; the result's text says it in words, with
  * what to do.
@@ -623,8 +641,11 @@ export type Status = 'ok' | 'runtime_error' | 'permission_needed' | 'timeout' | 
 
 /** What `status()` reports. Starts nothing. */
 export interface StatusResult {
-  /** `unverified` (nothing started yet), `available` or `unavailable`. */
-  available: string
+  /**
+   * `unverified` (nothing started yet), `available` or `unavailable`
+   * (the diagnostic says why).
+   */
+  available: AvailableState
   diagnostic?: string
   workerRunning: boolean
   /** An execution is in progress. */
@@ -635,8 +656,12 @@ export interface StatusResult {
   /** Why the interpreter was last discarded. */
   lastResetReason?: ResetReason
   disposed: boolean
-  /** `read-only` or `read-write`. */
-  workspaceMode: string
+  /**
+   * `read-only` or `read-write`: how the running sandbox has the
+   * project (read-only where the mode allows writes but the project
+   * could not be protected, as the text says).
+   */
+  workspaceMode: WorkspaceMode
   readRoots: Array<string>
   /** Counts effective changes of mode or read roots. */
   mountEpoch: number
@@ -670,12 +695,12 @@ export interface StatusResult {
    */
   lastRollbackPoint?: number
   /** The spare sandbox: `none`, `starting` or `ready`. */
-  spare: string
+  spare: SpareState
   /**
    * How the running worker was loaded: `source` (compiled at start) or
    * `bytecode` (compiled by an earlier sandbox); absent when none runs.
    */
-  workerCode?: string
+  workerCode?: CodeForm
   containment: Containment
   /** Number of refusal rules in the seccomp filter (besides its allowlist). */
   seccompRules: number
@@ -692,6 +717,11 @@ export interface StatusResult {
   secretScanComplete?: boolean
   /** The report as text for the model. */
   text: string
+  /**
+   * How many lines of `text` are its short part (those before the
+   * `details:` line): what the TUI shows collapsed and `/sandbox` shows.
+   */
+  summaryLines: number
 }
 
 /**
@@ -759,3 +789,9 @@ export interface TrustedConfig {
   /** The `network` part, entries in canonical form. */
   network: NetworkSettings
 }
+
+/**
+ * How the running sandbox has the project, as `status().workspaceMode`
+ * names it (the string union `WorkspaceMode`).
+ */
+export type WorkspaceMode = 'read-only' | 'read-write'

@@ -9,10 +9,10 @@ import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";
 import { test } from "node:test";
 import { join } from "node:path";
-import type { ExecResult, ResetReason } from "../index.d.ts";
+import type { AvailableState, CodeForm, ExecResult, ResetReason, SpareState, StatusResult, WorkspaceMode } from "../index.d.ts";
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
-import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 import { makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
 
 /** Lines that look like the tool's own: an image, a note, a log line, an omission. */
@@ -279,4 +279,100 @@ test("the docs list every ResetReason, and nothing else, as status().lastResetRe
   assert.ok(listed, "docs/architecture.md names lastResetReason's values");
   const values = [...listed[1].matchAll(/`([a-z_]+)`/g)].map((m) => m[1]);
   assert.deepEqual(values.sort(), Object.keys(RESET_REASONS).sort());
+});
+
+/** Every value of status()'s other unions, so that a variant renamed or added on the Rust side fails `tsc` here. */
+const AVAILABLE: Record<AvailableState, true> = { unverified: true, available: true, unavailable: true };
+const WORKSPACE_MODES: Record<WorkspaceMode, true> = { "read-only": true, "read-write": true };
+const SPARE_STATES: Record<SpareState, true> = { none: true, starting: true, ready: true };
+const CODE_FORMS: Record<CodeForm, true> = { source: true, bytecode: true };
+const STATUS_UNIONS: [keyof StatusResult, string, Record<string, true>][] = [
+  ["available", "AvailableState", AVAILABLE],
+  ["workspaceMode", "WorkspaceMode", WORKSPACE_MODES],
+  ["spare", "SpareState", SPARE_STATES],
+  ["workerCode", "CodeForm", CODE_FORMS],
+];
+
+test("status()'s states are string unions in index.d.ts, and the docs list each union's values and nothing else", async () => {
+  const dts = await readFile(join(import.meta.dirname, "..", "index.d.ts"), "utf8");
+  const doc = (await readFile(join(import.meta.dirname, "..", "docs", "architecture.md"), "utf8")).replace(/\n/g, " ");
+  const status = /export interface StatusResult \{([^]*?)\n\}/.exec(dts);
+  assert.ok(status, "index.d.ts declares StatusResult");
+  for (const [field, union, values] of STATUS_UNIONS) {
+    assert.match(status[1], new RegExp(`\\n  ${field}\\??: ${union}\\n`), `StatusResult.${field} is the union ${union}`);
+    const declared = new RegExp(`export type ${union} = ([^\\n]*)`).exec(dts);
+    assert.ok(declared, `index.d.ts declares the union ${union}`);
+    const members = [...declared[1].matchAll(/'([^']*)'/g)].map((m) => m[1]);
+    const listed = new RegExp(`\`${field}\` is \`${union}\` \\(([^)]*)\\)`).exec(doc);
+    assert.ok(listed, `docs/architecture.md lists ${union}'s values for status().${field}`);
+    const words = [...listed[1].matchAll(/`([a-z_-]+)`/g)].map((m) => m[1]);
+    assert.deepEqual(members.sort(), Object.keys(values).sort(), `${union} in index.d.ts`);
+    assert.deepEqual(words.sort(), Object.keys(values).sort(), `${union} in the docs`);
+  }
+});
+
+test("status()'s states: unverified, then available with the worker's code form; the spare's state; the project read-only where it could not be protected (baseline: read-write)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const { sb } = await makeFixture(t);
+  const states = () => {
+    const s = sb.status();
+    for (const [field, union, values] of STATUS_UNIONS) {
+      const value = s[field];
+      assert.ok(value === undefined || (typeof value === "string" && value in values), `not a ${union}: ${String(value)}`);
+    }
+    return [s.available, s.workspaceMode, s.spare, s.workerCode];
+  };
+  assert.deepEqual(states(), ["unverified", "read-only", "none", undefined]);
+  assert.equal((await sb.execute("1")).status, "ok");
+  const [available, mode, spare, code] = states();
+  assert.deepEqual([available, mode, spare], ["available", "read-only", "none"]);
+  assert.ok(code === "source" || code === "bytecode", String(code));
+  // Writable: read-write while the project's walk is within its bound (the baseline)...
+  sb.applyModeEvent({ mode: "yolo", readRoots: [] });
+  assert.equal((await sb.execute("open('/workspace/new.txt', 'w').close()")).status, "ok");
+  assert.equal(states()[1], "read-write");
+  await sb.dispose();
+  // ...and read-only, as the text says, in a sandbox whose project walk passed its bound.
+  withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", "5");
+  const { sb: held, project } = await makeFixture(t);
+  for (let i = 0; i < 20; i++) await writeFile(join(project, `f${i}.txt`), "x");
+  held.applyModeEvent({ mode: "yolo", readRoots: [] });
+  const refused = await held.execute("open('/workspace/new.txt', 'w').close()");
+  assert.match(refused.text, /Read-only file system/, show(refused));
+  assert.match(held.status().text, /\/workspace read-only in this sandbox although the mode allows writes/);
+  assert.equal(held.status().workspaceMode, "read-only");
+});
+
+test("status names where each setting in force comes from: the caller's option, the environment under the name it was read as", async (t) => {
+  withEnv(t, "PI_SANDBOX_TMP_SIZE", undefined);
+  withEnv(t, "PI_PYTHON_TOOL_TMP_SIZE", "64M");
+  withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", "0");
+  const { sb, open } = await makeFixture(t);
+  const line = (s: typeof sb) => /^settings: .*$/m.exec(s.status().text)?.[0] ?? "";
+  // The fixture's sandboxes are made with `prewarm: false`.
+  assert.match(line(sb), /^settings: from the caller's options \(over the environment\): PI_SANDBOX_PREWARM; /, line(sb));
+  assert.match(line(sb), /from the environment: PI_PYTHON_TOOL_ROLLBACK, .*PI_PYTHON_TOOL_TMP_SIZE \(for PI_SANDBOX_TMP_SIZE\)/, line(sb));
+  const given = open({ rollback: true });
+  assert.match(line(given), /^settings: from the caller's options \(over the environment\): PI_SANDBOX_PREWARM, PI_PYTHON_TOOL_ROLLBACK; from the environment: /, line(given));
+  assert.doesNotMatch(line(given), /environment: [^;]*PI_PYTHON_TOOL_ROLLBACK/, line(given));
+});
+
+test("a status report collapsed is cut at the count its report gives, not at a line that reads 'details:'", () => {
+  setupTui();
+  const text = "python tool: available\ndetails:\nmode: manual\ndetails:\nhardening: on";
+  const shown = (expanded: boolean, summaryLines?: number) =>
+    shownResult(
+      renderResult(
+        { content: [{ type: "text", text }], details: { action: "status", status: "ok", isError: false, report: { summaryLines } } },
+        { expanded, isPartial: false },
+        theme() as never,
+        context({ expanded }) as never,
+      ),
+    );
+  const collapsed = shown(false, 3);
+  assert.match(collapsed, /^✓ python status\npython tool: available\ndetails:\nmode: manual\n/, collapsed);
+  assert.doesNotMatch(collapsed, /hardening/, collapsed);
+  assert.match(collapsed, /details: 1 more line/, collapsed);
+  // Expanded, or without the count (a report kept from before it), every line.
+  for (const all of [shown(true, 3), shown(false)]) assert.match(all, /mode: manual\ndetails:\nhardening: on/, all);
 });

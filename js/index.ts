@@ -378,10 +378,8 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     const lines: string[] = [];
     if ("error" in target) lines.push(`python sandbox: unavailable: ${target.error}`);
     else {
-      const text = target.status().text;
-      const short = text.split("\n");
-      const cut = short.indexOf("details:");
-      lines.push(...(cut >= 0 ? short.slice(0, cut) : short));
+      const report = target.status();
+      lines.push(...report.text.split("\n").slice(0, report.summaryLines));
     }
     const denied = permissions()?.denials() ?? [];
     if (denied.length === 0) lines.push("denied this session: none");

@@ -12,7 +12,7 @@
 import { readFileSync } from "node:fs";
 import { formatSize, highlightCode, keyHint, keyText, type Theme, truncateToVisualLines } from "@mariozechner/pi-coding-agent";
 import { type Component, getCapabilities, imageFallback, Text, truncateToWidth } from "@mariozechner/pi-tui";
-import type { ExecResult, ImageResult } from "../index.d.ts";
+import type { ExecResult, ImageResult, StatusResult } from "../index.d.ts";
 import { displayLine, displayText } from "./display.ts";
 
 /** Lines of code shown by a collapsed call (pi's write tool shows 10 of a file). */
@@ -124,6 +124,8 @@ type ResultDetails = Partial<Omit<ExecuteDetails, "action" | "status" | "images"
   status?: string;
   /** A session file is read as it is: an image kept before `sandboxPath` has `path`. */
   images?: Array<Partial<ImageDetail> & { path?: string }>;
+  /** A status report's: how many of its text's lines are its short part. */
+  report?: Partial<Pick<StatusResult, "summaryLines">>;
   // While running or waiting.
   elapsedMs?: number;
   waitingFor?: string;
@@ -310,11 +312,13 @@ export function renderResult(
   let lines = parted.lines;
   const after: string[] = [];
   if (parted.closing) after.push(theme.fg("warning", parted.closing));
-  // A status report collapsed is its short part: the details are on expand.
-  const details = d.action === "status" && !expanded ? lines.indexOf("details:") : -1;
-  if (details > 0) {
-    const hidden = lines.length - details - 1;
-    lines = lines.slice(0, details);
+  // A status report collapsed is its short part (the count the report gives): the details,
+  // after their `details:` line, are on expand.
+  const summary = d.action === "status" && !expanded ? d.report?.summaryLines : undefined;
+  const cut = typeof summary === "number" && summary > 0 && summary < lines.length;
+  if (cut) {
+    const hidden = lines.length - summary - 1;
+    lines = lines.slice(0, summary);
     after.push(moreHint(theme, `details: ${count(hidden, "more line")}`));
   }
   const images = d.images ?? [];
@@ -335,5 +339,5 @@ export function renderResult(
   const note = cutNote(d, context?.state);
   if (note) after.push(theme.fg("warning", note));
   const body = lines.map((l) => theme.fg(refused ? "error" : "toolOutput", l)).join("\n");
-  return new ResultView(header, body, expanded || details > 0 ? "none" : report ? "head" : "tail", after, theme);
+  return new ResultView(header, body, expanded || cut ? "none" : report ? "head" : "tail", after, theme);
 }

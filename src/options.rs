@@ -34,6 +34,8 @@ pub const VENV_ENV: &str = "PI_PYTHON_TOOL_VENV";
 pub const SYSTEM_SITE_ENV: &str = "PI_PYTHON_TOOL_SYSTEM_SITE";
 /// `0`, `false`, `off` or `no` turns the spare sandbox off.
 pub const PREWARM_ENV: &str = "PI_SANDBOX_PREWARM";
+/// The output cap of one bash command (see `shell`).
+pub const MAX_OUTPUT_ENV: &str = "PI_SANDBOX_BASH_MAX_OUTPUT";
 
 #[derive(Debug, Clone, Default)]
 /// What the caller of a session decides (the rest comes from [`Settings`]).
@@ -64,6 +66,23 @@ pub struct SessionOptions {
     /// How the guard of a writable sandbox gets its inotify instance
     /// (default `inotify_init1`; tests make it fail).
     pub guard_inotify: Option<crate::protected::InotifyInit>,
+}
+
+impl SessionOptions {
+    /// The settings an option of the caller's gives, over the
+    /// environment's value.
+    pub fn set_by_caller(&self) -> Vec<&'static str> {
+        [
+            (self.interpreter.is_some(), INTERPRETER_ENV),
+            (self.python_packages.is_some(), VENV_ENV),
+            (self.system_site_packages.is_some(), SYSTEM_SITE_ENV),
+            (self.prewarm.is_some(), PREWARM_ENV),
+            (self.rollback.is_some(), ROLLBACK_ENV),
+        ]
+        .into_iter()
+        .filter_map(|(set, name)| set.then_some(name))
+        .collect()
+    }
 }
 
 /// `0`, `false`, `off` or `no`: no rollback (the spec's recovery: the
@@ -107,7 +126,46 @@ pub struct Settings {
     pub log: Option<tracing::Level>,
     /// Earlier names set alongside their engine name, and so ignored.
     pub shadowed: Vec<&'static str>,
+    /// The settings the environment sets, in the order of [`SETTINGS`],
+    /// each with the name it was read under.
+    pub set: Vec<(&'static str, Source)>,
 }
+
+/// Where a setting in force was read from (the others are at their
+/// defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The environment, under the setting's own name.
+    Environment,
+    /// The environment, under the setting's earlier name (this one).
+    EarlierName(&'static str),
+}
+
+/// Every setting of the environment's, in the order of the table in
+/// docs/settings.md.
+pub const SETTINGS: [&str; 21] = [
+    ROLLBACK_ENV,
+    INTERPRETER_ENV,
+    VENV_ENV,
+    SYSTEM_SITE_ENV,
+    crate::config::BASH_ENV,
+    PREWARM_ENV,
+    crate::live_grants::LIVE_ENV,
+    MAX_OUTPUT_ENV,
+    TMP_SIZE_ENV,
+    SHM_SIZE_ENV,
+    MAX_TASKS_ENV,
+    MAX_MEMORY_ENV,
+    SCRATCH_NOTE_ENV,
+    SECRETS_ENV,
+    HOST_SECRETS_ENV,
+    PROTECTED_ENV,
+    ENTRIES_ENV,
+    DEPTH_ENV,
+    MAX_INERT_ENV,
+    WATCH_CPU_ENV,
+    crate::debuglog::LOG_ENV,
+];
 
 /// The engine's settings, each with the name it had when the engine ran
 /// only Python (still read; see the module's documentation).
@@ -160,6 +218,14 @@ impl Settings {
                 _ => {}
             }
         }
+        let set = SETTINGS
+            .iter()
+            .filter_map(|&name| match (get(name), earlier_name(name)) {
+                (Some(_), _) => Some((name, Source::Environment)),
+                (None, Some(earlier)) if get(earlier).is_some() => Some((name, Source::EarlierName(earlier))),
+                (None, _) => None,
+            })
+            .collect();
         let get = |name: &str| get(name).or_else(|| earlier_name(name).and_then(&get));
         // A value that is not one names the variable it came from.
         let named =
@@ -182,6 +248,7 @@ impl Settings {
             log: crate::debuglog::level(get(crate::debuglog::LOG_ENV).as_deref()),
             git,
             shadowed,
+            set,
         }
     }
 }
@@ -217,6 +284,42 @@ mod tests {
         assert!(bad.tmpfs.unwrap_err().to_string().starts_with("PI_PYTHON_TOOL_TMP_SIZE=\"lots\" is not a size"));
         let bad = Settings::from_lookup(|k| (k == "PI_SANDBOX_MAX_TASKS").then(|| "2".into()), HostGit::default());
         assert!(bad.caps.unwrap_err().to_string().starts_with("PI_SANDBOX_MAX_TASKS=\"2\""));
+    }
+
+    #[test]
+    fn each_setting_set_is_named_with_the_name_it_was_read_under() {
+        let vars = [
+            ("PI_PYTHON_TOOL_MAX_TASKS", "64"),
+            ("PI_PYTHON_TOOL_TMP_SIZE", "8M"),
+            ("PI_SANDBOX_TMP_SIZE", "16M"),
+            (ROLLBACK_ENV, "0"),
+            ("PI_SANDBOX_BASH", "1"),
+            ("PI_SANDBOX_ROLLBACK", "0"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let s = Settings::from_lookup(get, HostGit::default());
+        assert_eq!(
+            s.set,
+            [
+                (ROLLBACK_ENV, Source::Environment),
+                (crate::config::BASH_ENV, Source::Environment),
+                (TMP_SIZE_ENV, Source::Environment),
+                (MAX_TASKS_ENV, Source::EarlierName("PI_PYTHON_TOOL_MAX_TASKS")),
+            ]
+        );
+        assert!(Settings::from_lookup(|_| None, HostGit::default()).set.is_empty());
+        let every: std::collections::BTreeSet<_> = SETTINGS.iter().collect();
+        assert_eq!(every.len(), SETTINGS.len(), "each setting once");
+        for (name, _) in ENGINE_SETTINGS {
+            assert!(SETTINGS.contains(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_caller_s_options_name_the_settings_they_give() {
+        assert!(SessionOptions::default().set_by_caller().is_empty());
+        let opts = SessionOptions { rollback: Some(true), interpreter: Some("/p".into()), ..Default::default() };
+        assert_eq!(opts.set_by_caller(), [INTERPRETER_ENV, ROLLBACK_ENV]);
     }
 
     #[test]

@@ -56,7 +56,10 @@ use crate::worker::Recovery;
 pub use crate::worker::{Progress, ProgressFn};
 
 mod status;
-pub use status::{reset_text, status_text, Availability, History, ResetDone, SpareState, StatusReport};
+pub use status::{
+    reset_text, status_text, status_text_and_summary, Availability, AvailableState, History, ResetDone, SpareState,
+    StatusReport, WorkspaceMode,
+};
 mod causes;
 mod output;
 mod parts;

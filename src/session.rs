@@ -74,7 +74,7 @@ enum Slot {
     Ready {
         pid: i32,
         /// How its worker was loaded (see `StatusReport::worker_code`).
-        code: &'static str,
+        code: crate::worker::CodeForm,
         /// Its guard and init pid, for checks after a kill that does not
         /// hold the operation lock.
         guard: Option<(Arc<Guard>, Option<i32>)>,
@@ -111,9 +111,9 @@ impl Slot {
         }
     }
 
-    fn code(&self) -> Option<&'static str> {
+    fn code(&self) -> Option<crate::worker::CodeForm> {
         match self {
-            Slot::Ready { code, .. } => Some(code),
+            Slot::Ready { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -250,6 +250,7 @@ impl<H: Host> Session<H> {
         let spare = self.spare.state();
         let sh = self.shared.lock();
         let mut report = sh.report.clone();
+        report.by_caller = self.opts.set_by_caller();
         report.worker_running = sh.slot.pid().is_some();
         report.workspace_held_read_only =
             report.mounts.workspace_writable && matches!(sh.slot, Slot::Ready { held_read_only: true, .. });

@@ -28,7 +28,7 @@ use crate::spawn::{kill_group, prepare_inside_with, spawn_sandbox};
 pub mod hints;
 
 /// The output cap of one command, when not [`SHELL_OUTPUT_CAP_BYTES`].
-pub const MAX_OUTPUT_ENV: &str = "PI_SANDBOX_BASH_MAX_OUTPUT";
+pub use crate::options::MAX_OUTPUT_ENV;
 
 /// The output cap in force: the setting, or the default.
 fn output_cap() -> Result<usize, ShellError> {

@@ -110,6 +110,41 @@ fn architecture_md_names_every_source_file_and_no_missing_one() {
     assert!(gone.is_empty(), "docs/architecture.md names files that do not exist: {gone:?}");
 }
 
+/// The files the module map's rows are about: the first cell of each row
+/// that names one source file.
+fn map_rows(doc: &str) -> Vec<String> {
+    doc.lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(file, _)| file.to_string()))
+        .filter(|file| named_in_map(&format!("`{file}`")).contains(file))
+        .collect()
+}
+
+#[test]
+fn architecture_md_has_one_row_per_source_file() {
+    let rows = map_rows(&read("docs/architecture.md"));
+    assert!(rows.len() > 100 && rows.contains(&"src/lib.rs".to_string()), "{} rows", rows.len());
+    let mut seen = BTreeSet::new();
+    let twice: Vec<&String> = rows.iter().filter(|f| !seen.insert(*f)).collect();
+    assert!(twice.is_empty(), "docs/architecture.md's module map has more than one row for {twice:?}: keep one");
+    let doubled =
+        "| `src/a.rs` | one |\n| `src/b.rs` | two |\n| `src/a.rs` | again |\n| `Cargo.toml`, `src/` | the crate |\n";
+    assert_eq!(map_rows(doubled), ["src/a.rs", "src/b.rs", "src/a.rs"]);
+}
+
+/// README.md is the user's guide; the reference is in docs/.
+const README_MAX_LINES: usize = 350;
+
+#[test]
+fn readme_md_stays_a_guide_under_its_bound() {
+    let lines = read("README.md").lines().count();
+    assert!(lines > 100, "README.md has {lines} lines");
+    assert!(
+        lines < README_MAX_LINES,
+        "README.md has {lines} lines; it stays under {README_MAX_LINES}: move reference to docs/"
+    );
+}
+
 /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces
 /// as hyphens.
 fn slug(heading: &str) -> String {
@@ -208,6 +243,18 @@ fn anchors_and_links_are_read_as_github_does() {
     assert_eq!(a, ["a", "limits", "limits-1"].iter().map(|s| s.to_string()).collect());
     let l = links("see [x](a.md#b) and `[no](c.md)`, [y](#z)\n```\n[no](d.md)\n```\n");
     assert_eq!(l, ["a.md#b", "#z"]);
+}
+
+#[test]
+fn settings_md_s_table_is_the_list_status_names_the_sources_of() {
+    let doc = read("docs/settings.md");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(name, _)| name))
+        .filter(|name| name.starts_with("PI_"))
+        .collect();
+    assert_eq!(rows, pi_python_sandbox::options::SETTINGS, "docs/settings.md's rows and options::SETTINGS, in order");
 }
 
 #[test]

@@ -8,8 +8,9 @@ use super::permissions::SkippedRoot;
 use crate::display::{displayed, displayed_line};
 use crate::limits::*;
 use crate::options::Settings;
-use crate::outcome::ResetReason;
+use crate::outcome::{AvailableState, ResetReason, WorkspaceMode};
 use crate::session::{Availability, SpareState, StatusReport};
+use crate::worker::CodeForm;
 
 #[napi(object)]
 pub struct Limits {
@@ -75,8 +76,9 @@ pub struct BwrapInfo {
 /// What `status()` reports. Starts nothing.
 #[napi(object)]
 pub struct StatusResult {
-    /// `unverified` (nothing started yet), `available` or `unavailable`.
-    pub available: String,
+    /// `unverified` (nothing started yet), `available` or `unavailable`
+    /// (the diagnostic says why).
+    pub available: AvailableState,
     pub diagnostic: Option<String>,
     pub worker_running: bool,
     /// An execution is in progress.
@@ -87,8 +89,10 @@ pub struct StatusResult {
     /// Why the interpreter was last discarded.
     pub last_reset_reason: Option<ResetReason>,
     pub disposed: bool,
-    /// `read-only` or `read-write`.
-    pub workspace_mode: String,
+    /// `read-only` or `read-write`: how the running sandbox has the
+    /// project (read-only where the mode allows writes but the project
+    /// could not be protected, as the text says).
+    pub workspace_mode: WorkspaceMode,
     pub read_roots: Vec<String>,
     /// Counts effective changes of mode or read roots.
     pub mount_epoch: f64,
@@ -118,10 +122,10 @@ pub struct StatusResult {
     /// the epoch).
     pub last_rollback_point: Option<f64>,
     /// The spare sandbox: `none`, `starting` or `ready`.
-    pub spare: String,
+    pub spare: SpareState,
     /// How the running worker was loaded: `source` (compiled at start) or
     /// `bytecode` (compiled by an earlier sandbox); absent when none runs.
-    pub worker_code: Option<String>,
+    pub worker_code: Option<CodeForm>,
     pub containment: Containment,
     /// Number of refusal rules in the seccomp filter (besides its allowlist).
     pub seccomp_rules: u32,
@@ -136,6 +140,9 @@ pub struct StatusResult {
     pub secret_scan_complete: Option<bool>,
     /// The report as text for the model.
     pub text: String,
+    /// How many lines of `text` are its short part (those before the
+    /// `details:` line): what the TUI shows collapsed and `/sandbox` shows.
+    pub summary_lines: u32,
 }
 
 /// The sandbox's limits (the same as `status().limits`), without a
@@ -208,19 +215,19 @@ fn containment(settings: &Settings, scratch: Option<crate::scratch::Measure>) ->
 pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
     // What the next sandbox start would get.
     let settings = Settings::from_env();
-    let (available, diagnostic) = match &r.availability {
-        Availability::Unverified => ("unverified", None),
-        Availability::Available => ("available", None),
-        Availability::Unavailable(d) => ("unavailable", Some(displayed(d.clone()))),
+    let (available, workspace_mode) = (r.availability.state(), r.workspace_mode());
+    let diagnostic = match &r.availability {
+        Availability::Unverified | Availability::Available => None,
+        Availability::Unavailable(d) => Some(displayed(d.clone())),
     };
-    let mode = if r.mounts.workspace_writable { "read-write" } else { "read-only" };
     let scratch = r.dirs.as_ref().map(|d| path_str(&d.scratch));
     let logs = r.dirs.as_ref().map(|d| path_str(&d.logs));
     let roots: Vec<String> = r.mounts.read_roots.iter().map(|p| path_str(p)).collect();
     let protected = crate::protected::describe(&settings.protected);
     let seccomp_rules = crate::seccomp::rules().len();
     // The worker's ready frame, the host's probes and the paths: any can hold anything.
-    let text = displayed(crate::outcome::status_text(&r, &settings));
+    let (text, summary_lines) = crate::outcome::status_text_and_summary(&r, &settings);
+    let text = displayed(text);
     StatusResult {
         seccomp_rules: seccomp_rules as u32,
         protected_paths: protected,
@@ -231,7 +238,7 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
             .unwrap_or_default(),
         secret_patterns: if settings.secrets.is_empty() { Vec::new() } else { settings.secrets.describe() },
         secret_scan_complete: r.masks.as_ref().filter(|m| !m.off).map(|m| m.complete),
-        available: available.into(),
+        available,
         diagnostic,
         worker_running: r.worker_running,
         busy: r.busy,
@@ -240,7 +247,7 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
         runtime_version: r.runtime_version.map(displayed_line),
         last_reset_reason: r.history.last_reset_reason,
         disposed: r.disposed,
-        workspace_mode: mode.into(),
+        workspace_mode,
         read_roots: roots,
         mount_epoch: r.mount_epoch as f64,
         permissions_seen: r.permissions_seen,
@@ -276,18 +283,14 @@ pub(super) fn status_to_js(r: StatusReport) -> StatusResult {
             .last_rollback_point
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_millis() as f64),
-        spare: match r.spare {
-            SpareState::None => "none",
-            SpareState::Starting => "starting",
-            SpareState::Ready => "ready",
-        }
-        .into(),
-        worker_code: r.worker_code.map(String::from),
+        spare: r.spare,
+        worker_code: r.worker_code,
         bwrap: r.bwrap.map(|b| BwrapInfo {
             path: path_str(&b.path),
             version: format!("{}.{}.{}", b.version.0, b.version.1, b.version.2),
             setuid: b.setuid,
         }),
         text,
+        summary_lines: summary_lines as u32,
     }
 }

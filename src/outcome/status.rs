@@ -11,6 +11,47 @@ pub enum Availability {
     Unavailable(String),
 }
 
+impl Availability {
+    /// Which of the three it is, without the diagnostic.
+    pub fn state(&self) -> AvailableState {
+        match self {
+            Availability::Unverified => AvailableState::Unverified,
+            Availability::Available => AvailableState::Available,
+            Availability::Unavailable(_) => AvailableState::Unavailable,
+        }
+    }
+}
+
+/// Whether a sandbox can start, as `status().available` names it. The
+/// addon hands it to JavaScript as the string union `AvailableState`.
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AvailableState {
+    /// Nothing was started yet (no call so far).
+    Unverified,
+    Available,
+    /// The diagnostic says why.
+    Unavailable,
+}
+
+/// How the running sandbox has the project, as `status().workspaceMode`
+/// names it (the string union `WorkspaceMode`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "kebab-case"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceMode {
+    ReadOnly,
+    ReadWrite,
+}
+
+impl WorkspaceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceMode::ReadOnly => "read-only",
+            WorkspaceMode::ReadWrite => "read-write",
+        }
+    }
+}
+
 /// The session's history, kept here only: which interpreter this is, how
 /// many calls reached one, and what was last discarded or rolled back.
 /// `status` and the results read it; the session changes it through its
@@ -110,7 +151,7 @@ pub struct StatusReport {
     pub spare: SpareState,
     /// How the running worker was loaded: compiled from source, or from the
     /// bytecode an earlier sandbox produced.
-    pub worker_code: Option<&'static str>,
+    pub worker_code: Option<crate::worker::CodeForm>,
     /// Whether the next sandbox start gets rollback.
     pub rollback: bool,
     /// How much /scratch held at the last check (see `scratch`).
@@ -122,6 +163,9 @@ pub struct StatusReport {
     /// How grants are applied in this session (to the running sandbox,
     /// or by a restart and why), when the session says.
     pub grants: Option<String>,
+    /// The settings the session's caller gave as options (see
+    /// `SessionOptions::set_by_caller`).
+    pub by_caller: Vec<&'static str>,
 }
 
 impl StatusReport {
@@ -155,10 +199,25 @@ impl StatusReport {
             set_aside: Vec::new(),
             masks: None,
             grants: None,
+            by_caller: Vec::new(),
+        }
+    }
+
+    /// How the sandbox has the project: read-only where the mode allows
+    /// writes but the running sandbox holds it read-only (it could not be
+    /// protected). `status()`'s field and its text both say this one.
+    pub fn workspace_mode(&self) -> WorkspaceMode {
+        if self.mounts.workspace_writable && !self.workspace_held_read_only {
+            WorkspaceMode::ReadWrite
+        } else {
+            WorkspaceMode::ReadOnly
         }
     }
 }
 
+/// The spare sandbox, as `status().spare` names it (the string union
+/// `SpareState`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpareState {
     None,
@@ -203,11 +262,6 @@ fn reason_words(r: &ResetReason) -> &'static str {
     }
 }
 
-/// The `status` text: first the few lines a user needs (available, the
-/// interpreter, mode and mounts, the last failure and its recovery,
-/// containment in one line), then under `details:` what the session has,
-/// what the next sandbox start would get (`settings`), and what is and is
-/// not hardened.
 /// The project's masks as the running sandbox has them: a secret allowed
 /// once (its mask detached, `once` holding its canonical host path) is
 /// listed as unmasked by a grant, not as shown empty.
@@ -228,7 +282,18 @@ fn allowed_once(
     m
 }
 
+/// The `status` text: first the few lines a user needs (available, the
+/// interpreter, mode and mounts, the last failure and its recovery,
+/// containment in one line), then under `details:` what the session has,
+/// what the next sandbox start would get (`settings`), and what is and is
+/// not hardened.
 pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
+    status_text_and_summary(r, settings).0
+}
+
+/// [`status_text`] and how many of its lines are the few a user needs:
+/// the lines before `details:`.
+pub fn status_text_and_summary(r: &StatusReport, settings: &Settings) -> (String, usize) {
     let available = match &r.availability {
         Availability::Unverified => "not started yet (no call so far)",
         Availability::Available => "available",
@@ -239,7 +304,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         _ => None,
     };
     let held = r.mounts.workspace_writable && r.workspace_held_read_only;
-    let mode = if r.mounts.workspace_writable && !held { "read-write" } else { "read-only" };
+    let mode = r.workspace_mode().as_str();
     let held_why =
         if held { " in this sandbox although the mode allows writes (the project could not be protected)" } else { "" };
     let path_str = |p: &std::path::Path| crate::display::one_line(&p).to_string();
@@ -278,6 +343,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
     }
     text.push_str(&rollback_line(r.rollback, r.history.last_rollback_point, std::time::SystemTime::now()));
     text.push_str(&format!("containment: {}\n", crate::contain::summary(crate::contain::host_plan(), &settings.caps)));
+    let summary_lines = text.lines().count();
     text.push_str("details:\n");
     if !r.site_dirs.is_empty() {
         let dirs: Vec<String> = r.site_dirs.iter().map(|p| path_str(p)).collect();
@@ -310,6 +376,7 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
             .collect();
         text.push_str(&format!("settings ignored: {}\n", list.join(", ")));
     }
+    text.push_str(&settings_line(settings, &r.by_caller));
     text.push_str(&format!(
         "paths: project {} -> /workspace ({mode}); scratch {} -> /scratch (writable); logs {}\n",
         crate::display::one_line(&r.project_dir),
@@ -396,7 +463,41 @@ pub fn status_text(r: &StatusReport, settings: &Settings) -> String {
         seccomp_rules,
         if protected.is_empty() { "none (PI_SANDBOX_PROTECTED is empty)".to_string() } else { protected.join(", ") }
     ));
-    text
+    (text, summary_lines)
+}
+
+/// Where each setting in force comes from: the caller's options, the
+/// environment (under which name), else the default.
+fn settings_line(settings: &Settings, by_caller: &[&str]) -> String {
+    use crate::options::Source;
+    let from_env: Vec<String> = settings
+        .set
+        .iter()
+        .filter(|(name, _)| !by_caller.contains(name))
+        .map(|&(name, source)| {
+            let read = match source {
+                Source::Environment => name.to_string(),
+                Source::EarlierName(earlier) => format!("{earlier} (for {name})"),
+            };
+            if name == crate::config::BASH_ENV {
+                format!("{read} (over the trusted configuration file's bash)")
+            } else {
+                read
+            }
+        })
+        .collect();
+    let mut parts = Vec::new();
+    if !by_caller.is_empty() {
+        parts.push(format!("from the caller's options (over the environment): {}", by_caller.join(", ")));
+    }
+    if !from_env.is_empty() {
+        parts.push(format!("from the environment: {}", from_env.join(", ")));
+    }
+    if parts.is_empty() {
+        return "settings: every one at its default (none is set in the environment)\n".to_string();
+    }
+    parts.push("every other at its default".to_string());
+    format!("settings: {}\n", parts.join("; "))
 }
 
 /// What a reset did to the sandbox.
@@ -439,6 +540,77 @@ pub fn reset_text(dirs: Option<&Dirs>, done: ResetDone, notes: &[String]) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writable_mode_whose_project_is_held_read_only_is_read_only_in_the_field_and_in_the_text() {
+        let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadOnly, "a read-only mode");
+        r.mounts.workspace_writable = true;
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadWrite, "baseline: a writable mode");
+        assert!(status_text(&r, &settings).contains("/p -> /workspace (read-write)"));
+        r.workspace_held_read_only = true;
+        assert_eq!(r.workspace_mode(), WorkspaceMode::ReadOnly, "the project could not be protected");
+        let text = status_text(&r, &settings);
+        assert!(text.contains("; /workspace read-only in this sandbox although the mode allows writes"), "{text}");
+        assert!(text.contains("/p -> /workspace (read-only)"), "{text}");
+    }
+
+    #[test]
+    fn status_names_where_each_setting_in_force_comes_from() {
+        let vars = [
+            ("PI_PYTHON_TOOL_MAX_TASKS", "64"),
+            ("PI_SANDBOX_TMP_SIZE", "16M"),
+            ("PI_PYTHON_TOOL_ROLLBACK", "0"),
+            ("PI_SANDBOX_BASH", "0"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let settings = Settings::from_lookup(get, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        let text = status_text(&r, &settings);
+        assert!(
+            text.contains(
+                "\nsettings: from the environment: PI_PYTHON_TOOL_ROLLBACK, PI_SANDBOX_BASH (over the trusted \
+                 configuration file's bash), PI_SANDBOX_TMP_SIZE, PI_PYTHON_TOOL_MAX_TASKS (for PI_SANDBOX_MAX_TASKS); \
+                 every other at its default\n"
+            ),
+            "{text}"
+        );
+        r.by_caller = vec!["PI_PYTHON_TOOL_ROLLBACK"];
+        let text = status_text(&r, &settings);
+        assert!(
+            text.contains(
+                "\nsettings: from the caller's options (over the environment): PI_PYTHON_TOOL_ROLLBACK; from the \
+                 environment: PI_SANDBOX_BASH (over"
+            ),
+            "{text}"
+        );
+        let none = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let text = status_text(&StatusReport::new("/p".into(), MountConfig::default(), false), &none);
+        assert!(text.contains("\nsettings: every one at its default (none is set in the environment)\n"), "{text}");
+    }
+
+    #[test]
+    fn the_summary_is_the_lines_before_details() {
+        let settings = Settings::from_lookup(|_| None, crate::gitconfig::HostGit::default());
+        let mut r = StatusReport::new("/p".into(), MountConfig::default(), false);
+        for unavailable in [false, true] {
+            if unavailable {
+                r.availability = Availability::Unavailable("no bwrap\ndetails:".into());
+            }
+            let (text, summary) = status_text_and_summary(&r, &settings);
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines[summary], "details:", "{text}");
+            assert!(!lines[..summary].contains(&"details:"), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_availability_s_state_drops_only_the_diagnostic() {
+        assert_eq!(Availability::Unverified.state(), AvailableState::Unverified);
+        assert_eq!(Availability::Available.state(), AvailableState::Available);
+        assert_eq!(Availability::Unavailable("why".into()).state(), AvailableState::Unavailable);
+    }
 
     #[test]
     fn the_history_moves_by_what_happened() {

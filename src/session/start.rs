@@ -231,7 +231,7 @@ impl<H: Host> Session<H> {
         // A writable mode's sandbox without a guard has the project
         // read-only: it failed closed.
         let held_read_only = worker.mounts().workspace_writable && guard.is_none();
-        self.set_slot(Slot::Ready { pid: worker.pid(), code: worker.code().as_str(), guard, held_read_only });
+        self.set_slot(Slot::Ready { pid: worker.pid(), code: worker.code(), guard, held_read_only });
         inner.worker = Some(worker);
     }
 

@@ -6,7 +6,7 @@ use super::fake::{Exec, FakeHost};
 use super::*;
 use crate::frame::WorkerStatus;
 use crate::outcome::state_statement;
-use crate::worker::{NotReady, RecoverError, StartError};
+use crate::worker::{CodeForm, NotReady, RecoverError, StartError};
 
 struct Fixture {
     session: Arc<Session<FakeHost>>,
@@ -460,7 +460,7 @@ async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
     assert!(f.session.status().busy, "the call that starts it runs");
     gate.notify_one();
     assert_eq!(call.await.expect("the call").status, Status::Ok);
-    assert_eq!(running(&f), (true, Some("source")), "ready");
+    assert_eq!(running(&f), (true, Some(CodeForm::Source)), "ready");
     assert!(!f.session.status().busy, "no call runs");
     // A failure without rollback kills it; a failed start leaves the slot empty.
     f.script(Exec::Interrupted(Interrupt::Timeout));
@@ -471,7 +471,7 @@ async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
     assert_eq!(f.run().await.status, Status::WorkerError);
     assert_eq!(running(&f), (false, None), "empty after a failed start");
     assert_eq!(f.run().await.status, Status::Ok);
-    assert_eq!(running(&f), (true, Some("source")), "ready again");
+    assert_eq!(running(&f), (true, Some(CodeForm::Source)), "ready again");
     f.session.dispose("disposed").await;
     assert_eq!(running(&f), (false, None), "empty after dispose");
 }

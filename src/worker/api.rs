@@ -148,10 +148,14 @@ pub struct Ready {
     pub image: Option<Vec<u8>>,
 }
 
-/// How the worker's code reached the sandbox.
+/// How the worker's code reached the sandbox, as `status().workerCode`
+/// names it (the string union `CodeForm`).
+#[cfg_attr(feature = "addon", napi_derive::napi(string_enum = "snake_case"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CodeForm {
+    /// Compiled at the sandbox's start.
     Source,
+    /// Compiled by an earlier sandbox.
     Bytecode,
 }
 
