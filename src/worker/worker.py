@@ -783,12 +783,19 @@ def new_call_order():
 
 def last_pid():
     """The newest pid of this pid namespace (the kernel writes it last in
-    /proc/loadavg), or None."""
+    /proc/loadavg), or None. Read through os: a file object costs six
+    more system calls (fstat twice, the tty check, two seeks), and this runs
+    twice on every call's path."""
     try:
-        with open("/proc/loadavg", "rb") as f:
-            return int(f.read().rsplit(None, 1)[-1])
+        fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).rsplit(None, 1)[-1])
     except (OSError, ValueError, IndexError):
         return None
+    finally:
+        os.close(fd)
 
 
 def live_processes():
@@ -1193,7 +1200,7 @@ def pristine():
     # __or__, __eq__ or __hash__ in the copy.
     names = {
         os: ("close", "dup2", "fstat", "getpid", "kill", "listdir", "open", "pipe", "read", "write",
-             "waitpid", "set_inheritable", "_exit", "O_RDWR", "O_CLOEXEC", "WNOHANG"),
+             "waitpid", "set_inheritable", "_exit", "O_RDONLY", "O_RDWR", "O_CLOEXEC", "WNOHANG"),
         _signal: ("pthread_sigmask", "sigpending", "signal", "sigwaitinfo", "SIGUSR1", "SIGKILL",
                   "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK"),
         gc: ("enable", "disable", "isenabled"),
