@@ -759,6 +759,8 @@ describe("no code of the call runs in its rollback copy", { concurrency: 4 }, ()
       ["time.sleep", "import time\ng = {'n': 0}\n_real = time.sleep\ndef _p(s):\n    g['n'] += 1\n    return _real(s)\ntime.sleep = _p", "time.sleep(0)"],
       ["os.kill", "import os\ng = {'n': 0}\n_real = os.kill\ndef _p(*a):\n    g['n'] += 1\n    return _real(*a)\nos.kill = _p", "os.kill(os.getpid(), 0)"],
       ["builtins.open", "import builtins\ng = {'n': 0}\n_real = builtins.open\ndef _p(*a, **k):\n    g['n'] += 1\n    return _real(*a, **k)\nbuiltins.open = _p", "open('/dev/null').close()"],
+      // The newest pid is read through os.open(path, os.O_RDONLY | ...) before each call's code.
+      ["os.O_RDONLY", "import os\ng = {'n': 0}\nclass _I(int):\n    def __or__(self, other):\n        g['n'] += 1\n        return int(self) | other\nos.O_RDONLY = _I(os.O_RDONLY)", "os.O_RDONLY | os.O_CLOEXEC"],
     ]) {
       const old = await oldPoint(sb, { setup, wake, report: "g['n']" });
       assert.equal(old.copy, 1, `baseline: the copy runs the replaced ${name}`);

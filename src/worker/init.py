@@ -122,12 +122,19 @@ def read_request():
 
 def last_pid():
     """The newest pid of this pid namespace (the kernel writes it last in
-    /proc/loadavg), or None."""
+    /proc/loadavg), or None. Read through os: a file object costs six
+    more system calls (fstat twice, the tty check, two seeks), and this runs
+    twice on every call's path."""
     try:
-        with open("/proc/loadavg", "rb") as f:
-            return int(f.read().rsplit(None, 1)[-1])
+        fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).rsplit(None, 1)[-1])
     except (OSError, ValueError, IndexError):
         return None
+    finally:
+        os.close(fd)
 
 
 def live_processes():

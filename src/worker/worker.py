@@ -749,7 +749,7 @@ def pristine():
     # __or__, __eq__ or __hash__ in the copy.
     names = {
         os: ("close", "dup2", "fstat", "getpid", "kill", "listdir", "open", "pipe", "read", "write",
-             "waitpid", "set_inheritable", "_exit", "O_RDWR", "O_CLOEXEC", "WNOHANG"),
+             "waitpid", "set_inheritable", "_exit", "O_RDONLY", "O_RDWR", "O_CLOEXEC", "WNOHANG"),
         _signal: ("pthread_sigmask", "sigpending", "signal", "sigwaitinfo", "SIGUSR1", "SIGKILL",
                   "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK"),
         gc: ("enable", "disable", "isenabled"),
