@@ -208,6 +208,7 @@ fn reads(
 ) -> Vec<PathBuf> {
     let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
     let mut out: Vec<PathBuf> = Vec::new();
+    let covering = secrets.coverer();
     let system = payload::SYSTEM_READS.iter().map(PathBuf::from);
     let extra = ctx.config.additional_reads.iter().cloned();
     for p in system.chain(path_mounts.iter().cloned()).chain(extra) {
@@ -254,7 +255,7 @@ fn reads(
             }
             continue;
         }
-        if let Some(entry) = secrets.covering(&p) {
+        if let Some(entry) = covering.covering(&p) {
             notes.push(format!(
                 "{} is not shown: it is a host secret ({}) that no setting mounts.",
                 crate::display::one_line(&p),
