@@ -186,6 +186,27 @@ test("a project past the walk's old bound (60,000 entries) is writable in yolo, 
   assert.equal((await sh(f.sb, f.project, "touch y && echo ok")).out, "ok\n");
 });
 
+test("the generated /etc/passwd, /etc/group and /etc/hosts are read and cannot be written", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const uid = process.getuid?.() ?? 0;
+  const { r, out } = await sh(f.sb, f.project, "cat /etc/passwd /etc/group; id -u");
+  assert.equal(r.exitCode, 0, out);
+  assert.match(out, /^nobody:x:65534:65534:/m);
+  assert.match(out, /^nogroup:x:65534:$/m);
+  assert.match(out, new RegExp(`^\\S+:x:${uid}:`, "m"));
+  assert.match(out, new RegExp(`^${uid}$`, "m"));
+  const hosts = await sh(f.sb, f.project, "cat /etc/hosts");
+  assert.equal(hosts.out, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+  // The same writes work in a copy on the host (the baseline); in the sandbox each is refused.
+  const copy = join(f.base, "etc-copy");
+  mkdirSync(copy);
+  const writes = ["passwd", "group", "hosts"].map((n) => `( echo x >> ${"$D"}/${n} ) 2>/dev/null && echo ${n}-written`).join("; ");
+  assert.equal(host(f.project, `D=${copy}; ${writes}`).out, "passwd-written\ngroup-written\nhosts-written\n", "baseline");
+  const w = await sh(f.sb, f.project, `D=/etc; ${writes}; D=/etc/pi-sandbox; ${writes}; echo done`);
+  assert.equal(w.out, "done\n");
+});
+
 test("a file written to /tmp by one command is gone in the next", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);

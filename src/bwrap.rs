@@ -218,6 +218,10 @@ pub struct Payload {
     /// The runtime's own files, `(host path, sandbox path)`, read-only,
     /// after the scratch directory.
     pub code: Vec<(PathBuf, PathBuf)>,
+    /// Links it makes, `(target, path)`, right after its files: a name
+    /// pointing into one of them costs no mount (each mount makes
+    /// bubblewrap read the whole mount table again).
+    pub links: Vec<(PathBuf, PathBuf)>,
     /// Host trees the runtime reads (its packages), read-only at their own
     /// paths together with the read roots, so that the host masks that
     /// follow cover them too; one that is missing is skipped.
@@ -268,6 +272,7 @@ pub fn project_links(policy: &Policy, payload: &Payload) -> Vec<PathBuf> {
     let mut mounts: Vec<&PathBuf> = system.iter().chain(&payload.runtime_mounts).chain(host_masks).collect();
     mounts.push(&policy.project_at);
     mounts.extend(payload.code.iter().map(|(_, at)| at));
+    mounts.extend(payload.links.iter().map(|(_, at)| at));
     mounts.extend(policy.read_roots.iter().chain(&payload.read_mounts));
     mounts.extend(policy.once.iter().map(|(_, at)| at));
     mounts.extend(policy.root_masks.iter().map(|b| &b.dest));
@@ -396,6 +401,9 @@ pub fn bwrap_argv(policy: &Policy, payload: &Payload) -> Vec<OsString> {
     push_bind(&mut a, "--bind", &policy.scratch_dir, Path::new(SCRATCH));
     for (host, at) in &payload.code {
         push_bind(&mut a, "--ro-bind", host, at);
+    }
+    for (target, at) in &payload.links {
+        push_bind(&mut a, "--symlink", target, at);
     }
     // Host trees, then what is allowed once, then the host secrets in them
     // (the payload's read mounts among them) masked.
@@ -554,6 +562,7 @@ mod tests {
         let payload = Payload {
             runtime_mounts: vec!["/opt/rt".into()],
             code: vec![("/tmp/s/init".into(), "/init".into())],
+            links: vec![("init".into(), "/init-link".into())],
             read_mounts: vec!["/opt/pkgs".into()],
             fd_mounts: vec![FdBind { fd: 9, dest: "/home/u/proj/.pkgs".into(), read_only: true }],
             env: vec![("TERM".into(), "dumb".into())],
@@ -575,6 +584,7 @@ mod tests {
             "--ro-bind /home/u/proj /workspace",
             "--bind /tmp/s/scratch /scratch",
             "--ro-bind /tmp/s/init /init",
+            "--symlink init /init-link",
             "--ro-bind-try /etc /etc",
             "--ro-bind-try /opt/pkgs /opt/pkgs",
             "--ro-bind /tmp/s/mask-file /opt/pkgs/.netrc",

@@ -19,6 +19,7 @@
 //! `*` (any run of characters but `/`). `PI_SANDBOX_HOST_SECRETS` adds
 //! entries (colon separated).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 mod cache;
@@ -56,6 +57,31 @@ pub struct HostSecrets {
     /// The `~/` entries as paths inside a home (plain names, the last may
     /// hold `*`): matched in every home and every directory of a walk.
     pub in_home: Vec<Vec<String>>,
+}
+
+/// A list's entries by directory (see [`HostSecrets::coverer`]).
+pub struct Coverer<'a> {
+    entries: &'a [Entry],
+    by_dir: HashMap<&'a Path, Vec<usize>>,
+}
+
+impl Coverer<'_> {
+    /// The same entry as [`HostSecrets::covering`]: the first in the list
+    /// whose directory is a proper ancestor of `path` (component by
+    /// component, as `Path` compares and hashes) and whose leaf matches the
+    /// component right below it.
+    pub fn covering(&self, path: &Path) -> Option<&Entry> {
+        let mut first: Option<usize> = None;
+        for at in path.ancestors() {
+            let (Some(dir), Some(name)) = (at.parent(), at.file_name()) else { continue };
+            let Some(list) = self.by_dir.get(dir) else { continue };
+            let name = name.to_string_lossy();
+            if let Some(&i) = list.iter().find(|&&i| self.entries[i].matches_leaf(&name)) {
+                first = Some(first.map_or(i, |f| f.min(i)));
+            }
+        }
+        first.map(|i| &self.entries[i])
+    }
 }
 
 /// The home directories on this host besides the process's: `/root`,
@@ -318,6 +344,18 @@ impl HostSecrets {
                 |first| matches!(first, std::path::Component::Normal(n) if e.matches_leaf(&n.to_string_lossy())),
             )
         })
+    }
+
+    /// [`HostSecrets::covering`] for many paths: the entries indexed by
+    /// their directory once, then each path looked up along its ancestors
+    /// (a handful of lookups instead of a match against every entry; the
+    /// list has thousands on a host with many homes).
+    pub fn coverer(&self) -> Coverer<'_> {
+        let mut by_dir: HashMap<&Path, Vec<usize>> = HashMap::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            by_dir.entry(e.dir.as_path()).or_default().push(i);
+        }
+        Coverer { entries: &self.entries, by_dir }
     }
 
     /// The secrets that exist inside `root` (canonical), as canonical paths,
@@ -710,6 +748,26 @@ mod tests {
         assert!(s.covering(Path::new("/etc/ssh/ssh_host_rsa_key")).is_some());
         assert!(s.covering(Path::new("/nonexistent-home/.ssh/id_ed25519")).is_some());
         assert!(s.covering(Path::new("/etc/ssh/ssh_host_rsa_key.pub")).is_none());
+        // The indexed form gives the same entry for every path, odd ones included.
+        let c = s.coverer();
+        for p in [
+            "/etc/shadow",
+            "/etc/sudoers.d/90-users",
+            "/etc/ssh/ssh_host_rsa_key",
+            "/etc/ssh/ssh_host_rsa_key.pub",
+            "/nonexistent-home/.ssh/id_ed25519",
+            "/nonexistent-home/.ssh",
+            "/nonexistent-home//.ssh/x",
+            "/nonexistent-home/./.ssh",
+            "/nonexistent-home/x/../.ssh",
+            "/nonexistent-home/.ssh/..",
+            "/etc/..",
+            "/etc",
+            "/",
+            "/usr/bin",
+        ] {
+            assert_eq!(c.covering(Path::new(p)), s.covering(Path::new(p)), "{p}");
+        }
         assert!(s.covering(Path::new("/etc")).is_none());
         assert!(s.covering(Path::new("/etc/shadowy")).is_none());
         assert!(s.covering(Path::new("/nonexistent-home")).is_none());

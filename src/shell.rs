@@ -155,11 +155,12 @@ fn not_started(why: impl std::fmt::Display) -> ShellError {
 
 /// The generated files of the session's shells, made once: `/etc/passwd`,
 /// `/etc/group`, `/etc/hosts`, and the copy of the user's git
-/// configuration (`crate::gitconfig::sandbox_copy`). By path, on purpose:
-/// the session directory is the host's (0700, made by `rundir`), and no
-/// sandbox can write in it (they see its `scratch` child only), so nothing
-/// there can be a link a sandbox planted.
-fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
+/// configuration (`crate::gitconfig::sandbox_copy`), in one directory that
+/// commands see at `payload::ETC_DIR`. By path, on purpose: the session
+/// directory is the host's (0700, made by `rundir`), and no sandbox can
+/// write in it (they see its `scratch` child only), so nothing there can be
+/// a link a sandbox planted. Returns the directory.
+fn session_files(dirs: &Dirs) -> std::io::Result<PathBuf> {
     let dir = dirs.root.join("shell-etc");
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
@@ -168,17 +169,15 @@ fn session_files(dirs: &Dirs) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
     }
     let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_default();
     let files = payload::etc_files(nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw(), &user);
-    let mut out = Vec::new();
     for (at, text) in files {
         let name = Path::new(at).file_name().unwrap_or_default();
         let host = dir.join(name);
         if std::fs::read_to_string(&host).ok().as_deref() != Some(text.as_str()) {
             std::fs::write(&host, text)?;
         }
-        out.push((host, PathBuf::from(at)));
     }
-    out.push(crate::gitconfig::write_sandbox_copy(&dir)?);
-    Ok(out)
+    crate::gitconfig::write_sandbox_copy(&dir)?;
+    Ok(dir)
 }
 
 /// The command's working directory inside: pi's, which must be in the
@@ -209,6 +208,7 @@ fn reads(
 ) -> Vec<PathBuf> {
     let runtime_root = ctx.dirs.root.parent().unwrap_or(&ctx.dirs.root);
     let mut out: Vec<PathBuf> = Vec::new();
+    let covering = secrets.coverer();
     let system = payload::SYSTEM_READS.iter().map(PathBuf::from);
     let extra = ctx.config.additional_reads.iter().cloned();
     for p in system.chain(path_mounts.iter().cloned()).chain(extra) {
@@ -255,7 +255,7 @@ fn reads(
             }
             continue;
         }
-        if let Some(entry) = secrets.covering(&p) {
+        if let Some(entry) = covering.covering(&p) {
             notes.push(format!(
                 "{} is not shown: it is a host secret ({}) that no setting mounts.",
                 crate::display::one_line(&p),
@@ -311,7 +311,7 @@ pub async fn run(
     let secrets = confine::host_secrets(&settings, ctx.dirs, ctx.project);
     let mut notes = Vec::new();
     let reads = reads(&ctx, &search.mounts, &secrets, &mut notes);
-    let files =
+    let etc_dir =
         session_files(ctx.dirs).map_err(|e| not_started(format!("its /etc files could not be written: {e}")))?;
     let shell = payload::choose_shell(cmd.shell.as_deref(), &reads, |p| p.exists());
     let plan_notes = protected::Notes::default();
@@ -358,7 +358,7 @@ pub async fn run(
     if ctx.config.network.is_some() {
         env.extend(crate::network::proxy::environment(PROXY_PORT));
     }
-    let sh = Shell { shell, command: cmd.command.clone(), cwd, env, files, reads: reads.clone() };
+    let sh = Shell { shell, command: cmd.command.clone(), cwd, env, etc_dir, reads: reads.clone() };
     let argv = bwrap_argv(&policy, &payload::payload(&sh));
     let filter =
         crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;

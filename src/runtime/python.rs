@@ -108,6 +108,7 @@ pub fn payload(py: &Python) -> Payload {
         code: std::iter::once((host.clone(), worker.into()))
             .chain(py.logs.iter().map(|l| (l.clone(), LOGS.into())))
             .collect(),
+        links: vec![],
         read_mounts: py.package_mounts.clone(),
         fd_mounts: py.package_fd_mounts.clone(),
         env: vec![],

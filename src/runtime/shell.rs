@@ -90,6 +90,14 @@ pub fn search_path(host_path: &str, home: Option<&Path>, allowed: &[PathBuf]) ->
     out
 }
 
+/// Where a command sees the session's generated files (those of
+/// [`etc_files`] and the copy of the git configuration,
+/// `crate::gitconfig::SANDBOX_COPY_PATH`): one read-only directory, with
+/// `/etc/passwd`, `/etc/group` and `/etc/hosts` links into it. One mount
+/// instead of four: each mount makes bubblewrap read the whole mount table
+/// again.
+pub const ETC_DIR: &str = "/etc/pi-sandbox";
+
 /// The generated `/etc/passwd`, `/etc/group` and `/etc/hosts`: the
 /// sandbox's own user (the host's uid, home `/scratch`), root and nobody,
 /// and `localhost` only. Nothing of the host's accounts or network.
@@ -124,8 +132,8 @@ pub struct Shell {
     pub cwd: PathBuf,
     /// Every variable it gets beyond the policy's own.
     pub env: Vec<(String, String)>,
-    /// Generated files, `(host path, sandbox path)`.
-    pub files: Vec<(PathBuf, PathBuf)>,
+    /// The session's directory of generated files, shown at [`ETC_DIR`].
+    pub etc_dir: PathBuf,
     /// Host trees it reads at their own paths (the system's
     /// configuration, `PATH` entries, the trusted extra read list).
     pub reads: Vec<PathBuf>,
@@ -137,7 +145,13 @@ pub struct Shell {
 pub fn payload(sh: &Shell) -> Payload {
     Payload {
         runtime_mounts: vec![],
-        code: sh.files.clone(),
+        code: vec![(sh.etc_dir.clone(), ETC_DIR.into())],
+        links: etc_files(0, 0, "")
+            .map(|(at, _)| {
+                let name = Path::new(at).file_name().unwrap_or_default();
+                (Path::new(ETC_DIR).strip_prefix("/etc").unwrap_or(Path::new(ETC_DIR)).join(name), at.into())
+            })
+            .into(),
         read_mounts: sh.reads.clone(),
         fd_mounts: vec![],
         env: sh.env.clone(),
@@ -232,12 +246,18 @@ mod tests {
             command: "echo hi".into(),
             cwd: "/home/u/proj/sub".into(),
             env: vec![("TERM".into(), "dumb".into())],
-            files: vec![("/run/s/passwd".into(), "/etc/passwd".into())],
+            etc_dir: "/run/s/shell-etc".into(),
             reads: vec!["/etc/ssl/certs".into()],
         };
         let p = payload(&sh);
         assert_eq!(p.argv, ["/bin/bash", "-c", "echo hi"].map(OsString::from));
         assert_eq!(p.chdir.as_deref(), Some(Path::new("/home/u/proj/sub")));
         assert!(!p.as_pid_1);
+        // The generated files: one directory, and links into it.
+        assert_eq!(p.code, [(PathBuf::from("/run/s/shell-etc"), PathBuf::from("/etc/pi-sandbox"))]);
+        let links: Vec<(PathBuf, PathBuf)> =
+            ["passwd", "group", "hosts"].map(|n| (format!("pi-sandbox/{n}").into(), format!("/etc/{n}").into())).into();
+        assert_eq!(p.links, links);
+        assert!(crate::gitconfig::SANDBOX_COPY_PATH.starts_with(&format!("{ETC_DIR}/")));
     }
 }
