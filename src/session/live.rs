@@ -246,6 +246,8 @@ impl<H: Host> Session<H> {
                 Ok(applied) => {
                     if let Some(guard) = applied.slot_guard {
                         self.shared.lock().slot.set_guard(guard);
+                        // The exit cleanup checks the project with it too.
+                        self.sync_live();
                     }
                     if let Some(old) = applied.ended {
                         self.notes.lock().extend(old.check_all());

@@ -478,6 +478,15 @@ async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
     assert_eq!(running(&f), (false, None), "empty after dispose");
 }
 
+/// The project's names under `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 #[tokio::test]
 async fn going_read_only_the_project_walk_runs_before_the_session_lock_and_its_plan_is_the_one_applied() {
     let f = fixture(true, false);
@@ -510,4 +519,36 @@ async fn going_read_only_the_project_walk_runs_before_the_session_lock_and_its_p
     let o = f.run().await;
     assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
     assert_eq!(f.session.status().history.generation, 1);
+}
+
+#[tokio::test]
+async fn a_guard_started_by_a_live_change_to_writable_is_the_one_checked_after_a_later_kill_and_at_exit() {
+    let f = fixture(true, false);
+    let project = f.session.project_dir().to_path_buf();
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.host.script.lock().exit_checks, 0, "baseline: a read-only sandbox has nothing to check at exit");
+    // Read-only to writable: made at the next call, which starts the guard.
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2"]);
+    assert_eq!(f.host.script.lock().exit_checks, 1, "the exit cleanup checks the project with the new guard");
+    // A protected name deep in a new tree (no holder's watch sees it; the
+    // checks after a kill do), made after the change.
+    std::fs::create_dir_all(project.join("src/n/m")).expect("mkdir");
+    std::fs::write(project.join("src/n/m/.envrc"), "echo pwned").expect("write");
+    // A change back that the running sandbox cannot take: it is killed at
+    // once, and its project checked then, not at the next execution.
+    f.host.script.lock().live_fails.push_back(crate::live_grants::LiveError::Mode("busy".into()));
+    assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
+    let dir = project.join("src/n/m");
+    for _ in 0..1000 {
+        if !names_in(&dir).contains(&".envrc".to_string()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let names = names_in(&dir);
+    assert!(!names.contains(&".envrc".to_string()), "the name was made inert before any other execution: {names:?}");
+    assert!(names.iter().any(|n| n.starts_with(".envrc.pi-inert")), "{names:?}");
+    assert!(f.log().iter().all(|l| !l.starts_with("exec 1 #3") && !l.starts_with("kill 1")), "{:?}", f.log());
 }
