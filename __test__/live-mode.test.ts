@@ -245,6 +245,7 @@ test("a background process started in manual keeps the old project, read-only, a
 test("attack: descriptors a background process opened in edits (a file read-only, a directory) change nothing after the change back: fchmod, futimens, a create beneath the directory (baseline: before it, each works)", async (t) => {
   const s = await setup(t, { mode: "edits" });
   if (!s) return;
+  // The create opens read-only: a file open for writing at the change back would (rightly) turn it into a restart.
   const prober =
     "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', " +
     JSON.stringify(
@@ -252,7 +253,7 @@ test("attack: descriptors a background process opened in edits (a file read-only
         "def one(name, act):\n    try:\n        act()\n        return name + ' ok'\n    except OSError as e:\n        return name + ' ' + (e.strerror or str(e.errno))\n" +
         "n = 0\nend = time.time() + 8\nwhile time.time() < end:\n    n += 1\n" +
         "    row = [one('fchmod', lambda: os.fchmod(f, 0o755 if n % 2 else 0o644)), one('futimens', lambda: os.utime(f, (n, n))),\n" +
-        "           one('create', lambda: os.close(os.open('made-%d' % n, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=d)))]\n" +
+        "           one('create', lambda: os.close(os.open('made-%d' % n, os.O_CREAT | os.O_RDONLY, 0o644, dir_fd=d)))]\n" +
         "    open('/tmp/meta.log', 'a').write(' | '.join(row) + '\\n')\n    time.sleep(0.01)\n",
     ) +
     "], start_new_session=True)\nkept = 1";
