@@ -6,7 +6,8 @@
  * the target mode. Through a real pi session with the pi-tool-permissions stand-in's mode events.
  * Attacks from inside, each with a baseline: a writer racing the change at a protected entry, a
  * protected name made during the change, a background process that keeps writing, changes what
- * its descriptors from edits reach, or holds a file open for writing across the change back. The
+ * its descriptors from edits reach, or holds a file open for writing across the change back; a
+ * background process's working directory stays on the old, read-only tree. The
  * fallback (PI_SANDBOX_LIVE_GRANTS=0, rollback off) restarts as before. Both majors (scripts/pi1-host.mjs lists it); run as root, the last test runs
  * this whole file again as `nobody`.
  */
@@ -38,9 +39,14 @@ async function setup(
   if (skipWithoutSandbox(t)) return undefined;
   withEnv(t, "PI_PYTHON_TOOL_ROLLBACK", opts.rollbackOff ? "0" : "1");
   let project = opts.project;
+  // The project goes after the session: a background process of its sandbox would write into it meanwhile.
+  let disposeFirst: (() => Promise<void>) | undefined;
   if (!project) {
     const base = mkdtempSync("/var/tmp/pps-mode-");
-    t.after(() => rmSync(base, { recursive: true, force: true }));
+    t.after(async () => {
+      await disposeFirst?.();
+      rmSync(base, { recursive: true, force: true });
+    });
     project = join(base, "project");
     mkdirSync(join(project, ".git", "hooks"), { recursive: true });
     writeFileSync(join(project, ".git", "config"), "[core]\n");
@@ -50,6 +56,7 @@ async function setup(
   }
   configureClient(opts.mode ?? "manual", []);
   const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE] });
+  disposeFirst = () => h.dispose();
   t.after(() => h.dispose());
   let n = 0;
   return {
@@ -205,9 +212,40 @@ test("a background process started in edits that keeps writing: after the change
   assert.ok(after.split("\n").length <= atChange.split("\n").length + 1, "nothing more lands");
 });
 
+test("a background process started in manual keeps the old project, read-only, as its working directory after the change to edits: a relative write fails, a /workspace path works (baseline: the interpreter's relative write works)", async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  // Started from the interpreter's working directory, /workspace of the read-only mount.
+  const writer =
+    "import subprocess, sys\nw = subprocess.Popen([sys.executable, '-c', " +
+    JSON.stringify(
+      "import os, time\ndef one(name, path):\n    try:\n        open(path, 'w').write('x')\n        return name + ' ok'\n    except OSError as e:\n        return name + ' ' + e.strerror\n" +
+        "def cwd():\n    try:\n        return os.getcwd()\n    except OSError as e:\n        return 'getcwd ' + e.strerror\n" +
+        "end = time.time() + 8\nwhile time.time() < end:\n    row = [cwd(), one('relative', 'bg-rel.txt'), one('absolute', '/workspace/bg-abs.txt')]\n" +
+        "    open('/tmp/cwd.log', 'a').write(' | '.join(row) + '\\n')\n    time.sleep(0.01)\n",
+    ) +
+    "], start_new_session=True)\nkept = 1";
+  await s.run({ code: writer });
+  await new Promise((r) => setTimeout(r, 300));
+  const before = await s.run({ code: "print(open('/tmp/cwd.log').read().splitlines()[-1])" });
+  assert.match(before.text, /\/workspace \| relative Read-only file system \| absolute Read-only file system/, `baseline: manual is read-only: ${before.text}`);
+  s.mode("edits");
+  // The change is made at this execution; the interpreter's working directory moves with it.
+  const moved = await s.run({ code: `print(kept)\n${TRY_WRITE("interp-rel.txt")}` });
+  assert.doesNotMatch(moved.text, KEPT);
+  assert.match(moved.text, /wrote interp-rel.txt/, "baseline: the interpreter's relative write reaches the writable project");
+  await new Promise((r) => setTimeout(r, 500));
+  const r = await s.run({ code: "print(kept, w.poll())\nprint(open('/tmp/cwd.log').read().splitlines()[-1])" });
+  assert.match(r.text, /1 None/, "the writer still runs");
+  // Its directory is still the old tree, read-only, and no longer reachable from the root.
+  assert.match(r.text, /getcwd No such file or directory \| relative Read-only file system \| absolute ok/, r.text);
+  assert.ok(existsSync(join(s.project, "bg-abs.txt")) && !existsSync(join(s.project, "bg-rel.txt")));
+});
+
 test("attack: descriptors a background process opened in edits (a file read-only, a directory) change nothing after the change back: fchmod, futimens, a create beneath the directory (baseline: before it, each works)", async (t) => {
   const s = await setup(t, { mode: "edits" });
   if (!s) return;
+  // The create opens read-only: a file open for writing at the change back would (rightly) turn it into a restart.
   const prober =
     "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', " +
     JSON.stringify(
@@ -215,7 +253,7 @@ test("attack: descriptors a background process opened in edits (a file read-only
         "def one(name, act):\n    try:\n        act()\n        return name + ' ok'\n    except OSError as e:\n        return name + ' ' + (e.strerror or str(e.errno))\n" +
         "n = 0\nend = time.time() + 8\nwhile time.time() < end:\n    n += 1\n" +
         "    row = [one('fchmod', lambda: os.fchmod(f, 0o755 if n % 2 else 0o644)), one('futimens', lambda: os.utime(f, (n, n))),\n" +
-        "           one('create', lambda: os.close(os.open('made-%d' % n, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=d)))]\n" +
+        "           one('create', lambda: os.close(os.open('made-%d' % n, os.O_CREAT | os.O_RDONLY, 0o644, dir_fd=d)))]\n" +
         "    open('/tmp/meta.log', 'a').write(' | '.join(row) + '\\n')\n    time.sleep(0.01)\n",
     ) +
     "], start_new_session=True)\nkept = 1";
@@ -279,5 +317,5 @@ test("rollback off: a mode change restarts the sandbox, the spec's behaviour", a
 const AS_NOBODY_ENV = "PPS_LIVE_MODE_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-mode.test.ts", AS_NOBODY_ENV, 9);
+  rerunAsNobody(t, "__test__/live-mode.test.ts", AS_NOBODY_ENV, 10);
 });

@@ -435,6 +435,15 @@ impl<H: Host> Session<H> {
     /// the restart (default: the mode or the read roots changed).
     pub fn set_mounts_because(&self, mounts: MountConfig, reason: Option<String>) -> Option<bool> {
         let _span = self.span().entered();
+        // Going read-only, the change's plan walks the project: made first,
+        // under the operation lock alone (see `live::Held`). That lock is
+        // kept until the change is made below, so the sandbox the plan was
+        // made for is the one changed, and no call runs between; what the
+        // sandbox's own processes write meanwhile is as after any walk (the
+        // swap checks each entry it binds against the plan). Whether the
+        // change is made at all is still decided under the session's lock,
+        // against the mounts current then.
+        let mut held = self.hold_for_read_only(&mounts);
         let mut sh = self.shared.lock();
         sh.report.permissions_seen = true;
         if sh.report.mounts == mounts {
@@ -457,7 +466,7 @@ impl<H: Host> Session<H> {
         if restart.is_none() {
             // So does a writable project (with the rest of the change).
             let had = sh.report.mounts.clone();
-            restart = self.read_only_now(&had, &mounts, &mut sh.slot).err().map(|e| e.0);
+            restart = self.read_only_now(&had, &mounts, &mut sh.slot, held.as_mut()).err().map(|e| e.0);
         }
         if shell::takes_away(&sh.report.mounts, &mounts) {
             self.shells.stop_running(
@@ -469,6 +478,7 @@ impl<H: Host> Session<H> {
         sh.report.mount_epoch += 1;
         let Some(why) = restart else {
             drop(sh);
+            self.last_look(held);
             self.discard_spare();
             self.wake.send_modify(|n| *n += 1);
             return Some(false);

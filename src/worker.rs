@@ -41,6 +41,7 @@ pub use api::{
 };
 pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
+pub use mode::SwapPlan;
 pub use rollback::{NoReturn, RecoverError, Recovery};
 use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
 

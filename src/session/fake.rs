@@ -52,10 +52,17 @@ pub struct Script {
     /// Sandboxes whose interpreter ended while their PID 1 stays.
     pub gone: HashSet<i32>,
     /// Every request, in order: `start 1`, `exec 1 #2`, `recover 1`,
-    /// `reset 1`, `kill 1`, `reap 2`, `kill_group 1`.
+    /// `reset 1`, `kill 1`, `reap 2`, `kill_group 1`, `prepare 1`, `live 1`
+    /// (`live 1 prepared`: with what `prepare` made).
     pub log: Vec<String>,
     /// Where set, the next recovery (not a reset) waits here once logged.
     pub recover_gate: Option<Arc<tokio::sync::Notify>>,
+    /// Where set, the next preparation of a change to read-only says it
+    /// started on the first channel and waits for the second.
+    pub prepare_gate: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+    /// How many checks the exit cleanup would make once it stopped the
+    /// session's processes, as last registered.
+    pub exit_checks: usize,
     /// Where set, the next start waits here once its sandbox is spawned.
     pub start_gate: Option<std::sync::Arc<tokio::sync::Notify>>,
     next_pid: i32,
@@ -74,6 +81,9 @@ pub struct FakeHost {
 
 pub struct FakeSandbox {
     pid: i32,
+    project: PathBuf,
+    /// A real guard of the project while a live change made it writable.
+    guard: Option<Arc<Guard>>,
     mounts: MountConfig,
     keeper: bool,
     masks: MaskReport,
@@ -116,6 +126,8 @@ impl Host for FakeHost {
         }
         let sandbox = FakeSandbox {
             pid,
+            project: start.project.clone(),
+            guard: None,
             mounts: start.mounts.clone(),
             keeper: start.rollback.unwrap_or(true),
             masks: MaskReport::default(),
@@ -131,7 +143,9 @@ impl Host for FakeHost {
         self.script.lock().note(format!("kill_group {pid}"));
     }
 
-    fn live_update(&self, _id: u64, _pids: Vec<i32>, _dir: Option<PathBuf>, _after: Vec<AfterKill>) {}
+    fn live_update(&self, _id: u64, _pids: Vec<i32>, _dir: Option<PathBuf>, after: Vec<AfterKill>) {
+        self.script.lock().exit_checks = after.len();
+    }
 }
 
 impl Sandbox for FakeSandbox {
@@ -142,7 +156,7 @@ impl Sandbox for FakeSandbox {
         self.pid
     }
     fn guard(&self) -> Option<Arc<Guard>> {
-        None
+        self.guard.clone()
     }
     fn init_pid(&self) -> Option<i32> {
         None
@@ -252,15 +266,44 @@ impl Sandbox for FakeSandbox {
         }
         s.recovers.pop_front().unwrap_or(Ok(Recovery::Restored))
     }
-    fn apply_live(&mut self, want: &MountConfig, _env: &super::host::LiveEnv<'_>) -> Result<(), LiveError> {
+    type Prepared = ();
+    fn prepare_read_only(&self, want: &MountConfig, _env: &super::host::LiveEnv<'_>) -> Option<()> {
+        if !self.mounts.workspace_writable || want.workspace_writable {
+            return None;
+        }
+        let gate = {
+            let mut s = self.script.lock();
+            s.note(format!("prepare {}", self.pid));
+            s.prepare_gate.take()
+        };
+        if let Some((started, go)) = gate {
+            let _ = started.send(());
+            let _ = go.recv();
+        }
+        Some(())
+    }
+    fn apply_live(
+        &mut self,
+        want: &MountConfig,
+        _env: &super::host::LiveEnv<'_>,
+        prepared: Option<()>,
+    ) -> Result<Option<Arc<Guard>>, LiveError> {
         let mut s = self.script.lock();
-        s.note(format!("live {}", self.pid));
+        s.note(format!("live {}{}", self.pid, if prepared.is_some() { " prepared" } else { "" }));
         crate::live_grants::plan(&self.mounts, want)?;
         if let Some(e) = s.live_fails.pop_front() {
             return Err(e);
         }
+        drop(s);
+        // A mode change starts or ends the guard, as the real swap does.
+        let mut ended = None;
+        if want.workspace_writable && !self.mounts.workspace_writable {
+            self.guard = Some(Arc::new(guard_of(&self.project)));
+        } else if !want.workspace_writable {
+            ended = self.guard.take();
+        }
         self.mounts = want.clone();
-        Ok(())
+        Ok(ended)
     }
     async fn restore_point(&mut self) -> Result<Recovery, crate::worker::NoReturn> {
         let mut s = self.script.lock();
@@ -278,9 +321,31 @@ impl Sandbox for FakeSandbox {
     }
     async fn kill(self, _capture: Option<&mut Capture>) -> (Option<ExitStatus>, Dead) {
         self.script.lock().note(format!("kill {}", self.pid));
-        (Some(ExitStatus::from_raw(9)), Dead { guard: None, init_pid: None })
+        (Some(ExitStatus::from_raw(9)), Dead { guard: self.guard, init_pid: None })
     }
     fn reap(self) {
         self.script.lock().note(format!("reap {}", self.pid));
     }
+}
+
+/// The guard a writable start of `project` would have (default rules).
+fn guard_of(project: &Path) -> Guard {
+    let settings = crate::options::Settings::from_env();
+    let plan = crate::protected::plan_start(crate::protected::StartRequest {
+        project,
+        protected: &settings.protected,
+        secrets: &crate::secrets::SecretRules::new(Some("")),
+        limits: settings.scan,
+        git: &settings.git,
+        sink: Default::default(),
+        tainted: Default::default(),
+        writable: true,
+        unmasked: &[],
+        sources: None,
+        known: &[],
+        known_idents: &Default::default(),
+        host: &Default::default(),
+    })
+    .expect("the project's plan");
+    plan.guard.expect("a writable plan has a guard")
 }

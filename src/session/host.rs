@@ -82,10 +82,23 @@ pub trait Sandbox: Send + 'static {
         capture: Option<&mut Capture>,
         reset: bool,
     ) -> impl Future<Output = Result<Recovery, RecoverError>> + Send;
+    /// What [`Sandbox::prepare_read_only`] makes.
+    type Prepared: Send;
+    /// The plan (with its walk of the project) of a change of its writable
+    /// project to `want`'s read-only one, made before the change and
+    /// without changing anything; `None` when `want` makes no such change.
+    fn prepare_read_only(&self, want: &MountConfig, env: &LiveEnv<'_>) -> Option<Self::Prepared>;
     /// Add `want`'s grants to it while it runs (see `live_grants`), and
-    /// change its project's mount to `want`'s mode (see `worker::mode`):
-    /// its mounts become `want`. `Err`: it must be restarted.
-    fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError>;
+    /// change its project's mount to `want`'s mode (see `worker::mode`),
+    /// with `prepared` when it was made for this change: its mounts become
+    /// `want`. `Ok`: the guard a change to read-only ended, whose last look
+    /// at the project the caller makes. `Err`: it must be restarted.
+    fn apply_live(
+        &mut self,
+        want: &MountConfig,
+        env: &LiveEnv<'_>,
+        prepared: Option<Self::Prepared>,
+    ) -> Result<Option<Arc<Guard>>, LiveError>;
     /// Return its interpreter to its state before the last call, which a
     /// refused read ended; `Err` says why it cannot be.
     fn restore_point(&mut self) -> impl Future<Output = Result<Recovery, NoReturn>> + Send;
@@ -229,12 +242,35 @@ impl Sandbox for Worker {
     async fn recover(&mut self, capture: Option<&mut Capture>, reset: bool) -> Result<Recovery, RecoverError> {
         Worker::recover(self, capture, reset).await
     }
-    fn apply_live(&mut self, want: &MountConfig, env: &LiveEnv<'_>) -> Result<(), LiveError> {
+    type Prepared = Result<crate::worker::SwapPlan, LiveError>;
+    fn prepare_read_only(&self, want: &MountConfig, env: &LiveEnv<'_>) -> Option<Self::Prepared> {
+        (self.mounts.workspace_writable && !want.workspace_writable).then(|| self.plan_swap(false, env))
+    }
+    fn apply_live(
+        &mut self,
+        want: &MountConfig,
+        env: &LiveEnv<'_>,
+        prepared: Option<Self::Prepared>,
+    ) -> Result<Option<Arc<Guard>>, LiveError> {
         let plan = crate::live_grants::plan(&self.mounts, want)?;
-        // A mode change first: the project's mount replaced whole.
+        // A mode change first: the project's mount replaced whole, as
+        // planned before (the worker has not changed since: the session's
+        // operation lock is held from the plan to here) or planned now.
+        let mut ended = None;
         if self.mounts.workspace_writable != want.workspace_writable {
-            self.swap_mode(want.workspace_writable, env)?;
+            let swap = match prepared {
+                Some(prepared) => prepared?,
+                None => self.plan_swap(want.workspace_writable, env)?,
+            };
+            ended = self.swap_planned(swap, env)?;
         }
+        // The ended guard's last look is made even when what follows fails.
+        let last_look = |e: LiveError| {
+            if let Some(old) = &ended {
+                env.notes.lock().extend(old.check_all());
+            }
+            e
+        };
         let live = crate::live_grants::Env {
             pid: self.init_pid.unwrap_or(0),
             secrets: &self.host_secrets,
@@ -244,7 +280,7 @@ impl Sandbox for Worker {
             masks: &self.masks,
             quarantine: env.quarantine,
         };
-        let added = crate::live_grants::apply(&plan, &live)?;
+        let added = crate::live_grants::apply(&plan, &live).map_err(last_look)?;
         // The masks of a revoked root went with it.
         self.host_masks.retain(|m| !plan.detach.iter().any(|r| m.path.starts_with(r)));
         for m in added {
@@ -258,7 +294,7 @@ impl Sandbox for Worker {
         let points = self.host_secrets.watch_points(&granted, env.trees);
         self.watch_granted(points);
         self.mounts = want.clone();
-        Ok(())
+        Ok(ended)
     }
     async fn restore_point(&mut self) -> Result<Recovery, NoReturn> {
         Worker::restore_point(self).await

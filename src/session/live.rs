@@ -28,6 +28,26 @@ pub(super) struct LiveState {
     rerun: Option<Result<(), live_grants::Restarted>>,
 }
 
+/// What [`Session::set_mounts_because`] takes before the session's lock
+/// when the change makes a writable project read-only: the operation lock
+/// (no call starts and the sandbox stays the one planned for until it is
+/// released), the plan made with the project's walk, and, once the change
+/// is made, the guard it ended, whose last look is made after the session's
+/// lock is released.
+pub(super) struct Held<'a, H: Host> {
+    inner: tokio::sync::MutexGuard<'a, Inner<H>>,
+    prepared: Option<<H::Sandbox as Sandbox>::Prepared>,
+    ended: Option<Arc<crate::protected::Guard>>,
+}
+
+/// What a change made in the running sandbox leaves to the session: the
+/// guard its slot keeps from now (after a mode change), and the guard a
+/// change to read-only ended, whose last look is still to make.
+pub(super) struct Applied {
+    slot_guard: Option<SlotGuard>,
+    ended: Option<Arc<crate::protected::Guard>>,
+}
+
 impl<H: Host> Session<H> {
     fn rollback_on(&self) -> bool {
         self.opts.rollback.unwrap_or_else(|| Settings::from_env().rollback)
@@ -98,10 +118,48 @@ impl<H: Host> Session<H> {
         }
     }
 
+    /// For a change of the running sandbox's writable project to `want`'s
+    /// read-only one: the operation lock and the change's plan, made here,
+    /// before [`Session::set_mounts_because`] takes the session's lock, so
+    /// that the project's walk does not hold it. `None` for any other
+    /// change, or while a call runs (then the change restarts the sandbox,
+    /// see [`Session::read_only_now`]).
+    pub(super) fn hold_for_read_only(&self, want: &MountConfig) -> Option<Held<'_, H>> {
+        {
+            let sh = self.shared.lock();
+            let had = &sh.report.mounts;
+            if had == want || !had.workspace_writable || want.workspace_writable {
+                return None;
+            }
+        }
+        if self.live_off_reason().is_some() {
+            return None;
+        }
+        let inner = self.ops.try_lock().ok()?;
+        let root = inner.dirs.as_ref().map(|d| d.root.clone());
+        let prepared = match (inner.worker.as_ref(), root) {
+            (Some(w), Some(root)) => self.with_live_env(&root, |env| w.prepare_read_only(want, env)).ok().flatten(),
+            _ => None,
+        };
+        Some(Held { inner, prepared, ended: None })
+    }
+
+    /// The last look of the guard a change to read-only ended (what the
+    /// writable project was given since the guard's last check), made once
+    /// the session's lock is released and before the operation lock is:
+    /// the project is read-only to the sandbox by then, and no call starts
+    /// before the notes are in.
+    pub(super) fn last_look(&self, held: Option<Held<'_, H>>) {
+        if let Some(old) = held.and_then(|mut h| h.ended.take()) {
+            self.notes.lock().extend(old.check_all());
+        }
+    }
+
     /// A change to a read-only project made now, not at the next
     /// execution (a writable mount must not outlive the mode that granted
     /// it): the running sandbox's project mount is replaced (see
-    /// `worker::mode`) with the rest of the change. `Err`: why it restarts
+    /// `worker::mode`) with the rest of the change, with `held`'s plan where
+    /// [`Session::hold_for_read_only`] made one. `Err`: why it restarts
     /// instead (a call runs, a step failed). Nothing to do without a
     /// sandbox or when the project stays writable.
     pub(super) fn read_only_now(
@@ -109,20 +167,39 @@ impl<H: Host> Session<H> {
         had: &MountConfig,
         want: &MountConfig,
         slot: &mut Slot,
+        held: Option<&mut Held<'_, H>>,
     ) -> Result<(), live_grants::Restarted> {
         if !had.workspace_writable || want.workspace_writable {
             return Ok(());
         }
-        let Ok(mut inner) = self.ops.try_lock() else {
-            return Err(live_grants::Restarted("a call was running".into()));
+        let mut own;
+        let (inner, prepared, ended) = match held {
+            Some(h) => (&mut *h.inner, h.prepared.take(), Some(&mut h.ended)),
+            None => {
+                // The change was not foreseen before the session's lock
+                // (another change came between): planned here.
+                let Ok(inner) = self.ops.try_lock() else {
+                    return Err(live_grants::Restarted("a call was running".into()));
+                };
+                own = inner;
+                (&mut *own, None, None)
+            }
         };
         if inner.worker.is_none() {
             return Ok(());
         }
         let began = Instant::now();
-        let guard = self.apply_live(&mut inner, want).map_err(|e| live_grants::Restarted(e.to_string()))?;
-        if let Some(guard) = guard {
+        let applied = self.apply_live(inner, want, prepared).map_err(|e| live_grants::Restarted(e.to_string()))?;
+        if let Some(guard) = applied.slot_guard {
             slot.set_guard(guard);
+        }
+        match ended {
+            Some(ended) => *ended = applied.ended,
+            None => {
+                if let Some(old) = applied.ended {
+                    self.notes.lock().extend(old.check_all());
+                }
+            }
         }
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "project made read-only in the running sandbox");
         Ok(())
@@ -163,12 +240,17 @@ impl<H: Host> Session<H> {
         if changed {
             let result = match killed_for {
                 Some(why) => Err(why),
-                None => self.apply_live(inner, &wanted).map_err(|e| e.to_string()),
+                None => self.apply_live(inner, &wanted, None).map_err(|e| e.to_string()),
             };
             match result {
-                Ok(guard) => {
-                    if let Some(guard) = guard {
+                Ok(applied) => {
+                    if let Some(guard) = applied.slot_guard {
                         self.shared.lock().slot.set_guard(guard);
+                        // The exit cleanup checks the project with it too.
+                        self.sync_live();
+                    }
+                    if let Some(old) = applied.ended {
+                        self.notes.lock().extend(old.check_all());
                     }
                     // Nothing is lost: the allow-once paths stay with this
                     // sandbox (its mounts now name them).
@@ -207,14 +289,13 @@ impl<H: Host> Session<H> {
         self.shared.lock().live.rerun = Some(failed.map_or(Ok(()), |why| Err(live_grants::Restarted(why))));
     }
 
-    /// Apply `wanted` to the running sandbox; after a mode change, its
-    /// guard, for the session's slot (the change starts or ends it).
-    fn apply_live(
+    /// Call `f` with what a change in the running sandbox needs of the
+    /// session (`dirs_root`: the session's directory).
+    fn with_live_env<R>(
         &self,
-        inner: &mut Inner<H>,
-        wanted: &MountConfig,
-    ) -> Result<Option<SlotGuard>, live_grants::LiveError> {
-        let Some(dirs) = inner.dirs.clone() else { return Err(live_grants::LiveError::NoDirectory) };
+        dirs_root: &Path,
+        f: impl FnOnce(&LiveEnv<'_>) -> R,
+    ) -> Result<R, live_grants::LiveError> {
         let project = std::fs::canonicalize(&self.opts.project_dir).map_err(live_grants::LiveError::Project)?;
         let root = self.runtime_root();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
@@ -223,7 +304,7 @@ impl<H: Host> Session<H> {
         // runtime root, every session's directory and the scratches set aside.
         let quarantine = Some(root.clone()).filter(|q| std::fs::symlink_metadata(q).is_ok_and(|m| m.is_dir()));
         let env = LiveEnv {
-            dirs_root: &dirs.root,
+            dirs_root,
             project: &project,
             trees: &trees,
             quarantine: quarantine.as_deref(),
@@ -233,11 +314,25 @@ impl<H: Host> Session<H> {
             known: &self.known_secrets,
             guard_inotify: self.opts.guard_inotify.unwrap_or(crate::protected::inotify_init),
         };
+        Ok(f(&env))
+    }
+
+    /// Apply `wanted` to the running sandbox (with `prepared`, made for
+    /// this change by [`Session::hold_for_read_only`]); after a mode
+    /// change, its guard, for the session's slot (the change starts or ends
+    /// it).
+    fn apply_live(
+        &self,
+        inner: &mut Inner<H>,
+        wanted: &MountConfig,
+        prepared: Option<<H::Sandbox as Sandbox>::Prepared>,
+    ) -> Result<Applied, live_grants::LiveError> {
+        let Some(dirs) = inner.dirs.clone() else { return Err(live_grants::LiveError::NoDirectory) };
         let Some(w) = inner.worker.as_mut() else { return Err(live_grants::LiveError::NoSandbox) };
         let began = Instant::now();
         let mode = w.mounts().workspace_writable != wanted.workspace_writable;
-        w.apply_live(wanted, &env)?;
+        let ended = self.with_live_env(&dirs.root, |env| w.apply_live(wanted, env, prepared))??;
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "grants applied to the running sandbox");
-        Ok(mode.then(|| w.guard().map(|g| (g, w.init_pid()))))
+        Ok(Applied { slot_guard: mode.then(|| w.guard().map(|g| (g, w.init_pid()))), ended })
     }
 }

@@ -372,10 +372,10 @@ async fn a_mode_change_reaches_the_running_sandbox_to_writable_at_the_next_call_
     assert_eq!(f.session.status().mounts, writable);
     // Back to read-only: made in the running sandbox before set_mounts returns.
     assert_eq!(f.session.set_mounts(with_root("/data")), Some(false));
-    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2", "live 1"]);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2", "prepare 1", "live 1 prepared"]);
     let o = f.run().await;
     assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
-    assert_eq!(f.log().len(), 6, "{:?}", f.log());
+    assert_eq!(f.log().len(), 7, "{:?}", f.log());
 }
 
 #[tokio::test]
@@ -388,7 +388,9 @@ async fn a_mode_change_the_running_sandbox_cannot_take_restarts_it_with_the_usua
     let o = f.run().await;
     assert_eq!(o.lost_before, Some(Discarded::Remounted(REMOUNT_REASON.into())));
     assert_eq!(said(&o).as_deref(), Some(REMOUNT_REASON));
-    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "kill_group 1", "kill 1", "start 2", "exec 2 #2"]);
+    let log =
+        ["start 1", "exec 1 #1", "prepare 1", "live 1 prepared", "kill_group 1", "kill 1", "start 2", "exec 2 #2"];
+    assert_eq!(f.log(), log);
     // A call running: no swap under it; the sandbox is killed as before.
     let f = fixture(true, false);
     f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
@@ -474,4 +476,79 @@ async fn status_follows_the_slot_empty_starting_ready_and_empty_again() {
     assert_eq!(running(&f), (true, Some(CodeForm::Source)), "ready again");
     f.session.dispose("disposed").await;
     assert_eq!(running(&f), (false, None), "empty after dispose");
+}
+
+/// The project's names under `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn going_read_only_the_project_walk_runs_before_the_session_lock_and_its_plan_is_the_one_applied() {
+    let f = fixture(true, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
+    let o = f.run().await;
+    assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2"]);
+    // The plan (the fake's stand-in for the walk) waits until the test lets it go.
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    f.host.script.lock().prepare_gate = Some((started_tx, go_rx));
+    let session = f.session.clone();
+    let change = std::thread::spawn(move || session.set_mounts(MountConfig::default()));
+    started.recv_timeout(Duration::from_secs(10)).expect("the change's plan started");
+    // While it walks, the session's lock is free: status answers (it takes that lock).
+    let (said_tx, said_rx) = std::sync::mpsc::channel();
+    let session = f.session.clone();
+    let status = std::thread::spawn(move || {
+        let _ = said_tx.send(session.status().mounts.workspace_writable);
+    });
+    let during = said_rx.recv_timeout(Duration::from_secs(10));
+    go.send(()).expect("let the plan go");
+    assert_eq!(change.join().expect("the change"), Some(false), "nothing is killed");
+    status.join().expect("status");
+    assert_eq!(during, Ok(true), "status answered during the walk, with the mounts before the change");
+    // One walk: the plan made before the lock is the one the change applied.
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2", "prepare 1", "live 1 prepared"]);
+    assert_eq!(f.session.status().mounts, MountConfig::default());
+    let o = f.run().await;
+    assert_eq!((&o.lost_before, o.state), (&None, StateFate::Kept));
+    assert_eq!(f.session.status().history.generation, 1);
+}
+
+#[tokio::test]
+async fn a_guard_started_by_a_live_change_to_writable_is_the_one_checked_after_a_later_kill_and_at_exit() {
+    let f = fixture(true, false);
+    let project = f.session.project_dir().to_path_buf();
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.host.script.lock().exit_checks, 0, "baseline: a read-only sandbox has nothing to check at exit");
+    // Read-only to writable: made at the next call, which starts the guard.
+    f.session.set_mounts(MountConfig { workspace_writable: true, ..Default::default() });
+    assert_eq!(f.run().await.status, Status::Ok);
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "live 1", "exec 1 #2"]);
+    assert_eq!(f.host.script.lock().exit_checks, 1, "the exit cleanup checks the project with the new guard");
+    // A protected name deep in a new tree (no holder's watch sees it; the
+    // checks after a kill do), made after the change.
+    std::fs::create_dir_all(project.join("src/n/m")).expect("mkdir");
+    std::fs::write(project.join("src/n/m/.envrc"), "echo pwned").expect("write");
+    // A change back that the running sandbox cannot take: it is killed at
+    // once, and its project checked then, not at the next execution.
+    f.host.script.lock().live_fails.push_back(crate::live_grants::LiveError::Mode("busy".into()));
+    assert_eq!(f.session.set_mounts(MountConfig::default()), Some(true));
+    let dir = project.join("src/n/m");
+    for _ in 0..1000 {
+        if !names_in(&dir).contains(&".envrc".to_string()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let names = names_in(&dir);
+    assert!(!names.contains(&".envrc".to_string()), "the name was made inert before any other execution: {names:?}");
+    assert!(names.iter().any(|n| n.starts_with(".envrc.pi-inert")), "{names:?}");
+    assert!(f.log().iter().all(|l| !l.starts_with("exec 1 #3") && !l.starts_with("kill 1")), "{:?}", f.log());
 }

@@ -4,7 +4,10 @@
 //! entries bound read-only over it, or read-only; the secret masks in
 //! both), planned the way a start plans it (`protected::plan_start`). The
 //! guard that keeps protected names inert starts with a writable project
-//! and ends with a read-only one, after a last look at the project.
+//! and ends with a read-only one; its last look at the project is the
+//! caller's, made once the change is in place. The plan (with its walk of
+//! the project) and the swap are two steps, so that the session makes the
+//! plan of a change to read-only before it takes its lock.
 //!
 //! What held the old tree (the interpreter's working directory, a
 //! background process's directory or open file) keeps it: read-only in
@@ -72,13 +75,26 @@ fn refused(why: impl std::fmt::Display) -> LiveError {
     LiveError::Mode(why.to_string())
 }
 
+/// A mode change's plan, made with its walk of the project before the
+/// swap (see `Worker::plan_swap`): the binds the new tree gets, the guard
+/// it starts (writable), and the entries planned with, held open so that
+/// their (device, inode) cannot name another file when the swap checks it.
+pub struct SwapPlan {
+    writable: bool,
+    guard: Option<(Arc<protected::Guard>, protected::Watcher)>,
+    over: Vec<Over>,
+    _binds: Vec<Bind>,
+    sources: MaskSources,
+}
+
 impl Worker {
-    /// Replace the project's mount with a `writable` or read-only one, as
-    /// a fresh start in that mode mounts it (see the module's comment).
-    /// `Err`: nothing changed that the caller must undo; it restarts the
-    /// sandbox.
-    pub fn swap_mode(&mut self, writable: bool, env: &LiveEnv<'_>) -> Result<(), LiveError> {
-        let pid = self.init_pid.filter(|p| *p > 0).ok_or(LiveError::NoProcess)?;
+    /// Plan a change of the project's mount to `writable` or read-only, as a
+    /// fresh start in that mode plans it (the project's walk). Reads the
+    /// sandbox and changes nothing: the session makes it before it takes
+    /// its lock (see `Session::set_mounts_because`). `Err`: the change
+    /// cannot be made live; the caller restarts the sandbox.
+    pub fn plan_swap(&self, writable: bool, env: &LiveEnv<'_>) -> Result<SwapPlan, LiveError> {
+        self.init_pid.filter(|p| *p > 0).ok_or(LiveError::NoProcess)?;
         // A kernel interface mounted inside the project is masked at the
         // start, under /workspace: the swapped tree would not have it.
         if self.host_masks.iter().any(|m| m.path.starts_with(WORKSPACE)) {
@@ -124,6 +140,21 @@ impl Worker {
         };
         let binds: Vec<Bind> = plan.binds.into_iter().chain(plan.masks).collect();
         let over = overs(&binds, &sources).map_err(|e| refused(format!("a bind could not be looked at ({e})")))?;
+        Ok(SwapPlan { writable, guard, over, _binds: binds, sources })
+    }
+
+    /// Replace the project's mount as `plan` says (see the module's
+    /// comment). `Ok`: the guard the change ended (going read-only), whose
+    /// last look at the project (`Guard::check_all`) the caller makes.
+    /// `Err`: nothing changed that the caller must undo; it restarts the
+    /// sandbox.
+    pub fn swap_planned(
+        &mut self,
+        plan: SwapPlan,
+        env: &LiveEnv<'_>,
+    ) -> Result<Option<Arc<protected::Guard>>, LiveError> {
+        let pid = self.init_pid.filter(|p| *p > 0).ok_or(LiveError::NoProcess)?;
+        let SwapPlan { writable, guard, over, _binds: binds, sources } = plan;
         let project = std::fs::File::open(env.project).map_err(LiveError::Project)?;
         let (dev, ino, _) = ident(&project).map_err(LiveError::Project)?;
         let replace = Replace {
@@ -138,7 +169,8 @@ impl Worker {
         let began = std::time::Instant::now();
         swap::replace(pid, &replace)?;
         tracing::debug!(writable, ms = began.elapsed().as_secs_f64() * 1e3, "project mount swapped live");
-        match guard {
+        drop(binds);
+        let ended = match guard {
             Some((guard, watcher)) => {
                 guard.arm(self.pid, self.killed_for.clone());
                 if let Some(budget) = &self.budget {
@@ -146,17 +178,17 @@ impl Worker {
                 }
                 self._watches.guard(guard.clone(), watcher, self.masks_watch.as_ref());
                 self.guard = Some(guard);
+                None
             }
             None => {
                 self._watches.end_guard();
-                // What the writable project was given since the last look.
-                if let Some(old) = self.guard.take() {
-                    env.notes.lock().extend(old.check_all());
-                }
+                // What the writable project was given since the last look
+                // is the caller's to check, now that nothing writes it.
+                self.guard.take()
             }
-        }
+        };
         self.mounts.workspace_writable = writable;
         self.moved += 1;
-        Ok(())
+        Ok(ended)
     }
 }
