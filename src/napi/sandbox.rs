@@ -87,6 +87,15 @@ impl PythonSandbox {
         if finished.outcome.started {
             finished.outcome.mode_note = self.mode_note.lock().take();
         }
+        // One sentence per fact: a line that says the project stays
+        // read-only, and why, is not followed by the start's note of it
+        // (a note with another cause stays).
+        if let Some(line) = finished.outcome.mode_note.clone().filter(|n| n.contains(permissions::HELD)) {
+            finished.outcome.notes.retain(|n| {
+                let why = n.strip_prefix(permissions::HELD_NOTE).and_then(|r| r.strip_prefix(": "));
+                !why.is_some_and(|w| line.contains(w.trim_end_matches('.')))
+            });
+        }
         finished
     }
 
@@ -317,6 +326,14 @@ impl PythonSandbox {
         // A change that reached the running sandbox kept its interpreter.
         if let (Some(note), Some(false), true) = (notification.as_mut(), result, running) {
             *note = note.replacen(permissions::CHANGE_LATER, permissions::change_live(&current, &wanted), 1);
+        }
+        // A project made writable that the sandbox will hold read-only
+        // (it cannot be protected) is not called read-write.
+        let held = (!current.workspace_writable && wanted.workspace_writable)
+            .then(|| self.session.writable_refusal())
+            .flatten();
+        if let (Some(note), Some(why)) = (notification.as_mut(), &held) {
+            *note = permissions::held_read_only(note, why);
         }
         // A restart says why the change could not reach the running sandbox.
         if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {

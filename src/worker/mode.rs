@@ -13,6 +13,10 @@
 //! while a file is open for writing on it: then nothing changed and the
 //! session restarts the sandbox). The interpreter learns of each move
 //! with its next request and goes to /workspace, the new tree.
+//!
+//! A change to a writable mode whose project cannot be protected changes
+//! no mount: a fresh start would hold the project read-only, as the
+//! running sandbox has it, so the sandbox and its interpreter are kept.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -107,6 +111,15 @@ impl Worker {
         })
         .map_err(|e| refused(format!("the project's protection could not be planned: {e}")))?;
         if let Some(e) = &plan.refused {
+            // To a writable mode: a fresh start would mount the project
+            // read-only (held), as it is mounted now; the sandbox keeps it
+            // and says so, as that start does. Its guard stays off.
+            if writable && !self.mounts.workspace_writable && self.guard.is_none() {
+                env.notes.lock().push(format!("{}: {e}.", crate::permissions::HELD_NOTE));
+                self.mounts.workspace_writable = true;
+                tracing::debug!("project kept read-only live: it cannot be protected");
+                return Ok(());
+            }
             return Err(refused(format!("the project cannot be protected: {e}")));
         }
         if !same_masks(&plan.report, &self.masks) {
