@@ -388,7 +388,11 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| ctx.resolve(p));
-        let note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
+        let mut note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
+        // As a change does: a project the sandbox will hold read-only is not called read-write.
+        if let Some(why) = report.mounts.workspace_writable.then(|| self.session.writable_refusal()).flatten() {
+            note = permissions::held_read_only(&note, &why);
+        }
         Some(note.replacen("python sandbox: ", "python sandbox (from pi-tool-permissions at start): ", 1))
     }
 
