@@ -18,6 +18,7 @@ import { configureReviewer, type ReviewerLog } from "./fixtures/network-reviewer
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { httpOrigin, type NetSession, netSession, type Origin } from "./helpers/network.ts";
 import type { UIHooks } from "./helpers/pi-session.ts";
+import { displayLine } from "../js/display.ts";
 
 const REVIEWER = fileURLToPath(new URL("./fixtures/network-reviewer", import.meta.url));
 
@@ -51,7 +52,9 @@ const curls = (o: Origin, count: number) =>
 test("a reviewer's decision replaces the dialog: the request names the tool, host, port and command", async (t) => {
   const s = await setup(t, () => "once");
   if (!s) return;
-  const command = `${one(s.o)}; ${one(s.o)}`;
+  // A comment of the model's with a title sequence and a second line: `command` is safe to show.
+  const raw = "# \u001b]0;FORGED\u0007 \u202e\n";
+  const command = `${raw}${one(s.o)}; ${one(s.o)}`;
   const out = await s.bash(command);
   // "once" lets exactly one connection through; the second is asked about again.
   assert.equal(s.log.reviews.length, 2, JSON.stringify(s.log.reviews));
@@ -71,11 +74,16 @@ test("a reviewer's decision replaces the dialog: the request names the tool, hos
       port: s.o.port,
       unicode: null,
       mixedScripts: false,
-      command,
+      command: displayLine(command),
+      commandExact: command,
       decisions: ["once", "command", "session", "deny", "ask"],
       timeoutMs: 60_000,
     },
   );
+  // The shown form holds no control, bidi or line break; the exact one is the model's text.
+  assert.doesNotMatch(review.command as string, /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/u, review.command as string);
+  assert.match(review.command as string, /^# ␛\]0;FORGED␇ <U\+202E>␊curl /, review.command as string);
+  assert.ok((review.commandExact as string).includes("\u001b]0;FORGED\u0007"), "the exact text is unchanged");
   assert.deepEqual(s.log.cancels, []);
 });
 

@@ -28,7 +28,7 @@ interface Setup {
 
 async function setup(
   t: TestContext,
-  opts: { mode?: string; readRoots?: (outside: string) => string[]; ui?: UIHooks } = {},
+  opts: { mode?: string; readRoots?: (outside: string, project: string) => string[]; ui?: UIHooks } = {},
 ): Promise<Setup | undefined> {
   if (skipWithoutSandbox(t)) return undefined;
   const base = mkdtempSync("/var/tmp/pps-client-");
@@ -43,7 +43,7 @@ async function setup(
     rmSync(base, { recursive: true, force: true });
     rmSync(outside, { recursive: true, force: true });
   });
-  const log = configureClient(opts.mode ?? "manual", opts.readRoots?.(outside) ?? []);
+  const log = configureClient(opts.mode ?? "manual", opts.readRoots?.(outside, project) ?? []);
   // The stand-in first: its session_start runs before the tool's, as pi orders them.
   const h = await createPiHarness({ cwd: project, extensionPaths: [CLIENT, PACKAGE], ui: opts.ui });
   t.after(() => h.dispose());
@@ -80,6 +80,32 @@ test("start-up: the client's first mode event, sent before this tool's session_s
     ["/usr/share", `${s.outside}/missing`],
   );
   assert.match(st.details.report.text, /read roots skipped: \/usr\/share \(reserved sandbox mount \/usr\)/);
+});
+
+test("start-up in a writable mode whose project cannot be protected: the report says /workspace stays read-only (baseline: within the bound, read-write)", async (t) => {
+  const startNote = async (bound: string | undefined) => {
+    if (bound !== undefined) withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", bound);
+    const s = await setup(t, {
+      mode: "yolo",
+      readRoots: (_outside, project) => {
+        for (let i = 0; i < 20; i++) writeFileSync(join(project, `f${i}.txt`), "x");
+        return [];
+      },
+    });
+    if (!s) return undefined;
+    const note = s.h.notifications.find((n) => n.message.includes("from pi-tool-permissions at start"))?.message ?? "";
+    const r = await s.run({ code: "open('/workspace/w.txt', 'w').write('x')" });
+    return { note, text: r.text };
+  };
+  const free = await startNote(undefined);
+  if (!free) return;
+  assert.match(free.note, /\/workspace is now read-write/, free.note);
+  assert.match(free.text, /^status: ok/, free.text);
+  const held = await startNote("5");
+  assert.ok(held);
+  assert.doesNotMatch(held.note, /read-write/, held.note);
+  assert.match(held.note, /^python sandbox \(from pi-tool-permissions at start\): \/workspace stays read-only although the mode allows writes: the project has more than 5 entries/, held.note);
+  assert.match(held.text, /Read-only file system/, held.text);
 });
 
 test("a symlinked root that resolves to a mounted one is named, with both names", async (t) => {

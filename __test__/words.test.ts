@@ -403,7 +403,8 @@ test("a writable mode whose project could not be protected: status says /workspa
     }
   };
   const held = await statusIn("5");
-  assert.match(held.first, /is mounted READ-ONLY for this sandbox although the permission mode allows writes/, held.first);
+  // Said once, by the line that says what the mode change did (the start's note of it is left out).
+  assert.match(held.first, /^python sandbox: \/workspace stays read-only although the mode allows writes: the project has more than 5 entries/m, held.first);
   assert.match(held.first, /Read-only file system/, held.first);
   assert.match(held.status, /^mode: yolo; \/workspace read-only in this sandbox although the mode allows writes \(the project could not be protected\); /m, held.status);
   assert.match(held.status, /-> \/workspace \(read-only\)/, held.status);
@@ -439,4 +440,57 @@ test("what a mode change did is the next result's first line; a first mode event
   // Told once: the result after it has no such line.
   const next = messageText(await modelSees(h, { code: "print(1)" }));
   assert.doesNotMatch(next, /python sandbox: /, next);
+});
+
+test("a change to a writable mode whose project cannot be protected: the notification and the next result say /workspace stays read-only (baseline: within the bound, read-write)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const cwd = await mkdtemp(join(tmpdir(), "pi-python-words-held-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  for (let i = 0; i < 20; i++) writeFileSync(join(cwd, `f${i}.txt`), "x");
+  const saved = process.env.PI_SANDBOX_SCAN_ENTRIES;
+  t.after(() => {
+    if (saved === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
+    else process.env.PI_SANDBOX_SCAN_ENTRIES = saved;
+  });
+  // `running`: a call ran in manual mode first, so the change reaches a running sandbox.
+  const change = async (bound: string | undefined, running: boolean) => {
+    if (bound === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
+    else process.env.PI_SANDBOX_SCAN_ENTRIES = bound;
+    const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE_DIR] });
+    try {
+      h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [] });
+      if (running) assert.match(messageText(await modelSees(h, { code: "x = 41" })), /^status: ok/);
+      h.events.emit("tool-permissions:mode", { mode: "yolo", readRoots: [] });
+      const notes = h.notifications.filter((n) => /^python sandbox: /.test(n.message)).map((n) => n.message);
+      const note = notes.at(-1) ?? "";
+      const first = messageText(await modelSees(h, { code: "open('/workspace/new.txt', 'w').close()" }));
+      const kept = running ? messageText(await modelSees(h, { code: "print(x + 1)" })) : "";
+      const status = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
+      return { note, first, kept, status };
+    } finally {
+      await h.dispose();
+      rmSync(join(cwd, "new.txt"), { force: true });
+    }
+  };
+  for (const running of [false, true]) {
+    const held = await change("5", running);
+    assert.doesNotMatch(held.note, /read-write|writable/, held.note);
+    assert.match(held.note, /^python sandbox: \/workspace stays read-only although the mode allows writes: the project has more than 5 entries/, held.note);
+    assert.match(held.first, /Read-only file system/, held.first);
+    const lines = held.first.split("\n");
+    assert.match(lines[1], /^python sandbox: \/workspace stays read-only although the mode allows writes/, held.first);
+    // Told once: the start's note of the same fact is left out.
+    assert.equal(occurrences(held.first, "more than 5 entries or is deeper"), 1, held.first);
+    assert.match(held.status, /^mode: yolo; \/workspace read-only in this sandbox although the mode allows writes/m, held.status);
+    // What the note says of the interpreter is what happened to it.
+    if (running) {
+      const keptState = /\n42\n|^42$/m.test(held.kept);
+      assert.equal(/interpreter state kept/.test(held.note), keptState, `${held.note}\n---\n${held.kept}`);
+      // With rollback on the change is live: the sandbox already has the project read-only, and keeps its interpreter.
+      if (ROLLBACK) assert.ok(keptState, held.kept);
+    }
+    const free = await change(undefined, running);
+    assert.match(free.note, /^python sandbox: \/workspace is now read-write/, free.note);
+    assert.match(free.first, /^status: ok/, free.first);
+  }
 });

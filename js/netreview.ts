@@ -91,11 +91,19 @@ export interface NetworkReviewPayload {
   authority: string;
   host: string;
   port: number;
-  /** The Unicode form of an `xn--` name, and whether a label of it mixes scripts. */
+  /**
+   * The Unicode form of an `xn--` name (on one line, escaped as the dialog shows it), and whether
+   * a label of it mixes scripts.
+   */
   unicode: string | null;
   mixedScripts: boolean;
-  /** The command (or the python code) that asks. */
+  /**
+   * The command (or the python code) that asks, on one line with every control, bidi and other
+   * invisible character escaped, as the dialog shows it: safe to show a person.
+   */
   command: string;
+  /** The same command exactly as the model wrote it, for a reviewer that parses it: never show it unescaped. */
+  commandExact: string;
   /** The answers `sandbox:network-decision` may give. */
   decisions: string[];
   /** After this long (ms) the connection is refused and `sandbox:network-cancel` goes out. */
@@ -169,9 +177,10 @@ export function networkReviewBus(pi: Pick<ExtensionAPI, "events">, timeoutMs = N
             authority: r.authority,
             host: r.host,
             port: r.port,
-            unicode: r.unicode ?? null,
+            unicode: r.unicode ? displayLine(r.unicode) : null,
             mixedScripts: r.mixedScripts,
-            command,
+            command: displayLine(command),
+            commandExact: command,
             decisions: [...DECISIONS],
             timeoutMs,
           },

@@ -350,13 +350,14 @@ pub const CHANGE_DISCARDED: &str = " (the sandbox was restarted; interpreter sta
 pub const CHANGE_LATER: &str = " (applies from the next execution)";
 /// What a change that reached the running sandbox did (see
 /// [`change_live`]).
-pub const CHANGE_LIVE: [&str; 5] = [
+pub const CHANGE_LIVE: [&str; 6] = [
     " (detached from the running sandbox now; interpreter state kept)",
     " (added to the running sandbox at its next execution; interpreter state kept)",
     " (interpreter state kept: the removed roots are detached from the running sandbox now, the added ones \
      attached at its next execution)",
     " (made read-only in the running sandbox now; interpreter state kept)",
     " (made writable in the running sandbox at its next execution; interpreter state kept)",
+    " (the running sandbox has it read-only already; interpreter state kept)",
 ];
 
 /// What a change from `old` to `new` that reaches the running sandbox
@@ -378,14 +379,32 @@ pub fn change_live(old: &MountConfig, new: &MountConfig) -> &'static str {
     }
 }
 
+/// How a notification says that the project was made writable.
+pub const NOW_WRITABLE: &str = "/workspace is now read-write";
+
+/// How [`held_read_only`] says it.
+pub const HELD: &str = "/workspace stays read-only although the mode allows writes";
+/// How a start (or a running sandbox, see `worker::mode`) says it in a
+/// note of the first result: left out of a result that says [`HELD`].
+pub const HELD_NOTE: &str =
+    "/workspace is mounted READ-ONLY for this sandbox although the permission mode allows writes";
+
+/// A notification of a change to a writable mode whose project cannot be
+/// protected (`why`, see `protected::writable_refusal`): it says that the
+/// project stays read-only, and why, where it said read-write; a running
+/// sandbox keeps its read-only project and its interpreter (see
+/// `worker::mode`).
+pub fn held_read_only(note: &str, why: &str) -> String {
+    let held = format!("{HELD}: {}", why.trim_end_matches('.'));
+    displayed_line(note.replacen(NOW_WRITABLE, &held, 1).replacen(CHANGE_LIVE[4], CHANGE_LIVE[5], 1))
+}
+
 /// The user-facing note for a change of mounts. `discarded`: a running
 /// interpreter was killed.
 pub fn change_notification(old: &MountConfig, new: &MountConfig, plan: &MountPlan, discarded: bool) -> Option<String> {
     let mut changes: Vec<String> = Vec::new();
     if old.workspace_writable != new.workspace_writable {
-        changes.push(
-            if new.workspace_writable { "/workspace is now read-write" } else { "/workspace is now read-only" }.into(),
-        );
+        changes.push(if new.workspace_writable { NOW_WRITABLE } else { "/workspace is now read-only" }.into());
     }
     if old.read_roots != new.read_roots {
         if plan.mounted.is_empty() {

@@ -597,7 +597,7 @@ mod rules;
 pub use rules::{describe, patterns, Pattern, Rule, DEFAULT_PROTECTED, PROTECTED_ENV, SKILLS};
 mod start;
 use start::mask_list;
-pub use start::{plan_start, MaskError, StartPlan, StartRequest};
+pub use start::{plan_start, writable_refusal, MaskError, StartPlan, StartRequest};
 pub mod budget;
 pub use budget::{budget_limits, Budget, BudgetLimits, DEFAULT_BUDGET, MAX_INERT_ENV, WATCH_CPU_ENV};
 mod guard;

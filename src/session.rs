@@ -61,6 +61,10 @@ mod tests;
 
 pub use host::{Host, LiveEnv, RealHost, Sandbox};
 
+/// A sandbox's guard and init pid, and whether its project is held
+/// read-only in a writable mode (see `Slot::set_guard`).
+type SlotGuard = (Option<(Arc<Guard>, Option<i32>)>, bool);
+
 /// The session's sandbox: none, one starting, or one ready for calls.
 /// Written only where it changes; `status` derives whether an interpreter
 /// runs and how its worker was loaded from it.
@@ -102,12 +106,13 @@ impl Slot {
     }
 
     /// A mode change made in the running sandbox started or ended its
-    /// guard (the checks after a kill use the new one), and its project is
-    /// as the mode says (the change is refused where it cannot be).
-    fn set_guard(&mut self, new: Option<(Arc<Guard>, Option<i32>)>) {
+    /// guard (the checks after a kill use the new one); `held`: the mode
+    /// allows writes but the project stays read-only (it could not be
+    /// protected), as a fresh start would hold it.
+    fn set_guard(&mut self, (new, held): SlotGuard) {
         if let Slot::Ready { guard, held_read_only, .. } = self {
             *guard = new;
-            *held_read_only = false;
+            *held_read_only = held;
         }
     }
 

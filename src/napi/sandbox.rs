@@ -87,6 +87,15 @@ impl PythonSandbox {
         if finished.outcome.started {
             finished.outcome.mode_note = self.mode_note.lock().take();
         }
+        // One sentence per fact: a line that says the project stays
+        // read-only, and why, is not followed by the start's note of it
+        // (a note with another cause stays).
+        if let Some(line) = finished.outcome.mode_note.clone().filter(|n| n.contains(permissions::HELD)) {
+            finished.outcome.notes.retain(|n| {
+                let why = n.strip_prefix(permissions::HELD_NOTE).and_then(|r| r.strip_prefix(": "));
+                !why.is_some_and(|w| line.contains(w.trim_end_matches('.')))
+            });
+        }
         finished
     }
 
@@ -324,6 +333,14 @@ impl PythonSandbox {
         if let (Some(note), Some(false), true) = (notification.as_mut(), result, running) {
             *note = note.replacen(permissions::CHANGE_LATER, permissions::change_live(&current, &wanted), 1);
         }
+        // A project made writable that the sandbox will hold read-only
+        // (it cannot be protected) is not called read-write.
+        let held = (!current.workspace_writable && wanted.workspace_writable)
+            .then(|| self.session.writable_refusal())
+            .flatten();
+        if let (Some(note), Some(why)) = (notification.as_mut(), &held) {
+            *note = permissions::held_read_only(note, why);
+        }
         // A restart says why the change could not reach the running sandbox.
         if let (Some(note), Some(true), Some(why)) = (notification.as_mut(), result, self.session.restart_pending()) {
             note.push_str(&displayed_line(format!(" — not applied to the running sandbox: {why}")));
@@ -377,7 +394,11 @@ impl PythonSandbox {
         let inputs = GrantInputs::of(&self.session);
         let ctx = inputs.ctx();
         let plan = permissions::plan_mounts(&event.read_roots, &ctx, |p| ctx.resolve(p));
-        let note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
+        let mut note = permissions::change_notification(&MountConfig::default(), &report.mounts, &plan, false)?;
+        // As a change does: a project the sandbox will hold read-only is not called read-write.
+        if let Some(why) = report.mounts.workspace_writable.then(|| self.session.writable_refusal()).flatten() {
+            note = permissions::held_read_only(&note, &why);
+        }
         Some(note.replacen("python sandbox: ", "python sandbox (from pi-tool-permissions at start): ", 1))
     }
 

@@ -204,6 +204,35 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
     Ok(out)
 }
 
+/// Why a start in a writable mode would mount the project read-only if
+/// it were made now (it cannot be protected), from the same walk and
+/// checks as [`plan_start`]'s, without its secrets (masks only add to the
+/// count of binds) and without a guard or any change to the project;
+/// `None` when it can be protected. What the user is told of a change to
+/// a writable mode; the start decides again.
+pub fn writable_refusal(
+    project: &Path,
+    patterns: &[Pattern],
+    limits: Limits,
+    git: &HostGit,
+    tainted: &Tainted,
+) -> Option<PlanError> {
+    let tree = match Tree::open(project) {
+        Ok(t) => t,
+        Err(e) => return Some(PlanError::Open(e)),
+    };
+    let rules = Rules::new(patterns, limits, git);
+    let survey = rules.survey(&tree, &SecretRules::new(Some("")), &HostSecrets::default(), None);
+    let found = match check_tainted(&tree, project, tainted).and_then(|()| rules.resolve(&tree, survey)) {
+        Ok(found) => found,
+        Err(e) => return Some(e),
+    };
+    match binds_with_masks(&tree, &found.entries, &[], &[], true, None) {
+        Ok(Ok(_)) | Err(_) => None,
+        Ok(Err(e)) => Some(e),
+    }
+}
+
 /// Files of the project whose (device, inode) is one of `idents`: where
 /// the start's walk goes and, when the sandbox can write the project, in
 /// the dependency trees it skips (a hard link made there reads the
@@ -706,6 +735,38 @@ mod tests {
         // Masking off in a read-only mode: no walk at all.
         let off = start(&base, false, &[], Some(""), all);
         assert!(off.report.off && off.masks.is_empty() && off.report.entries == 0);
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
+    #[test]
+    fn the_writable_refusal_is_the_starts() {
+        let base = tmp();
+        std::fs::create_dir_all(base.join(".session")).expect("mkdir");
+        let p = base.join("project");
+        std::fs::create_dir_all(p.join(".git")).expect("mkdir");
+        for i in 0..20 {
+            std::fs::write(p.join(format!("f{i}")), "").expect("write");
+        }
+        let refusal = |limits: Limits| {
+            writable_refusal(&p, &patterns(None), limits, &HostGit::default(), &Tainted::default())
+                .map(|e| e.to_string())
+        };
+        // Past the bound: the same reason as a writable start's, and the
+        // project is left as it was (no guard, no change).
+        let small = Limits { max_entries: 5, max_depth: 24 };
+        let said = refusal(small).expect("past the bound");
+        assert!(said.contains("more than 5 entries"), "{said}");
+        assert_eq!(start(&base, true, &[], Some(""), small).refused.map(|e| e.to_string()), Some(said));
+        // Within it: protectable, as the start finds.
+        assert_eq!(refusal(scan::DEFAULT_LIMITS), None);
+        assert!(start(&base, true, &[], Some(""), scan::DEFAULT_LIMITS).refused.is_none());
+        // A protected name an earlier sandbox left makes it unprotectable.
+        let tainted = Tainted::default();
+        tainted.lock().push(PathBuf::from("f0"));
+        let said = writable_refusal(&p, &patterns(None), scan::DEFAULT_LIMITS, &HostGit::default(), &tainted)
+            .expect("tainted")
+            .to_string();
+        assert!(said.contains("could not be made inert"), "{said}");
         std::fs::remove_dir_all(&base).expect("cleanup");
     }
 }

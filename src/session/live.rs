@@ -10,9 +10,6 @@ use crate::held;
 use crate::live_grants;
 use crate::session::host::LiveEnv;
 
-/// A sandbox's guard and its init pid, as the session's slot keeps them.
-type SlotGuard = Option<(Arc<crate::protected::Guard>, Option<i32>)>;
-
 /// How long the sandbox's processes may take to stop for a revoke.
 const HOLD_WAIT: Duration = Duration::from_secs(2);
 
@@ -205,6 +202,20 @@ impl<H: Host> Session<H> {
         Ok(())
     }
 
+    /// Why the next sandbox would hold the project read-only in a writable
+    /// mode (it cannot be protected now), for what a change to such a mode
+    /// tells the user; `None` when it can be protected. A walk of the
+    /// project, bounded as a start's (see `protected::writable_refusal`).
+    pub fn writable_refusal(&self) -> Option<String> {
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
+        let mut settings = Settings::from_env();
+        // As a start: git never trusts a file under the runtime root.
+        let root = self.runtime_root();
+        settings.git.untrusted.push(std::fs::canonicalize(&root).unwrap_or(root));
+        crate::protected::writable_refusal(&project, &settings.protected, settings.scan, &settings.git, &self.tainted)
+            .map(|e| e.to_string())
+    }
+
     /// Why the last mount change restarts the sandbox instead of reaching
     /// the running one, until the next execution replaces it.
     pub fn restart_pending(&self) -> Option<String> {
@@ -333,6 +344,12 @@ impl<H: Host> Session<H> {
         let mode = w.mounts().workspace_writable != wanted.workspace_writable;
         let ended = self.with_live_env(&dirs.root, |env| w.apply_live(wanted, env, prepared))??;
         tracing::debug!(ms = began.elapsed().as_secs_f64() * 1e3, "grants applied to the running sandbox");
-        Ok(Applied { slot_guard: mode.then(|| w.guard().map(|g| (g, w.init_pid()))), ended })
+        Ok(Applied {
+            slot_guard: mode.then(|| {
+                let held = w.mounts().workspace_writable && w.guard().is_none();
+                (w.guard().map(|g| (g, w.init_pid())), held)
+            }),
+            ended,
+        })
     }
 }

@@ -16,6 +16,10 @@
 //! while a file is open for writing on it: then nothing changed and the
 //! session restarts the sandbox). The interpreter learns of each move
 //! with its next request and goes to /workspace, the new tree.
+//!
+//! A change to a writable mode whose project cannot be protected changes
+//! no mount: a fresh start would hold the project read-only, as the
+//! running sandbox has it, so the sandbox and its interpreter are kept.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -85,6 +89,10 @@ pub struct SwapPlan {
     over: Vec<Over>,
     _binds: Vec<Bind>,
     sources: MaskSources,
+    /// To a writable mode whose project cannot be protected: why. No mount
+    /// changes; the sandbox keeps the project read-only, as a fresh start
+    /// would hold it.
+    held: Option<String>,
 }
 
 impl Worker {
@@ -123,6 +131,13 @@ impl Worker {
         })
         .map_err(|e| refused(format!("the project's protection could not be planned: {e}")))?;
         if let Some(e) = &plan.refused {
+            // To a writable mode: a fresh start would mount the project
+            // read-only (held), as it is mounted now; the sandbox keeps it
+            // and says so, as that start does. Its guard stays off.
+            if writable && !self.mounts.workspace_writable && self.guard.is_none() {
+                let held = Some(e.to_string());
+                return Ok(SwapPlan { writable, guard: None, over: Vec::new(), _binds: Vec::new(), sources, held });
+            }
             return Err(refused(format!("the project cannot be protected: {e}")));
         }
         if !same_masks(&plan.report, &self.masks) {
@@ -140,7 +155,7 @@ impl Worker {
         };
         let binds: Vec<Bind> = plan.binds.into_iter().chain(plan.masks).collect();
         let over = overs(&binds, &sources).map_err(|e| refused(format!("a bind could not be looked at ({e})")))?;
-        Ok(SwapPlan { writable, guard, over, _binds: binds, sources })
+        Ok(SwapPlan { writable, guard, over, _binds: binds, sources, held: None })
     }
 
     /// Replace the project's mount as `plan` says (see the module's
@@ -154,7 +169,13 @@ impl Worker {
         env: &LiveEnv<'_>,
     ) -> Result<Option<Arc<protected::Guard>>, LiveError> {
         let pid = self.init_pid.filter(|p| *p > 0).ok_or(LiveError::NoProcess)?;
-        let SwapPlan { writable, guard, over, _binds: binds, sources } = plan;
+        let SwapPlan { writable, guard, over, _binds: binds, sources, held } = plan;
+        if let Some(e) = held {
+            env.notes.lock().push(format!("{}: {e}.", crate::permissions::HELD_NOTE));
+            self.mounts.workspace_writable = true;
+            tracing::debug!("project kept read-only live: it cannot be protected");
+            return Ok(None);
+        }
         let project = std::fs::File::open(env.project).map_err(LiveError::Project)?;
         let (dev, ino, _) = ident(&project).map_err(LiveError::Project)?;
         let replace = Replace {
