@@ -1,15 +1,15 @@
 /**
- * Per-user kernel budgets a sandbox shares with the host: what one sandbox may take of them, seen
- * from the host while a process inside holds all it could get. Each attempt runs first in a bare
- * bubblewrap (the sandbox's namespaces without its filter or rlimits), where it takes the host
- * user's whole budget, then through the python tool and the bash tool. As root, the file runs
- * again as nobody.
+ * Per-user and host-wide kernel budgets a sandbox shares with the host: what one sandbox may take
+ * of them, seen from the host while a process inside holds all it could get. Each attempt runs
+ * first in a bare bubblewrap (the sandbox's namespaces without its filter, rlimits or network
+ * settings), where it takes more than the sandbox's bound (the host user's whole budget, where it
+ * is one), then through the python tool and the bash tool. As root, the file runs again as nobody.
  * Run: node --import tsx --test __test__/budgets.test.ts (and with PI_PYTHON_TOOL_ROLLBACK=0)
  */
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { once } from "node:events";
-import { writeFileSync } from "node:fs";
+import { accessSync, constants, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
@@ -142,8 +142,233 @@ describe("queued signals (RLIMIT_SIGPENDING, counted per user up the namespaces)
   });
 });
 
+/** The sandbox's `net.ipv4.tcp_rmem` and `tcp_wmem` (`TCP_RMEM`, `TCP_WMEM` in src/nshelper/listen.rs). */
+const TCP_RMEM = "4096 131072 524288";
+const TCP_WMEM = "4096 16384 524288";
+/** Pairs of connected sockets the filler makes: a bound on what the test itself takes. */
+const PAIRS = 16;
+/**
+ * What PAIRS filled pairs may hold in the sandbox: each of their sockets a full send and receive
+ * buffer (most of tcp_wmem and tcp_rmem), and a quarter more for what the kernel lets a buffer
+ * pass its size by (one packet) and keeps in reserve per CPU; in pages. With the host's settings
+ * (tcp_wmem's most is 4 MiB by default) the same pairs take several times as much.
+ */
+const TCP_BOUND = Math.ceil((PAIRS * 2 * (524288 + 524288) * 1.25) / 4096);
+
+/**
+ * Listens on 127.0.0.1 (the sandbox's own loopback), connects the pairs its first argument says
+ * to it and writes into both sockets of each, never reading, until no socket takes more; prints
+ * the pairs and bytes it wrote, then holds them until the file named by its second argument
+ * exists. A third argument sets each socket's SO_SNDBUF and SO_RCVBUF to that many bytes first.
+ * Bounded: the pairs asked for, 40 rounds.
+ */
+const FILLER = py`
+  import os, socket, sys, time
+  pairs = int(sys.argv[1])
+  listener = socket.socket()
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(pairs)
+  held = []
+  for _ in range(pairs):
+      c = socket.create_connection(listener.getsockname())
+      s, _ = listener.accept()
+      held += [c, s]
+  for x in held:
+      if len(sys.argv) > 3:
+          x.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sys.argv[3]))
+          x.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(sys.argv[3]))
+      x.setblocking(False)
+  chunk, sent = b"x" * 65536, 0
+  for _ in range(40):
+      more = 0
+      for x in held:
+          while True:
+              try:
+                  n = x.send(chunk)
+              except BlockingIOError:
+                  break
+              more += n
+      sent += more
+      if not more:
+          break
+      time.sleep(0.02)
+  print("filled", len(held) // 2, sent, flush=True)
+  while not os.path.exists(sys.argv[2]):
+      time.sleep(0.01)
+`;
+
+/** The host's TCP socket memory in pages: /proc/net/sockstat's count, one for every namespace. */
+function tcpMem(): number {
+  const m = /^TCP: .* mem (\d+)$/m.exec(readFileSync("/proc/net/sockstat", "utf8"));
+  assert.ok(m, "/proc/net/sockstat has a TCP line");
+  return Number(m[1]);
+}
+
+const filled = (text: string) => {
+  const m = /filled (\d+) (\d+)/.exec(text);
+  assert.ok(m, `the filler said ${JSON.stringify(text)}`);
+  return { pairs: Number(m[1]), bytes: Number(m[2]) };
+};
+
+/** The filler run in a bare bubblewrap with `args`: what it said, and how much the host's TCP memory grew meanwhile. */
+async function bareFill(t: TestContext, args: string[]): Promise<{ held: ReturnType<typeof filled>; grew: number }> {
+  const { base } = await makeFixture(t);
+  const stop = join(base, "stop");
+  const argv = [
+    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent",
+    "--new-session", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+    "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--bind", base, base,
+    "--", "/usr/bin/python3", "-I", "-S", "-c", FILLER, args[0], stop, ...args.slice(1),
+  ];
+  const before = tcpMem();
+  const child = spawn("bwrap", argv, { stdio: ["ignore", "pipe", "inherit"] });
+  child.stdout.setEncoding("utf8");
+  t.after(() => child.kill("SIGKILL"));
+  const held = filled(await firstLine(child));
+  const grew = tcpMem() - before;
+  writeFileSync(stop, "");
+  await once(child, "exit");
+  return { held, grew };
+}
+
+/** Whether this host gives the sandbox a cgroup v1 memory cgroup (as root where it is mounted, as here). */
+function memoryCgroupV1(): boolean {
+  if (!readFileSync("/proc/self/cgroup", "utf8").split("\n").some((l) => /^\d+:memory:/.test(l))) return false;
+  try {
+    accessSync("/sys/fs/cgroup/memory", constants.W_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The sandbox's TCP limit on cgroup v1 (`TCP_MAX` in src/contain.rs), in pages. */
+const CGROUP_TCP = (64 << 20) / 4096;
+/** Pairs whose sockets ask for 4 MiB buffers (8 MiB each, by the kernel's doubling): far past CGROUP_TCP. */
+const BIG_PAIRS = 8;
+const BIG_BUFFER = String(4 << 20);
+
+/** A network part that gives the tools the proxy (nothing is reached through it here). */
+const NETWORK = { mode: "proxy" as const, allowedDomains: [], deniedDomains: [], allowPrivate: [], python: true };
+
+describe("TCP socket memory (net.ipv4.tcp_mem, one count for the whole host) with the network on", () => {
+  test("baseline: pairs filled on a bare bubblewrap's own loopback take more than the sandbox's bound", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { held, grew } = await bareFill(t, [String(PAIRS)]);
+    t.diagnostic(`${PAIRS} pairs took ${grew} pages (bound ${TCP_BOUND})`);
+    assert.equal(held.pairs, PAIRS);
+    assert.ok(grew > TCP_BOUND, `${PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages, the bound is ${TCP_BOUND}`);
+  });
+
+  test("python: pairs filled on the sandbox's loopback take at most its bound of the host's TCP memory", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    sb.setShellConfig({ network: NETWORK });
+    const before = tcpMem();
+    const r = await sb.execute(py`
+      import subprocess, sys
+      print("rmem", *open("/proc/sys/net/ipv4/tcp_rmem").read().split(), "wmem", *open("/proc/sys/net/ipv4/tcp_wmem").read().split())
+      p = subprocess.Popen([sys.executable, "-I", "-S", "-c", ${lit(FILLER)}, "${PAIRS}", "/tmp/stop"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+      print(p.stdout.readline().strip())
+    `);
+    const grew = tcpMem() - before;
+    const stopped = await sb.execute(`open("/tmp/stop", "w").close()`);
+    assert.equal(stopped.status, "ok", show(stopped));
+    const held = filled(r.stdout);
+    t.diagnostic(`${PAIRS} pairs took ${grew} pages (bound ${TCP_BOUND})`);
+    assert.equal(held.pairs, PAIRS, show(r));
+    assert.ok(grew <= TCP_BOUND, `${PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages, the bound is ${TCP_BOUND}`);
+    assert.ok(r.stdout.includes(`rmem ${TCP_RMEM} wmem ${TCP_WMEM}\n`), show(r));
+  });
+
+  test("bash: pairs filled on the sandbox's loopback take at most its bound of the host's TCP memory", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.setShellConfig({ network: NETWORK });
+    const stop = join(project, "stop");
+    writeFileSync(join(project, "filler.py"), FILLER);
+    let out = "";
+    let grew: number | undefined;
+    const before = tcpMem();
+    const r = await sb.execShell(1, `cat /proc/sys/net/ipv4/tcp_rmem /proc/sys/net/ipv4/tcp_wmem; python3 -I -S filler.py ${PAIRS} ${stop}`, { cwd: project }, (text: string) => {
+      out += text;
+      if (grew === undefined && out.includes("filled")) {
+        grew = tcpMem() - before;
+        writeFileSync(stop, "");
+      }
+    });
+    assert.equal(r.exitCode, 0, out);
+    const held = filled(out);
+    t.diagnostic(`${PAIRS} pairs took ${grew} pages (bound ${TCP_BOUND})`);
+    assert.equal(held.pairs, PAIRS, out);
+    assert.ok(grew !== undefined && grew <= TCP_BOUND, `${PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages, the bound is ${TCP_BOUND}`);
+    assert.ok(out.startsWith(`${TCP_RMEM.replaceAll(" ", "\t")}\n${TCP_WMEM.replaceAll(" ", "\t")}\n`), out);
+  });
+
+  test("baseline: pairs whose sockets raise SO_SNDBUF and SO_RCVBUF take more than the cgroup's TCP limit in a bare bubblewrap", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { held, grew } = await bareFill(t, [String(BIG_PAIRS), BIG_BUFFER]);
+    t.diagnostic(`${BIG_PAIRS} pairs took ${grew} pages (cgroup TCP limit ${CGROUP_TCP})`);
+    assert.equal(held.pairs, BIG_PAIRS);
+    assert.ok(grew > CGROUP_TCP * 1.1, `${BIG_PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages`);
+  });
+
+  test("python: sockets that raise SO_SNDBUF and SO_RCVBUF take at most the memory cgroup's TCP limit (cgroup v1); without a memory cgroup, more", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    sb.setShellConfig({ network: NETWORK });
+    const before = tcpMem();
+    const r = await sb.execute(py`
+      import subprocess, sys
+      p = subprocess.Popen([sys.executable, "-I", "-S", "-c", ${lit(FILLER)}, "${BIG_PAIRS}", "/tmp/stop", "${BIG_BUFFER}"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+      print(p.stdout.readline().strip())
+    `);
+    const grew = tcpMem() - before;
+    const stopped = await sb.execute(`open("/tmp/stop", "w").close()`);
+    assert.equal(stopped.status, "ok", show(stopped));
+    const held = filled(r.stdout);
+    t.diagnostic(`${BIG_PAIRS} pairs took ${grew} pages (cgroup TCP limit ${CGROUP_TCP})`);
+    assert.equal(held.pairs, BIG_PAIRS, show(r));
+    if (memoryCgroupV1()) {
+      assert.ok(grew <= CGROUP_TCP * 1.1, `${BIG_PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages, the limit is ${CGROUP_TCP}`);
+    } else {
+      // What docs/security.md says: no memory cgroup, no bound on the total but the sockets'.
+      assert.ok(grew > CGROUP_TCP * 1.1, `${BIG_PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages`);
+    }
+  });
+
+  test("bash: sockets that raise SO_SNDBUF and SO_RCVBUF take at most the memory cgroup's TCP limit (cgroup v1); without a memory cgroup, more", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb, project } = await makeFixture(t);
+    sb.setShellConfig({ network: NETWORK });
+    const stop = join(project, "stop");
+    writeFileSync(join(project, "filler.py"), FILLER);
+    let out = "";
+    let grew: number | undefined;
+    const before = tcpMem();
+    const r = await sb.execShell(1, `python3 -I -S filler.py ${BIG_PAIRS} ${stop} ${BIG_BUFFER}`, { cwd: project }, (text: string) => {
+      out += text;
+      if (grew === undefined && out.includes("filled")) {
+        grew = tcpMem() - before;
+        writeFileSync(stop, "");
+      }
+    });
+    assert.equal(r.exitCode, 0, out);
+    const held = filled(out);
+    t.diagnostic(`${BIG_PAIRS} pairs took ${grew} pages (cgroup TCP limit ${CGROUP_TCP})`);
+    assert.equal(held.pairs, BIG_PAIRS, out);
+    assert.ok(grew !== undefined);
+    if (memoryCgroupV1()) {
+      assert.ok(grew <= CGROUP_TCP * 1.1, `${BIG_PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages, the limit is ${CGROUP_TCP}`);
+    } else {
+      // What docs/security.md says: no memory cgroup, no bound on the total but the sockets'.
+      assert.ok(grew > CGROUP_TCP * 1.1, `${BIG_PAIRS} pairs (${held.bytes} bytes written) took ${grew} pages`);
+    }
+  });
+});
+
 const AS_NOBODY_ENV = "PPS_BUDGETS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
-  rerunAsNobody(t, "__test__/budgets.test.ts", AS_NOBODY_ENV, 3);
+  rerunAsNobody(t, "__test__/budgets.test.ts", AS_NOBODY_ENV, 9);
 });

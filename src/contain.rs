@@ -60,6 +60,19 @@ pub const DEFAULT_MAX_MEMORY: u64 = 2 << 30;
 pub const MIN_TASKS: u64 = 8;
 pub const MIN_MEMORY: u64 = 64 << 20;
 
+/// Most TCP socket buffer memory of one sandbox on cgroup v1.
+pub const TCP_MAX: u64 = 64 << 20;
+
+/// The TCP socket buffer memory (`memory.kmem.tcp.limit_in_bytes`) of a
+/// sandbox whose memory cap is `memory`, on cgroup v1, where socket buffers
+/// are not charged to that cap but to the host-wide `net.ipv4.tcp_mem`
+/// (every network namespace's sockets together; past its second value the
+/// kernel trims every TCP socket's buffers): at most [`TCP_MAX`] and the
+/// memory cap. cgroup v2 charges them to `memory.max` itself.
+pub fn tcp_share(memory: u64) -> u64 {
+    memory.min(TCP_MAX)
+}
+
 /// The caps of one sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
@@ -333,6 +346,12 @@ mod tests {
             f.writable = writable.iter().any(|w| w == dir);
             f
         }
+    }
+
+    #[test]
+    fn the_tcp_share_is_at_most_64_mib_and_the_memory_cap() {
+        assert_eq!(tcp_share(DEFAULT_MAX_MEMORY), 64 << 20);
+        assert_eq!(tcp_share(MIN_MEMORY), MIN_MEMORY);
     }
 
     #[test]

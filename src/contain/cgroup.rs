@@ -232,6 +232,12 @@ impl Contained {
                     }
                 } else {
                     write_file(&dir, "memory.limit_in_bytes", &bytes)?;
+                    // cgroup v1 does not charge socket buffers to the limit
+                    // above; a limit of their own turns their accounting on.
+                    if dir.join("memory.kmem.tcp.limit_in_bytes").exists() {
+                        let tcp = super::tcp_share(caps.memory).to_string();
+                        write_file(&dir, "memory.kmem.tcp.limit_in_bytes", &tcp)?;
+                    }
                     // memory + swap together within the same cap; without
                     // swap accounting, keep it from swapping at all.
                     if dir.join("memory.memsw.limit_in_bytes").exists() {
