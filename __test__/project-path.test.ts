@@ -5,6 +5,8 @@
  * the writable modes, and the masks and protections are the same under either name. A path inside
  * the project is never asked about. Projects under /var/tmp (the link is made in the sandbox's
  * root) and under the OS temp directory (/tmp: the sandbox's own tmpfs) are both tried.
+ * Each result is checked in the model's text and in the lines pi's TUI shows (pi's theme
+ * initialised; collapsed and expanded, at 120 and 80 columns).
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -14,10 +16,18 @@ import { type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { configureClient } from "./fixtures/permissions-client/index.ts";
 import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const CLIENT = fileURLToPath(new URL("./fixtures/permissions-client", import.meta.url));
+
+interface Ran {
+  text: string;
+  details: Record<string, any>;
+  /** The result as pi's TUI shows it at `width` (colours out; wrapped words read as one line). */
+  tui(width: number, expanded: boolean): string;
+}
 
 interface Setup {
   h: PiHarness;
@@ -28,7 +38,7 @@ interface Setup {
   /** A host directory outside every sandbox mount. */
   outside: string;
   prompts: string[];
-  run(code: string): Promise<{ text: string; details: Record<string, any> }>;
+  run(code: string): Promise<Ran>;
   mode(mode: string): void;
 }
 
@@ -56,6 +66,7 @@ async function setup(
     symlinkSync(project, cwd);
   }
   if (opts.client) configureClient(opts.client, []);
+  setupTui();
   const h = await createPiHarness({ cwd, extensionPaths: opts.client ? [CLIENT, PACKAGE] : [PACKAGE] });
   t.after(() => h.dispose());
   const prompts: string[] = [];
@@ -69,12 +80,31 @@ async function setup(
     prompts,
     async run(code) {
       const r = await h.getTool("python").execute(`call-${++n}`, { code }, undefined, undefined);
-      return { text: messageText(r), details: r.details as Record<string, any> };
+      const details = r.details as Record<string, any>;
+      const { renderResult } = pythonRenderers(h);
+      const tui = (width: number, expanded: boolean) =>
+        shownResult(
+          renderResult({ content: r.content, details }, { expanded, isPartial: false }, theme(), context({ expanded, isError: details.status !== "ok" })) as never,
+          width,
+        ).replace(/\s+/g, " ");
+      return { text: messageText(r), details, tui };
     },
     mode(mode) {
       h.events.emit("tool-permissions:mode", { mode, readRoots: [] });
     },
   };
+}
+
+const squash = (s: string) => s.replace(/\s+/g, "");
+/** What pi's TUI shows of `r`, collapsed and expanded, at 120 and 80 columns, includes `what`. */
+function tuiShows(r: Ran, what: string): void {
+  for (const width of [120, 80]) {
+    for (const expanded of [false, true]) assert.ok(squash(r.tui(width, expanded)).includes(squash(what)), `${width} columns, expanded ${expanded}:\n${r.tui(width, expanded)}`);
+  }
+}
+/** Nothing pi's TUI shows of `r` (expanded: the most) matches `what`, at 120 and 80 columns. */
+function tuiNever(r: Ran, what: RegExp): void {
+  for (const width of [120, 80]) assert.doesNotMatch(r.tui(width, true), what);
 }
 
 for (const [where, base] of [["/var/tmp (a link in the sandbox's root)", "/var/tmp"], ["the OS temp directory (a link in the sandbox's /tmp)", tmpdir()]]) {
@@ -88,6 +118,8 @@ for (const [where, base] of [["/var/tmp (a link in the sandbox's root)", "/var/t
     );
     assert.equal(r.details.status, "ok", r.text);
     assert.match(r.text, /result: \(\['n', '1', '2', '3'\], True, '\/workspace', '\/workspace'\)$/, r.text);
+    tuiShows(r, "result: (['n', '1', '2', '3'], True, '/workspace', '/workspace')");
+    tuiNever(r, /outside the sandbox mounts|copy the data into the project/);
     assert.deepEqual(s.prompts, []);
   });
 }
@@ -100,6 +132,7 @@ test("yolo: a write through the host path reaches the host; .git stays read-only
   const w = await s.run(`open(${p} + '/written.txt', 'w').write('via-host-path')`);
   assert.equal(w.details.status, "ok", w.text);
   assert.equal(readFileSync(join(s.project, "written.txt"), "utf8"), "via-host-path");
+  tuiShows(w, "result: 13");
   // Baseline: /workspace is writable in yolo, and .git is not, under either name.
   const git = await s.run(
     `import os\nout = []\nfor base in ('/workspace', ${p}):\n` +
@@ -107,6 +140,7 @@ test("yolo: a write through the host path reaches the host; .git stays read-only
       `    except OSError as e:\n        out.append(e.strerror)\nout`,
   );
   assert.match(git.text, /result: \['Read-only file system', 'Read-only file system'\]$/, git.text);
+  tuiShows(git, "result: ['Read-only file system', 'Read-only file system']");
   assert.equal(readFileSync(join(s.project, ".git", "config"), "utf8"), "[core]\n");
   // The secret is the same empty mask under both names (stat and a subprocess: no read hook).
   const env = await s.run(
@@ -115,6 +149,8 @@ test("yolo: a write through the host path reaches the host; .git stays read-only
   );
   assert.match(env.text, /result: \[0, 0, b''\]$/, env.text);
   assert.doesNotMatch(env.text, /host-path-secret/);
+  tuiShows(env, "result: [0, 0, b'']");
+  tuiNever(env, /host-path-secret/);
 });
 
 test("manual (read-only): a write through the host path fails, and a read of .env there is refused as the project's secret", async (t) => {
@@ -125,10 +161,13 @@ test("manual (read-only): a write through the host path fails, and a read of .en
   assert.equal(w.details.status, "runtime_error", w.text);
   assert.match(w.text, /Read-only file system/);
   assert.equal(existsSync(join(s.project, "new.txt")), false);
+  tuiShows(w, "Read-only file system");
   const env = await s.run(`open(${p} + '/.env').read()`);
   assert.equal(env.details.status, "permission_needed", env.text);
   assert.match(env.text, /\/workspace\/\.env looks like a secret/, env.text);
   assert.doesNotMatch(env.text, /host-path-secret/);
+  tuiShows(env, "/workspace/.env looks like a secret");
+  tuiNever(env, /host-path-secret/);
   assert.deepEqual(s.prompts, []);
 });
 
@@ -139,12 +178,15 @@ test("with a permission client: nothing inside the project is asked about, under
   const r = await s.run(`open(${p} + '/numbers.csv').read()`);
   assert.equal(r.details.status, "ok", r.text);
   assert.match(r.text, /result: 'n\\n1\\n2\\n3\\n'$/);
+  tuiShows(r, "result: 'n\\n1\\n2\\n3\\n'");
   // A link in the project to a directory outside: refused at once, with what to do, no prompt.
   for (const base of [s.project, "/workspace"]) {
     const out = await s.run(`open(${JSON.stringify(base)} + '/out-link/data.txt').read()`);
     assert.equal(out.details.status, "permission_needed", out.text);
     assert.match(out.text, /is in the project, but it leads outside the sandbox mounts through a link; it was refused without asking/, out.text);
     assert.doesNotMatch(out.text, /outside-data|cannot be mounted/);
+    tuiShows(out, "is in the project, but it leads outside the sandbox mounts through a link; it was refused without asking");
+    tuiNever(out, /outside-data|cannot be mounted/);
   }
   assert.deepEqual(s.prompts, [], "no prompt was shown");
 });
@@ -158,8 +200,10 @@ test("a working directory that is a link to the project: both names work inside 
   );
   assert.equal(r.details.status, "ok", r.text);
   assert.match(r.text, /result: \['3', '3', '3'\]$/, r.text);
+  tuiShows(r, "result: ['3', '3', '3']");
   s.mode("yolo");
   const w = await s.run(`open(${JSON.stringify(s.cwd)} + '/via-cwd.txt', 'w').write('cwd')`);
   assert.equal(w.details.status, "ok", w.text);
   assert.equal(readFileSync(join(s.project, "via-cwd.txt"), "utf8"), "cwd");
+  tuiShows(w, "result: 3");
 });

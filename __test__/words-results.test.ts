@@ -1,9 +1,11 @@
 /**
- * What a result tells the model and the user (issue #23), through a REAL pi session
+ * What a result tells the model and the user, through a REAL pi session
  * (helpers/pi-session.ts; pi 1.x through scripts/pi1-host.mjs) and the real sandbox, in the text
  * the model receives and in the lines pi's TUI shows (pi's theme initialised), with the setting
  * in force (PI_PYTHON_TOOL_ROLLBACK: run with it unset and with 0):
- * - a failed call states what became of interpreter state once, truly for the setting in force;
+ * - a failed call (a timeout, a cancel, an output flood, a mode change while the code runs, an
+ *   ordinary error after a mode change) states what became of interpreter state once, truly for
+ *   the setting in force;
  * - an interpreter death gives its exit code or its signal;
  * - a cut result names a log the code can open (/logs, read-only); the TUI names the host file;
  * - a host secret masked inside a granted directory is said, not read as an empty file.
@@ -15,6 +17,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { fauxAssistantMessage, fauxToolCall } from "@mariozechner/pi-ai";
 import { createPiHarness, messageText, modelSees, type PiHarness } from "./helpers/pi-session.ts";
 import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
@@ -93,7 +96,20 @@ test("an ordinary error keeps state and says so once; a mode change before it is
   const r = await modelSees(h, { code: "1/0" });
   const text = messageText(r);
   assert.equal(count(text, STATE), 1, text);
-  for (const width of [120, 80]) assert.equal(count(tui(h, width).expanded, STATE), 1, tui(h, width).expanded);
+  // With rollback on the change is made in place (state kept); with it off the sandbox restarted
+  // before this call, which the one statement says.
+  const said = ROLLBACK
+    ? "Interpreter state kept: what ran before the error remains."
+    : "this call ran on a fresh interpreter, and what ran before the error remains.";
+  assert.ok(flat(text).includes(said), text);
+  if (!ROLLBACK) assert.match(text, /Earlier interpreter state was discarded before this call \(/, text);
+  for (const width of [120, 80]) {
+    const { collapsed, expanded } = tui(h, width);
+    assert.equal(count(expanded, STATE), 1, expanded);
+    assert.equal(count(collapsed, STATE), 1, collapsed);
+    assert.ok(flat(collapsed).includes(said), collapsed);
+  }
+  assert.match(messageText(await modelSees(h, { code: "globals().get('before', 'gone')" })), ROLLBACK ? /result: 1$/ : /result: 'gone'$/);
   const error = messageText(await modelSees(h, { code: "before = 3\nraise KeyError('k')" }));
   assert.equal(count(error, STATE), 1, error);
   assert.match(error, /Interpreter state kept: what ran before the error remains/);
@@ -216,4 +232,73 @@ test("a failure's collapsed view at 80 columns: the state sentence on one line, 
     assert.equal(count(expanded, /outside the sandbox mounts/), 1, expanded);
     assert.equal(count(collapsed, /SandboxReadDenied/), 0, collapsed);
   }
+});
+
+/**
+ * A failed call's statement of state, checked where it is read: once in the model's text and in
+ * the TUI (collapsed and expanded, 120 and 80 columns), the sentence for `said`, and true (the
+ * next call finds `before` as it says).
+ */
+async function statesOnce(h: PiHarness, text: string, said: "rolled back" | "lost"): Promise<void> {
+  const sentence = said === "rolled back" ? "The interpreter was rolled back to its state before this call" : "Interpreter state was LOST (";
+  assert.equal(count(text, STATE), 1, text);
+  assert.ok(text.includes(sentence), text);
+  assert.doesNotMatch(text, said === "rolled back" ? /LOST|discarded|preserved|state kept/ : /rolled back|preserved|state kept/, text);
+  for (const width of [120, 80]) {
+    const { collapsed, expanded } = tui(h, width);
+    assert.equal(count(collapsed, STATE), 1, collapsed);
+    assert.equal(count(expanded, STATE), 1, expanded);
+    assert.ok(flat(collapsed).includes(sentence), collapsed);
+  }
+  const next = messageText(await modelSees(h, { code: "globals().get('before', 'gone')" }));
+  assert.match(next, said === "rolled back" ? /result: 1$/ : /result: 'gone'$/, next);
+}
+
+test("a cancel (the user aborts the turn): one statement of state, truly for the setting in force, in the model's text and the TUI", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  await modelSees(h, { code: "before = 1" });
+  // pi 0.73 asks the aborted model once more after the result: a second scripted response.
+  h.faux.setResponses([
+    fauxAssistantMessage([fauxToolCall("python", { code: "before = 2\nimport time\ntime.sleep(30)" })], { stopReason: "toolUse" }),
+    fauxAssistantMessage("not shown: the turn was aborted"),
+  ]);
+  const timer = setTimeout(() => void h.session.abort(), 600);
+  t.after(() => clearTimeout(timer));
+  await h.prompt("run something slow");
+  // The session's result is what the model is given on the next turn.
+  const r = h.toolResults().at(-1)!;
+  const text = messageText(r);
+  assert.equal(r.isError, true);
+  assert.match(text, /^status: cancelled/, text);
+  if (!ROLLBACK) assert.match(text, /rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)/, "a loss says why");
+  await statesOnce(h, text, ROLLBACK ? "rolled back" : "lost");
+});
+
+test("an output flood: one statement of state, truly for the setting in force, in the model's text and the TUI", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  await modelSees(h, { code: "before = 1" });
+  const r = await modelSees(h, { code: "before = 2\nimport sys\nwhile True: sys.stdout.write('x' * 65536)" });
+  const text = messageText(r);
+  assert.equal(r.isError, true);
+  assert.match(text, /^status: output_limit/, text);
+  if (!ROLLBACK) assert.match(text, /rollback is off \(PI_PYTHON_TOOL_ROLLBACK=0\)/, "a loss says why");
+  await statesOnce(h, text, ROLLBACK ? "rolled back" : "lost");
+});
+
+test("a mode change while the code runs ends the call: state lost in both settings, said once with its cause, in the model's text and the TUI", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  h.events.emit("tool-permissions:mode", { mode: "edits", readRoots: [] });
+  await modelSees(h, { code: "before = 1" });
+  const call = modelSees(h, { code: "import time\ntime.sleep(30)" });
+  const timer = setTimeout(() => h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [] }), 600);
+  t.after(() => clearTimeout(timer));
+  const r = await call;
+  const text = messageText(r);
+  assert.equal(r.isError, true);
+  assert.match(text, /^status: worker_error/, text);
+  assert.match(text, /The permission mode or read roots changed while the code ran/, text);
+  await statesOnce(h, text, "lost");
 });
