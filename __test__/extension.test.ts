@@ -249,6 +249,35 @@ test("direct calls: state persists across calls in one interpreter", async (t) =
   assert.equal(dirname(dirname(report.paths.scratchDir)), runtimeRoot());
 });
 
+test("plain mode events manual → edits → manual: the variable is kept (rollback on) or lost with the restart, which says so (off)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const mode = (m: string) => h.events.emit("tool-permissions:mode", { mode: m, readRoots: [] });
+  const write = (name: string) =>
+    `try:\n    open('/workspace/${name}', 'w').write('x')\n    print('wrote ${name}')\nexcept OSError as e:\n    print('refused ${name}', e.strerror)`;
+  const first = await call(h, { code: `kept = 'kept-value'\n${write("before.txt")}` });
+  assert.match(first.text, /refused before.txt Read-only file system/, "baseline: manual is read-only");
+  mode("edits");
+  const edits = await call(h, { code: `${write("edits.txt")}\nprint(kept)` });
+  assert.match(edits.text, /wrote edits.txt/);
+  mode("manual");
+  const back = await call(h, { code: `${write("after.txt")}\nprint(kept)` });
+  assert.match(back.text, /refused after.txt Read-only file system/);
+  if (ROLLBACK) {
+    for (const r of [edits, back]) {
+      assert.match(r.text, /kept-value/, r.text);
+      assert.equal(r.details.stateLost, false);
+      assert.doesNotMatch(r.text, /restarted|fresh interpreter|state was lost/i);
+    }
+  } else {
+    // The spec's recovery: the sandbox restarts for the change, the state goes, and the result says so.
+    assert.match(edits.text, /the sandbox was restarted because the permission mode or read roots changed/);
+    assert.match(edits.text, /NameError/);
+    assert.equal(edits.details.stateLost, true);
+    assert.match(back.text, /the sandbox was restarted because the permission mode or read roots changed/);
+  }
+});
+
 // --- 3. agent turns -------------------------------------------------------------------------------
 
 test("agent turn: the model sees the output; failures are isError, successes are not", async (t) => {

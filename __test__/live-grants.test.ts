@@ -368,6 +368,55 @@ test("a revoked read root is detached from the running sandbox at once: the vari
 });
 
 /**
+ * The mount table during the rerun of a call that reads `path` (allowed once by the dialog), in
+ * the running sandbox (live) and in the sandbox started fresh with the same grant (the restart
+ * PI_SANDBOX_LIVE_GRANTS=0 makes for it: a new sandbox, as at a session's start, with the path).
+ */
+async function tablesAfterAllowOnce(t: TestContext, path: (s: Setup) => string, prepare: (s: Setup) => void, live: RegExp) {
+  const s = await setup(t, { ui: { select: choose("Allow once") } });
+  if (!s) return undefined;
+  prepare(s);
+  await s.run({ code: "kept = 1" });
+  const r = await s.run({ code: `open('${path(s)}').read()\n${MOUNTS}` });
+  assert.equal(r.details.status, "ok", r.text);
+  assert.match(r.text, live);
+  const liveTable = JSON.parse(r.text.split("\n").find((l) => l.startsWith("["))!);
+  await s.h.dispose();
+  withEnv(t, "PI_SANDBOX_LIVE_GRANTS", "0");
+  const fresh = await setup(t, { project: s.project, outside: s.outside, ui: { select: choose("Allow once") } });
+  if (!fresh) return undefined;
+  await fresh.run({ code: "kept = 1" });
+  const f = await fresh.run({ code: `open('${path(s)}').read()\n${MOUNTS}` });
+  assert.equal(f.details.status, "ok", f.text);
+  assert.match(f.text, /fresh interpreter/, "the comparison's sandbox is a new one");
+  const coldTable = JSON.parse(f.text.split("\n").find((l) => l.startsWith("["))!);
+  return { s, live: liveTable as string[], cold: coldTable as string[] };
+}
+
+test("after an allow once made live the mount table equals a fresh start's with the same path allowed", async (t) => {
+  const got = await tablesAfterAllowOnce(t, (s) => `${s.outside}/data.csv`, () => {}, /just that file was mounted read-only in the running sandbox/);
+  if (!got) return;
+  assert.ok(got.live.some((row) => row.startsWith(`${got.s.outside}/data.csv `)), "the file is in the live table");
+  assert.deepEqual(got.live, got.cold);
+});
+
+test("after a secret unmasked live the mount table equals a fresh start's with the same secret unmasked", async (t) => {
+  const got = await tablesAfterAllowOnce(
+    t,
+    () => "/workspace/.env",
+    (s) => {
+      writeFileSync(join(s.project, ".env"), "API_KEY=env-secret-value\n");
+      writeFileSync(join(s.project, ".env.production"), "API_KEY=prod-secret-value\n");
+    },
+    /just that path was unmasked in the running sandbox/,
+  );
+  if (!got) return;
+  assert.ok(!got.live.some((row) => row.startsWith("/workspace/.env ")), "the mask is gone from the live table");
+  assert.ok(got.live.some((row) => row.startsWith("/workspace/.env.production ")), "the other secret's mask stays");
+  assert.deepEqual(got.live, got.cold);
+});
+
+/**
  * The attack on a revoked read root: `hold` (Python, run in the interpreter while the root is
  * granted, in the root's folder `root`) keeps something in the root; after the revoke a file is
  * made there and `read` (Python) tries to read it. Returns the second call's text.
@@ -652,5 +701,5 @@ test("rollback off: a grant restarts the sandbox as the spec's recovery does, an
 const AS_NOBODY_ENV = "PPS_LIVE_GRANTS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t) => {
-  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 22);
+  rerunAsNobody(t, "__test__/live-grants.test.ts", AS_NOBODY_ENV, 24);
 });
