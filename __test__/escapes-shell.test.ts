@@ -18,10 +18,12 @@ import { once } from "node:events";
 import {
   chmodSync,
   chownSync,
+  closeSync,
   copyFileSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
+  openSync,
   readdirSync,
   readFileSync,
   readlinkSync,
@@ -29,13 +31,25 @@ import {
   statSync,
   writeFileSync,
 } from "node:fs";
+import { createServer, type Server } from "node:net";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { describe, test, type TestContext } from "node:test";
 import type { ShellResult } from "../index.d.ts";
-import { assertNoProcess } from "./helpers/host-procs.ts";
+import { assertNoProcess, workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
-import { type Fixture, hostPidsWithCmdline, INDEX_CJS, makeFixture, type PythonSandbox, py, waitUntil } from "./helpers/sandbox-fixture.ts";
-import { type Answer, lastJson, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
+import {
+  type Fixture,
+  hostPidsWithCmdline,
+  INDEX_CJS,
+  lit,
+  makeFixture,
+  PythonSandbox,
+  py,
+  sleep,
+  waitUntil,
+} from "./helpers/sandbox-fixture.ts";
+import { type Answer, ioUringConnect, lastJson, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
 import { unfiltered, type UnfilteredOptions } from "./helpers/unfiltered.ts";
 
 const EPERM = 1;
@@ -684,4 +698,277 @@ describe("setuid plants", { concurrency: 1 }, () => {
       if (writable) assert.equal(statSync(join(f.project, "suid-cat")).mode & 0o6000, 0, "a setuid bit reached a host file");
     });
   }
+});
+
+// ---------------------------------------------------------------------------------------------
+describe("the python catalogue's attempts, made by a shell command", { concurrency: 1 }, () => {
+  const SIGSYS = 31;
+  const ENOSYS = 38;
+  const ESRCH = 3;
+  const NAMESPACE_FLAGS: [string, number][] = [
+    ["CLONE_NEWTIME", 0x80],
+    ["CLONE_NEWNS", 0x20000],
+    ["CLONE_NEWCGROUP", 0x2000000],
+    ["CLONE_NEWUTS", 0x4000000],
+    ["CLONE_NEWIPC", 0x8000000],
+    ["CLONE_NEWUSER", 0x10000000],
+    ["CLONE_NEWPID", 0x20000000],
+    ["CLONE_NEWNET", 0x40000000],
+  ];
+
+  test("blocks io_uring socket (IORING_OP_SOCKET to a host Unix socket in the project)", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    const received: string[] = [];
+    const server: Server = createServer((c) => c.on("data", (d) => received.push(String(d))));
+    await new Promise<void>((resolve) => server.listen(join(f.project, "host.sock"), resolve));
+    t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    // The project is at its host path inside; the bare bwrap has it at /workspace.
+    const { out } = await sh(f.sb, f.project, python(ioUringConnect(join(f.project, "host.sock"))));
+    assert.deepEqual(lastJson(out), { step: "io_uring_setup", errno: EPERM }, out);
+    await sleep(100);
+    assert.deepEqual(received, [], "a connection reached the host socket");
+    const free = lastJson((await bare(python(ioUringConnect("/workspace/host.sock")), { project: f.project })).out);
+    if (free.step === "io_uring_setup" && free.errno === EPERM) {
+      t.diagnostic("io_uring is disabled on this host (kernel.io_uring_disabled); the baseline cannot show the bypass");
+      return;
+    }
+    assert.deepEqual(free, { step: "connected", errno: 0 }, "baseline: a bare bwrap reaches the host socket through io_uring");
+    assert.ok(await waitUntil(() => received.join("").includes("hello through io_uring"), 2000), `server got ${received}`);
+  });
+
+  test("clone3 answers ENOSYS, also with namespace flags, while the shell's own forks work", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    // A valid clone3 argument block (exit signal SIGCHLD): it forks where allowed; the child
+    // leaves at once. One call plain, one per namespace flag.
+    const code = py`
+      import ctypes, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def clone3(flags):
+          args = (ctypes.c_uint64 * 11)(flags, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)
+          ctypes.set_errno(0)
+          ret = libc.syscall(ctypes.c_long(435), ctypes.byref(args), ctypes.c_long(88))
+          if ret == 0:
+              os._exit(0)
+          err = ctypes.get_errno()
+          if ret > 0:
+              os.waitpid(ret, 0)
+              return "forked"
+          return err
+      flags = json.loads(${lit(JSON.stringify(Object.fromEntries([["none", 0], ...NAMESPACE_FLAGS])))})
+      print(json.dumps({name: clone3(flag) for name, flag in flags.items()}))
+    `;
+    const cmd = `echo "sub:$(echo forked | cat)"; ${python(code)}`;
+    const { r, out } = await sh(f.sb, f.project, cmd);
+    assert.equal(r.exitCode, 0, out);
+    assert.match(out, /^sub:forked$/m, "a shell's pipeline and command substitution fork");
+    const inside = lastJson(out) as Record<string, unknown>;
+    const free = lastJson((await bare(cmd)).out) as Record<string, unknown>;
+    t.diagnostic(`unfiltered clone3: ${JSON.stringify(free)}`);
+    assert.equal(free.none, "forked", "baseline: a bare bwrap forks through clone3");
+    assert.equal(free.CLONE_NEWUSER, "forked", "baseline: a bare bwrap makes a user namespace through clone3");
+    for (const name of Object.keys(inside)) assert.equal(inside[name], ENOSYS, `clone3 with ${name}: ${JSON.stringify(inside)}`);
+    assert.equal(Object.keys(inside).length, NAMESPACE_FLAGS.length + 1);
+  });
+
+  test("blocks personality ADDR_NO_RANDOMIZE (and setarch -R)", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    const code = py`
+      import ctypes, json
+      libc = ctypes.CDLL(None, use_errno=True)
+      ctypes.set_errno(0)
+      norand = libc.personality(0x0040000)  # ADDR_NO_RANDOMIZE
+      norand_errno = ctypes.get_errno()
+      ctypes.set_errno(0)
+      linux = libc.personality(0)  # PER_LINUX: the default, allowed
+      print(json.dumps({"norand": [norand, norand_errno], "linux": [linux, ctypes.get_errno()]}))
+    `;
+    const cmd = `setarch x86_64 -R true; echo "setarch:$?"; ${python(code)}`;
+    const { out } = await sh(f.sb, f.project, cmd);
+    const inside = lastJson(out);
+    assert.deepEqual(inside.norand, [-1, EPERM], out);
+    assert.deepEqual(inside.linux, [0, 0], "personality(PER_LINUX) must stay allowed");
+    assert.match(out, /^setarch:[1-9]/m, out);
+    const free = await bare(cmd);
+    assert.deepEqual(lastJson(free.out).norand, [0, 0], `baseline: ${free.out}`);
+    assert.match(free.out, /^setarch:0$/m, `baseline: ${free.out}`);
+  });
+
+  /** A python3 child that makes one foreign-ABI getpid, and the status the shell saw. */
+  const foreignAbi = (child: string) => `${python(child)}; echo "status:$?"`;
+
+  test("kills x32 syscalls", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    // getpid (39) with __X32_SYSCALL_BIT: same audit arch, so only the filter's x32 check stops it.
+    const cmd = foreignAbi(
+      "import ctypes; libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long; " +
+        "print(libc.syscall(ctypes.c_long(39 | 0x40000000)), ctypes.get_errno())",
+    );
+    const { out } = await sh(f.sb, f.project, cmd);
+    assert.match(out, new RegExp(`^status:${128 + SIGSYS}$`, "m"), `the x32 call was not killed: ${out}`);
+    const free = (await bare(cmd)).out;
+    assert.match(free, /^status:0$/m, `baseline: ${free}`);
+    t.diagnostic(`unfiltered x32 getpid: ${free.trim().replace(/\n/g, "; ")} (ENOSYS = kernel without x32)`);
+  });
+
+  test("kills i386 syscalls (int 0x80)", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    // mov eax, 20 (i386 getpid); int 0x80; ret -- from an executable anonymous mapping.
+    const cmd = foreignAbi(
+      [
+        "import ctypes, mmap",
+        "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)",
+        "m.write(bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3]))",
+        "print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())",
+      ].join("\n"),
+    );
+    const free = (await bare(cmd)).out;
+    t.diagnostic(`unfiltered i386 getpid: ${free.trim().replace(/\n/g, "; ")}`);
+    assert.doesNotMatch(free, new RegExp(`^status:${128 + SIGSYS}$`, "m"), `baseline: ${free}`);
+    const { out } = await sh(f.sb, f.project, cmd);
+    if (!/^status:0$/m.test(free)) {
+      // No ia32 emulation in this kernel: int 0x80 faults before any filter sees it.
+      t.diagnostic("this kernel has no i386 emulation; int 0x80 never reaches seccomp");
+      assert.equal(/^status:\d+$/m.exec(out)?.[0], /^status:\d+$/m.exec(free)?.[0], out);
+      return;
+    }
+    assert.match(out, new RegExp(`^status:${128 + SIGSYS}$`, "m"), `the i386 call was not killed: ${out}`);
+  });
+
+  test("process_vm_readv of another process fails", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    // A forked child reads its parent's buffer with valid iovecs.
+    const code = py`
+      import ctypes, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      class iovec(ctypes.Structure):
+          _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+      secret = ctypes.create_string_buffer(b"parent-secret-0123456789")
+      r, w = os.pipe()
+      pid = os.fork()
+      if pid == 0:
+          buf = ctypes.create_string_buffer(24)
+          local, remote = iovec(ctypes.addressof(buf), 24), iovec(ctypes.addressof(secret), 24)
+          ctypes.set_errno(0)
+          ret = libc.syscall(ctypes.c_long(310), ctypes.c_long(os.getppid()), ctypes.byref(local), ctypes.c_long(1),
+                             ctypes.byref(remote), ctypes.c_long(1), ctypes.c_long(0))
+          os.write(w, json.dumps({"ret": ret, "errno": ctypes.get_errno(), "read": buf.value.decode("latin1")}).encode())
+          os._exit(0)
+      os.close(w)
+      out = json.loads(os.read(r, 4096))
+      os.waitpid(pid, 0)
+      print(json.dumps(out))
+    `;
+    const { out } = await sh(f.sb, f.project, python(code));
+    assert.deepEqual(lastJson(out), { ret: -1, errno: EPERM, read: "" }, out);
+    assert.deepEqual(lastJson((await bare(python(code))).out), { ret: 24, errno: 0, read: "parent-secret-0123456789" }, "baseline");
+  });
+
+  test("another session's processes are invisible and cannot be traced or signalled", async (t) => {
+    if (skipProbe(t)) return;
+    const f = await makeFixture(t);
+    // The victim: another session's python worker, holding a value.
+    const victim = f.open();
+    const held = await victim.execute("secret = 'victim-secret'");
+    assert.equal(held.status, "ok", JSON.stringify(held));
+    const scratch = victim.status().paths.scratchDir;
+    assert.ok(scratch);
+    const [pid] = workerPids(scratch);
+    assert.ok(pid, "the victim's worker was not found on the host");
+    const code = py`
+      import ctypes, json
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def sc(nr, *args):
+          ctypes.set_errno(0)
+          return [libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args]), ctypes.get_errno()]
+      print(json.dumps({"ptrace": sc(101, 16, ${pid}, 0, 0), "process_vm_readv": sc(310, ${pid}, 1, 1, 1, 1, 0), "pidfd_open": sc(434, ${pid}, 0)}))
+    `;
+    const cmd = `test -e /proc/${pid} && echo visible; kill -0 ${pid} 2>/dev/null && echo signalled; ${python(code)}`;
+    // The baseline: a host shell of the same user sees and may signal it (signal 0 sends nothing).
+    const seen = host(f.project, `test -e /proc/${pid} && echo visible; kill -0 ${pid} && echo signalled`).out;
+    assert.match(seen, /visible\nsignalled/, `baseline: ${seen}`);
+    const { out } = await sh(f.sb, f.project, cmd);
+    assert.doesNotMatch(out, /visible|signalled/, out);
+    const inside = lastJson(out);
+    assert.deepEqual(inside.ptrace, [-1, EPERM], out);
+    assert.deepEqual(inside.process_vm_readv, [-1, EPERM], out);
+    assert.deepEqual(inside.pidfd_open, [-1, ESRCH], "pidfd_open must answer ESRCH");
+    assert.equal((await victim.execute("secret")).repr, "'victim-secret'", "the victim was disturbed");
+  });
+
+  test("no host file descriptor reaches the sandbox", async (t) => {
+    const f = await fixture(t);
+    if (!f) return;
+    // Every descriptor of the shell and of a process it starts.
+    const cmd = `for d in /proc/$$/fd/*; do echo "shell \${d##*/} $(readlink $d)"; done; sh -c 'for d in /proc/$$/fd/*; do echo "child \${d##*/} $(readlink $d)"; done'`;
+    const table = (out: string) =>
+      Object.fromEntries(
+        out
+          .trim()
+          .split("\n")
+          .map((l) => l.split(" "))
+          .map(([who, fd, target]) => [`${who} ${fd}`, /^pipe:/.test(target) ? "pipe" : target]),
+      );
+    // The baseline: a descriptor the host holds open without close-on-exec reaches a host shell
+    // (what the engine's own pipes to a sandbox would be if it passed them on).
+    const secret = join(f.base, "held.txt");
+    writeFileSync(secret, "held\n");
+    const held = openSync(secret, "r");
+    t.after(() => closeSync(held));
+    const base = spawnSync("/bin/sh", ["-c", cmd], { cwd: f.project, encoding: "utf8", stdio: ["ignore", "pipe", "pipe", held] });
+    assert.equal(table(base.stdout)["child 3"], secret, `baseline: ${base.stdout}`);
+    const { r, out } = await sh(f.sb, f.project, cmd);
+    assert.equal(r.exitCode, 0, out);
+    // 0 is /dev/null, 1 and 2 the output pipes; 3 is the directory the glob read, which is free
+    // again (and the pipe of $(readlink)) by the time it is read: nothing else is open.
+    const own = { "0": "/dev/null", "1": "pipe", "2": "pipe", "3": "pipe" };
+    const expected = Object.fromEntries(["shell", "child"].flatMap((who) => Object.entries(own).map(([fd, v]) => [`${who} ${fd}`, v])));
+    assert.deepEqual(table(out), expected, out);
+  });
+
+  test("a proc and a sysfs mount inside a writable project show empty and cannot be written", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    if (!ROOT) {
+      assert.ok(process.env.CI !== "true", "CI runs as root: this test mounts proc and sysfs");
+      t.skip("needs root to mount proc and sysfs in a project");
+      return;
+    }
+    const dir = mkdtempSync(join(tmpdir(), "pps-esh-submount-"));
+    const project = join(dir, "project");
+    const mounted: string[] = [];
+    t.after(() => {
+      for (const m of mounted.reverse()) spawnSync("umount", ["-l", m]);
+      rmSync(dir, { recursive: true, force: true });
+    });
+    for (const [kind, at] of [["proc", "proc"], ["sysfs", "sys"]]) {
+      const point = join(project, "root", at);
+      mkdirSync(point, { recursive: true });
+      const m = spawnSync("mount", ["-t", kind, kind, point], { encoding: "utf8" });
+      assert.equal(m.status, 0, m.stderr);
+      mounted.push(point);
+    }
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(dir, "runtime"), prewarm: false, workspaceWritable: true });
+    t.after(() => sb.dispose("test end"));
+    const cmd = (at: string) =>
+      `( exec 3>>${at}/root/proc/sys/kernel/core_pattern ) 2>/dev/null && echo opened; echo "proc:$(ls -A ${at}/root/proc | wc -l)"; echo "sys:$(ls -A ${at}/root/sys | wc -l)"; test -e ${at}/root/proc/keys && echo keys`;
+    const free = (await bare(cmd("/workspace"), { project, writable: true })).out;
+    assert.match(free, /^opened$/m, `baseline: a bare bwrap opens the host's core_pattern for writing (${free})`);
+    assert.match(free, /^proc:[1-9]\d+$/m, `baseline: ${free}`);
+    assert.match(free, /^sys:[1-9]\d*$/m, `baseline: ${free}`);
+    const { r, out } = await sh(sb, project, cmd(project));
+    // Where the project's walk cannot read inside the kernel's mounts, the project is held
+    // read-only as a whole, and the result says so; the mounts show empty either way.
+    t.diagnostic(`notes: ${r.notes.join(" | ")}`);
+    assert.doesNotMatch(out, /^(opened|keys)$/m, out);
+    assert.match(out, /^proc:0$/m, out);
+    assert.match(out, /^sys:0$/m, out);
+  });
 });

@@ -38,7 +38,7 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-import { lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
+import { ioUringConnect, lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
 
 const CONCURRENCY = 4;
 const EPERM = 1;
@@ -224,53 +224,7 @@ describe("seccomp blocks the documented system calls", { concurrency: CONCURRENC
 });
 
 // ---------------------------------------------------------------------------------------------
-/**
- * Open a socket with io_uring's IORING_OP_SOCKET (no socket(2) call), then connect(2) it to a
- * Unix socket path: the way around a filter that only refuses socket(2). Prints the step that
- * failed and its errno, or "connected".
- */
-const IO_URING_CONNECT = py`
-  import ctypes, json, mmap, os, struct
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.syscall.restype = ctypes.c_long
-  def sc(nr, *args):
-      ctypes.set_errno(0)
-      ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-      return ret, ctypes.get_errno()
-  def attempt(path):
-      params = ctypes.create_string_buffer(120)
-      ring, err = sc(425, 4, ctypes.addressof(params))  # io_uring_setup
-      if ring < 0:
-          return {"step": "io_uring_setup", "errno": err}
-      sq_entries, cq_entries = struct.unpack_from("<2I", params, 0)
-      sq_head, sq_tail, sq_mask, _, _, _, sq_array = struct.unpack_from("<7I", params, 40)
-      cq_head, cq_tail, cq_mask, _, _, cq_cqes = struct.unpack_from("<6I", params, 80)
-      rw = mmap.PROT_READ | mmap.PROT_WRITE
-      sq = mmap.mmap(ring, sq_array + sq_entries * 4, mmap.MAP_SHARED, rw, offset=0)
-      cq = mmap.mmap(ring, cq_cqes + cq_entries * 16, mmap.MAP_SHARED, rw, offset=0x8000000)
-      sqes = mmap.mmap(ring, sq_entries * 64, mmap.MAP_SHARED, rw, offset=0x10000000)
-      # IORING_OP_SOCKET (45): fd = domain (AF_UNIX), off = type (SOCK_STREAM), len = protocol.
-      sqes[0:64] = struct.pack("<BBHiQQIIQHHIQQ", 45, 0, 0, 1, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0)
-      tail = struct.unpack_from("<I", sq, sq_tail)[0]
-      mask = struct.unpack_from("<I", sq, sq_mask)[0]
-      struct.pack_into("<I", sq, sq_array + (tail & mask) * 4, 0)
-      struct.pack_into("<I", sq, sq_tail, tail + 1)
-      n, err = sc(426, ring, 1, 1, 1, 0, 0)  # io_uring_enter(to_submit=1, min_complete=1, GETEVENTS)
-      if n < 0:
-          return {"step": "io_uring_enter", "errno": err}
-      head = struct.unpack_from("<I", cq, cq_head)[0]
-      _, res, _ = struct.unpack_from("<QiI", cq, cq_cqes + (head & struct.unpack_from("<I", cq, cq_mask)[0]) * 16)
-      if res < 0:
-          return {"step": "IORING_OP_SOCKET", "errno": -res}
-      addr = struct.pack("<H108s", 1, path.encode())
-      buf = ctypes.create_string_buffer(addr, len(addr))
-      r, err = sc(42, res, ctypes.addressof(buf), len(addr))  # connect
-      if r < 0:
-          return {"step": "connect", "errno": err}
-      os.write(res, b"hello through io_uring\n")
-      return {"step": "connected", "errno": 0}
-  print(json.dumps(attempt("/workspace/host.sock")))
-`;
+const IO_URING_CONNECT = ioUringConnect("/workspace/host.sock");
 
 describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => {
   test("blocks io_uring socket (IORING_OP_SOCKET to a host Unix socket in the project)", async (t) => {

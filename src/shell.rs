@@ -362,7 +362,7 @@ pub async fn run(
     let argv = bwrap_argv(&policy, &payload::payload(&sh));
     let filter =
         crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
-    let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join())
+    let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join(), false)
         .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
     let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
     let listen = ctx.config.network.as_ref().map(|_| PROXY_PORT);

@@ -167,13 +167,17 @@ pub const MAX_MOUNT_FDS: usize = 2048;
 /// placed at `MOUNT_FD_BASE + i` (bubblewrap closes each after its mount).
 /// `cgroups` are the files that join the sandbox's cgroups (see
 /// `contain::join_file`), which bubblewrap's process writes to before it
-/// execs (they never cross exec).
+/// execs (they never cross exec). Without `frames` (a payload that speaks
+/// no frames: a shell command), the protocol pipes are not placed at all:
+/// the payload and everything it starts get 0-2 and nothing else. Every
+/// descriptor the child holds that is not placed here closes at exec.
 pub fn spawn_sandbox(
     bwrap: &Path,
     argv: &[OsString],
     seccomp: OwnedFd,
     mounts: Vec<OwnedFd>,
     cgroups: Vec<OwnedFd>,
+    frames: bool,
 ) -> io::Result<Spawned> {
     if mounts.len() > MAX_MOUNT_FDS {
         return Err(io::Error::other(format!("{} mount sources, at most {MAX_MOUNT_FDS}", mounts.len())));
@@ -208,15 +212,19 @@ pub fn spawn_sandbox(
                 child_join_cgroup(*fd)?;
             }
             child_new_session()?;
-            child_dup2(req_fd, REQUEST_FD)?;
-            child_dup2(rep_fd, REPLY_FD)?;
+            // First everything above stdio closes at exec; then the placed
+            // descriptors (dup2 clears the flag on its copy) stay open.
+            child_cloexec_from(3)?;
+            if frames {
+                child_dup2(req_fd, REQUEST_FD)?;
+                child_dup2(rep_fd, REPLY_FD)?;
+            }
             child_dup2(bpf_fd, SECCOMP_FD)?;
             child_dup2(info_fd, INFO_FD)?;
             child_dup2(block_fd, BLOCK_FD)?;
             for (i, fd) in mount_fds.iter().enumerate() {
                 child_dup2(*fd, MOUNT_FD_BASE + i as RawFd)?;
             }
-            child_cloexec_from(first_free)?;
             child_rlimits(nofile)?;
             child_parent_death_signal()
         });

@@ -176,7 +176,7 @@ impl Worker {
             network,
         } = launch;
         let mut child =
-            spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join()).map_err(StartError::Spawn)?;
+            spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join(), true).map_err(StartError::Spawn)?;
         // Nothing of the payload runs before its limits are set and its
         // namespaces prepared. The payload is released only by the byte
         // written after both: on a failure it is killed before its pipe
