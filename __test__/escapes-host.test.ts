@@ -537,13 +537,15 @@ describe("read grants never follow what the sandbox planted", () => {
     // Not under /tmp (a reserved mount, refused for that reason alone).
     const runtimeRoot = mkdtempSync("/var/tmp/pps-grant-rt-");
     const elsewhere = mkdtempSync("/var/tmp/pps-grant-target-");
+    const target = join(elsewhere, "private.txt");
+    writeFileSync(target, "host-private\n");
+    const { sb } = await makeFixture(t, { runtimeRoot });
+    // After the fixture's own hook (hooks run in the order registered): the sandbox is disposed
+    // before its runtime root is removed, or a sandbox still writing there fails the removal.
     t.after(() => {
       rmSync(runtimeRoot, { recursive: true, force: true });
       rmSync(elsewhere, { recursive: true, force: true });
     });
-    const target = join(elsewhere, "private.txt");
-    writeFileSync(target, "host-private\n");
-    const { sb } = await makeFixture(t, { runtimeRoot });
     sb.applyModeEvent({ mode: "manual", readRoots: [] });
     const planted = await sb.execute(`import os\nos.symlink(${lit(target)}, "/scratch/planted")`);
     assert.equal(planted.status, "ok", planted.text);
@@ -894,7 +896,9 @@ os.mkdir(d + "/.git")`;
     base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await base.sb.execute(background(FLOOD))).repr, "'started'");
     await new Promise((resolve) => setTimeout(resolve, 2000));
-    const baseline = await addonCpuOver(1000);
+    // The busiest of three seconds: on a loaded machine the flood itself gets little CPU in some.
+    let baseline = 0;
+    for (let i = 0; i < 3; i++) baseline = Math.max(baseline, await addonCpuOver(1000));
     await base.sb.dispose("test");
 
     // A small budget (10 ms a second, 0.5 s of burst), so that the test is short.
