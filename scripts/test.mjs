@@ -9,7 +9,7 @@ import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { packTest } from "./pack-test.mjs";
-import { ensurePi1Host, runPi1Tests } from "./pi1-host.mjs";
+import { ensurePi1Host, PI1_TEST_FILES, runPi1Tests } from "./pi1-host.mjs";
 import { isRoot, prepare, root, run } from "./prepare.mjs";
 
 const UNPRIVILEGED = 65534; // nobody
@@ -51,7 +51,7 @@ function engineTestsUnprivileged() {
  * or off. The host is installed from the registry on first use; if that fails, the run is
  * skipped, except under CI.
  */
-function pi1EndToEnd(rollback) {
+function pi1EndToEnd(rollback, files) {
   try {
     ensurePi1Host();
   } catch (err) {
@@ -59,7 +59,7 @@ function pi1EndToEnd(rollback) {
     console.log(`\n# SKIP pi 1.x end-to-end tests: the pi 1.x host could not be installed (${err.message.split("\n")[0]})`);
     return;
   }
-  runPi1Tests(undefined, { rollback });
+  runPi1Tests(files, { rollback });
 }
 
 const steps = [];
@@ -127,8 +127,16 @@ try {
       env: rollbackOn,
     }),
   );
-  await step("pi 1.x suites (PI_PYTHON_TOOL_ROLLBACK=0)", () => pi1EndToEnd(false));
-  await step("pi 1.x suites (rollback on, the default)", () => pi1EndToEnd(true));
+  // Under pi 1.x every end-to-end file runs with rollback on, the default; with rollback off
+  // only those whose behaviour depends on the setting (the same rule as under pi 0.73). The
+  // rest set it per test where it matters (live grants, live mode, describe), or run no python
+  // call whose outcome it changes (bash, network, rendering), and run with rollback off under
+  // pi 0.73 above.
+  const pi1SettingDependent = PI1_TEST_FILES.filter((f) => onDefault.includes(f));
+  await step("pi 1.x suites (rollback on, the default)", () => pi1EndToEnd(true, PI1_TEST_FILES));
+  await step(`pi 1.x setting-dependent suites (PI_PYTHON_TOOL_ROLLBACK=0): ${pi1SettingDependent.map((f) => f.replace(/^__test__\/|\.test\.ts$/g, "")).join(", ")}`, () =>
+    pi1EndToEnd(false, pi1SettingDependent),
+  );
   // The published shape: npm pack, install without Rust, load in pi (see scripts/pack-test.mjs).
   await step("packed install", packTest);
   console.log(`\n${steps.map((s) => `# ok: ${s}`).join("\n")}\nsummary: ${steps.length} passed, 0 failed`);
