@@ -963,12 +963,173 @@ describe("the python catalogue's attempts, made by a shell command", { concurren
     assert.match(free, /^opened$/m, `baseline: a bare bwrap opens the host's core_pattern for writing (${free})`);
     assert.match(free, /^proc:[1-9]\d+$/m, `baseline: ${free}`);
     assert.match(free, /^sys:[1-9]\d*$/m, `baseline: ${free}`);
-    const { r, out } = await sh(sb, project, cmd(project));
-    // Where the project's walk cannot read inside the kernel's mounts, the project is held
-    // read-only as a whole, and the result says so; the mounts show empty either way.
-    t.diagnostic(`notes: ${r.notes.join(" | ")}`);
+    const { out } = await sh(sb, project, cmd(project));
+    // The mounts show empty (whether the project stays writable is the next test's).
     assert.doesNotMatch(out, /^(opened|keys)$/m, out);
     assert.match(out, /^proc:0$/m, out);
     assert.match(out, /^sys:0$/m, out);
   });
+
+  test("a writable project holding proc and sysfs mounts stays writable, its protected names read-only", async (t) => {
+    if (!rootWithSandbox(t, "mounts proc and sysfs in a project")) return;
+    // A bound the kernel's mounts alone pass: a walk that went into them would stop there and
+    // hold the whole project read-only.
+    withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", String(WALK_BOUND));
+    const { dir, project, mount } = projectWithMounts(t);
+    makeRepo(project);
+    mount("root/proc", "proc");
+    mount("root/sys", "sysfs");
+    assert.ok(entriesBeneath(join(project, "root"), WALK_BOUND) > WALK_BOUND, `baseline: the mounts hold more than ${WALK_BOUND} entries`);
+    const cmd = (at: string) =>
+      `cd ${at} && touch made.txt && echo made; echo x >> .git/config && echo wrote-config; echo "proc:$(ls -A root/proc | wc -l)"`;
+    const free = (await bare(cmd("/workspace"), { project, writable: true })).out;
+    assert.match(free, /^wrote-config$/m, `baseline: a bare bwrap writes .git/config (${free})`);
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(dir, "runtime"), prewarm: false, workspaceWritable: true });
+    t.after(() => sb.dispose("test end"));
+    const { r, out } = await sh(sb, project, cmd(project));
+    assert.deepEqual(r.notes, [], `the project was not held read-only: ${r.notes.join(" | ")}`);
+    assert.match(out, /^made$/m, out);
+    assert.doesNotMatch(out, /^wrote-config$/m, out);
+    assert.match(out, new RegExp(EROFS), out);
+    assert.match(out, /^proc:0$/m, out);
+  });
+
+  test("a protected name on a data file system mounted inside a writable project stays read-only", async (t) => {
+    if (!rootWithSandbox(t, "mounts a tmpfs in a project")) return;
+    const { dir, project, mount } = projectWithMounts(t);
+    makeRepo(mount("vendor", "tmpfs", ["-o", "size=1m"]));
+    const cmd = (at: string) => `cd ${at}/vendor && touch made.txt && echo made; echo x >> .git/config && echo wrote-config`;
+    const free = (await bare(cmd("/workspace"), { project, writable: true })).out;
+    assert.match(free, /^wrote-config$/m, `baseline: a bare bwrap writes vendor/.git/config (${free})`);
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(dir, "runtime"), prewarm: false, workspaceWritable: true });
+    t.after(() => sb.dispose("test end"));
+    const { r, out } = await sh(sb, project, cmd(project));
+    assert.deepEqual(r.notes, [], r.notes.join(" | "));
+    assert.match(out, /^made$/m, out);
+    assert.doesNotMatch(out, /^wrote-config$/m, out);
+    assert.match(out, new RegExp(EROFS), out);
+  });
+
+  test("a secret on a data file system mounted inside a project is masked", async (t) => {
+    if (!rootWithSandbox(t, "mounts a tmpfs in a project")) return;
+    const { dir, project, mount } = projectWithMounts(t);
+    writeFileSync(join(mount("vendor", "tmpfs", ["-o", "size=1m"]), ".env"), "TOKEN=on-the-mount\n");
+    const cmd = (at: string) => `cat ${at}/vendor/.env; echo end`;
+    const free = (await bare(cmd("/workspace"), { project })).out;
+    assert.match(free, /TOKEN=on-the-mount/, `baseline: a bare bwrap reads vendor/.env (${free})`);
+    const sb = new PythonSandbox({ projectDir: project, runtimeRoot: join(dir, "runtime"), prewarm: false });
+    t.after(() => sb.dispose("test end"));
+    const { out } = await sh(sb, project, cmd(project));
+    assert.match(out, /^end$/m, out);
+    assert.doesNotMatch(out, /on-the-mount/, out);
+  });
+
+  test("as nobody, a writable project holding a proc mount stays writable", async (t) => {
+    if (!rootWithSandbox(t, "mounts proc in a project and runs its child as nobody")) return;
+    // Outside /tmp (nobody may not read a private folder): the project nobody owns, with a proc
+    // mount root made; a runtime root nobody owns; a copy of the addon.
+    const { dir: base, project, mount } = projectWithMounts(t, "/var/tmp");
+    chmodSync(base, 0o755);
+    makeRepo(project);
+    // Before anything is mounted there (chown -R would go into a mount).
+    assert.equal(spawnSync("chown", ["-R", "65534:65534", project]).status, 0);
+    mount("root/proc", "proc");
+    const runtimeRoot = join(base, "rt");
+    mkdirSync(runtimeRoot, { mode: 0o700 });
+    chownSync(runtimeRoot, 65534, 65534);
+    const addonDir = join(base, "addon");
+    mkdirSync(addonDir);
+    for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
+      copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
+    }
+    const env = { PATH: "/usr/local/bin:/usr/bin:/bin", HOME: "/nonexistent", PI_SANDBOX_SCAN_ENTRIES: String(WALK_BOUND) };
+    const asNobody = { uid: 65534, gid: 65534, env, encoding: "utf8" as const, timeout: 60_000 };
+    const cmd = `touch made.txt && echo made; echo x >> .git/config && echo wrote-config`;
+    // Baseline: nobody on the host writes both, and meets more entries under the mount than the
+    // walk's bound.
+    const seen = spawnSync("/bin/sh", ["-c", `${cmd}; rm -f made.txt`], { ...asNobody, cwd: project });
+    assert.match(seen.stdout, /^wrote-config$/m, `baseline: nobody writes .git/config on the host (${seen.stdout}${seen.stderr})`);
+    assert.ok(entriesBeneath(join(project, "root"), WALK_BOUND) > WALK_BOUND, `baseline: the mount holds more than ${WALK_BOUND} entries`);
+    const script = `
+      const { PythonSandbox } = require(${JSON.stringify(join(addonDir, "index.cjs"))});
+      const sb = new PythonSandbox({ projectDir: ${JSON.stringify(project)}, runtimeRoot: ${JSON.stringify(runtimeRoot)}, prewarm: false, workspaceWritable: true });
+      let out = "";
+      sb.execShell(1, ${JSON.stringify(cmd)}, { cwd: ${JSON.stringify(project)}, timeoutSeconds: 30 }, (t) => { out += t; })
+        .then((r) => { console.log("RESOLVED " + JSON.stringify({ out, notes: r.notes })); return sb.dispose(); },
+              (e) => { console.log("REJECTED " + e.message); return sb.dispose(); });`;
+    const r = spawnSync(process.execPath, ["-e", script], asNobody);
+    const line = /^RESOLVED (.*)$/m.exec(r.stdout)?.[1];
+    assert.ok(line, r.stdout + r.stderr);
+    const { out, notes } = JSON.parse(line) as { out: string; notes: string[] };
+    assert.deepEqual(notes, [], `the project was not held read-only: ${notes.join(" | ")}`);
+    assert.match(out, /^made$/m, out);
+    assert.doesNotMatch(out, /^wrote-config$/m, out);
+    assert.match(out, new RegExp(EROFS), out);
+  });
 });
+
+/** The bound of the project's walk in the mount tests: fewer entries than a proc mount holds. */
+const WALK_BOUND = 2000;
+
+/** A sandbox test that needs root (it mounts): false when it cannot run (a loud skip). */
+function rootWithSandbox(t: TestContext, why: string): boolean {
+  if (skipWithoutSandbox(t)) return false;
+  if (!ROOT) {
+    assert.ok(process.env.CI !== "true", `CI runs as root: this test ${why}`);
+    t.skip(`needs root: this test ${why}`);
+    return false;
+  }
+  return true;
+}
+
+/**
+ * A temp directory (under `parent`) with `project` in it, and `mount(rel, type, options)`: a file
+ * system of `type` mounted at `rel` in the project (made), its mount point returned. After the
+ * test, everything mounted is unmounted before the directory is removed.
+ */
+function projectWithMounts(t: TestContext, parent = tmpdir()): { dir: string; project: string; mount(rel: string, type: string, options?: string[]): string } {
+  const dir = mkdtempSync(join(parent, "pps-esh-mounts-"));
+  const project = join(dir, "project");
+  mkdirSync(project);
+  const mounted: string[] = [];
+  t.after(() => {
+    for (const m of mounted.reverse()) spawnSync("umount", ["-l", m]);
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const mount = (rel: string, type: string, options: string[] = []) => {
+    const point = join(project, rel);
+    mkdirSync(point, { recursive: true });
+    const m = spawnSync("mount", ["-t", type, ...options, type, point], { encoding: "utf8" });
+    assert.equal(m.status, 0, m.stderr);
+    mounted.push(point);
+    return point;
+  };
+  return { dir, project, mount };
+}
+
+/** A git repository's `.git` in `dir` (its HEAD and config). */
+function makeRepo(dir: string): void {
+  mkdirSync(join(dir, ".git", "refs"), { recursive: true });
+  writeFileSync(join(dir, ".git", "HEAD"), "ref: refs/heads/main\n");
+  writeFileSync(join(dir, ".git", "config"), "[core]\n\trepositoryformatversion = 0\n");
+}
+
+/** The entries beneath `dir`, breadth first, counted up to one past `max` (unreadable ones passed). */
+function entriesBeneath(dir: string, max: number): number {
+  let n = 0;
+  const queue = [dir];
+  while (queue.length > 0 && n <= max) {
+    const at = queue.shift() as string;
+    let list;
+    try {
+      list = readdirSync(at, { withFileTypes: true });
+    } catch {
+      continue;
+    }
+    for (const e of list) {
+      n += 1;
+      if (e.isDirectory()) queue.push(join(at, e.name));
+    }
+  }
+  return n;
+}

@@ -119,6 +119,9 @@ pub struct Tree {
     fd: OwnedFd,
     path: PathBuf,
     resolver: Resolver,
+    /// Mounts inside the tree that every sandbox shown it has masked
+    /// whole (see [`Tree::masking`]).
+    masked_mounts: std::collections::BTreeSet<u64>,
 }
 
 /// Split `rel` into plain names. Anything else (`..`, `.`, a root, an empty
@@ -167,12 +170,40 @@ impl Tree {
             Mode::empty(),
         )
         .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display())))?;
-        Ok(Tree { fd, path: path.to_path_buf(), resolver })
+        Ok(Tree { fd, path: path.to_path_buf(), resolver, masked_mounts: Default::default() })
     }
 
     /// The same root, through a copy of its fd.
     pub fn try_clone(&self) -> io::Result<Tree> {
-        Ok(Tree { fd: self.fd.try_clone()?, path: self.path.clone(), resolver: self.resolver })
+        Ok(Tree {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+            resolver: self.resolver,
+            masked_mounts: self.masked_mounts.clone(),
+        })
+    }
+
+    /// This tree, told the mount ids of the mounts inside it that the
+    /// sandbox sees masked whole (`submounts`): [`Tree::masked_mount`]
+    /// answers for them.
+    pub fn masking(mut self, mounts: std::collections::BTreeSet<u64>) -> Tree {
+        self.masked_mounts = mounts;
+        self
+    }
+
+    /// Whether the directory `dir` (opened beneath the root) is the root
+    /// of a mount the sandbox sees masked whole: its mount (`statx`'s
+    /// `STATX_MNT_ID` of the open directory itself, nothing resolved by
+    /// name) is one of those the tree was told of, and not the root's own.
+    /// `false` where the kernel does not give mount ids (before 5.8).
+    pub fn masked_mount(&self, dir: BorrowedFd<'_>) -> bool {
+        if self.masked_mounts.is_empty() {
+            return false;
+        }
+        match (mount_id(dir), mount_id(self.fd.as_fd())) {
+            (Some(here), Some(root)) => here != root && self.masked_mounts.contains(&here),
+            _ => false,
+        }
     }
 
     /// The host path of the root (for messages; never for access).
@@ -355,6 +386,23 @@ pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &OsStr, to: &OsStr) -> io::Re
 /// entry itself moves, whatever it is (a link is moved, never followed).
 pub fn move_noreplace(from_dir: BorrowedFd<'_>, from: &OsStr, to_dir: BorrowedFd<'_>, to: &OsStr) -> io::Result<()> {
     nix::fcntl::renameat2(from_dir, from, to_dir, to, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(errno)
+}
+
+/// The mount id of the file `fd` is open on, where the kernel gives one.
+pub fn mount_id(fd: BorrowedFd<'_>) -> Option<u64> {
+    // SAFETY: an all-zero statx is valid; statx fills it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx of the fd itself (the empty path), into `stx`.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut stx,
+        )
+    };
+    (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
 }
 
 /// `mkdirat(dir, name, mode)`.

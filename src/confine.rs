@@ -257,7 +257,10 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         .chain(mounts.once.iter().filter(|m| m.is_dir).map(|m| (m.source.as_path(), m.path.as_path())))
         .chain(payload_reads.iter().map(|d| (d.as_path(), d.as_path())))
         .collect();
-    add(&mut host_masks, crate::submounts::masks(&shown));
+    let table = crate::submounts::table();
+    add(&mut host_masks, crate::submounts::masks_of(&table, &shown));
+    // What these masks hide of the project, the walk passes over.
+    let masked_mounts = crate::submounts::masked_ids_in(&table, project);
     let granted: Vec<&Path> = mounts
         .read_roots
         .iter()
@@ -294,7 +297,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
     // read-only for this sandbox.
     let guard_init = host.guard_inotify;
     let cache_key = format!(
-        "{project:?}|{writable_mode}|{:?}|{unmasked:?}|{:?}|{:?}|{:?}|{:?}|{}|{host_list:?}",
+        "{project:?}|{writable_mode}|{:?}|{unmasked:?}|{:?}|{:?}|{:?}|{:?}|{}|{host_list:?}|{masked_mounts:?}",
         req.tainted.lock(),
         settings.secrets,
         settings.scan,
@@ -370,6 +373,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
                 known: &known.masks,
                 known_idents: &known.idents,
                 host: &host_list,
+                masked_mounts: &masked_mounts,
             })
         };
         if !writable_mode {

@@ -6,8 +6,10 @@
 //! environments, build outputs) are walked last, so that a large one cannot
 //! use up the bound before the project's own directories are seen. Links
 //! are reported as links and never followed; every directory is opened
-//! through [`Tree`], beneath the root. The caller decides what an entry
-//! means and whether to descend into a directory.
+//! through [`Tree`], beneath the root. A directory that is the root of a
+//! mount every sandbox sees masked whole (a `proc` inside the project,
+//! see `Tree::masking`) is passed over: nothing in it is shown. The caller
+//! decides what an entry means and whether to descend into a directory.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -66,6 +68,9 @@ pub struct Summary {
     pub complete: bool,
     /// The first directory that could not be read (not one that vanished).
     pub unreadable: Option<PathBuf>,
+    /// Mounts passed over because every sandbox sees them masked whole
+    /// (see `Tree::masking`).
+    pub masked_mounts: usize,
 }
 
 /// Walk `tree` breadth-first, calling `visit(rel, kind)` for every entry.
@@ -106,13 +111,38 @@ pub fn walk_from_opened(
     let depth = start.components().count();
     let mut queue: VecDeque<(PathBuf, usize)> = VecDeque::from([(start.to_path_buf(), depth)]);
     let mut later: VecDeque<(PathBuf, usize)> = VecDeque::new();
-    let mut summary = Summary { entries: 0, complete: true, unreadable: None };
+    let mut summary = Summary { entries: 0, complete: true, unreadable: None, masked_mounts: 0 };
     while let Some((dir, depth)) = queue.pop_front().or_else(|| later.pop_front()) {
         let room = limits.max_entries.saturating_sub(summary.entries);
-        let listed = tree.open_dir(&dir).and_then(|fd| {
+        let listed = tree.open_dir(&dir).map(|fd| {
+            // A mount every sandbox sees masked whole: nothing in it is
+            // shown, so nothing in it is looked for or watched.
+            if tree.masked_mount(std::os::fd::AsFd::as_fd(&fd)) {
+                return None;
+            }
             opened(&dir, std::os::fd::AsFd::as_fd(&fd));
-            crate::beneath::list_dir(fd, room)
+            Some(crate::beneath::list_dir(fd, room))
         });
+        // One the walk may not open (debugfs's root is 0700): the same
+        // question of its mount, through an `O_PATH` descriptor.
+        let masked_shut = |e: &std::io::Error| {
+            matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+                && tree
+                    .open_at(&dir, nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY)
+                    .is_ok_and(|fd| tree.masked_mount(std::os::fd::AsFd::as_fd(&fd)))
+        };
+        let listed = match listed {
+            Ok(None) => {
+                summary.masked_mounts += 1;
+                continue;
+            }
+            Err(e) if masked_shut(&e) => {
+                summary.masked_mounts += 1;
+                continue;
+            }
+            Ok(Some(listed)) => listed,
+            Err(e) => Err(e),
+        };
         let (entries, more) = match listed {
             Ok(listed) => listed,
             // Gone since it was listed: nothing there to find.
@@ -189,5 +219,29 @@ mod tests {
         assert!(!raced.complete);
         assert_eq!(raced.unreadable.as_deref(), Some(Path::new("docs")));
         std::fs::remove_dir_all(&root).expect("cleanup");
+    }
+
+    #[test]
+    fn a_mount_the_sandbox_sees_masked_is_passed_over_and_no_other() {
+        use std::os::fd::AsFd;
+        // The host's /proc: a mount of its own below /, on every Linux.
+        let proc = std::fs::File::open("/proc").expect("/proc");
+        let proc_id = crate::beneath::mount_id(proc.as_fd()).expect("statx gives mount ids");
+        let host = Tree::open(Path::new("/")).expect("open /");
+        let bound = Limits { max_entries: 50, max_depth: 1 };
+        let read = walk_from(&host, Path::new("proc"), bound, |_, _| Visit::Skip);
+        assert!(read.entries > 0 && read.masked_mounts == 0, "{read:?}");
+        let masking = host.try_clone().expect("clone").masking(std::collections::BTreeSet::from([proc_id]));
+        let passed =
+            walk_from(&masking, Path::new("proc"), bound, |rel, _| panic!("{rel:?} in a masked mount was seen"));
+        assert_eq!((passed.entries, passed.masked_mounts, passed.complete), (0, 1, true), "{passed:?}");
+        // A copy keeps what it masks; the root's own mount is never passed
+        // over, even when named.
+        let copy = masking.try_clone().expect("clone");
+        assert!(copy.masked_mount(proc.as_fd()));
+        let root_id = crate::beneath::mount_id(host.root_fd()).expect("mount id");
+        let own = host.try_clone().expect("clone").masking(std::collections::BTreeSet::from([root_id]));
+        let top = walk(&own, Limits { max_entries: 5, max_depth: 0 }, |_, _| Visit::Skip);
+        assert_eq!((top.entries, top.masked_mounts), (5, 0), "{top:?}");
     }
 }

@@ -623,7 +623,7 @@ mod tests {
             Mask { rel: ".env".into(), dir: false, host: false },
             Mask { rel: "s/secrets".into(), dir: true, host: false },
         ];
-        let summary = Summary { entries: 7, complete: false, unreadable: None };
+        let summary = Summary { entries: 7, complete: false, ..Summary::default() };
         let r = MaskReport::new(&found, project, &[], &summary, Limits { max_entries: 7, max_depth: 24 });
         assert_eq!(r.sandbox_paths(), ["/workspace/.env", "/workspace/s/secrets"]);
         assert!(r.hides(Path::new("/workspace/s/secrets/x")) && r.hides(Path::new("/workspace/.env")));

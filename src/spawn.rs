@@ -61,12 +61,18 @@ pub struct Spawned {
 /// `RLIMIT_SIGPENDING` is set before bubblewrap makes the sandbox's user
 /// namespace, which takes it as the most the sandbox may charge to pi's
 /// user in the host's count, whatever its processes do later.
-pub const RLIMITS: [(Resource, u64); 5] = [
+/// `RLIMIT_RTPRIO` and `RLIMIT_NICE` are 0 whatever pi has: with more, a
+/// process without any capability may take a real-time policy
+/// (`SCHED_FIFO` spinning on a CPU starves the host's own tasks there) or
+/// a nice value below the host's default.
+pub const RLIMITS: [(Resource, u64); 7] = [
     (Resource::RLIMIT_AS, RLIMIT_AS_BYTES),
     (Resource::RLIMIT_FSIZE, RLIMIT_FSIZE_BYTES),
     (Resource::RLIMIT_NOFILE, RLIMIT_NOFILE),
     (Resource::RLIMIT_CORE, 0),
     (Resource::RLIMIT_SIGPENDING, RLIMIT_SIGPENDING),
+    (Resource::RLIMIT_RTPRIO, 0),
+    (Resource::RLIMIT_NICE, 0),
 ];
 
 /// A close-on-exec pipe: (read end, write end).

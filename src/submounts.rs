@@ -11,6 +11,7 @@
 //! directory (or file) over it. The sandbox cannot mount anything itself,
 //! so the host's mount table, read at each start, is the whole list.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::hostsecrets::Mask;
@@ -64,11 +65,18 @@ pub fn holds_files(fstype: &str) -> bool {
 
 /// One line of `/proc/self/mountinfo`: the mount point and the type.
 fn parse_line(line: &str) -> Option<(PathBuf, String)> {
+    parse_entry(line).map(|(_, point, fstype)| (point, fstype))
+}
+
+/// One line of `/proc/self/mountinfo`: the mount id, the mount point and
+/// the type.
+fn parse_entry(line: &str) -> Option<(u64, PathBuf, String)> {
     let fields: Vec<&str> = line.split(' ').collect();
+    let id = fields.first()?.parse().ok()?;
     let point = fields.get(4)?;
     let dash = fields.iter().position(|f| *f == "-")?;
     let fstype = fields.get(dash + 1)?;
-    Some((PathBuf::from(unescape(point)), (*fstype).to_string()))
+    Some((id, PathBuf::from(unescape(point)), (*fstype).to_string()))
 }
 
 /// The kernel writes a space, a tab, a newline and a backslash in a path
@@ -118,15 +126,39 @@ pub fn masks_in(table: &str, trees: &[(&Path, &Path)], is_dir: impl Fn(&Path) ->
     out
 }
 
-/// [`masks_in`] of this process's mount table (bounded: a table past
-/// 16 MiB is read no further).
-pub fn masks(trees: &[(&Path, &Path)]) -> Vec<Mask> {
+/// The mount ids of the mounts [`masks_in`] masks strictly inside `tree`
+/// (a canonical host path), from the same `table`: the walk of that tree
+/// passes over them (`beneath::Tree::masking`), since no sandbox shown
+/// the tree with these masks sees anything in them.
+pub fn masked_ids_in(table: &str, tree: &Path) -> BTreeSet<u64> {
+    table
+        .lines()
+        .filter_map(parse_entry)
+        .filter(|(_, point, fstype)| {
+            !holds_files(fstype) && point.strip_prefix(tree).is_ok_and(|r| !r.as_os_str().is_empty())
+        })
+        .map(|(id, _, _)| id)
+        .collect()
+}
+
+/// This process's mount table (bounded: a table past 16 MiB is read no
+/// further).
+pub fn table() -> String {
     let table = std::fs::File::open("/proc/self/mountinfo")
         .and_then(|f| crate::beneath::read_bounded(std::os::fd::OwnedFd::from(f), 16 << 20))
         .unwrap_or_default();
-    masks_in(&String::from_utf8_lossy(&table), trees, |p| {
-        std::fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(true)
-    })
+    String::from_utf8_lossy(&table).into_owned()
+}
+
+/// [`masks_in`] of `table` (see [`table`]), each mount point looked at on
+/// the host to tell a directory from a file.
+pub fn masks_of(table: &str, trees: &[(&Path, &Path)]) -> Vec<Mask> {
+    masks_in(table, trees, |p| std::fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(true))
+}
+
+/// [`masks_in`] of this process's mount table.
+pub fn masks(trees: &[(&Path, &Path)]) -> Vec<Mask> {
+    masks_of(&table(), trees)
 }
 
 #[cfg(test)]
@@ -165,6 +197,15 @@ mod tests {
         assert!(masks_in(TABLE, &[(Path::new("/"), Path::new("/workspace"))], |_| true)
             .iter()
             .any(|m| m.path == Path::new("/workspace/proc")));
+    }
+
+    #[test]
+    fn the_walk_passes_over_the_mounts_masked_inside_its_tree_alone() {
+        // The proc, sysfs and debugfs mounts inside the project; not its
+        // data file systems, not its own mount, not another tree's.
+        assert_eq!(masked_ids_in(TABLE, Path::new("/home/u/proj")), BTreeSet::from([40, 41, 43]));
+        assert_eq!(masked_ids_in(TABLE, Path::new("/srv/ro")), BTreeSet::from([45]));
+        assert!(masked_ids_in(TABLE, Path::new("/home/u/proj/data")).is_empty());
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct StartRequest<'a> {
     pub known_idents: &'a HashSet<(u64, u64)>,
     /// The host-secret list, masked in the project too.
     pub host: &'a HostSecrets,
+    /// The mounts inside the project that the sandbox sees masked whole
+    /// (`submounts::masked_ids_in`): the walk passes over them.
+    pub masked_mounts: &'a std::collections::BTreeSet<u64>,
 }
 
 /// The mounts over the project of one sandbox start.
@@ -83,7 +86,7 @@ pub fn plan_start(r: StartRequest<'_>) -> Result<StartPlan, MaskError> {
         return Ok(out);
     }
     let tree = match Tree::open(r.project) {
-        Ok(t) => t,
+        Ok(t) => t.masking(r.masked_mounts.clone()),
         // Not a directory (or gone): nothing in it to mask; bubblewrap
         // then says what is wrong with the project as it always did.
         Err(e) if masking && !matches!(e.kind(), std::io::ErrorKind::NotADirectory | std::io::ErrorKind::NotFound) => {
@@ -217,8 +220,11 @@ pub fn writable_refusal(
     git: &HostGit,
     tainted: &Tainted,
 ) -> Option<PlanError> {
+    // As the start would: past the mounts its masks hide, from the mount
+    // table as it is now.
+    let masked = crate::submounts::masked_ids_in(&crate::submounts::table(), project);
     let tree = match Tree::open(project) {
-        Ok(t) => t,
+        Ok(t) => t.masking(masked),
         Err(e) => return Some(PlanError::Open(e)),
     };
     let rules = Rules::new(patterns, limits, git);
@@ -651,6 +657,7 @@ mod tests {
             known,
             known_idents: &HashSet::new(),
             host: &HostSecrets::default(),
+            masked_mounts: &Default::default(),
         })
         .expect("plan")
     }

@@ -345,6 +345,7 @@ fn guard_of(project: &Path) -> Guard {
         known: &[],
         known_idents: &Default::default(),
         host: &Default::default(),
+        masked_mounts: &Default::default(),
     })
     .expect("the project's plan");
     plan.guard.expect("a writable plan has a guard")

@@ -128,6 +128,9 @@ impl Worker {
             known: &known.masks,
             known_idents: &known.idents,
             host: &self.host_secrets,
+            // None: a project with a mount masked at the start was refused
+            // above (a walk that meets one made since goes into it).
+            masked_mounts: &Default::default(),
         })
         .map_err(|e| refused(format!("the project's protection could not be planned: {e}")))?;
         if let Some(e) = &plan.refused {
