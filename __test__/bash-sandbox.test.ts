@@ -286,6 +286,19 @@ test("a command past the output cap is stopped and the result says so", async (t
   assert.ok(r.notes.some((n) => /more than 1\.0 ?MB/.test(n)), r.notes.join("\n"));
 });
 
+test("the output cap bounds the text pi keeps, not only the bytes read: controls shown in four times their bytes", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PI_SANDBOX_BASH_MAX_OUTPUT", "1M");
+  // 2 MiB of C1 controls (2 bytes each, shown as `<U+009B>`, 8 bytes): past the cap either way.
+  const writer = "import sys; sys.stdout.buffer.write(bytes([0xc2, 0x9b]) * (1 << 20))";
+  assert.equal(spawnSync("/usr/bin/python3", ["-c", writer], { maxBuffer: 8 << 20 }).stdout.length, 2 * 1024 * 1024, "baseline: the writer writes 2 MiB");
+  const { r, out } = await sh(f.sb, f.project, `python3 -I -S -c '${writer}'`, 20);
+  assert.equal(r.ending, "flooded");
+  assert.match(out, /^(<U\+009B>)+/);
+  assert.ok(Buffer.byteLength(out) <= 1024 * 1024, `${Buffer.byteLength(out)} bytes passed`);
+});
+
 test("all of a command's output reaches onData before its result, however slowly onData takes it", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t, { workspaceWritable: true });
