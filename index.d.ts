@@ -433,7 +433,8 @@ export interface ModeChange {
 
 /**
  * What a network review dialog shows: the canonical destination, the
- * Unicode form of an `xn--` name, and whether that form mixes scripts.
+ * Unicode form of an `xn--` name, and whether that form mixes scripts or
+ * imitates Latin letters.
  */
 export interface NetworkReviewRequest {
   /** `host:port`, canonical (IPv6 in brackets). */

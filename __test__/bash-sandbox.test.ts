@@ -286,6 +286,56 @@ test("a command past the output cap is stopped and the result says so", async (t
   assert.ok(r.notes.some((n) => /more than 1\.0 ?MB/.test(n)), r.notes.join("\n"));
 });
 
+test("the output cap bounds the text pi keeps, not only the bytes read: controls shown in four times their bytes", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  withEnv(t, "PI_SANDBOX_BASH_MAX_OUTPUT", "1M");
+  // 2 MiB of C1 controls (2 bytes each, shown as `<U+009B>`, 8 bytes): past the cap either way.
+  const writer = "import sys; sys.stdout.buffer.write(bytes([0xc2, 0x9b]) * (1 << 20))";
+  assert.equal(spawnSync("/usr/bin/python3", ["-c", writer], { maxBuffer: 8 << 20 }).stdout.length, 2 * 1024 * 1024, "baseline: the writer writes 2 MiB");
+  const { r, out } = await sh(f.sb, f.project, `python3 -I -S -c '${writer}'`, 20);
+  assert.equal(r.ending, "flooded");
+  assert.match(out, /^(<U\+009B>)+/);
+  assert.ok(Buffer.byteLength(out) <= 1024 * 1024, `${Buffer.byteLength(out)} bytes passed`);
+});
+
+test("all of a command's output reaches onData before its result, however slowly onData takes it", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  // Just under the output cap, as fast as the pipe takes it (over a thousand reads of 64 KiB: Node
+  // runs at most 1,000 queued calls of a callback per turn), then a last line. The first onData
+  // call holds the main thread (a pi busy rendering) until the command has written everything, so
+  // the engine reads it all meanwhile. pi's bash ends its accumulator when the result comes: a
+  // later chunk would be lost, and pi's accumulator throws it inside the addon's callback, which
+  // ends pi's process.
+  const size = 67_000_000;
+  const last = "\nLAST-LINE\n";
+  const done = join(f.project, "done");
+  const held = new Int32Array(new SharedArrayBuffer(4));
+  let got = 0;
+  let tail = "";
+  let calls = 0;
+  let atResult: { got: number; tail: string } | undefined;
+  let late = 0;
+  const command = `head -c ${size} /dev/zero | tr '\\0' a; printf '${last.replaceAll("\n", "\\n")}'; : > done`;
+  const r = await f.sb.execShell(nextId++, command, { cwd: f.project }, (text: string) => {
+    if (calls++ === 0) {
+      for (let i = 0; i < 1500 && !existsSync(done); i++) Atomics.wait(held, 0, 0, 10);
+      Atomics.wait(held, 0, 0, 500);
+    }
+    got += text.length;
+    tail = (tail + text).slice(-64);
+    if (atResult) late += text.length;
+  });
+  atResult = { got, tail };
+  // Whatever was still queued arrives within a few turns of the event loop.
+  for (let i = 0; i < 20; i++) await new Promise((resolve) => setTimeout(resolve, 10));
+  assert.equal(r.ending, "exited", r.notes.join("\n"));
+  assert.ok(existsSync(done), "the command ran to its end");
+  assert.equal(late, 0, `${late} characters of ${got} in ${calls} calls came after the result`);
+  assert.deepEqual(atResult, { got: size + last.length, tail: `${"a".repeat(64 - last.length)}${last}` });
+});
+
 test("a bad output cap setting is refused before anything runs", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);

@@ -345,6 +345,31 @@ test("this package's bash runs each command in the sandbox: a read-only project,
   assert.doesNotMatch(saved, /[\u001b\u0007]/, "the full-output file holds a raw escape");
 });
 
+test("a flood just under the output cap, ending while pi is busy, reaches pi's result whole and pi keeps running", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t, [PACKAGE_DIR]);
+  // Over a thousand chunks of 64 KiB, then a last line. The first update with output holds the
+  // main thread for 4 s (pi busy rendering), so the engine has read it all when pi runs again:
+  // a chunk that came after the result would be appended to pi's finished accumulator, whose
+  // throw inside the addon's callback ends the process.
+  const held = new Int32Array(new SharedArrayBuffer(4));
+  let holding = true;
+  const outcome = await callBash(h, { command: "head -c 67000000 /dev/zero | tr '\\0' a; printf '\\nLAST-LINE\\n'" }, undefined, (update) => {
+    if (holding && update.length > 0) {
+      holding = false;
+      Atomics.wait(held, 0, 0, 4000);
+    }
+  });
+  const full = (outcome.details as { fullOutputPath?: string } | undefined)?.fullOutputPath;
+  if (full) t.after(() => rmSync(full, { force: true }));
+  assert.equal(outcome.isError, false, outcome.text.slice(-500));
+  assert.match(outcome.text, /(^|\n)LAST-LINE\n/);
+  assert.ok(full, "pi kept the full output in a file");
+  const saved = readFileSync(full, "utf8");
+  assert.equal(saved.length, 67_000_000 + "\nLAST-LINE\n".length);
+  assert.ok(saved.endsWith("a\nLAST-LINE\n"));
+});
+
 // --- the user's !cmd --------------------------------------------------------------------------------
 
 test("the user's !cmd runs on the host by default, as pi runs it", async (t) => {

@@ -409,6 +409,21 @@ test("pi: progress given to onUpdate and its rendering hold no raw control chara
   assert.ok(rendered(def.renderResult(shown.at(-1), { expanded: false, isPartial: true }, plainTheme, {})).includes(SHOWN_OSC52));
 });
 
+test("pi: an onUpdate that throws while the code runs leaves pi running and the result whole", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await harness(t);
+  let thrown = 0;
+  const code = `import time\nprint("before", flush=True)\ntime.sleep(1.5)\nprint("after")`;
+  // The progress reaches onUpdate from the addon's queue, where a throw is fatal to the process.
+  const r = (await h.getTool("python").execute("throws-1", { code }, undefined, () => {
+    thrown++;
+    throw new Error("a UI that fails");
+  })) as ToolResult;
+  assert.ok(thrown > 0, "onUpdate was called");
+  assert.equal(r.details.status, "ok");
+  assert.match(messageText(r as never), /before\nafter/);
+});
+
 test("pi: renderCall shows code from the model escaped", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const h = await harness(t);

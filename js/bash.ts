@@ -204,8 +204,13 @@ export function addonShell(host: ShellHost, once: () => string[] = () => []): Sa
           command,
           { cwd, shellPath, timeoutSeconds: timeout !== undefined && timeout > 0 ? timeout : undefined, env: sessionEnv },
           (text) => {
-            if (text.length > 0) last = text[text.length - 1];
-            onData(Buffer.from(text, "utf8"));
+            // The addon's last call is empty: it only marks the end of the output.
+            if (text.length === 0) return;
+            last = text[text.length - 1];
+            // The addon calls this from its queue, where a throw would end pi's process.
+            try {
+              onData(Buffer.from(text, "utf8"));
+            } catch {}
           },
           review ? (request) => review(request, dialogs.signal).catch(() => "cancel") : undefined,
         );

@@ -270,10 +270,13 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const onProgress = onUpdate
         ? (p: ExecProgress) => {
             const tail = p.outputTail.trim() === "" ? "" : p.outputTail.trimEnd();
-            onUpdate({
-              content: [{ type: "text", text: displayText(`${progressLine(p)}${tail ? `\n${tail}` : ""}`) }],
-              details: { action: "execute", status: "running", ...p },
-            });
+            // The addon calls this from its queue, where a throw would end pi's process.
+            try {
+              onUpdate({
+                content: [{ type: "text", text: displayText(`${progressLine(p)}${tail ? `\n${tail}` : ""}`) }],
+                details: { action: "execute", status: "running", ...p },
+              });
+            } catch {}
           }
         : undefined;
       /** Ask about `path` on the bus, telling the UI what the call waits for (once a second, for the count). */
@@ -285,11 +288,15 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
           ? `allowing restarts the python sandbox: its interpreter state (variables, imports, loaded data) will be lost, because ${displayLine(why)}`
           : "allowing keeps the python interpreter's state: the grant is added to the running sandbox";
         if (why) state.ui?.notify(`python: may the code read ${displayLine(path)}? ${cost}.`, "warning");
-        const tell = () =>
-          onUpdate?.({
-            content: [{ type: "text", text: `waiting for your answer: may the code read ${displayLine(path)}? (${cost}; no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)` }],
-            details: { action: "execute", status: "waiting", waitingFor: displayLine(path), elapsedMs: Date.now() - since },
-          });
+        // Also run from a timer, where a throw would end pi's process.
+        const tell = () => {
+          try {
+            onUpdate?.({
+              content: [{ type: "text", text: `waiting for your answer: may the code read ${displayLine(path)}? (${cost}; no answer in ${PROMPT_TIMEOUT_MS / 1000} s counts as no)` }],
+              details: { action: "execute", status: "waiting", waitingFor: displayLine(path), elapsedMs: Date.now() - since },
+            });
+          } catch {}
+        };
         tell();
         const ticker = setInterval(tell, 1000);
         try {

@@ -36,7 +36,7 @@ export const NETWORK_REVIEW_TIMEOUT_MS = 60_000;
 
 /**
  * The review dialog through pi's `ctx.ui.select`: titled with the tool, the destination (and the
- * Unicode form of an `xn--` name, with a warning when it mixes scripts) and the command (for the
+ * Unicode form of an `xn--` name, with a warning when it mixes scripts or uses letters that look like Latin ones) and the command (for the
  * python tool: the code, and its grants are "for this call"). A dismissed or timed-out dialog is a
  * cancel (the addon refuses the connection).
  */
@@ -46,7 +46,7 @@ export function networkDialog(ui: Pick<ExtensionUIContext, "select">, tool: stri
     const authority = displayLine(r.authority);
     const lines = [`${tool}: the ${what} asks to connect to ${authority}`];
     if (r.unicode) {
-      const warn = r.mixedScripts ? " (WARNING: it mixes scripts, and may imitate another name)" : "";
+      const warn = r.mixedScripts ? " (WARNING: it mixes scripts or uses letters that look like Latin ones, and may imitate another name)" : "";
       lines.push(`that name is ${displayLine(r.unicode)}${warn}`);
     }
     const shown = command.length > 500 ? `${command.slice(0, 500)}...` : command;
@@ -93,7 +93,7 @@ export interface NetworkReviewPayload {
   port: number;
   /**
    * The Unicode form of an `xn--` name (on one line, escaped as the dialog shows it), and whether
-   * a label of it mixes scripts.
+   * a label of it mixes scripts or is spelt wholly in letters that look like Latin ones.
    */
   unicode: string | null;
   mixedScripts: boolean;

@@ -152,10 +152,21 @@ impl PythonSandbox {
             },
         };
         let f = Arc::new(on_data);
+        let calls = f.clone();
         let on_data = move |text: String| {
-            f.call(text, ThreadsafeFunctionCallMode::NonBlocking);
+            calls.call(text, ThreadsafeFunctionCallMode::NonBlocking);
         };
-        match self.session().exec_shell(id, cmd, &on_data).await {
+        let ended = self.session().exec_shell(id, cmd, &on_data).await;
+        // The output is queued for the main thread, which runs at most
+        // 1,000 queued calls per turn, and the result comes through a queue
+        // of its own: past that many chunks, the result could come first, and
+        // pi's bash, whose output ends with the result, would get the rest
+        // after it (pi ends its accumulator there, and a throw from this
+        // callback ends the process). An empty call after the last chunk
+        // (the JS side passes nothing on for it) is run after every earlier
+        // one; the result waits for it.
+        let _ = f.call_async_catch(String::new()).await;
+        match ended {
             Ok(ended) => Ok(ShellResult {
                 exit_code: ended.ending.exit_code(),
                 ending: ending_name(&ended.ending).into(),

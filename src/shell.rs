@@ -555,7 +555,11 @@ pub async fn run(
 /// total capped, and the last few KiB kept for the hints.
 struct Streams {
     text: [crate::display::StreamText; 2],
+    /// Bytes read from the command, and bytes of text passed on (a control
+    /// character is shown in up to four times its bytes, a carriage
+    /// return may show as nothing): the cap bounds both.
     total: usize,
+    shown: usize,
     cap: usize,
     tail: std::collections::VecDeque<u8>,
 }
@@ -568,6 +572,7 @@ impl Streams {
         Streams {
             text: [crate::display::StreamText::new(), crate::display::StreamText::new()],
             total: 0,
+            shown: 0,
             cap,
             tail: Default::default(),
         }
@@ -582,11 +587,21 @@ impl Streams {
         self.tail.extend(take.iter().copied());
         let excess = self.tail.len().saturating_sub(TAIL_BYTES);
         self.tail.drain(..excess);
-        let text = self.text[which].push(take);
+        let mut text = self.text[which].push(take);
+        let shown_room = self.cap.saturating_sub(self.shown);
+        let fits = text.len() <= shown_room;
+        if !fits {
+            let mut end = shown_room;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        self.shown += text.len();
         if !text.is_empty() {
             on_data(text);
         }
-        take.len() == bytes.len()
+        fits && take.len() == bytes.len()
     }
 
     fn finish(&mut self, on_data: &(dyn Fn(String) + Send + Sync)) {
@@ -604,5 +619,44 @@ impl Streams {
         let mut v = a.to_vec();
         v.extend_from_slice(b);
         String::from_utf8_lossy(&v).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Everything `push` passes on for `chunks` under `cap`, and whether the last push fit.
+    fn passed(cap: usize, chunks: &[&[u8]]) -> (String, bool) {
+        let got = Mutex::new(String::new());
+        let on_data = |t: String| got.lock().unwrap().push_str(&t);
+        let mut s = Streams::new(cap);
+        let mut fit = true;
+        for c in chunks {
+            fit = s.push(0, c, &on_data);
+        }
+        let text = got.lock().unwrap().clone();
+        (text, fit)
+    }
+
+    #[test]
+    fn the_cap_bounds_the_text_passed_on_as_well_as_the_bytes_read() {
+        // A C1 control (2 bytes) is shown as `<U+009B>` (8 bytes): 13 lines of 15 bytes read
+        // would pass 741 bytes.
+        let line = [&b"\xc2\x9b".repeat(7)[..], b"\n"].concat();
+        let c1 = line.repeat(100);
+        let (text, fit) = passed(200, &[&c1]);
+        assert!(!fit);
+        assert!(text.len() <= 200, "{} bytes passed", text.len());
+        assert!(text.starts_with("<U+009B>"), "{text}");
+        // Carriage returns show as nothing: the bytes read still count.
+        let (text, fit) = passed(64, &[&[b'\r'; 100]]);
+        assert!(!fit);
+        assert!(text.is_empty());
+        // Within the cap, all passes.
+        let (text, fit) = passed(64, &[b"hello\n", b"world\n"]);
+        assert!(fit);
+        assert_eq!(text, "hello\nworld\n");
     }
 }

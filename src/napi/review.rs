@@ -9,7 +9,8 @@ use napi::threadsafe_function::ThreadsafeFunction;
 use napi_derive::napi;
 
 /// What a network review dialog shows: the canonical destination, the
-/// Unicode form of an `xn--` name, and whether that form mixes scripts.
+/// Unicode form of an `xn--` name, and whether that form mixes scripts or
+/// imitates Latin letters.
 #[napi(object)]
 pub struct NetworkReviewRequest {
     /// `host:port`, canonical (IPv6 in brackets).

@@ -80,7 +80,9 @@ pub struct Request {
     /// The Unicode form of a name with `xn--` labels.
     pub unicode: Option<String>,
     /// That Unicode form mixes Latin letters with letters of another
-    /// script in one label (a look-alike of another name, possibly).
+    /// script in one label, or spells a label wholly in letters of another
+    /// script that look like Latin ones (a look-alike of another name,
+    /// possibly).
     pub mixed_scripts: bool,
 }
 
@@ -93,9 +95,14 @@ impl Request {
                 if r.is_err() || u == *n {
                     (None, false)
                 } else {
-                    let mixed = u
-                        .split('.')
-                        .any(|l| l.chars().any(is_latin) && l.chars().any(|c| c.is_alphabetic() && !is_latin(c)));
+                    let mixed = u.split('.').any(|l| {
+                        let mixes = l.chars().any(is_latin) && l.chars().any(|c| c.is_alphabetic() && !is_latin(c));
+                        // A label wholly in letters that look like Latin ones (Cyrillic
+                        // `аррӏе`) imitates a Latin name without mixing scripts.
+                        let imitates = l.chars().any(char::is_alphabetic)
+                            && l.chars().filter(|c| c.is_alphabetic()).all(|c| LATIN_LOOKALIKES.contains(c));
+                        mixes || imitates
+                    });
                     (Some(u), mixed)
                 }
             }
@@ -104,6 +111,10 @@ impl Request {
         Request { authority: dest.authority(), host, port: dest.port, unicode, mixed_scripts }
     }
 }
+
+/// Lower-case letters of other scripts that look like Latin ones
+/// (Cyrillic, Greek and Armenian; names are lower-cased before this).
+const LATIN_LOOKALIKES: &str = "аеорсухѕіјԁһӏԛԝүкьοναιρυχϲϳκօսհոց";
 
 /// A Latin letter: ASCII, Latin-1, Latin Extended-A/B and Additional.
 fn is_latin(c: char) -> bool {
@@ -412,6 +423,12 @@ mod tests {
         assert!(!r.mixed_scripts, "ü is a Latin letter");
         let r = Request::of(&dest("пример.рф", 443));
         assert!(r.unicode.is_some() && !r.mixed_scripts, "one script throughout");
+        // Wholly Cyrillic, every letter a Latin look-alike: "apple" in Cyrillic.
+        let r = Request::of(&dest("\u{430}\u{440}\u{440}\u{4cf}\u{435}.com", 443));
+        assert_eq!(r.unicode.as_deref(), Some("\u{430}\u{440}\u{440}\u{4cf}\u{435}.com"));
+        assert!(r.mixed_scripts, "a whole-script look-alike is flagged");
+        let r = Request::of(&dest("\u{3bf}\u{3bd}\u{3b1}.org", 443)); // Greek "ova"
+        assert!(r.mixed_scripts);
         let r = Request::of(&dest("example.org", 80));
         assert_eq!((r.unicode, r.mixed_scripts, r.authority.as_str()), (None, false, "example.org:80"));
     }
