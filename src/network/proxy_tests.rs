@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::network::policy::{parse_private, parse_rule, List};
+use crate::network::tunnel::{grown_pipes, GROW_AFTER, MAX_GROWN_PIPES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
