@@ -9,8 +9,8 @@
 //! lookup whose every address is checked), and [`wire`] (the first bytes of
 //! a connection: HTTP `CONNECT`, absolute-form plain HTTP, SOCKS5, the TLS
 //! ClientHello's server name), each bounded in size; [`proxy`] serves one
-//! sandbox's listener, and [`review`] keeps the review's grants and open
-//! dialogs.
+//! sandbox's listener, [`tunnel`] relays its tunnels' bytes, and
+//! [`review`] keeps the review's grants and open dialogs.
 //!
 //! Not here: reading the configuration file (`config`), the listener in
 //! the sandbox's network namespace (`nshelper`), and the review's dialog
@@ -21,4 +21,5 @@ pub mod decide;
 pub mod policy;
 pub mod proxy;
 pub mod review;
+pub mod tunnel;
 pub mod wire;

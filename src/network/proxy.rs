@@ -13,9 +13,9 @@
 //! (a chunked body is refused), one request per connection; an `Upgrade`
 //! answered `101` becomes a tunnel to the same destination. SOCKS5:
 //! `CONNECT` only. Then bytes are relayed both ways through two fixed
-//! buffers (a tunnel: through a pipe with splice(2), the bytes never
-//! copied into the proxy) until either side ends or [`IDLE_DEADLINE`]
-//! passes with none;
+//! buffers (a tunnel: through pipes with splice(2), `tunnel`, the bytes
+//! never copied into the proxy) until either side ends or
+//! [`IDLE_DEADLINE`] passes with none;
 //! a peer that does not take a written piece within [`WRITE_DEADLINE`]
 //! loses the connection. Heads are parsed as they arrive, each byte a
 //! bounded number of times (`http::HeadReader`, `tls::HelloReader`).
@@ -33,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::decide::{decide, Context, Destination, Dial, Refusal, Resolver, Reviewer};
 use super::policy::{Lists, YoloReview};
+use super::tunnel::{relay, relay_halves};
 use super::wire::{self, http, socks, tls, Protocol, MAX_HEAD_BYTES};
 
 /// Connections served at once by one sandbox's proxy.
@@ -530,90 +531,6 @@ async fn one_way<A: AsyncRead + Unpin, B: AsyncWrite + Unpin>(from: &mut A, to: 
             _ => {
                 let _ = tokio::time::timeout(b.write, to.shutdown()).await;
                 return false;
-            }
-        }
-    }
-}
-
-/// Relay both ways until both directions ended; a direction that failed
-/// (a peer that stopped reading, an error) ends both.
-async fn relay(conn: TcpStream, up: TcpStream, b: &Bounds) {
-    relay_halves(conn.into_split(), up.into_split(), b).await;
-}
-
-async fn relay_halves(
-    (cr, mut cw): (tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf),
-    (ur, mut uw): (tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf),
-    b: &Bounds,
-) {
-    let to_origin = spliced(&cr, &mut uw, b);
-    let to_client = spliced(&ur, &mut cw, b);
-    tokio::pin!(to_origin, to_client);
-    tokio::select! {
-        ended = &mut to_origin => if ended { to_client.await; },
-        ended = &mut to_client => if ended { to_origin.await; },
-    }
-}
-
-/// [`one_way`] between two sockets through a pipe with splice(2): the
-/// bytes go from one socket to the other inside the kernel, never copied
-/// through the proxy's memory; the pipe holds at most [`RELAY_BUFFER`]
-/// bytes (one read's worth), and the bounds are the same (idle time to
-/// read, write time for each piece). Where no pipe can be made (no
-/// descriptor left), the connection ends.
-async fn spliced(from: &tokio::net::tcp::OwnedReadHalf, to: &mut tokio::net::tcp::OwnedWriteHalf, b: &Bounds) -> bool {
-    use std::os::fd::AsRawFd;
-    use tokio::io::Interest;
-    let Ok((pipe_r, pipe_w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC) else {
-        return false;
-    };
-    let splice = |fd_in: i32, fd_out: i32, len: usize| -> std::io::Result<usize> {
-        // SAFETY: descriptors open for the whole call; no pointers are passed.
-        let n = unsafe {
-            libc::splice(
-                fd_in,
-                std::ptr::null_mut(),
-                fd_out,
-                std::ptr::null_mut(),
-                len,
-                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-            )
-        };
-        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-    };
-    let (src, dst): (&TcpStream, &TcpStream) = (from.as_ref(), to.as_ref());
-    let (src_fd, dst_fd) = (src.as_raw_fd(), dst.as_raw_fd());
-    loop {
-        // The pipe is empty here: an EAGAIN is the socket's.
-        let moved = loop {
-            if !matches!(tokio::time::timeout(b.idle, src.readable()).await, Ok(Ok(()))) {
-                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                return false;
-            }
-            match src.try_io(Interest::READABLE, || splice(src_fd, pipe_w.as_raw_fd(), RELAY_BUFFER)) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => {
-                    let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                    return false;
-                }
-            }
-        };
-        if moved == 0 {
-            let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-            return true;
-        }
-        // The pipe holds `left` bytes: an EAGAIN is the socket's.
-        let until = tokio::time::Instant::now() + b.write;
-        let mut left = moved;
-        while left > 0 {
-            if !matches!(tokio::time::timeout_at(until, dst.writable()).await, Ok(Ok(()))) {
-                return false;
-            }
-            match dst.try_io(Interest::WRITABLE, || splice(pipe_r.as_raw_fd(), dst_fd, left)) {
-                Ok(n) => left -= n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return false,
             }
         }
     }

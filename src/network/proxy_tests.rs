@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::network::policy::{parse_private, parse_rule, List};
+use crate::network::tunnel::{grown_pipes, GROW_AFTER, MAX_GROWN_PIPES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -449,6 +450,49 @@ async fn a_peer_that_stops_reading_loses_its_tunnel_at_the_write_bound() {
         got += n as u64;
     }
     assert!(got > 1 << 20, "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_tunnels_grow_their_pipes_up_to_the_process_bound_and_give_them_back() {
+    if !alone("busy_tunnels_grow_their_pipes_up_to_the_process_bound_and_give_them_back") {
+        return;
+    }
+    let (loud, _l) = origin_doing(|mut c| async move {
+        let chunk = vec![b'y'; 64 * 1024];
+        while c.write_all(&chunk).await.is_ok() {}
+    })
+    .await;
+    let s = proxy(&[], &[format!("127.0.0.1:{loud}")], &[]).await;
+    // More busy tunnels than the bound, each read past GROW_AFTER and then
+    // held open without reading.
+    let mut held = Vec::new();
+    for _ in 0..MAX_GROWN_PIPES + 4 {
+        let mut c = TcpStream::connect(s.proxy).await.unwrap();
+        c.write_all(format!("CONNECT 127.0.0.1:{loud} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let mut ok = [0u8; 39];
+        c.read_exact(&mut ok).await.unwrap();
+        c.write_all(b"hi").await.unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0u64;
+        while got < 4 * GROW_AFTER {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the tunnel closed after {got} bytes");
+            got += n as u64;
+        }
+        held.push(c);
+    }
+    // Each took a grown pipe while one was free (without the bound, all
+    // of them would hold one).
+    let grown = grown_pipes();
+    eprintln!("{} busy tunnels: {grown} grown pipes", held.len());
+    assert_eq!(grown, MAX_GROWN_PIPES);
+    // Closed tunnels give theirs back.
+    drop(held);
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while grown_pipes() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(grown_pipes(), 0);
 }
 
 /// An origin that takes one request head and answers `101` (then echoes
