@@ -10,7 +10,7 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renam
 import { mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 import { addonCpuOver } from "./helpers/host-procs.ts";
 import { hostPidsWithCmdline, INDEX_CJS, jsonOut, lit, makeFixture, PythonSandbox, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
@@ -399,16 +399,6 @@ describe("a protected name the sandbox creates never stays active", { concurrenc
 });
 
 describe("what cannot be protected is not made writable", { concurrency: 1 }, () => {
-  const withEnv = (t: { after(fn: () => void): void }, vars: Record<string, string>) => {
-    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
-    Object.assign(process.env, vars);
-    t.after(() => {
-      for (const [k, v] of Object.entries(saved)) {
-        if (v === undefined) delete process.env[k];
-        else process.env[k] = v;
-      }
-    });
-  };
 
   test("a project flooded past the walk's bound keeps the user's .git protected; a sandbox planned afresh is read-only", async (t) => {
     if (skipWithoutSandbox(t)) return;
@@ -799,19 +789,6 @@ describe("host secrets stay out of the sandbox, also when they appear later", ()
 
 // Alone in its suite and one test at a time: they measure this process's CPU time.
 describe("what the host spends on a sandbox's changes to the project is bounded", { concurrency: 1 }, () => {
-  const withEnv = (t: { after(fn: () => void): void }, vars: Record<string, string | undefined>) => {
-    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
-    for (const [k, v] of Object.entries(vars)) {
-      if (v === undefined) delete process.env[k];
-      else process.env[k] = v;
-    }
-    t.after(() => {
-      for (const [k, v] of Object.entries(saved)) {
-        if (v === undefined) delete process.env[k];
-        else process.env[k] = v;
-      }
-    });
-  };
   /** Inert entries anywhere in `dir` (not entering them). */
   const inertCount = (dir: string): number => {
     let n = 0;
