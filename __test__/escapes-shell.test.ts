@@ -49,7 +49,7 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-import { type Answer, ioUringConnect, lastJson, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
+import { type Answer, ioUringConnect, lastJson, processVmReadvOfParent, skipProbe, tableProbe } from "./helpers/syscall-probes.ts";
 import { unfiltered, type UnfilteredOptions } from "./helpers/unfiltered.ts";
 
 const EPERM = 1;
@@ -843,32 +843,9 @@ describe("the python catalogue's attempts, made by a shell command", { concurren
   test("process_vm_readv of another process fails", async (t) => {
     if (skipProbe(t)) return;
     const f = await makeFixture(t);
-    // A forked child reads its parent's buffer with valid iovecs.
-    const code = py`
-      import ctypes, json, os
-      libc = ctypes.CDLL(None, use_errno=True)
-      libc.syscall.restype = ctypes.c_long
-      class iovec(ctypes.Structure):
-          _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-      secret = ctypes.create_string_buffer(b"parent-secret-0123456789")
-      r, w = os.pipe()
-      pid = os.fork()
-      if pid == 0:
-          buf = ctypes.create_string_buffer(24)
-          local, remote = iovec(ctypes.addressof(buf), 24), iovec(ctypes.addressof(secret), 24)
-          ctypes.set_errno(0)
-          ret = libc.syscall(ctypes.c_long(310), ctypes.c_long(os.getppid()), ctypes.byref(local), ctypes.c_long(1),
-                             ctypes.byref(remote), ctypes.c_long(1), ctypes.c_long(0))
-          os.write(w, json.dumps({"ret": ret, "errno": ctypes.get_errno(), "read": buf.value.decode("latin1")}).encode())
-          os._exit(0)
-      os.close(w)
-      out = json.loads(os.read(r, 4096))
-      os.waitpid(pid, 0)
-      print(json.dumps(out))
-    `;
-    const { out } = await sh(f.sb, f.project, python(code));
+    const { out } = await sh(f.sb, f.project, python(processVmReadvOfParent));
     assert.deepEqual(lastJson(out), { ret: -1, errno: EPERM, read: "" }, out);
-    assert.deepEqual(lastJson((await bare(python(code))).out), { ret: 24, errno: 0, read: "parent-secret-0123456789" }, "baseline");
+    assert.deepEqual(lastJson((await bare(python(processVmReadvOfParent))).out), { ret: 24, errno: 0, read: "parent-secret-0123456789" }, "baseline");
   });
 
   test("another session's processes are invisible and cannot be traced or signalled", async (t) => {

@@ -38,7 +38,7 @@ import {
   sleep,
   waitUntil,
 } from "./helpers/sandbox-fixture.ts";
-import { ioUringConnect, lastJson, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
+import { ioUringConnect, lastJson, processVmReadvOfParent, probeTable, skipProbe } from "./helpers/syscall-probes.ts";
 
 const CONCURRENCY = 4;
 const EPERM = 1;
@@ -512,31 +512,8 @@ describe("escapes from inside the sandbox", { concurrency: CONCURRENCY }, () => 
   test("process_vm_readv of another process fails", async (t) => {
     if (skip(t)) return;
     const { sb } = await makeFixture(t);
-    // A forked child reads its parent's buffer with valid iovecs.
-    const code = py`
-      import ctypes, json, os
-      libc = ctypes.CDLL(None, use_errno=True)
-      libc.syscall.restype = ctypes.c_long
-      class iovec(ctypes.Structure):
-          _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-      secret = ctypes.create_string_buffer(b"parent-secret-0123456789")
-      r, w = os.pipe()
-      pid = os.fork()
-      if pid == 0:
-          buf = ctypes.create_string_buffer(24)
-          local, remote = iovec(ctypes.addressof(buf), 24), iovec(ctypes.addressof(secret), 24)
-          ctypes.set_errno(0)
-          ret = libc.syscall(ctypes.c_long(310), ctypes.c_long(os.getppid()), ctypes.byref(local), ctypes.c_long(1),
-                             ctypes.byref(remote), ctypes.c_long(1), ctypes.c_long(0))
-          os.write(w, json.dumps({"ret": ret, "errno": ctypes.get_errno(), "read": buf.value.decode("latin1")}).encode())
-          os._exit(0)
-      os.close(w)
-      out = json.loads(os.read(r, 4096))
-      os.waitpid(pid, 0)
-      print(json.dumps(out))
-    `;
-    assert.deepEqual(jsonOut(await sb.execute(code)), { ret: -1, errno: EPERM, read: "" });
-    assert.deepEqual(lastJson(await unfiltered(code)), { ret: 24, errno: 0, read: "parent-secret-0123456789" });
+    assert.deepEqual(jsonOut(await sb.execute(processVmReadvOfParent)), { ret: -1, errno: EPERM, read: "" });
+    assert.deepEqual(lastJson(await unfiltered(processVmReadvOfParent)), { ret: 24, errno: 0, read: "parent-secret-0123456789" });
   });
 
   test("another session's processes are invisible and cannot be traced or signalled", async (t) => {

@@ -23,6 +23,7 @@ import {
   py,
   show,
   sleep,
+  waitUntil,
 } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 import { addonCpuOver, fdCount } from "./helpers/host-procs.ts";
@@ -273,7 +274,8 @@ describe("host cost of output while idle", () => {
     t.after(() => flooder.kill("SIGKILL"));
     let read = 0;
     flooder.stdout.on("data", (chunk: Buffer) => (read += chunk.length));
-    await sleep(200);
+    // Measured from the flood's first bytes: a loaded machine can take over a second to start python.
+    assert.ok(await waitUntil(() => read > 0, 20_000), "baseline: the flooder never wrote");
     const baseline = await cpuOver(1000);
     flooder.kill("SIGKILL");
     t.diagnostic(`idle ${idle.toFixed(1)} ms, baseline ${baseline.toFixed(1)} ms of CPU in 1 s`);

@@ -631,7 +631,7 @@ describe("secrets that appear after the sandbox started", () => {
         const made = await exec(py`
           import shutil, time
           shutil.copy("/workspace/.env.example", "/workspace/.env.local")
-          time.sleep(5)
+          time.sleep(3)
           print("still running")
         `);
         // The user then fills it in on the host (in place: the same file).
@@ -663,7 +663,7 @@ describe("secrets that appear after the sandbox started", () => {
           os.makedirs("/workspace/node_modules/pkg", exist_ok=True)
           open(${lit(`/workspace/${where}`)}, "w").write("placeholder\\n")
           os.link(${lit(`/workspace/${where}`)}, "/workspace/.env.local")
-          time.sleep(3)
+          time.sleep(1)
         `);
         // Filled in on the host, in place: both names are the one file.
         await writeFile(join(fx.project, ".env.local"), LATE);

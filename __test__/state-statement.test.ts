@@ -11,7 +11,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, test, type TestContext } from "node:test";
-import { assertOk, type ExecResult, makeFixtureWithoutSpare, type PythonSandbox, show, sleep } from "./helpers/sandbox-fixture.ts";
+import { assertOk, type ExecResult, makeFixtureWithoutSpare, type PythonSandbox, show } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 /** How many sentences of `text` speak of interpreter state (each statement has one of these once). */
@@ -48,14 +48,29 @@ async function setup(t: TestContext, rollback: boolean): Promise<PythonSandbox |
   return sb;
 }
 
+/**
+ * Run `code` (the call `callId`) after a line `started`, and resolve once the call's progress
+ * shows that line: the code is running, not queued or starting (bounded by the call itself, which
+ * fails the test if it ends first).
+ */
+async function whenRunning(sb: PythonSandbox, code: string, callId?: number): Promise<{ call: Promise<ExecResult> }> {
+  let seen: () => void = () => {};
+  const started = new Promise<void>((resolve) => (seen = resolve));
+  const call = sb.execute(`print("started", flush=True)\n${code}`, 60, callId, (p) => {
+    if (p.stdoutTail.includes("started")) seen();
+  });
+  const first = await Promise.race([started.then(() => "running" as const), call]);
+  assert.equal(first, "running", `the call ended before it was seen running: ${first === "running" ? "" : show(first)}`);
+  return { call };
+}
+
 const FAILURES: Array<{ name: string; status: string; run(sb: PythonSandbox): Promise<ExecResult> }> = [
   { name: "a timeout", status: "timeout", run: (sb) => sb.execute("during = 1\nwhile True: pass", 1) },
   {
     name: "a cancel",
     status: "cancelled",
     run: async (sb) => {
-      const call = sb.execute("during = 1\nimport time\ntime.sleep(30)", 60, 4242);
-      await sleep(400);
+      const { call } = await whenRunning(sb, "during = 1\nimport time\ntime.sleep(30)", 4242);
       assert.equal(sb.cancel(4242), true);
       return call;
     },
@@ -69,8 +84,7 @@ const FAILURES: Array<{ name: string; status: string; run(sb: PythonSandbox): Pr
     status: "worker_error",
     run: async (sb) => {
       sb.applyModeEvent({ mode: "edits", readRoots: [] });
-      const call = sb.execute("import time\ntime.sleep(30)", 60);
-      await sleep(400);
+      const { call } = await whenRunning(sb, "import time\ntime.sleep(30)");
       sb.applyModeEvent({ mode: "manual", readRoots: [] });
       return call;
     },

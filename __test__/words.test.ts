@@ -21,7 +21,7 @@ import { join, relative } from "node:path";
 import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { createPiHarness, messageText, modelSees, type PiHarness } from "./helpers/pi-session.ts";
-import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
 import { waitUntil } from "./helpers/sandbox-fixture.ts";
 import { context, pythonRenderers, setupTui, shownResult, theme } from "./helpers/render.ts";
 
@@ -384,14 +384,8 @@ test("a writable mode whose project could not be protected: status says /workspa
   const cwd = await mkdtemp(join(tmpdir(), "pi-python-words-big-"));
   t.after(() => rm(cwd, { recursive: true, force: true }));
   for (let i = 0; i < 20; i++) writeFileSync(join(cwd, `f${i}.txt`), "x");
-  const saved = process.env.PI_SANDBOX_SCAN_ENTRIES;
-  t.after(() => {
-    if (saved === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
-    else process.env.PI_SANDBOX_SCAN_ENTRIES = saved;
-  });
   const statusIn = async (bound: string | undefined) => {
-    if (bound === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
-    else process.env.PI_SANDBOX_SCAN_ENTRIES = bound;
+    withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", bound);
     const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE_DIR] });
     try {
       h.events.emit("tool-permissions:mode", { mode: "yolo", readRoots: [] });
@@ -447,15 +441,9 @@ test("a change to a writable mode whose project cannot be protected: the notific
   const cwd = await mkdtemp(join(tmpdir(), "pi-python-words-held-"));
   t.after(() => rm(cwd, { recursive: true, force: true }));
   for (let i = 0; i < 20; i++) writeFileSync(join(cwd, `f${i}.txt`), "x");
-  const saved = process.env.PI_SANDBOX_SCAN_ENTRIES;
-  t.after(() => {
-    if (saved === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
-    else process.env.PI_SANDBOX_SCAN_ENTRIES = saved;
-  });
   // `running`: a call ran in manual mode first, so the change reaches a running sandbox.
   const change = async (bound: string | undefined, running: boolean) => {
-    if (bound === undefined) delete process.env.PI_SANDBOX_SCAN_ENTRIES;
-    else process.env.PI_SANDBOX_SCAN_ENTRIES = bound;
+    withEnv(t, "PI_SANDBOX_SCAN_ENTRIES", bound);
     const h = await createPiHarness({ cwd, extensionPaths: [PACKAGE_DIR] });
     try {
       h.events.emit("tool-permissions:mode", { mode: "manual", readRoots: [] });

@@ -43,6 +43,19 @@ function mustOk(r, what) {
   return r;
 }
 
+/** `n` cold first executes (`1` in a new sandbox, no spare), each in ms: the baseline of several rows. */
+async function coldExecutes(n) {
+  const cold = [];
+  for (let i = 0; i < n; i++) {
+    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
+    const [ms, r] = await timed(() => sb.execute("1"));
+    mustOk(r, "cold");
+    cold.push(ms);
+    await sb.dispose();
+  }
+  return cold;
+}
+
 async function waitForSpare(sb) {
   for (let i = 0; i < 500 && sb.status().spare !== "ready"; i++) await sleep(5);
   if (sb.status().spare !== "ready") throw new Error("the spare sandbox never became ready");
@@ -730,14 +743,7 @@ async function warm() {
  * the path is readable). Baseline: a cold first execute in the same run.
  */
 async function liveGrant() {
-  const cold = [];
-  for (let i = 0; i < runs(10); i++) {
-    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
-    const [ms, r] = await timed(() => sb.execute("1"));
-    mustOk(r, "cold");
-    cold.push(ms);
-    await sb.dispose();
-  }
+  const cold = await coldExecutes(runs(10));
   const outside = mkdtempSync("/var/tmp/pps-bench-outside-");
   try {
     const permissions = new ToolPermissions();
@@ -892,14 +898,7 @@ async function piSessions() {
 
 async function recovery() {
   // With rollback (the default): a fresh interpreter in the same sandbox.
-  const cold = [];
-  for (let i = 0; i < runs(10); i++) {
-    const sb = new PythonSandbox({ projectDir: project, prewarm: false });
-    const [ms, r] = await timed(() => sb.execute("1"));
-    mustOk(r, "cold");
-    cold.push(ms);
-    await sb.dispose();
-  }
+  const cold = await coldExecutes(runs(10));
   {
     const sb = new PythonSandbox({ projectDir: project, prewarm: false });
     mustOk(await sb.execute("1"), "first");

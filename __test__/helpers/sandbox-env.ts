@@ -41,13 +41,33 @@ export function skipWithoutSandbox(t: TestContext): boolean {
  */
 export const ROLLBACK: boolean = !/^(0|false|off|no)$/i.test(process.env.PI_PYTHON_TOOL_ROLLBACK?.trim() ?? "");
 
-/** Set (or, with undefined, unset) environment variable `name` for test `t`; restored after it. */
-export function withEnv(t: TestContext, name: string, value: string | undefined): void {
-  const old = process.env[name];
-  if (value === undefined) delete process.env[name];
-  else process.env[name] = value;
-  t.after(() => {
-    if (old === undefined) delete process.env[name];
-    else process.env[name] = old;
-  });
+/** What each test's first `withEnv` of a name found, restored after the test. */
+const envBefore = new WeakMap<TestContext, Map<string, string | undefined>>();
+
+/**
+ * Set (or, with undefined, unset) environment variable `name` for test `t`, or each of `vars`;
+ * restored after it to what the test's first `withEnv` of that name found (so a test may set a
+ * name again, as often as it likes).
+ */
+export function withEnv(t: TestContext, name: string, value: string | undefined): void;
+export function withEnv(t: TestContext, vars: Record<string, string | undefined>): void;
+export function withEnv(t: TestContext, nameOrVars: string | Record<string, string | undefined>, value?: string): void {
+  const vars = typeof nameOrVars === "string" ? { [nameOrVars]: value } : nameOrVars;
+  let before = envBefore.get(t);
+  if (before === undefined) {
+    const saved = new Map<string, string | undefined>();
+    envBefore.set(t, saved);
+    t.after(() => {
+      for (const [k, v] of saved) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    });
+    before = saved;
+  }
+  for (const [k, v] of Object.entries(vars)) {
+    if (!before.has(k)) before.set(k, process.env[k]);
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
 }

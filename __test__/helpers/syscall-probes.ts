@@ -122,3 +122,30 @@ export function ioUringConnect(path: string): string {
   print(json.dumps(attempt(${lit(path)})))
 `;
 }
+
+/**
+ * A forked child reads its parent's buffer through process_vm_readv with valid iovecs. Prints
+ * `{"ret", "errno", "read"}`: 24 and the secret where the call is allowed.
+ */
+export const processVmReadvOfParent = py`
+  import ctypes, json, os
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  class iovec(ctypes.Structure):
+      _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+  secret = ctypes.create_string_buffer(b"parent-secret-0123456789")
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+      buf = ctypes.create_string_buffer(24)
+      local, remote = iovec(ctypes.addressof(buf), 24), iovec(ctypes.addressof(secret), 24)
+      ctypes.set_errno(0)
+      ret = libc.syscall(ctypes.c_long(310), ctypes.c_long(os.getppid()), ctypes.byref(local), ctypes.c_long(1),
+                         ctypes.byref(remote), ctypes.c_long(1), ctypes.c_long(0))
+      os.write(w, json.dumps({"ret": ret, "errno": ctypes.get_errno(), "read": buf.value.decode("latin1")}).encode())
+      os._exit(0)
+  os.close(w)
+  out = json.loads(os.read(r, 4096))
+  os.waitpid(pid, 0)
+  print(json.dumps(out))
+`;
