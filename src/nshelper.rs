@@ -1,5 +1,6 @@
-//! The namespace helper: a short-lived process of the host that joins namespaces of a sandbox being started and runs a few prepared
-//! steps there (write a value to a file, open a file to hand back), before
+//! The namespace helper: a short-lived process of the host that joins
+//! namespaces of a sandbox being started and runs a few prepared steps
+//! there (write a value to a file, open a file to hand back), before
 //! bubblewrap releases the payload (see `spawn`: `--info-fd` gives the
 //! sandbox's pid, `--block-fd` holds the payload until the host says go).
 //!
@@ -8,9 +9,8 @@
 //! working directory; the calling thread waits until it has ended. It makes
 //! raw system calls only, on paths, buffers and namespace fds prepared
 //! before it (no allocation, no locks), and ends itself at
-//! `HELPER_DEADLINE`. It reports one
-//! fixed-size record over a socket pair, with at most one fd (SCM_RIGHTS)
-//! for a step that opens one. What the steps mean (the sandbox's inotify
+//! `HELPER_DEADLINE`. It reports one fixed-size record over a socket pair,
+//! with at most one fd (SCM_RIGHTS) for a step that opens one. What the steps mean (the sandbox's inotify
 //! limits, the proxy's listener in its network namespace) is the callers'
 //! business, not this module's. [`mount`] is the one job with more steps:
 //! a read-only tree attached to (or detached from) a running sandbox;

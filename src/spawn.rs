@@ -4,11 +4,11 @@
 //! the pipe where bubblewrap says the sandbox's pid and the one that holds
 //! its payload until the host releases it (see `nshelper`), and in the
 //! child (before exec; a clone that shares the host's memory, see `vfork`,
-//! so that no fork copies the page tables of pi's process) places the pipe ends and the seccomp program
-//! at their fixed fd numbers, marks every other inherited fd
-//! close-on-exec, applies the rlimits (inherited by everything in the
-//! sandbox) and makes bwrap the leader of a new session, so that the host's
-//! controlling terminal stays out of reach. [`prepare_inside`] then sets
+//! so that no fork copies the page tables of pi's process) places the pipe
+//! ends and the seccomp program at their fixed fd numbers, marks every
+//! other inherited fd close-on-exec, applies the rlimits (inherited by
+//! everything in the sandbox) and makes bwrap the leader of a new session,
+//! so that the host's controlling terminal stays out of reach. [`prepare_inside`] then sets
 //! the policy's own rlimits (the task cap where no cgroup is writable, the
 //! open-file limit bubblewrap needed raised) on the held sandbox's first
 //! process, from the host, before it releases the payload: every process
