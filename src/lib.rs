@@ -45,6 +45,7 @@ pub mod shell;
 pub mod spare;
 pub mod spawn;
 pub mod submounts;
+pub mod vfork;
 pub mod watches;
 pub mod worker;
 

@@ -1,14 +1,16 @@
-//! The namespace helper: a short-lived process, forked from the host, that
-//! joins namespaces of a sandbox being started and runs a few prepared
-//! steps there (write a value to a file, open a file to hand back), before
+//! The namespace helper: a short-lived process of the host that joins
+//! namespaces of a sandbox being started and runs a few prepared steps
+//! there (write a value to a file, open a file to hand back), before
 //! bubblewrap releases the payload (see `spawn`: `--info-fd` gives the
 //! sandbox's pid, `--block-fd` holds the payload until the host says go).
 //!
-//! The host is a multi-threaded process: after the fork the child makes
+//! The helper is a clone that shares the host's memory (see `vfork`: no
+//! copy of pi's page tables), with its own descriptor table, root and
+//! working directory; the calling thread waits until it has ended. It makes
 //! raw system calls only, on paths, buffers and namespace fds prepared
-//! before it (no allocation, no locks), then `_exit`s. It reports one
-//! fixed-size record over a socket pair, with at most one fd (SCM_RIGHTS)
-//! for a step that opens one. What the steps mean (the sandbox's inotify
+//! before it (no allocation, no locks), and ends itself at
+//! `HELPER_DEADLINE`. It reports one fixed-size record over a socket pair,
+//! with at most one fd (SCM_RIGHTS) for a step that opens one. What the steps mean (the sandbox's inotify
 //! limits, the proxy's listener in its network namespace) is the callers'
 //! business, not this module's. [`mount`] is the one job with more steps:
 //! a read-only tree attached to (or detached from) a running sandbox;
@@ -117,9 +119,9 @@ const FAILED_JOIN: i32 = 1;
 const FAILED_OPEN: i32 = 2;
 const FAILED_WRITE: i32 = 3;
 
-/// Join `namespaces` of process `pid` in a forked helper and run `steps`
+/// Join `namespaces` of process `pid` in a helper process and run `steps`
 /// there, in order; the fd of the `Step::Open`, if there is one. Blocking
-/// (a fork, a few system calls, a wait: about a millisecond).
+/// (a clone, a few system calls, a wait: well under a millisecond).
 pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<OwnedFd>, HelperError> {
     if steps.iter().filter(|s| matches!(s, Step::Open { .. })).count() > 1 {
         return Err(HelperError::TwoFds);
@@ -127,7 +129,7 @@ pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<
     let mut namespaces = namespaces.to_vec();
     namespaces.sort_by_key(|n| n.order());
     namespaces.dedup();
-    // Everything the child touches, made before the fork.
+    // Everything the helper touches, made before it starts.
     let mut ns_fds = Vec::with_capacity(namespaces.len());
     for ns in &namespaces {
         let path = format!("/proc/{pid}/ns/{}", ns.proc_name());
@@ -136,25 +138,8 @@ pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<
         ns_fds.push((OwnedFd::from(fd), ns.clone_flag()));
     }
     let joins: Vec<(RawFd, libc::c_int)> = ns_fds.iter().map(|(fd, flag)| (fd.as_raw_fd(), *flag)).collect();
-    let (ours, theirs) = socket_pair().map_err(HelperError::Fork)?;
-    set_receive_timeout(&ours, HELPER_DEADLINE).map_err(HelperError::Fork)?;
-    let report_fd = theirs.as_raw_fd();
-
-    // SAFETY: the child runs only `child_main`, which makes async-signal-
-    // safe system calls on memory prepared above and never returns.
-    let child = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => child_main(&joins, steps, report_fd),
-        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
-        Err(e) => return Err(HelperError::Fork(e.into())),
-    };
-    drop(theirs);
+    let report = in_helper(|| child_steps(&joins, steps)).map_err(HelperError::Fork)?;
     drop(ns_fds);
-    let report = receive(&ours);
-    if report.is_err() {
-        // SAFETY: kill(2) of our own child; no memory effects.
-        unsafe { libc::kill(child, libc::SIGKILL) };
-    }
-    reap(child);
     let (record, fd) = report.map_err(|e| HelperError::NoReport(e.to_string()))?;
     let [what, index, errno] = record;
     let source = io::Error::from_raw_os_error(errno);
@@ -167,6 +152,44 @@ pub fn run(pid: i32, namespaces: &[Namespace], steps: &[Step]) -> Result<Option<
         FAILED_WRITE => Err(HelperError::Write { path: path(index), source }),
         other => Err(HelperError::NoReport(format!("record {other}"))),
     }
+}
+
+/// Run `job` in a helper process and take its record and the fd it hands
+/// back. The helper is a clone that shares the host's memory (see `vfork`:
+/// no copy of pi's page tables) with its own descriptor table, root and
+/// working directory, so that it may join namespaces; this thread waits
+/// until it has ended. It ends itself at `HELPER_DEADLINE` (a step that
+/// blocks, such as an open of a FIFO, cannot hold the host) and never dumps
+/// core (a core file would hold the host's memory). `Err`: no helper could
+/// be started; `Ok(Err)`: it did not report.
+pub(super) fn in_helper<F>(mut job: F) -> io::Result<io::Result<([i32; 3], Option<OwnedFd>)>>
+where
+    F: FnMut() -> ([i32; 3], RawFd),
+{
+    let (ours, theirs) = socket_pair()?;
+    set_receive_timeout(&ours, HELPER_DEADLINE)?;
+    let report_fd = theirs.as_raw_fd();
+    let deadline = HELPER_DEADLINE.as_secs().max(1) as libc::c_uint;
+    let mut child = || {
+        if child_deadline(deadline).is_err() {
+            return 1;
+        }
+        let (record, fd) = job();
+        child_report(report_fd, &record, fd);
+        0
+    };
+    // SAFETY: the helper runs `child_deadline`, the job (raw system calls
+    // on memory its caller prepared) and `child_report`, which write only
+    // their own stack frames.
+    let helper = unsafe { crate::vfork::run(&mut child) }?;
+    drop(theirs);
+    let report = receive(&ours);
+    if report.is_err() {
+        // SAFETY: pidfd_send_signal through our own child's pidfd.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, helper.pidfd.as_raw_fd(), libc::SIGKILL, 0, 0) };
+    }
+    reap(helper.pid);
+    Ok(report)
 }
 
 pub(super) fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -256,17 +279,41 @@ pub(super) fn reap(child: i32) {
     }
 }
 
-// Below: the forked child. Raw system calls on prepared memory only.
+// Below: the helper. Raw system calls on prepared memory only.
 
 pub(super) fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
-fn child_main(joins: &[(RawFd, libc::c_int)], steps: &[Step], report: RawFd) -> ! {
-    let (record, fd) = child_steps(joins, steps);
-    child_report(report, &record, fd);
-    // SAFETY: _exit ends the child without running the parent's handlers.
-    unsafe { libc::_exit(0) }
+/// The helper's first step: no core dump, and `SIGALRM` (its default
+/// action ends the process) unblocked and due in `secs` seconds.
+fn child_deadline(secs: libc::c_uint) -> Result<(), i32> {
+    let no_core = [0u64; 2];
+    // SAFETY: prlimit64 on the calling process reads one struct rlimit64.
+    if unsafe {
+        libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_CORE, no_core.as_ptr(), std::ptr::null_mut::<u64>())
+    } != 0
+    {
+        return Err(errno());
+    }
+    // SAFETY: an all-zero sigaction is SIG_DFL; the helper has its own
+    // handler table.
+    let default: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: sets the helper's own SIGALRM handler.
+    if unsafe { libc::sigaction(libc::SIGALRM, &default, std::ptr::null_mut()) } != 0 {
+        return Err(errno());
+    }
+    let alarm = 1u64 << (libc::SIGALRM - 1);
+    // SAFETY: rt_sigprocmask reads one 8-byte set.
+    let r = unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_UNBLOCK, &alarm as *const u64, std::ptr::null_mut::<u64>(), 8)
+    };
+    if r != 0 {
+        return Err(errno());
+    }
+    // SAFETY: alarm has no memory effects.
+    unsafe { libc::alarm(secs) };
+    Ok(())
 }
 
 fn child_steps(joins: &[(RawFd, libc::c_int)], steps: &[Step]) -> ([i32; 3], RawFd) {
@@ -280,12 +327,12 @@ fn child_steps(joins: &[(RawFd, libc::c_int)], steps: &[Step]) -> ([i32; 3], Raw
     for (i, step) in steps.iter().enumerate() {
         match step {
             Step::Write { path, bytes } => {
-                // SAFETY: open of a NUL-terminated path prepared before the fork.
+                // SAFETY: open of a NUL-terminated path prepared before the helper started.
                 let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW) };
                 if fd < 0 {
                     return ([FAILED_OPEN, i as i32, errno()], handed);
                 }
-                // SAFETY: write of a buffer prepared before the fork.
+                // SAFETY: write of a buffer prepared before the helper started.
                 let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
                 let e = errno();
                 // SAFETY: close of the fd just opened.
@@ -295,7 +342,7 @@ fn child_steps(joins: &[(RawFd, libc::c_int)], steps: &[Step]) -> ([i32; 3], Raw
                 }
             }
             Step::Open { path, flags } => {
-                // SAFETY: open of a NUL-terminated path prepared before the fork.
+                // SAFETY: open of a NUL-terminated path prepared before the helper started.
                 let fd = unsafe { libc::open(path.as_ptr(), *flags | libc::O_CLOEXEC) };
                 if fd < 0 {
                     return ([FAILED_OPEN, i as i32, errno()], handed);
@@ -356,5 +403,21 @@ mod tests {
         assert!(matches!(run(me, &[], &missing), Err(HelperError::Open { .. })));
         assert!(matches!(run(me, &[Namespace::User], &[]), Err(HelperError::Join { ns: "user", .. })));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_helper_step_that_blocks_ends_at_the_deadline() {
+        // An open of a FIFO for writing blocks until a reader comes: the
+        // helper (which its caller waits for) must end by itself.
+        let me = std::process::id() as i32;
+        let dir = std::env::temp_dir().join(format!("pps-nshelper-fifo-{me}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let path = cstring(fifo.to_str().unwrap());
+        // SAFETY: mkfifo of a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let blocked = run(me, &[], &[Step::write(fifo.to_str().unwrap(), "1")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(blocked, Err(HelperError::NoReport(_))), "{blocked:?}");
     }
 }

@@ -3,11 +3,12 @@
 //! [`spawn_sandbox`] applies a bwrap argv: it creates the protocol pipes,
 //! the pipe where bubblewrap says the sandbox's pid and the one that holds
 //! its payload until the host releases it (see `nshelper`), and in the
-//! forked child (before exec) places the pipe ends and the seccomp program
-//! at their fixed fd numbers, marks every other inherited fd
-//! close-on-exec, applies the rlimits (inherited by everything in the
-//! sandbox) and makes bwrap the leader of a new session, so that the host's
-//! controlling terminal stays out of reach. [`prepare_inside`] then sets
+//! child (before exec; a clone that shares the host's memory, see `vfork`,
+//! so that no fork copies the page tables of pi's process) places the pipe
+//! ends and the seccomp program at their fixed fd numbers, marks every
+//! other inherited fd close-on-exec, applies the rlimits (inherited by
+//! everything in the sandbox) and makes bwrap the leader of a new session,
+//! so that the host's controlling terminal stays out of reach. [`prepare_inside`] then sets
 //! the policy's own rlimits (the task cap where no cgroup is writable, the
 //! open-file limit bubblewrap needed raised) on the held sandbox's first
 //! process, from the host, before it releases the payload: every process
@@ -29,27 +30,31 @@
 use nix::sys::resource::Resource;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::ExitStatus;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::unix::pipe;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+
+use crate::vfork;
 
 use crate::bwrap::{BLOCK_FD, INFO_FD, MOUNT_FD_BASE, REPLY_FD, REQUEST_FD, SECCOMP_FD};
 use crate::limits::{RLIMIT_AS_BYTES, RLIMIT_FSIZE_BYTES, RLIMIT_NOFILE, RLIMIT_SIGPENDING};
 
 /// A running sandbox and the host ends of its channels.
 pub struct Spawned {
-    pub child: Child,
+    pub child: SandboxChild,
     pub pid: i32,
     pub requests: pipe::Sender,
     pub replies: pipe::Receiver,
-    pub stdout: ChildStdout,
-    pub stderr: ChildStderr,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
     /// Where bubblewrap says the sandbox's pid (read end of `INFO_FD`).
     pub info: OwnedFd,
     /// Releases the payload when written to or closed (write end of
@@ -92,40 +97,43 @@ fn dup_high(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-// The functions below run in the forked child of a multi-threaded process:
-// async-signal-safe system calls only, no allocation, no locks.
+// The functions below run in the child (see `vfork`): raw system calls on
+// memory prepared before, no allocation, no locks; a failure is its errno.
 
-fn child_new_session() -> io::Result<()> {
-    // A freshly forked child is never a group leader: no EPERM.
-    nix::unistd::setsid()?;
+fn child_new_session() -> Result<(), i32> {
+    // SAFETY: setsid has no memory effects. A fresh child is never a group
+    // leader: no EPERM.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(vfork::errno());
+    }
     Ok(())
 }
 
-fn child_join_cgroup(procs: RawFd) -> io::Result<()> {
+fn child_join_cgroup(procs: RawFd) -> Result<(), i32> {
     // SAFETY: write(2) of a static buffer to an fd the child holds: `0`
     // moves the writer (a fresh child: its only thread) into the cgroup of
     // that `tasks` or `cgroup.procs` file.
     if unsafe { libc::write(procs, b"0".as_ptr().cast(), 1) } != 1 {
-        return Err(io::Error::last_os_error());
+        return Err(vfork::errno());
     }
     Ok(())
 }
 
-fn child_dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+fn child_dup2(from: RawFd, to: RawFd) -> Result<(), i32> {
     // SAFETY: plain dup2 on fds valid in the child; clears FD_CLOEXEC on `to`.
     if unsafe { libc::dup2(from, to) } < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(vfork::errno());
     }
     Ok(())
 }
 
-fn child_cloexec_from(first: RawFd) -> io::Result<()> {
+fn child_cloexec_from(first: RawFd) {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
     let r = unsafe {
         libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
     };
     if r == 0 {
-        return Ok(());
+        return;
     }
     // Kernels before 5.11: walk the descriptor table.
     // SAFETY: sysconf and fcntl are async-signal-safe.
@@ -134,26 +142,47 @@ fn child_cloexec_from(first: RawFd) -> io::Result<()> {
         // SAFETY: F_SETFD on any number only sets a flag (EBADF for a closed one).
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
-    Ok(())
 }
 
-fn child_rlimits(nofile: u64) -> io::Result<()> {
+/// The kernel's `struct rlimit64`.
+#[repr(C)]
+struct Rlimit64 {
+    cur: u64,
+    max: u64,
+}
+
+/// prlimit64(2) on process `pid` (0: the caller): set `new` if given, and
+/// the limit before.
+fn prlimit(pid: i32, resource: Resource, new: Option<u64>) -> Result<Rlimit64, i32> {
+    let new = new.map(|v| Rlimit64 { cur: v, max: v });
+    let mut old = Rlimit64 { cur: 0, max: 0 };
+    let new_ptr = new.as_ref().map_or(std::ptr::null(), |n| n as *const Rlimit64);
+    // SAFETY: prlimit64 reads at most one struct rlimit64 and writes one.
+    let r =
+        unsafe { libc::syscall(libc::SYS_prlimit64, pid, resource as libc::c_int, new_ptr, &mut old as *mut Rlimit64) };
+    if r != 0 {
+        return Err(vfork::errno());
+    }
+    Ok(old)
+}
+
+fn child_rlimits(nofile: u64) -> Result<(), i32> {
     for (resource, value) in RLIMITS {
         let value = if resource == Resource::RLIMIT_NOFILE { nofile } else { value };
         // Never above pi's own hard limit, which only a privileged
         // process could raise.
-        let value = if resource == Resource::RLIMIT_SIGPENDING {
-            value.min(nix::sys::resource::getrlimit(resource)?.1)
-        } else {
-            value
-        };
-        nix::sys::resource::setrlimit(resource, value, value)?;
+        let value =
+            if resource == Resource::RLIMIT_SIGPENDING { value.min(prlimit(0, resource, None)?.max) } else { value };
+        prlimit(0, resource, Some(value))?;
     }
     Ok(())
 }
 
-fn child_parent_death_signal() -> io::Result<()> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+fn child_parent_death_signal() -> Result<(), i32> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(vfork::errno());
+    }
     Ok(())
 }
 
@@ -209,18 +238,38 @@ pub fn spawn_sandbox(
     let mount_fds: Vec<RawFd> = child_mounts.iter().map(|f| f.as_raw_fd()).collect();
     let cgroup_fds: Vec<RawFd> = child_cgroups.iter().map(|f| f.as_raw_fd()).collect();
 
-    let mut cmd = Command::new(bwrap);
-    cmd.args(argv).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-    // SAFETY: the closure only makes async-signal-safe system calls.
-    unsafe {
-        cmd.pre_exec(move || {
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let (out_read, out_write) = cloexec_pipe()?;
+    let (err_read, err_write) = cloexec_pipe()?;
+    let child_stdio = [dup_high(&OwnedFd::from(null), high)?, dup_high(&out_write, high)?, dup_high(&err_write, high)?];
+    drop((out_write, err_write));
+    let stdio_fds = [child_stdio[0].as_raw_fd(), child_stdio[1].as_raw_fd(), child_stdio[2].as_raw_fd()];
+    // The exec's arguments, as the child needs them (it must not allocate).
+    let path = CString::new(bwrap.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let args = std::iter::once(bwrap.as_os_str())
+        .chain(argv.iter().map(|a| a.as_os_str()))
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let arg_ptrs: Vec<*const libc::c_char> =
+        args.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let env_ptrs: [*const libc::c_char; 1] = [std::ptr::null()];
+
+    // What failed in the child before exec (its errno), read once it has
+    // exec'd or exited.
+    let mut failed = 0;
+    let mut child = || {
+        let placed = (|| {
+            for (fd, to) in stdio_fds.iter().zip(0..) {
+                child_dup2(*fd, to)?;
+            }
             for fd in &cgroup_fds {
                 child_join_cgroup(*fd)?;
             }
             child_new_session()?;
             // First everything above stdio closes at exec; then the placed
             // descriptors (dup2 clears the flag on its copy) stay open.
-            child_cloexec_from(3)?;
+            child_cloexec_from(3);
             if frames {
                 child_dup2(req_fd, REQUEST_FD)?;
                 child_dup2(rep_fd, REPLY_FD)?;
@@ -228,29 +277,146 @@ pub fn spawn_sandbox(
             child_dup2(bpf_fd, SECCOMP_FD)?;
             child_dup2(info_fd, INFO_FD)?;
             child_dup2(block_fd, BLOCK_FD)?;
-            for (i, fd) in mount_fds.iter().enumerate() {
-                child_dup2(*fd, MOUNT_FD_BASE + i as RawFd)?;
+            for (fd, to) in mount_fds.iter().zip(MOUNT_FD_BASE..) {
+                child_dup2(*fd, to)?;
             }
             child_rlimits(nofile)?;
-            child_parent_death_signal()
-        });
-    }
-    let mut child = cmd.spawn()?;
+            child_parent_death_signal()?;
+            vfork::child_reset_signals()
+        })();
+        if let Err(e) = placed {
+            failed = e;
+            return 127;
+        }
+        // SAFETY: execve of NUL-terminated arrays prepared before the clone.
+        unsafe { libc::execve(path.as_ptr(), arg_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+        failed = vfork::errno();
+        127
+    };
+    // SAFETY: the child makes async-signal-safe system calls only, on the
+    // fds and arrays above, and writes nothing but `failed`.
+    let cloned = unsafe { vfork::run(&mut child) }?;
     // The child has its copies; ours close here.
-    drop((child_req, child_rep, child_bpf, child_info, child_block, child_mounts, child_cgroups));
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
-    let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
-    let stderr = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
+    drop((child_req, child_rep, child_bpf, child_info, child_block, child_mounts, child_cgroups, child_stdio));
+    if failed != 0 {
+        // It has exited: reap it.
+        let mut status = 0;
+        // SAFETY: waitpid on our own child.
+        while unsafe { libc::waitpid(cloned.pid, &mut status, 0) } < 0 && vfork::errno() == libc::EINTR {}
+        return Err(io::Error::from_raw_os_error(failed));
+    }
+    let child = SandboxChild::new(cloned.pid, cloned.pidfd)?;
     Ok(Spawned {
+        pid: child.pid,
         child,
-        pid,
         requests: pipe::Sender::from_owned_fd(req_write)?,
         replies: pipe::Receiver::from_owned_fd(rep_read)?,
-        stdout,
-        stderr,
+        stdout: pipe::Receiver::from_owned_fd(out_read)?,
+        stderr: pipe::Receiver::from_owned_fd(err_read)?,
         info: info_read,
         release,
     })
+}
+
+/// Bubblewrap's process, started by [`spawn_sandbox`]: waited for through
+/// its pidfd, and killed (through the pidfd: never a reused pid) and reaped
+/// in the background if dropped before it has exited.
+pub struct SandboxChild {
+    pid: i32,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    status: Option<ExitStatus>,
+}
+
+/// waitpid(2) without blocking: the status once `pid` has exited.
+fn reap_nohang(pid: i32) -> io::Result<Option<ExitStatus>> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Ok(Some(ExitStatus::from_raw(status)));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+impl SandboxChild {
+    /// Watch a started child through its pidfd; if that fails, it is
+    /// killed and reaped.
+    fn new(pid: i32, pidfd: OwnedFd) -> io::Result<SandboxChild> {
+        let raw = pidfd.as_raw_fd();
+        // SAFETY: the pidfd is owned by the AsyncFd for its whole life.
+        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }.map_err(|e| {
+            // SAFETY: pidfd_send_signal and waitpid on our own child.
+            unsafe {
+                libc::syscall(libc::SYS_pidfd_send_signal, raw, libc::SIGKILL, 0, 0);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            e.into_parts().1
+        })?;
+        Ok(SandboxChild { pid, pidfd: Some(pidfd), status: None })
+    }
+
+    /// The exit status, if it has exited.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        if self.status.is_none() {
+            self.status = reap_nohang(self.pid)?;
+        }
+        Ok(self.status)
+    }
+
+    /// Wait until it has exited (cancel-safe).
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            let Some(pidfd) = &self.pidfd else { return Err(io::Error::other("no pidfd")) };
+            let mut ready = pidfd.readable().await?;
+            match reap_nohang(self.pid)? {
+                Some(status) => {
+                    self.status = Some(status);
+                    return Ok(status);
+                }
+                None => ready.clear_ready(),
+            }
+        }
+    }
+}
+
+impl Drop for SandboxChild {
+    fn drop(&mut self) {
+        if !matches!(self.try_wait(), Ok(None)) {
+            return;
+        }
+        let Some(pidfd) = self.pidfd.take() else { return };
+        // SAFETY: pidfd_send_signal through our pidfd, no memory effects.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.get_ref().as_raw_fd(), libc::SIGKILL, 0, 0) };
+        let pid = self.pid;
+        // The zombie is reaped once the pidfd says it has exited.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = pidfd.readable().await;
+                    let _ = reap_nohang(pid);
+                });
+            }
+            Err(_) => {
+                let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
+                    let mut status = 0;
+                    // SAFETY: waitpid on our own child.
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
+                    drop(pidfd);
+                });
+            }
+        }
+    }
 }
 
 /// Why a held sandbox was not released.
@@ -295,28 +461,12 @@ fn limit_name(resource: Resource) -> &'static str {
 /// limit can only be lowered this way (raising a hard one takes
 /// CAP_SYS_RESOURCE, which nothing in a sandbox has).
 pub fn set_limits_of(pid: i32, limits: &[(Resource, u64)]) -> Result<(), Unprepared> {
-    /// The kernel's `struct rlimit64`.
-    #[repr(C)]
-    struct Rlimit64 {
-        cur: u64,
-        max: u64,
-    }
     for &(resource, value) in limits {
-        let new = Rlimit64 { cur: value, max: value };
-        // SAFETY: prlimit64 reads one struct rlimit64 and, with a null
-        // old limit, writes nothing.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_prlimit64,
-                pid,
-                resource as libc::c_int,
-                &new as *const Rlimit64,
-                std::ptr::null_mut::<Rlimit64>(),
-            )
-        };
-        if r != 0 {
-            return Err(Unprepared::Limit { resource: limit_name(resource), pid, source: io::Error::last_os_error() });
-        }
+        prlimit(pid, resource, Some(value)).map_err(|errno| Unprepared::Limit {
+            resource: limit_name(resource),
+            pid,
+            source: io::Error::from_raw_os_error(errno),
+        })?;
     }
     Ok(())
 }

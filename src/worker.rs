@@ -60,7 +60,7 @@ impl KillHandle {
 }
 
 pub struct Worker {
-    child: tokio::process::Child,
+    child: crate::spawn::SandboxChild,
     pid: i32,
     requests: pipe::Sender,
     /// How the runtime phrases a call.
@@ -216,8 +216,7 @@ impl Worker {
             g.set_budget(budget.clone());
         }
         let reader = tokio::spawn(read_replies(child.replies, tx, expecting.clone(), killed_for.clone(), child.pid));
-        let stdout = child.stdout.into_owned_fd().and_then(pipe::Receiver::from_owned_fd).map_err(StartError::Spawn)?;
-        let stderr = child.stderr.into_owned_fd().and_then(pipe::Receiver::from_owned_fd).map_err(StartError::Spawn)?;
+        let (stdout, stderr) = (child.stdout, child.stderr);
         let mut worker = Worker {
             child: child.child,
             pid: child.pid,

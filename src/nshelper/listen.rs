@@ -29,7 +29,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::{child_report, errno, reap, receive, set_receive_timeout, socket_pair, HelperError, HELPER_DEADLINE};
+use super::{errno, in_helper, HelperError};
 
 /// The port the listener binds inside every sandbox with a proxy.
 pub const PROXY_PORT: u16 = 3128;
@@ -60,8 +60,8 @@ const SYSCTLS: [(&CStr, &str); 2] =
     [(c"/proc/sys/net/ipv4/tcp_rmem", TCP_RMEM), (c"/proc/sys/net/ipv4/tcp_wmem", TCP_WMEM)];
 
 /// A listening socket on `127.0.0.1:port` in the network namespace of
-/// process `pid` (held at bubblewrap's `--block-fd`). Blocking: a fork, a
-/// few system calls, a wait (about a millisecond).
+/// process `pid` (held at bubblewrap's `--block-fd`). Blocking: a helper
+/// process, a few system calls, a wait (well under a millisecond).
 pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
     let net = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .map_err(|source| HelperError::OpenNamespace { ns: "net", source })?;
@@ -73,37 +73,16 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
     }
     // SAFETY: a fresh fd the ioctl made.
     let user = unsafe { OwnedFd::from_raw_fd(user) };
-    // Everything the child touches, made before the fork.
+    // Everything the helper touches, made before it starts.
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
         sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
         sin_zero: [0; 8],
     };
-    let (ours, theirs) = socket_pair().map_err(HelperError::Fork)?;
-    set_receive_timeout(&ours, HELPER_DEADLINE).map_err(HelperError::Fork)?;
-    let (user_fd, net_fd, report_fd) = (user.as_raw_fd(), net.as_raw_fd(), theirs.as_raw_fd());
-
-    // SAFETY: the child runs only `child_listen` and `child_report`, which
-    // make async-signal-safe system calls on memory prepared above, and
-    // `_exit`s.
-    let child = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            let (record, fd) = child_listen(user_fd, net_fd, &addr);
-            child_report(report_fd, &record, fd);
-            // SAFETY: _exit ends the child without running the parent's handlers.
-            unsafe { libc::_exit(0) }
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
-        Err(e) => return Err(HelperError::Fork(e.into())),
-    };
-    drop((theirs, user, net));
-    let report = receive(&ours);
-    if report.is_err() {
-        // SAFETY: kill(2) of our own child; no memory effects.
-        unsafe { libc::kill(child, libc::SIGKILL) };
-    }
-    reap(child);
+    let (user_fd, net_fd) = (user.as_raw_fd(), net.as_raw_fd());
+    let report = in_helper(|| child_listen(user_fd, net_fd, &addr)).map_err(HelperError::Fork)?;
+    drop((user, net));
     let (record, fd) = report.map_err(|e| HelperError::NoReport(e.to_string()))?;
     let [what, index, e] = record;
     let source = io::Error::from_raw_os_error(e);
@@ -122,7 +101,7 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
     Err(HelperError::Listen { step, port, source })
 }
 
-// Below: the forked child. Raw system calls on prepared memory only.
+// Below: the helper. Raw system calls on prepared memory only.
 
 fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in) -> ([i32; 3], i32) {
     let fail = |what: i32| ([what, 0, errno()], -1);

@@ -1,7 +1,7 @@
 //! A read-only tree attached to a running sandbox, or detached from it,
-//! by a helper forked from the host (see the parent module for the rules
-//! of the forked child: raw system calls on memory prepared before the
-//! fork, one fixed-size record back, `_exit`).
+//! by a helper process of the host (see the parent module for the rules
+//! of the helper: raw system calls on memory prepared before it starts,
+//! one fixed-size record back).
 //!
 //! Attaching, in the child (facts: `docs/permissions.md`, "How a grant
 //! reaches a running sandbox"):
@@ -44,7 +44,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::{child_report, errno, reap, receive, set_receive_timeout, socket_pair, HELPER_DEADLINE};
+use super::{errno, in_helper};
 
 /// One tree to attach: `source` (a canonical host path: a link on the way
 /// fails the attach) at `at` inside the sandbox, with `masks` (host paths
@@ -191,7 +191,7 @@ pub struct Attached {
 }
 
 /// Attach `a` to the sandbox whose process `pid` is in it. Blocking (a
-/// fork, a few dozen system calls, a wait: about a millisecond).
+/// helper process, a few dozen system calls, a wait: about a millisecond).
 pub fn attach(pid: i32, a: &Attach<'_>) -> Result<Attached, MountError> {
     let began = std::time::Instant::now();
     let parts = components(a.at)?;
@@ -297,30 +297,9 @@ pub(super) fn namespaces(pid: i32) -> Result<(OwnedFd, OwnedFd), MountError> {
     Ok((mnt, unsafe { OwnedFd::from_raw_fd(user) }))
 }
 
-/// Run `job` in a forked child and take its record.
+/// Run `job` in a helper process and take its record.
 pub(super) fn in_child(job: impl Fn() -> [i32; 3]) -> Result<[i32; 3], MountError> {
-    let (ours, theirs) = socket_pair().map_err(MountError::Fork)?;
-    set_receive_timeout(&ours, HELPER_DEADLINE).map_err(MountError::Fork)?;
-    let report_fd = theirs.as_raw_fd();
-    // SAFETY: the child runs `job`, which makes async-signal-safe system
-    // calls on memory prepared before the fork, reports and `_exit`s.
-    let child = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            let record = job();
-            child_report(report_fd, &record, -1);
-            // SAFETY: _exit ends the child without running the parent's handlers.
-            unsafe { libc::_exit(0) }
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
-        Err(e) => return Err(MountError::Fork(e.into())),
-    };
-    drop(theirs);
-    let report = receive(&ours);
-    if report.is_err() {
-        // SAFETY: kill(2) of our own child; no memory effects.
-        unsafe { libc::kill(child, libc::SIGKILL) };
-    }
-    reap(child);
+    let report = in_helper(|| (job(), -1)).map_err(MountError::Fork)?;
     report.map(|(record, _)| record).map_err(|e| MountError::NoReport(e.to_string()))
 }
 
@@ -361,7 +340,7 @@ pub(super) fn empty() -> *const libc::c_char {
 }
 
 // Raw system calls, each returning the fd or 0, or -errno. Used by the
-// parent and by the forked child alike: no allocation.
+// parent and by the helper alike: no allocation.
 
 pub(super) fn sys_openat2(
     dir: RawFd,
@@ -454,7 +433,7 @@ fn close(fd: RawFd) {
 }
 
 pub(super) fn setns(fd: RawFd, flag: libc::c_int) -> Result<(), i32> {
-    // SAFETY: setns on an fd prepared before the fork.
+    // SAFETY: setns on an fd prepared before the helper started.
     if unsafe { libc::setns(fd, flag) } != 0 {
         return Err(errno());
     }
@@ -473,7 +452,7 @@ pub(super) fn mount_id(fd: RawFd) -> Result<u64, i32> {
     Ok(stx.stx_mnt_id)
 }
 
-// Below: the forked children. Raw system calls on prepared memory only.
+// Below: the helpers. Raw system calls on prepared memory only.
 
 struct AttachJob {
     user: RawFd,

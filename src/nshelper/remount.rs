@@ -1,6 +1,6 @@
 //! The read-only flag of one mount of a running sandbox, set or cleared
-//! by a helper forked from the host (see the parent module for the rules
-//! of the forked child): the project's mount made writable or read-only
+//! by a helper process of the host (see the parent module for the rules
+//! of the helper): the project's mount made writable or read-only
 //! in place when the permission mode changes, without a restart.
 //!
 //! In the child: join the user namespace that owns the sandbox's mount
@@ -28,7 +28,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 /// Make the mount at `at` in the sandbox of process `pid` read-only
 /// (`read_only`) or writable. Only that mount: its submounts keep their
-/// flags. Blocking (a fork and a few system calls).
+/// flags. Blocking (a helper process and a few system calls).
 pub fn set_read_only(pid: i32, at: &Path, read_only: bool) -> Result<(), MountError> {
     let parts = components(at)?;
     let (mnt, user) = namespaces(pid)?;

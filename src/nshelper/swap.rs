@@ -62,7 +62,7 @@ pub struct Replace<'a> {
 }
 
 /// Replace the mount at `r.at` in the sandbox of process `pid` (see the
-/// module's comment). Blocking (a fork, a few system calls per bind).
+/// module's comment). Blocking (a helper process, a few system calls per bind).
 pub fn replace(pid: i32, r: &Replace<'_>) -> Result<(), MountError> {
     let parts = components(r.at)?;
     let project = plain(r.project)?;
