@@ -150,7 +150,7 @@ describe("forged and malformed frames", { concurrency: CONCURRENCY }, () => {
     const cases: [string, string, RegExp][] = [
       ["garbage", `printf '${octal(frameBytes("hello"))}' >&4; exec sleep 30`, /did not start: bad frame: frame is not a valid message/],
       ["oversize", "printf '\\377\\377\\377\\377' >&4; exec sleep 30", /did not start: bad frame: frame of 4294967295 bytes exceeds/],
-      ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 3/],
+      ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 4/],
       ["code-not-base64", `printf '${octal(frameBytes('{"type":"code","pyc":"%%%"}'))}' >&4; exec sleep 30`, /did not start: the worker's code is not base64/],
       ["code-not-pyc", `printf '${octal(frameBytes(`{"type":"code","pyc":"${Buffer.alloc(64, 35).toString("base64")}"}`))}' >&4; exec sleep 30`, /did not start: the worker's code does not start with a \.pyc magic number/],
       // Pieces that never end: the host stops collecting at its bound.
@@ -176,7 +176,7 @@ describe("forged and malformed frames", { concurrency: CONCURRENCY }, () => {
     // becomes ready but never answers a request; started as /worker.pyc it sends the image unasked.
     const image = Buffer.concat([Buffer.from("AB\r\n"), Buffer.alloc(20)]).toString("base64");
     const code = frameBytes(JSON.stringify({ type: "code", pyc: image }));
-    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 3, runtimeVersion: "0.0.0" }));
+    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 4, runtimeVersion: "0.0.0" }));
     const interpreter = await fakeInterpreter(
       fx,
       "emitter",

@@ -26,12 +26,13 @@ impl super::Worker {
     /// earlier call that names itself in a forged frame is not one). The
     /// frame is smaller than a pipe's atomic write; when the pipe has no
     /// room, nothing is asked and the call takes its point as before.
-    pub(super) fn point_ahead(&mut self) {
+    /// Whether the frame was sent.
+    pub(super) fn point_ahead(&mut self) -> bool {
         self.ahead = None;
         if !self.keeper || self.execs == 0 {
-            return;
+            return false;
         }
-        let Some(interp) = self.interpreter() else { return };
+        let Some(interp) = self.interpreter() else { return false };
         let check = BeginCheck {
             seq: 0,
             interp: Some(interp),
@@ -41,7 +42,9 @@ impl super::Worker {
         };
         if self.requests.try_write(POINT_FRAME).is_ok_and(|n| n == POINT_FRAME.len()) {
             self.ahead = Some(check);
+            return true;
         }
+        false
     }
 }
 
