@@ -1050,7 +1050,6 @@ def serve_calls(state):
                 pass
         if left:
             state["discarded"] = left
-        newest = last_pid()
         # The last call's objects go now, not between the copy and this
         # call's start (their __del__ would run there).
         rich = value = exception = None
@@ -1074,6 +1073,9 @@ def serve_calls(state):
                 continue
         else:
             why = None
+        # The newest pid before the code runs: with a copy, the copy is
+        # (it was forked last, and lives), and /proc/loadavg is not read.
+        newest = copy or last_pid()
         call_streams(flush=not copy and not held)
         if not copy and why is None and request.get("checkpoint") is not True:
             pass  # no point was asked for: the begin frame would say nothing
@@ -1099,7 +1101,7 @@ def serve_calls(state):
         # moved past this call's copy) or that has earlier ones to count
         # needs the walk of /proc.
         made = last_pid()
-        if state.get("background") or made is None or newest is None or made != (copy or newest):
+        if state.get("background") or made is None or newest is None or made != newest:
             live = live_processes() - set(state.get("discarded", ()))
         else:
             live = set()
