@@ -584,7 +584,11 @@ impl Worker {
                         });
                     }
                 }
-                msg = replies.recv() => match msg {
+                // After the call's last frame nothing more is due: what the
+                // channel does next (an interpreter that ends as it reads
+                // the next request) belongs to no call, and the reader
+                // kills the sandbox for a frame.
+                msg = replies.recv(), if drained.is_none() => match msg {
                     Some(Ok(Reply::Result(mut r))) if running && r.id == seq => {
                         let refused = r.status == crate::frame::WorkerStatus::PermissionNeeded;
                         // The result with its end marks: the call's last frame.
