@@ -43,7 +43,7 @@ pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
 pub use mode::SwapPlan;
 pub use rollback::{NoReturn, RecoverError, Recovery};
-use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
+use streams::{call_streams, drain_now, read_opt, read_replies, take_read, SAME_PIPES_DRAIN_BYTES};
 
 /// Kills a worker's whole process tree, without the worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -690,33 +690,6 @@ impl Worker {
         let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
             let _ = nix::sys::wait::waitpid(pid, None);
         });
-    }
-}
-
-/// Read reply frames into `tx` until the stream ends; a frame that arrives
-/// while none is expected kills the sandbox.
-async fn read_replies(
-    mut reader: pipe::Receiver,
-    tx: mpsc::Sender<Result<Reply, FrameError>>,
-    expecting: Arc<AtomicBool>,
-    killed: protected::KillSlot,
-    group: i32,
-) {
-    loop {
-        let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
-        let end = matches!(
-            item,
-            Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. })
-        );
-        if !end && !expecting.load(Ordering::Acquire) {
-            tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
-            *killed.lock() = Some(protected::HostKill::StrayFrame);
-            kill_group(group);
-            break;
-        }
-        if tx.send(item).await.is_err() || end {
-            break;
-        }
     }
 }
 
