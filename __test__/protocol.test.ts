@@ -80,6 +80,39 @@ describe("protocol violations from user code", { concurrency: CONCURRENCY }, () 
     assert.match(next.stateLostReason ?? "", /died while idle/);
     assert.equal(next.generation, r.generation + 1);
   });
+
+  test("a forged result that claims end marks it never wrote and pipes that do not wait ends the call; a fresh interpreter runs the next calls", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("kept = 1"));
+    // The result may carry the call's end marks: this one says both were written and the next
+    // call's pipes wait, and none of it is true. The interpreter then ends.
+    const code = [
+      "import json, os, sys",
+      "f = sys._getframe()",
+      "while 'req_id' not in f.f_locals:",
+      "    f = f.f_back",
+      "print('before', flush=True)",
+      "marks = {'stdout': True, 'stderr': True, 'streams': True}",
+      "body = json.dumps({'type': 'result', 'id': f.f_locals['req_id'], 'status': 'ok', 'repr': \"'forged'\", 'exception': None, 'drained': marks}).encode()",
+      "os.write(4, len(body).to_bytes(4, 'big') + body)",
+      "os._exit(0)",
+    ].join("\n");
+    const started = Date.now();
+    const r = await sb.execute(code, 30);
+    assert.ok(Date.now() - started < 6000, `took ${Date.now() - started} ms`);
+    assert.equal(r.status, "ok", show(r));
+    assert.equal(r.repr, "'forged'");
+    assert.equal(r.stdout, "before\n");
+    // The claims bought nothing: the call ended when its streams did, at the interpreter's exit.
+    // The state is lost, and a fresh interpreter runs the calls after it.
+    const next = await sb.execute("'kept' in globals()");
+    assert.equal(next.stateLost, true, show(next));
+    const after = await sb.execute("print('after')\n'kept' in globals()");
+    assertOk(after);
+    assert.equal(after.stdout, "after\n", show(after));
+    assert.equal(after.repr, "False");
+  });
 });
 
 // ---------------------------------------------------------------------------------------------
