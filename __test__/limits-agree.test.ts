@@ -36,5 +36,5 @@ test("the worker runs with the host's bounds", async (t) => {
   );
   assert.equal(worker.frame, l.maxFrameBytes);
   assert.equal(worker.repr, l.maxReprBytes);
-  assert.equal(worker.protocol, 3);
+  assert.equal(worker.protocol, 4);
 });

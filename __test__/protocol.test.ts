@@ -80,6 +80,39 @@ describe("protocol violations from user code", { concurrency: CONCURRENCY }, () 
     assert.match(next.stateLostReason ?? "", /died while idle/);
     assert.equal(next.generation, r.generation + 1);
   });
+
+  test("a forged result that claims end marks it never wrote and pipes that do not wait ends the call; a fresh interpreter runs the next calls", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixture(t);
+    assertOk(await sb.execute("kept = 1"));
+    // The result may carry the call's end marks: this one says both were written and the next
+    // call's pipes wait, and none of it is true. The interpreter then ends.
+    const code = [
+      "import json, os, sys",
+      "f = sys._getframe()",
+      "while 'req_id' not in f.f_locals:",
+      "    f = f.f_back",
+      "print('before', flush=True)",
+      "marks = {'stdout': True, 'stderr': True, 'streams': True}",
+      "body = json.dumps({'type': 'result', 'id': f.f_locals['req_id'], 'status': 'ok', 'repr': \"'forged'\", 'exception': None, 'drained': marks}).encode()",
+      "os.write(4, len(body).to_bytes(4, 'big') + body)",
+      "os._exit(0)",
+    ].join("\n");
+    const started = Date.now();
+    const r = await sb.execute(code, 30);
+    assert.ok(Date.now() - started < 6000, `took ${Date.now() - started} ms`);
+    assert.equal(r.status, "ok", show(r));
+    assert.equal(r.repr, "'forged'");
+    assert.equal(r.stdout, "before\n");
+    // The claims bought nothing: the call ended when its streams did, at the interpreter's exit.
+    // The state is lost, and a fresh interpreter runs the calls after it.
+    const next = await sb.execute("'kept' in globals()");
+    assert.equal(next.stateLost, true, show(next));
+    const after = await sb.execute("print('after')\n'kept' in globals()");
+    assertOk(after);
+    assert.equal(after.stdout, "after\n", show(after));
+    assert.equal(after.repr, "False");
+  });
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -150,7 +183,7 @@ describe("forged and malformed frames", { concurrency: CONCURRENCY }, () => {
     const cases: [string, string, RegExp][] = [
       ["garbage", `printf '${octal(frameBytes("hello"))}' >&4; exec sleep 30`, /did not start: bad frame: frame is not a valid message/],
       ["oversize", "printf '\\377\\377\\377\\377' >&4; exec sleep 30", /did not start: bad frame: frame of 4294967295 bytes exceeds/],
-      ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 3/],
+      ["wrong-protocol", `printf '${octal(frameBytes(ready7))}' >&4; exec sleep 30`, /speaks protocol 7, not 4/],
       ["code-not-base64", `printf '${octal(frameBytes('{"type":"code","pyc":"%%%"}'))}' >&4; exec sleep 30`, /did not start: the worker's code is not base64/],
       ["code-not-pyc", `printf '${octal(frameBytes(`{"type":"code","pyc":"${Buffer.alloc(64, 35).toString("base64")}"}`))}' >&4; exec sleep 30`, /did not start: the worker's code does not start with a \.pyc magic number/],
       // Pieces that never end: the host stops collecting at its bound.
@@ -176,7 +209,7 @@ describe("forged and malformed frames", { concurrency: CONCURRENCY }, () => {
     // becomes ready but never answers a request; started as /worker.pyc it sends the image unasked.
     const image = Buffer.concat([Buffer.from("AB\r\n"), Buffer.alloc(20)]).toString("base64");
     const code = frameBytes(JSON.stringify({ type: "code", pyc: image }));
-    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 3, runtimeVersion: "0.0.0" }));
+    const ready = frameBytes(JSON.stringify({ type: "ready", protocol: 4, runtimeVersion: "0.0.0" }));
     const interpreter = await fakeInterpreter(
       fx,
       "emitter",

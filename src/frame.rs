@@ -29,7 +29,7 @@ pub struct CallRequest<'a> {
 }
 
 /// Version spoken by this host and the embedded worker.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
@@ -122,6 +122,21 @@ pub struct ExecReport {
     /// Notes about rich output (images not sent, ...).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The end marks, already written when the worker sends the result
+    /// with them (the call started no process to wait for): the call's
+    /// last frame, in place of a `drained` one.
+    #[serde(default)]
+    pub drained: Option<Marks>,
+}
+
+/// Which streams carry the call's end mark (user code may have closed
+/// one), and whether the next call's fresh pipes wait at fds 14 and 15.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Marks {
+    pub stdout: bool,
+    pub stderr: bool,
+    #[serde(default)]
+    pub streams: bool,
 }
 
 /// An image file the worker saved under /scratch.
@@ -160,8 +175,10 @@ pub enum Reply {
         #[serde(default)]
         more: bool,
     },
-    /// Sent after the result once the end marks are written: `stdout` /
-    /// `stderr` say which streams carry a mark (user code may have closed one).
+    /// Sent after the result once the end marks are written, when the call
+    /// started processes the worker waited for (else the result carries the
+    /// marks, see [`ExecReport::drained`]): `stdout` / `stderr` say which
+    /// streams carry a mark (user code may have closed one).
     Drained {
         id: u64,
         stdout: bool,
@@ -171,7 +188,8 @@ pub enum Reply {
     },
     /// Execution `id` begins: its output goes to fresh pipes (whose read
     /// ends the host takes), and `copy` is its rollback point's pid in the
-    /// sandbox (none when none was asked for, or `why` there is none).
+    /// sandbox (none, or `why` there is none). Sent only for a request that
+    /// asked for a rollback point.
     Begin {
         id: u64,
         copy: Option<u32>,
@@ -325,6 +343,31 @@ mod tests {
         assert_eq!(report.status, WorkerStatus::RuntimeError);
         assert_eq!(report.background, 2);
         assert_eq!(report.exception.expect("exception").type_name, "ValueError");
+    }
+
+    #[tokio::test]
+    async fn a_result_may_carry_the_end_marks() {
+        let body = br#"{"type":"result","id":4,"status":"ok","repr":null,"exception":null,
+            "drained":{"stdout":true,"stderr":false,"streams":true}}"#;
+        let Reply::Result(report) = read(&frame_of(body)).await.expect("decode") else {
+            panic!("not a result");
+        };
+        assert_eq!(report.drained, Some(Marks { stdout: true, stderr: false, streams: true }));
+        let body = br#"{"type":"result","id":4,"status":"ok","repr":null,"exception":null}"#;
+        let Reply::Result(report) = read(&frame_of(body)).await.expect("decode") else {
+            panic!("not a result");
+        };
+        assert_eq!(report.drained, None, "a result without marks is followed by a drained frame");
+        for marks in
+            [r#""yes""#, r#"{"stdout":1,"stderr":true}"#, r#"{"stdout":true}"#, r#"{"stdout":true,"stderr":null}"#]
+        {
+            let body =
+                format!(r#"{{"type":"result","id":4,"status":"ok","repr":null,"exception":null,"drained":{marks}}}"#);
+            assert!(
+                matches!(read(&frame_of(body.as_bytes())).await, Err(FrameError::Malformed { .. })),
+                "accepted {marks}"
+            );
+        }
     }
 
     #[tokio::test]

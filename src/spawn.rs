@@ -577,9 +577,34 @@ pub fn take_fds<const N: usize>(pid: i32, fds: [RawFd; N]) -> io::Result<[OwnedF
     taken.try_into().map_err(|_| io::Error::other("descriptor count"))
 }
 
+/// A small file of `/proc` whole, read into one buffer that holds it:
+/// four system calls (open, read, the read that finds its end, close).
+/// `std::fs::read` asks for the size first, which `/proc` gives as 0, and
+/// then reads in pieces of 32, 32, 64, ... bytes (eleven calls for a
+/// process's `status`); these reads are on a call's path.
+pub fn read_proc(path: &str) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
 /// Whether `pid` has exited (gone, or a zombie).
 pub fn exited(pid: i32) -> bool {
-    match std::fs::read(format!("/proc/{pid}/stat")) {
+    match read_proc(&format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => {
             let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).copied();
@@ -601,6 +626,17 @@ mod tests {
         assert_eq!(broken, format!("the payload could not be released: {}", nix::errno::Errno::EPIPE));
         let pipe = Unprepared::InfoPipe(io::Error::from(io::ErrorKind::UnexpectedEof)).to_string();
         assert!(pipe.starts_with("bubblewrap's info pipe: "), "{pipe}");
+    }
+
+    #[test]
+    fn read_proc_reads_a_file_larger_than_its_first_buffer_whole() {
+        let status = read_proc(&format!("/proc/{}/status", std::process::id())).unwrap();
+        assert!(String::from_utf8_lossy(&status).contains("\nNSpid:"));
+        let dir = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("big"), &big).unwrap();
+        assert_eq!(read_proc(dir.path().join("big").to_str().unwrap()).unwrap(), big);
+        assert!(read_proc("/proc/self/nonexistent").is_err());
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub use begin::NoPoint;
 use begin::{boot_ticks, children, BeginCheck};
 pub use mode::SwapPlan;
 pub use rollback::{NoReturn, RecoverError, Recovery};
-use streams::{call_streams, drain_now, read_opt, take_read, SAME_PIPES_DRAIN_BYTES};
+use streams::{call_streams, drain_now, read_opt, read_replies, take_read, SAME_PIPES_DRAIN_BYTES};
 
 /// Kills a worker's whole process tree, without the worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +126,11 @@ pub struct Worker {
     /// The idle interpreter said that the next call's output pipes wait
     /// at fds 14 and 15 (only then are those numbers ours to take).
     streams_ready: bool,
+    /// The call's result came with its end marks and released its copy,
+    /// and the release is not yet asked for: the point frame that follows
+    /// at once asks for it (the worker ends the last copy before it makes
+    /// the next), else a release frame does.
+    release_due: bool,
     /// What the begin frame of the call in flight is checked against.
     begin_check: Option<BeginCheck>,
     /// The same for the next call, when its copy was asked for ahead.
@@ -251,6 +256,7 @@ impl Worker {
             point_taken: false,
             sent: false,
             streams_ready: false,
+            release_due: false,
             begin_check: None,
             ahead: None,
             retired: Default::default(),
@@ -427,19 +433,24 @@ impl Worker {
             self.expecting.store(false, Ordering::Release);
         }
         self.point_taken = matches!(self.point, Some(Ok(_) | Err(NoPoint::Released)));
-        match &done {
+        let asked = match &done {
             // A refused read: the worker keeps the copy until its next
             // call, so that a grant can run the call again from there.
-            Ok(d) if d.report.status == crate::frame::WorkerStatus::PermissionNeeded => {}
+            Ok(d) if d.report.status == crate::frame::WorkerStatus::PermissionNeeded => false,
             // The worker discards the copy once the call succeeded, and
             // makes the next one while the model thinks.
             Ok(d) => {
                 self.point = None;
-                if d.after.is_ok() {
-                    self.point_ahead();
-                }
+                d.after.is_ok() && self.point_ahead()
             }
-            Err(_) => {}
+            Err(_) => false,
+        };
+        if std::mem::take(&mut self.release_due) && !asked {
+            // No point asked for: a release frame ends the copy (if the
+            // pipe has no room, the next request does).
+            if let Ok(release) = frame::encode(&Request::Release) {
+                let _ = self.requests.try_write(&release);
+            }
         }
         done
     }
@@ -521,6 +532,7 @@ impl Worker {
             expecting,
             point,
             streams_ready,
+            release_due,
             begin_check,
             sent,
             ..
@@ -571,9 +583,20 @@ impl Worker {
                         });
                     }
                 }
-                msg = replies.recv() => match msg {
-                    Some(Ok(Reply::Result(r))) if running && r.id == seq => {
+                // After the call's last frame nothing more is due: what the
+                // channel does next (an interpreter that ends as it reads
+                // the next request) belongs to no call, and the reader
+                // kills the sandbox for a frame.
+                msg = replies.recv(), if drained.is_none() => match msg {
+                    Some(Ok(Reply::Result(mut r))) if running && r.id == seq => {
                         let refused = r.status == crate::frame::WorkerStatus::PermissionNeeded;
+                        // The result with its end marks: the call's last frame.
+                        let marks = r.drained.take();
+                        if let Some(m) = marks {
+                            *streams_ready = m.streams;
+                            expecting.store(false, Ordering::Release);
+                            drained = Some((m.stdout, m.stderr));
+                        }
                         report = Some(r);
                         // Every frame the code wrote came before this one:
                         // the copy is no longer needed. A failure from
@@ -582,9 +605,12 @@ impl Worker {
                         // a grant may run the call again from there.
                         if matches!(point, Some(Ok(_))) && !refused {
                             *point = Some(Err(NoPoint::Released));
-                            // A worker that is gone shows as the end of
-                            // its replies, next.
-                            if let (true, Ok(release)) = (written, frame::encode(&Request::Release)) {
+                            if marks.is_some() {
+                                // Asked for with the next point (see `exec`).
+                                *release_due = written;
+                            } else if let (true, Ok(release)) = (written, frame::encode(&Request::Release)) {
+                                // A worker that is gone shows as the end of
+                                // its replies, next.
                                 let _ = requests.write_all(&release).await;
                             }
                         }
@@ -663,33 +689,6 @@ impl Worker {
         let _ = std::thread::Builder::new().name("pps-reap".into()).spawn(move || {
             let _ = nix::sys::wait::waitpid(pid, None);
         });
-    }
-}
-
-/// Read reply frames into `tx` until the stream ends; a frame that arrives
-/// while none is expected kills the sandbox.
-async fn read_replies(
-    mut reader: pipe::Receiver,
-    tx: mpsc::Sender<Result<Reply, FrameError>>,
-    expecting: Arc<AtomicBool>,
-    killed: protected::KillSlot,
-    group: i32,
-) {
-    loop {
-        let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
-        let end = matches!(
-            item,
-            Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. })
-        );
-        if !end && !expecting.load(Ordering::Acquire) {
-            tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
-            *killed.lock() = Some(protected::HostKill::StrayFrame);
-            kill_group(group);
-            break;
-        }
-        if tx.send(item).await.is_err() || end {
-            break;
-        }
     }
 }
 

@@ -235,6 +235,7 @@ impl Sandbox for FakeSandbox {
                     background: 0,
                     images: vec![],
                     notes: vec![],
+                    drained: None,
                 },
                 after: Ok(()),
             }),

@@ -26,12 +26,13 @@ impl super::Worker {
     /// earlier call that names itself in a forged frame is not one). The
     /// frame is smaller than a pipe's atomic write; when the pipe has no
     /// room, nothing is asked and the call takes its point as before.
-    pub(super) fn point_ahead(&mut self) {
+    /// Whether the frame was sent.
+    pub(super) fn point_ahead(&mut self) -> bool {
         self.ahead = None;
         if !self.keeper || self.execs == 0 {
-            return;
+            return false;
         }
-        let Some(interp) = self.interpreter() else { return };
+        let Some(interp) = self.interpreter() else { return false };
         let check = BeginCheck {
             seq: 0,
             interp: Some(interp),
@@ -41,7 +42,9 @@ impl super::Worker {
         };
         if self.requests.try_write(POINT_FRAME).is_ok_and(|n| n == POINT_FRAME.len()) {
             self.ahead = Some(check);
+            return true;
         }
+        false
     }
 }
 
@@ -114,19 +117,21 @@ pub(super) fn boot_ticks() -> Option<u64> {
 
 /// When host process `pid` started, in clock ticks since boot.
 pub(super) fn start_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = String::from_utf8(crate::spawn::read_proc(&format!("/proc/{pid}/stat")).ok()?).ok()?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The pid of host process `pid` in its own (innermost) pid namespace.
 pub(super) fn ns_pid_of(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = String::from_utf8(crate::spawn::read_proc(&format!("/proc/{pid}/status")).ok()?).ok()?;
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// The children of `pid` (host pids).
 pub(super) fn children(pid: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+    crate::spawn::read_proc(&format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
         .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
         .unwrap_or_default()
 }

@@ -1,16 +1,22 @@
 //! A call's output streams: taken from the idle interpreter, read into the
 //! capture, and the streams of earlier calls drained at a bounded rate
-//! while a background process still holds them.
+//! while a background process still holds them. And the reply channel's
+//! reader, which hands its frames to the call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
 use super::Worker;
 use crate::capture::{Capture, Stream};
-use crate::spawn::take_fds;
+use crate::frame::{self, FrameError, Reply};
+use crate::protected;
+use crate::spawn::{kill_group, take_fds};
 
 /// Where the idle interpreter leaves the read ends of the next call's
 /// stdout and stderr (see the worker's `prepare_streams`).
@@ -111,6 +117,33 @@ pub(super) async fn read_opt<R: AsyncRead + Unpin>(stream: &mut Option<R>, buf: 
     match stream {
         Some(s) => s.read(buf).await.ok(),
         None => std::future::pending().await,
+    }
+}
+
+/// Read reply frames into `tx` until the stream ends; a frame that arrives
+/// while none is expected kills the sandbox.
+pub(super) async fn read_replies(
+    mut reader: pipe::Receiver,
+    tx: mpsc::Sender<Result<Reply, FrameError>>,
+    expecting: Arc<AtomicBool>,
+    killed: protected::KillSlot,
+    group: i32,
+) {
+    loop {
+        let item = frame::read_frame(&mut reader).await.and_then(|body| frame::decode_reply(&body));
+        let end = matches!(
+            item,
+            Err(FrameError::Eof | FrameError::Truncated { .. } | FrameError::Io { .. } | FrameError::Oversize { .. })
+        );
+        if !end && !expecting.load(Ordering::Acquire) {
+            tracing::warn!("sandbox {group} sent a frame while no execution ran; killed");
+            *killed.lock() = Some(protected::HostKill::StrayFrame);
+            kill_group(group);
+            break;
+        }
+        if tx.send(item).await.is_err() || end {
+            break;
+        }
     }
 }
 

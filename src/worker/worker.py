@@ -18,7 +18,7 @@ import os
 # This module's code object, for --emit-code (taken before anything else ran).
 MODULE_CODE = sys._getframe().f_code
 
-PROTOCOL = 3
+PROTOCOL = 4
 # The bounds below (and the init's MAX_FRAME and DRAIN_CAP) are the
 # host's: it passes them with --limits (see set_limits); these values only
 # serve until then.
@@ -1050,7 +1050,6 @@ def serve_calls(state):
                 pass
         if left:
             state["discarded"] = left
-        newest = last_pid()
         # The last call's objects go now, not between the copy and this
         # call's start (their __del__ would run there).
         rich = value = exception = None
@@ -1074,8 +1073,13 @@ def serve_calls(state):
                 continue
         else:
             why = None
+        # The newest pid before the code runs: with a copy, the copy is
+        # (it was forked last, and lives), and /proc/loadavg is not read.
+        newest = copy or last_pid()
         call_streams(flush=not copy and not held)
-        if why is None:
+        if not copy and why is None and request.get("checkpoint") is not True:
+            pass  # no point was asked for: the begin frame would say nothing
+        elif why is None:
             body = ('{"type":"begin","id":%d,"copy":%s,"why":null}' % (req_id, copy or "null")).encode()
             write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)  # send(), without the JSON encoder
         else:
@@ -1097,7 +1101,7 @@ def serve_calls(state):
         # moved past this call's copy) or that has earlier ones to count
         # needs the walk of /proc.
         made = last_pid()
-        if state.get("background") or made is None or newest is None or made != (copy or newest):
+        if state.get("background") or made is None or newest is None or made != newest:
             live = live_processes() - set(state.get("discarded", ()))
         else:
             live = set()
@@ -1108,11 +1112,20 @@ def serve_calls(state):
         if status == "permission_needed":
             path, is_dir = exception.pop("path"), exception.pop("isDir")
             secret = exception.pop("secret", False)
-        send({"type": "result", "id": req_id, "status": status, "repr": text,
-              "reprTruncated": truncated, "exception": exception, "background": background,
-              "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
-              "pathSecret": bool(secret),
-              "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]})
+        result = {"type": "result", "id": req_id, "status": status, "repr": text,
+                  "reprTruncated": truncated, "exception": exception, "background": background,
+                  "path": bound(path, 4096)[0] if path else None, "pathIsDir": bool(is_dir),
+                  "pathSecret": bool(secret),
+                  "images": rich.images, "notes": [bound(n, 1024)[0] for n in rich.notes[:8]]}
+        started = live - before
+        if not started:
+            # Nothing to wait for: the end marks first, then the result
+            # carries them (one frame, one wake-up of the host, less).
+            marked = end_streams(mark, started)
+            if background:
+                prepare_streams()
+            result["drained"] = {"stdout": marked["stdout"], "stderr": marked["stderr"], "streams": PREPARED}
+        send(result)
         if copy and status == "permission_needed":
             # A refused read: the host may grant it and run the call again
             # on this copy (the state before the call); the next call
@@ -1124,7 +1137,9 @@ def serve_calls(state):
             # rolled back (and so is a result that could not be sent).
             # Killed then, not waited for: it is reaped before the next copy.
             state["copy"] = copy
-        marked = end_streams(mark, live - before)
+        if not started:
+            continue  # the result carried the end marks
+        marked = end_streams(mark, started)
         if background:
             # Processes that may hold this call's pipes live on: the next
             # call gets pipes of its own (else it keeps these).
@@ -1174,7 +1189,7 @@ def prefault():
         text, truncated = bound("1", MAX_REPR, "both")
         dumps({"type": "result", "id": request["id"], "status": "ok", "repr": text, "reprTruncated": truncated,
                "exception": None, "background": 0, "path": None, "pathIsDir": False, "pathSecret": False,
-               "images": [], "notes": []})
+               "images": [], "notes": [], "drained": {"stdout": True, "stderr": True, "streams": False}})
     except Exception:
         pass  # only a speed-up: a call then copies these pages itself
 
