@@ -147,7 +147,8 @@ describe("host files outside the sandbox's mounts", { concurrency: 1 }, () => {
     } else {
       t.diagnostic("not root: no marker planted in /root; its listing is still asserted empty");
     }
-    const { out } = await sh(f.sb, f.project, `cat ${marker}; ls -A /root 2>/dev/null | wc -l`);
+    // cat's error on stdout: the two streams reach the host in no fixed order, and the count must come last.
+    const { out } = await sh(f.sb, f.project, `cat ${marker} 2>&1; ls -A /root 2>/dev/null | wc -l`);
     assert.doesNotMatch(out, /root-secret/);
     assert.match(out, /(^|\n)0\n$/, out);
   });
