@@ -15,6 +15,7 @@
 //! [`listen`] makes the listener of the sandbox's proxy.
 
 pub mod listen;
+pub mod masks;
 pub mod mount;
 pub mod remount;
 pub mod swap;

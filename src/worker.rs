@@ -170,6 +170,7 @@ impl Worker {
             keeper,
             mut contained,
             limits,
+            held,
             inside,
             watcher,
             budget,
@@ -182,7 +183,8 @@ impl Worker {
         // written after both: on a failure it is killed before its pipe
         // closes.
         let (prepared, proxy) =
-            api::prepare_with_network(child.info, &child.release, &limits, inside, network, &mut plan_notes).await;
+            api::prepare_with_network(child.info, &child.release, &limits, held, inside, network, &mut plan_notes)
+                .await;
         if let Err(why) = prepared {
             // A bubblewrap that failed on its own (a mount source gone, say)
             // has ended or ends at once, and its own words on stderr are
@@ -196,6 +198,10 @@ impl Worker {
                     crate::spawn::Unprepared::Limit { .. } => format!(
                         "No sandbox was started: its own task and open-file limits could not be set ({why}); without \
                          them code in it could start more tasks or hold more files than its caps allow"
+                    ),
+                    crate::spawn::Unprepared::Masks(_) => format!(
+                        "No sandbox was started: its /proc could not be hardened ({why}); without that code in it \
+                         could read the kernel's information files or write its host-wide settings"
                     ),
                     _ => format!(
                         "No sandbox was started: its own inotify limits could not be set ({why}); without them code \

@@ -897,6 +897,22 @@ mod bare {
         caps: contain::Caps,
         nofile: Option<u64>,
     ) -> Option<(ExitStatus, String)> {
+        let ran = run_edited(name, profile, argv, caps, nofile, |_, _| {}).await?;
+        Some(ran.unwrap_or_else(|(why, _)| panic!("the payload was not released: {why}")))
+    }
+
+    /// [`run_capped`] with the policy changed by `edit` (given the
+    /// session's directory, where the mask sources are); `Err` with why
+    /// the payload was not released and what its stdout held once the
+    /// sandbox was killed.
+    pub async fn run_edited(
+        name: &str,
+        profile: Profile,
+        argv: &[&str],
+        caps: contain::Caps,
+        nofile: Option<u64>,
+        edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+    ) -> Option<Result<(ExitStatus, String), (String, String)>> {
         if let Err(why) = super::can_sandbox() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
             eprintln!("SKIP {name}: {why}");
@@ -911,7 +927,7 @@ mod bare {
         let sources = secrets::MaskSources::in_dir(&session).expect("mask sources");
         let mut notes = Vec::new();
         let mut contained = contain::for_sandbox(&Ok(caps), &mut notes).expect("containment");
-        let policy = Policy {
+        let mut policy = Policy {
             merged_usr: probe::merged_usr(),
             project_dir: std::fs::canonicalize(&project).expect("project"),
             project_at: WORKSPACE.into(),
@@ -933,6 +949,7 @@ mod bare {
             network: Network::None,
             seccomp: profile,
         };
+        edit(&mut policy, &session);
         let payload = Payload { argv: argv.iter().map(Into::into).collect(), ..Payload::default() };
         let bwrap = probe::probe_bwrap().await.expect("bwrap");
         let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
@@ -940,10 +957,14 @@ mod bare {
         let mut child =
             spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), false).expect("spawn");
         let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
-        if let Err(why) = spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), steps).await {
+        if let Err(why) =
+            spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), policy.held_mounts(), steps).await
+        {
             spawn::kill_group(child.pid);
+            let mut out = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(20), child.stdout.read_to_string(&mut out)).await;
             let _ = child.child.wait().await;
-            panic!("the payload was not released: {why}");
+            return Some(Err((why.to_string(), out)));
         }
         let mut out = String::new();
         let waited = tokio::time::timeout(Duration::from_secs(20), async {
@@ -956,7 +977,7 @@ mod bare {
             panic!("{name}: the payload did not end");
         });
         drop(contained);
-        Some((status, out))
+        Some(Ok((status, out)))
     }
 }
 
@@ -967,6 +988,49 @@ async fn a_bare_true_runs_under_the_full_policy() {
         return;
     };
     assert_eq!((status.code(), out.as_str()), (Some(0), ""));
+}
+
+/// The namespace helper's `/proc` masks under [`bare::run_edited`], with
+/// `edit` applied: the payload prints a word if it runs at all.
+async fn masked_start(
+    name: &str,
+    edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+) -> Option<Result<String, (String, String)>> {
+    use pi_python_sandbox::contain;
+    let caps = contain::caps(None, None).expect("default caps");
+    let argv = ["/bin/sh", "-c", "echo payload-ran; wc -c < /proc/sys/vm/stat_refresh"];
+    let ran = bare::run_edited(name, pi_python_sandbox::seccomp::Profile::Shell, &argv, caps, None, edit).await?;
+    Some(ran.map(|(_, out)| out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proc_mask_that_cannot_be_made_fails_the_start_and_no_payload_runs() {
+    use pi_python_sandbox::hostsecrets::Mask;
+    // Baseline: the same start with the host's masks runs the payload.
+    let Some(ok) = masked_start("mask-ok", |_, _| {}).await else { return };
+    assert_eq!(ok.expect("the start with the host's masks").lines().next(), Some("payload-ran"));
+    // A mask whose place does not exist in the sandbox's /proc.
+    let missing = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.push(Mask { path: "/proc/no-such-kernel-file".into(), is_dir: false })
+    };
+    let (why, out) =
+        masked_start("mask-missing", missing).await.expect("sandbox").expect_err("a start without its mask");
+    assert!(why.contains("/proc/no-such-kernel-file") && why.contains("No such file"), "{why}");
+    assert_eq!(out, "", "the payload ran");
+    // A mask whose place is reached through a link (/proc/self): never followed.
+    let link = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.insert(0, Mask { path: "/proc/self/environ".into(), is_dir: false })
+    };
+    let (why, out) = masked_start("mask-link", link).await.expect("sandbox").expect_err("a start through a link");
+    assert!(why.contains("/proc/self/environ") && why.contains("symbolic links"), "{why}");
+    assert_eq!(out, "", "the payload ran");
+    // The session's empty file gone: nothing to mask with.
+    let gone = |p: &mut pi_python_sandbox::bwrap::Policy, session: &std::path::Path| {
+        p.mask_sources.0 = session.join("no-such-mask-file");
+    };
+    let (why, out) = masked_start("mask-gone", gone).await.expect("sandbox").expect_err("a start without a mask file");
+    assert!(why.contains("cloning the empty mask") && why.contains("No such file"), "{why}");
+    assert_eq!(out, "", "the payload ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,6 +212,9 @@ pub struct Launch {
     /// The rlimits the host sets on the held sandbox before the payload
     /// runs (see `Policy::held_rlimits`).
     pub limits: Vec<(nix::sys::resource::Resource, u64)>,
+    /// What the namespace helper mounts in the held sandbox before the
+    /// payload runs (see `Policy::held_mounts`).
+    pub held: crate::nshelper::masks::Held,
     /// What the namespace helper does in the sandbox's user namespace
     /// before the payload runs (its own inotify limits).
     pub inside: Vec<crate::nshelper::Step>,
@@ -253,12 +256,13 @@ pub async fn prepare_with_network(
     info: OwnedFd,
     release: &OwnedFd,
     limits: &[(nix::sys::resource::Resource, u64)],
+    held: crate::nshelper::masks::Held,
     steps: Vec<crate::nshelper::Step>,
     network: Option<PythonNetwork>,
     notes: &mut Vec<String>,
 ) -> (Result<(), crate::spawn::Unprepared>, Option<Proxy>) {
     let listen = network.as_ref().map(|_| crate::nshelper::listen::PROXY_PORT);
-    let listener = match crate::spawn::prepare_inside_with(info, release, limits, steps, listen).await {
+    let listener = match crate::spawn::prepare_inside_with(info, release, limits, held, steps, listen).await {
         Ok(listener) => listener,
         Err(why) => return (Err(why), None),
     };
