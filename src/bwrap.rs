@@ -333,7 +333,11 @@ impl Policy {
     pub fn held_mounts(&self) -> crate::nshelper::masks::Held {
         crate::nshelper::masks::Held {
             read_only: READ_ONLY_PROC.iter().map(|(p, _)| PathBuf::from(p)).collect(),
-            masks: self.proc_masks.clone(),
+            masks: self
+                .proc_masks
+                .iter()
+                .map(|m| crate::nshelper::mount::Mask { path: m.path.clone(), is_dir: m.is_dir })
+                .collect(),
             mask_file: self.mask_sources.0.clone(),
             mask_dir: self.mask_sources.1.clone(),
         }
@@ -557,7 +561,6 @@ mod tests {
 
     #[test]
     fn proc_s_hardening_is_the_helper_s_and_never_in_the_argv() {
-        use crate::hostsecrets::Mask;
         let held = test_policy().held_mounts();
         assert_eq!(
             held,
@@ -567,8 +570,8 @@ mod tests {
                     .map(PathBuf::from)
                     .collect(),
                 masks: vec![
-                    Mask { path: "/proc/keys".into(), is_dir: false },
-                    Mask { path: "/proc/acpi".into(), is_dir: true },
+                    crate::nshelper::mount::Mask { path: "/proc/keys".into(), is_dir: false },
+                    crate::nshelper::mount::Mask { path: "/proc/acpi".into(), is_dir: true },
                 ],
                 mask_file: "/tmp/s/mask-file".into(),
                 mask_dir: "/tmp/s/mask-dir".into(),

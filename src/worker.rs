@@ -194,20 +194,7 @@ impl Worker {
             if !ended {
                 kill_group(child.pid);
                 let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
-                return Err(StartError::Prepare(match why {
-                    crate::spawn::Unprepared::Limit { .. } => format!(
-                        "No sandbox was started: its own task and open-file limits could not be set ({why}); without \
-                         them code in it could start more tasks or hold more files than its caps allow"
-                    ),
-                    crate::spawn::Unprepared::Masks(_) => format!(
-                        "No sandbox was started: its /proc could not be hardened ({why}); without that code in it \
-                         could read the kernel's information files or write its host-wide settings"
-                    ),
-                    _ => format!(
-                        "No sandbox was started: its own inotify limits could not be set ({why}); without them code \
-                         in it could take every inotify instance of your user, the guard's among them"
-                    ),
-                }));
+                return Err(StartError::Prepare(api::not_prepared(&why)));
             }
         }
         // Two frames in flight at most: a flood waits on the pipe. A frame

@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 use super::HELPER_DEADLINE;
 
 use super::mount::{
-    components, empty, fail, in_child, namespaces, setns, sys_open_tree, sys_openat2, sys_setattr, Fd, MountError,
-    Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH,
+    components, empty, fail, in_child, namespaces, setns, sys_open_tree, sys_openat2, sys_setattr, Fd, Mask,
+    MountError, Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH,
     MOVE_MOUNT_T_EMPTY_PATH, OPEN_TREE_CLONE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, WALK,
 };
 
@@ -55,7 +55,7 @@ use super::mount::{
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Held {
     pub read_only: Vec<PathBuf>,
-    pub masks: Vec<crate::hostsecrets::Mask>,
+    pub masks: Vec<Mask>,
     pub mask_file: PathBuf,
     pub mask_dir: PathBuf,
 }
@@ -218,7 +218,6 @@ fn steps(user: RawFd, mnt: RawFd, job: &Prepared, clones: &[Cell<RawFd>]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hostsecrets::Mask;
 
     #[test]
     fn sandbox_paths_become_relative_to_its_root_and_a_path_that_is_not_plain_is_refused() {

@@ -245,6 +245,25 @@ pub struct PythonNetwork {
 pub type Proxy =
     crate::network::proxy::Served<crate::network::decide::SystemResolver, Arc<crate::network::review::Desk>>;
 
+/// Why no sandbox was started when its held start could not be prepared,
+/// and what it would have let code do.
+pub fn not_prepared(why: &crate::spawn::Unprepared) -> String {
+    match why {
+        crate::spawn::Unprepared::Limit { .. } => format!(
+            "No sandbox was started: its own task and open-file limits could not be set ({why}); without them code \
+             in it could start more tasks or hold more files than its caps allow"
+        ),
+        crate::spawn::Unprepared::Masks(_) => format!(
+            "No sandbox was started: its /proc could not be hardened ({why}); without that code in it could read \
+             the kernel's information files or write its host-wide settings"
+        ),
+        _ => format!(
+            "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it could \
+             take every inotify instance of your user, the guard's among them"
+        ),
+    }
+}
+
 /// [`crate::spawn::prepare_inside`], and with `network` the proxy's
 /// listener in the sandbox's network namespace, served for as long as the
 /// sandbox lives. A destination no entry (or session grant) matches is
