@@ -322,9 +322,10 @@ pub fn set_limits_of(pid: i32, limits: &[(Resource, u64)]) -> Result<(), Unprepa
 /// Read the sandbox's pid from bubblewrap's info pipe, set `limits` on
 /// that process (held at `--block-fd`: bubblewrap has made the mounts and
 /// dropped its capabilities, and has not yet forked the payload, so
-/// everything in the sandbox inherits them), make the `held` mounts
-/// (`nshelper::masks`: the policy's `/proc` hardening), run the namespace
-/// helper's `steps` in its user namespace, then release the payload
+/// everything in the sandbox inherits them), run the namespace helper's
+/// `steps` in its user namespace, make the `held` mounts once bubblewrap
+/// has made its own (`nshelper::masks`: the policy's `/proc` hardening),
+/// then release the payload
 /// through `release`. The caller kills the sandbox on an error before it
 /// drops `release`.
 pub async fn prepare_inside(
@@ -366,11 +367,13 @@ pub async fn prepare_inside_with(
         .filter(|p| *p > 0)
         .ok_or(Unprepared::NoPid)?;
     set_limits_of(pid, limits)?;
+    // The steps need only the user namespace: they run while bubblewrap
+    // is still mounting; the masks wait for its mounts.
     tokio::task::spawn_blocking(move || -> Result<(), Unprepared> {
-        crate::nshelper::masks::apply(pid, &held)?;
         if !steps.is_empty() {
             crate::nshelper::run(pid, &[crate::nshelper::Namespace::User], &steps)?;
         }
+        crate::nshelper::masks::apply(pid, &held)?;
         Ok(())
     })
     .await
