@@ -14,7 +14,7 @@
  * Run: node --import tsx --test --test-concurrency=1 __test__/escapes-kernel.test.ts
  */
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -242,6 +242,87 @@ describe("the host's kernel information files read empty", () => {
     });
   }
 });
+
+/** One line of /proc/self/mountinfo. */
+interface Mount {
+  id: string;
+  parent: string;
+  root: string;
+  point: string;
+  options: string[];
+  fstype: string;
+}
+
+const unescape = (s: string) => s.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8)));
+
+function mountTable(text: string): Mount[] {
+  return text
+    .split("\n")
+    .filter((l) => l.includes(" - "))
+    .map((l) => {
+      const [left, right] = l.split(" - ");
+      const f = left.split(" ");
+      return { id: f[0], parent: f[1], root: unescape(f[3]), point: unescape(f[4]), options: f[5].split(","), fstype: right.split(" ")[0] };
+    });
+}
+
+/**
+ * What is wrong with `/proc` in mount table `text`: for every entry of READ_ONLY and MASKED that
+ * this host has, the mount on top at its path (the one no other mount at that path sits on) must
+ * be read-only, nosuid and nodev; a mask must be the session's empty file or directory, never the
+ * kernel's.
+ */
+function procProblems(text: string): string[] {
+  const table = mountTable(text);
+  const top = (path: string) => {
+    const at = table.filter((m) => m.point === path);
+    return at.find((m) => !at.some((o) => o.parent === m.id));
+  };
+  const problems: string[] = [];
+  const locked = (path: string, m: Mount | undefined) => {
+    if (!m) return problems.push(`${path}: not a mount point`);
+    const missing = ["ro", "nosuid", "nodev"].filter((o) => !m.options.includes(o));
+    if (missing.length) problems.push(`${path}: not ${missing.join(", ")} (${m.options.join(",")})`);
+  };
+  for (const path of READ_ONLY.filter((p) => existsSync(p))) locked(path, top(path));
+  for (const { path, dir } of MASKED.filter((m) => existsSync(m.path))) {
+    const m = top(path);
+    locked(path, m);
+    const source = dir ? "/mask-dir" : "/mask-file";
+    if (m && (m.fstype === "proc" || !m.root.endsWith(source))) problems.push(`${path}: ${m.fstype} ${m.root}, not ${source}`);
+  }
+  return problems;
+}
+
+describe("the sandbox's mount table holds every /proc view read-only and every mask", () => {
+  const MOUNTINFO = "import json\nprint(json.dumps(open('/proc/self/mountinfo').read()))";
+  const masked = () => MASKED.filter((m) => existsSync(m.path)).length;
+
+  test("python: every read-only view and mask is mounted, read-only, nosuid, nodev", async (t) => {
+    if (!answers(t) || !sandbox) return;
+    const text: string = jsonOut(await sandbox.execute(MOUNTINFO));
+    assert.deepEqual(procProblems(text), [], text);
+    // Baseline: bubblewrap's plain --proc has none of the masks.
+    const free = procProblems(JSON.parse(lastLine(await unfiltered(MOUNTINFO))));
+    assert.ok(masked() > 0, "this host's /proc has none of the masked entries");
+    assert.ok(free.filter((p) => p.endsWith("not a mount point")).length >= masked(), free.join("\n"));
+  });
+
+  test("bash: every read-only view and mask is mounted, read-only, nosuid, nodev", async (t) => {
+    if (!answers(t) || !sandbox || !base) return;
+    let text = "";
+    const r = await sandbox.execShell(1, "cat /proc/self/mountinfo", { cwd: join(base, "project") }, (d: string) => {
+      text += d;
+    });
+    assert.equal(r.exitCode, 0, JSON.stringify(r));
+    assert.ok(text.includes(" /proc "), text);
+    assert.deepEqual(procProblems(text), [], text);
+    const free = procProblems(JSON.parse(lastLine(await unfiltered(MOUNTINFO))));
+    assert.ok(free.filter((p) => p.endsWith("not a mount point")).length >= masked(), `baseline: ${free.join("\n")}`);
+  });
+});
+
+const lastLine = (s: string) => s.trim().split("\n").at(-1) ?? "";
 
 describe("the sandbox's root file system is read-only", () => {
   test("a file at /rootfile cannot be made (EROFS)", (t) => {

@@ -55,13 +55,14 @@ pub const RESERVED_MOUNTS: &[&str] = &[
 /// are): a project inside one is shown there too.
 pub const SYSTEM_MOUNTS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/fonts"];
 
-/// Kernel interfaces under `/proc` bound read-only onto themselves right
-/// after `--proc`, with why. Bubblewrap leaves them writable: its own
+/// Kernel interfaces under `/proc` bound read-only onto themselves, with
+/// why, by the namespace helper in the held sandbox (see
+/// [`Policy::held_mounts`]). Bubblewrap leaves them writable: its own
 /// read-only remount of `/proc/sys` depends on `access(W_OK)` on that
 /// directory (mode 0555), which fails. A process whose uid is global root
 /// writes most of these by their mode bits alone, with no capability
-/// check. The `-try` form: a kernel without the interface has nothing to
-/// protect there.
+/// check. Skipped where missing: a kernel without the interface has nothing
+/// to protect there.
 pub const READ_ONLY_PROC: &[(&str, &str)] = &[
     (
         "/proc/sys",
@@ -94,8 +95,9 @@ const fn dir(path: &'static str, reason: &'static str) -> ProcMask {
 /// What `/proc` must not tell the sandbox: the container runtimes' default
 /// masked paths, and every file there (outside `/proc/<pid>`) that root can
 /// read and an ordinary user cannot, found by reading all of `/proc` as
-/// both and comparing. Only those present on the host are masked (a bind
-/// needs its mount point; see `probe::proc_masks`). Files that show
+/// both and comparing, hidden by the namespace helper in the held sandbox
+/// (see [`Policy::held_mounts`]). Only those present on the host are
+/// masked (a bind needs its mount point; see `probe::proc_masks`). Files that show
 /// addresses only to a process with a capability in the initial namespace
 /// (`kallsyms`, `modules`, `iomem`, `ioports`) are masked as well: the
 /// sandbox has none, but what they show then depends on a kernel check,
@@ -321,6 +323,26 @@ fn push_fd_bind(argv: &mut Vec<OsString>, bind: &FdBind) {
 }
 
 impl Policy {
+    /// What the namespace helper mounts in the held sandbox, after
+    /// bubblewrap's mounts and before the payload runs (see
+    /// `nshelper::masks`): [`READ_ONLY_PROC`] read-only onto themselves
+    /// where present, then the [`PROC_MASKS`] of this host under the
+    /// session's empty file or directory. Not bubblewrap's: it reads the
+    /// whole mount table again after every bind, and these were half of a
+    /// start's binds.
+    pub fn held_mounts(&self) -> crate::nshelper::masks::Held {
+        crate::nshelper::masks::Held {
+            read_only: READ_ONLY_PROC.iter().map(|(p, _)| PathBuf::from(p)).collect(),
+            masks: self
+                .proc_masks
+                .iter()
+                .map(|m| crate::nshelper::mount::Mask { path: m.path.clone(), is_dir: m.is_dir })
+                .collect(),
+            mask_file: self.mask_sources.0.clone(),
+            mask_dir: self.mask_sources.1.clone(),
+        }
+    }
+
     /// The rlimits (soft = hard) the host sets on the sandbox's first
     /// process before bubblewrap lets the payload run (see
     /// `spawn::prepare_inside`): not part of the argv, and the same for
@@ -354,16 +376,11 @@ pub fn bwrap_argv(policy: &Policy, payload: &Payload) -> Vec<OsString> {
     // one the code can write has a size, and /dev itself is read-only.
     // (They belong to the sandbox's one user: multiprocessing's semaphores
     // in /dev/shm need no sticky world-writable mode.)
-    // The kernel's host-wide settings read-only, its information files
-    // empty (see READ_ONLY_PROC and PROC_MASKS).
+    // The kernel's host-wide settings read-only and its information files
+    // empty are the namespace helper's, in the held sandbox (see
+    // `Policy::held_mounts`).
     let (mask_file, mask_dir) = &policy.mask_sources;
     push(&mut a, &["--proc", "/proc"]);
-    for (path, _) in READ_ONLY_PROC {
-        push(&mut a, &["--ro-bind-try", path, path]);
-    }
-    for mask in &policy.proc_masks {
-        push_bind(&mut a, "--ro-bind", if mask.is_dir { mask_dir } else { mask_file }, &mask.path);
-    }
     push(&mut a, &["--dev", "/dev"]);
     let (shm, tmp) = (policy.shm_bytes.to_string(), policy.tmp_bytes.to_string());
     push(&mut a, &["--size", &shm, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", &tmp, "--tmpfs", "/tmp"]);
@@ -529,11 +546,7 @@ mod tests {
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
             --die-with-parent --cap-drop ALL --info-fd 6 --block-fd 7 \
-            --proc /proc --ro-bind-try /proc/sys /proc/sys \
-            --ro-bind-try /proc/sysrq-trigger /proc/sysrq-trigger --ro-bind-try /proc/irq /proc/irq \
-            --ro-bind-try /proc/bus /proc/bus --ro-bind-try /proc/fs /proc/fs \
-            --ro-bind /tmp/s/mask-file /proc/keys --ro-bind /tmp/s/mask-dir /proc/acpi \
-            --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
+            --proc /proc --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
             --size 268435456 --tmpfs /tmp --ro-bind /usr /usr \
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \
@@ -544,6 +557,28 @@ mod tests {
             --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /scratch \
             --setenv TMPDIR /tmp --setenv LANG C.UTF-8 --seccomp 5 -- /bin/true";
         assert_eq!(argv(&test_policy()).join(" "), expected);
+    }
+
+    #[test]
+    fn proc_s_hardening_is_the_helper_s_and_never_in_the_argv() {
+        let held = test_policy().held_mounts();
+        assert_eq!(
+            held,
+            crate::nshelper::masks::Held {
+                read_only: ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"]
+                    .into_iter()
+                    .map(PathBuf::from)
+                    .collect(),
+                masks: vec![
+                    crate::nshelper::mount::Mask { path: "/proc/keys".into(), is_dir: false },
+                    crate::nshelper::mount::Mask { path: "/proc/acpi".into(), is_dir: true },
+                ],
+                mask_file: "/tmp/s/mask-file".into(),
+                mask_dir: "/tmp/s/mask-dir".into(),
+            }
+        );
+        let argv = argv(&test_policy());
+        assert!(!argv.iter().any(|a| a.starts_with("/proc/")), "{argv:?}");
     }
 
     #[test]

@@ -212,6 +212,7 @@ async fn start_once(
         keeper,
         contained,
         limits: policy.held_rlimits(),
+        held: policy.held_mounts(),
         inside: crate::inotify::cap_steps(facts.host.inotify_share),
         watcher,
         budget,

@@ -14,9 +14,11 @@
 //! limits, the proxy's listener in its network namespace) is the callers'
 //! business, not this module's. [`mount`] is the one job with more steps:
 //! a read-only tree attached to (or detached from) a running sandbox;
-//! [`listen`] makes the listener of the sandbox's proxy.
+//! [`listen`] makes the listener of the sandbox's proxy; [`masks`] makes
+//! the held sandbox's `/proc` read-only views and masks.
 
 pub mod listen;
+pub mod masks;
 pub mod mount;
 pub mod remount;
 pub mod swap;

@@ -364,10 +364,11 @@ pub async fn run(
         crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
     let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join(), false)
         .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
+    let held = policy.held_mounts();
     let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
     let listen = ctx.config.network.as_ref().map(|_| PROXY_PORT);
     let (prepared, listener) =
-        match prepare_inside_with(child.info, &child.release, &policy.held_rlimits(), steps, listen).await {
+        match prepare_inside_with(child.info, &child.release, &policy.held_rlimits(), held, steps, listen).await {
             Ok(listener) => (Ok(()), listener),
             Err(why) => (Err(why), None),
         };

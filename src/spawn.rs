@@ -444,6 +444,10 @@ pub enum Unprepared {
     Limit { resource: &'static str, pid: i32, source: io::Error },
     #[error("{0}")]
     Helper(#[from] crate::nshelper::HelperError),
+    /// A kernel interface could not be made read-only or a kernel
+    /// information file hidden (see `nshelper::masks`).
+    #[error("{0}")]
+    Masks(#[from] crate::nshelper::mount::MountError),
 }
 
 /// The name of an rlimit the host sets on a held sandbox.
@@ -475,16 +479,19 @@ pub fn set_limits_of(pid: i32, limits: &[(Resource, u64)]) -> Result<(), Unprepa
 /// that process (held at `--block-fd`: bubblewrap has made the mounts and
 /// dropped its capabilities, and has not yet forked the payload, so
 /// everything in the sandbox inherits them), run the namespace helper's
-/// `steps` in its user namespace, then release the payload through
-/// `release`. The caller kills the sandbox on an error before it drops
-/// `release`.
+/// `steps` in its user namespace, make the `held` mounts once bubblewrap
+/// has made its own (`nshelper::masks`: the policy's `/proc` hardening),
+/// then release the payload
+/// through `release`. The caller kills the sandbox on an error before it
+/// drops `release`.
 pub async fn prepare_inside(
     info: OwnedFd,
     release: &OwnedFd,
     limits: &[(Resource, u64)],
+    held: crate::nshelper::masks::Held,
     steps: Vec<crate::nshelper::Step>,
 ) -> Result<(), Unprepared> {
-    prepare_inside_with(info, release, limits, steps, None).await.map(|_| ())
+    prepare_inside_with(info, release, limits, held, steps, None).await.map(|_| ())
 }
 
 /// [`prepare_inside`], and with `listen` a listener on `127.0.0.1:PORT`
@@ -495,10 +502,12 @@ pub async fn prepare_inside_with(
     info: OwnedFd,
     release: &OwnedFd,
     limits: &[(Resource, u64)],
+    held: crate::nshelper::masks::Held,
     steps: Vec<crate::nshelper::Step>,
     listen: Option<u16>,
 ) -> Result<Option<Result<OwnedFd, crate::nshelper::HelperError>>, Unprepared> {
     let began = std::time::Instant::now();
+    let held = crate::nshelper::masks::prepare(&held)?;
     let info = pipe::Receiver::from_owned_fd(info).map_err(Unprepared::InfoPipe)?;
     let mut text = Vec::new();
     let mut bounded = info.take(4096);
@@ -514,12 +523,17 @@ pub async fn prepare_inside_with(
         .filter(|p| *p > 0)
         .ok_or(Unprepared::NoPid)?;
     set_limits_of(pid, limits)?;
-    if !steps.is_empty() {
-        let ns = [crate::nshelper::Namespace::User];
-        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &ns, &steps))
-            .await
-            .map_err(Unprepared::HelperThread)??;
-    }
+    // The steps need only the user namespace: they run while bubblewrap
+    // is still mounting; the masks wait for its mounts.
+    tokio::task::spawn_blocking(move || -> Result<(), Unprepared> {
+        if !steps.is_empty() {
+            crate::nshelper::run(pid, &[crate::nshelper::Namespace::User], &steps)?;
+        }
+        crate::nshelper::masks::apply(pid, &held)?;
+        Ok(())
+    })
+    .await
+    .map_err(Unprepared::HelperThread)??;
     let listener = match listen {
         Some(port) => Some(
             tokio::task::spawn_blocking(move || crate::nshelper::listen::listen(pid, port))

@@ -175,6 +175,7 @@ impl Worker {
             keeper,
             mut contained,
             limits,
+            held,
             inside,
             watcher,
             budget,
@@ -187,7 +188,8 @@ impl Worker {
         // written after both: on a failure it is killed before its pipe
         // closes.
         let (prepared, proxy) =
-            api::prepare_with_network(child.info, &child.release, &limits, inside, network, &mut plan_notes).await;
+            api::prepare_with_network(child.info, &child.release, &limits, held, inside, network, &mut plan_notes)
+                .await;
         if let Err(why) = prepared {
             // A bubblewrap that failed on its own (a mount source gone, say)
             // has ended or ends at once, and its own words on stderr are
@@ -197,16 +199,7 @@ impl Worker {
             if !ended {
                 kill_group(child.pid);
                 let _ = timeout(CLEANUP_DEADLINE, child.child.wait()).await;
-                return Err(StartError::Prepare(match why {
-                    crate::spawn::Unprepared::Limit { .. } => format!(
-                        "No sandbox was started: its own task and open-file limits could not be set ({why}); without \
-                         them code in it could start more tasks or hold more files than its caps allow"
-                    ),
-                    _ => format!(
-                        "No sandbox was started: its own inotify limits could not be set ({why}); without them code \
-                         in it could take every inotify instance of your user, the guard's among them"
-                    ),
-                }));
+                return Err(StartError::Prepare(api::not_prepared(&why)));
             }
         }
         // Two frames in flight at most: a flood waits on the pipe. A frame

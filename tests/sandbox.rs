@@ -897,6 +897,22 @@ mod bare {
         caps: contain::Caps,
         nofile: Option<u64>,
     ) -> Option<(ExitStatus, String)> {
+        let ran = run_edited(name, profile, argv, caps, nofile, |_, _| {}).await?;
+        Some(ran.unwrap_or_else(|(why, _)| panic!("the payload was not released: {why}")))
+    }
+
+    /// [`run_capped`] with the policy changed by `edit` (given the
+    /// session's directory, where the mask sources are); `Err` with why
+    /// the payload was not released and what its stdout held once the
+    /// sandbox was killed.
+    pub async fn run_edited(
+        name: &str,
+        profile: Profile,
+        argv: &[&str],
+        caps: contain::Caps,
+        nofile: Option<u64>,
+        edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+    ) -> Option<Result<(ExitStatus, String), (String, String)>> {
         if let Err(why) = super::can_sandbox() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
             eprintln!("SKIP {name}: {why}");
@@ -911,7 +927,7 @@ mod bare {
         let sources = secrets::MaskSources::in_dir(&session).expect("mask sources");
         let mut notes = Vec::new();
         let mut contained = contain::for_sandbox(&Ok(caps), &mut notes).expect("containment");
-        let policy = Policy {
+        let mut policy = Policy {
             merged_usr: probe::merged_usr(),
             project_dir: std::fs::canonicalize(&project).expect("project"),
             project_at: WORKSPACE.into(),
@@ -933,6 +949,7 @@ mod bare {
             network: Network::None,
             seccomp: profile,
         };
+        edit(&mut policy, &session);
         let payload = Payload { argv: argv.iter().map(Into::into).collect(), ..Payload::default() };
         let bwrap = probe::probe_bwrap().await.expect("bwrap");
         let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
@@ -940,10 +957,14 @@ mod bare {
         let mut child =
             spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), false).expect("spawn");
         let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
-        if let Err(why) = spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), steps).await {
+        if let Err(why) =
+            spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), policy.held_mounts(), steps).await
+        {
             spawn::kill_group(child.pid);
+            let mut out = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(20), child.stdout.read_to_string(&mut out)).await;
             let _ = child.child.wait().await;
-            panic!("the payload was not released: {why}");
+            return Some(Err((why.to_string(), out)));
         }
         let mut out = String::new();
         let waited = tokio::time::timeout(Duration::from_secs(20), async {
@@ -956,7 +977,7 @@ mod bare {
             panic!("{name}: the payload did not end");
         });
         drop(contained);
-        Some((status, out))
+        Some(Ok((status, out)))
     }
 }
 
@@ -967,6 +988,49 @@ async fn a_bare_true_runs_under_the_full_policy() {
         return;
     };
     assert_eq!((status.code(), out.as_str()), (Some(0), ""));
+}
+
+/// The namespace helper's `/proc` masks under [`bare::run_edited`], with
+/// `edit` applied: the payload prints a word if it runs at all.
+async fn masked_start(
+    name: &str,
+    edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+) -> Option<Result<String, (String, String)>> {
+    use pi_python_sandbox::contain;
+    let caps = contain::caps(None, None).expect("default caps");
+    let argv = ["/bin/sh", "-c", "echo payload-ran; wc -c < /proc/sys/vm/stat_refresh"];
+    let ran = bare::run_edited(name, pi_python_sandbox::seccomp::Profile::Shell, &argv, caps, None, edit).await?;
+    Some(ran.map(|(_, out)| out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proc_mask_that_cannot_be_made_fails_the_start_and_no_payload_runs() {
+    use pi_python_sandbox::hostsecrets::Mask;
+    // Baseline: the same start with the host's masks runs the payload.
+    let Some(ok) = masked_start("mask-ok", |_, _| {}).await else { return };
+    assert_eq!(ok.expect("the start with the host's masks").lines().next(), Some("payload-ran"));
+    // A mask whose place does not exist in the sandbox's /proc.
+    let missing = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.push(Mask { path: "/proc/no-such-kernel-file".into(), is_dir: false })
+    };
+    let (why, out) =
+        masked_start("mask-missing", missing).await.expect("sandbox").expect_err("a start without its mask");
+    assert!(why.contains("/proc/no-such-kernel-file") && why.contains("No such file"), "{why}");
+    assert_eq!(out, "", "the payload ran");
+    // A mask whose place is reached through a link (/proc/self): never followed.
+    let link = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.insert(0, Mask { path: "/proc/self/environ".into(), is_dir: false })
+    };
+    let (why, out) = masked_start("mask-link", link).await.expect("sandbox").expect_err("a start through a link");
+    assert!(why.contains("/proc/self/environ") && why.contains("symbolic links"), "{why}");
+    assert_eq!(out, "", "the payload ran");
+    // The session's empty file gone: nothing to mask with.
+    let gone = |p: &mut pi_python_sandbox::bwrap::Policy, session: &std::path::Path| {
+        p.mask_sources.0 = session.join("no-such-mask-file");
+    };
+    let (why, out) = masked_start("mask-gone", gone).await.expect("sandbox").expect_err("a start without a mask file");
+    assert!(why.contains("cloning the empty mask") && why.contains("No such file"), "{why}");
+    assert_eq!(out, "", "the payload ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1076,4 +1140,115 @@ async fn a_shell_payload_forks_no_more_than_the_task_cap() {
     };
     assert_eq!(forked + others, CAP, "{out}");
     assert!(out.contains("timeout: fork system call failed: Resource temporarily unavailable\ntimeout 125\n"), "{out}");
+}
+
+/// The `/proc` masks the namespace helper makes are locked to a process of
+/// the sandbox that has a user and mount namespace of its own (which
+/// `--disable-userns` already refuses it): a copy of the sandbox's mounts
+/// made in the payload's user namespace, with every capability there,
+/// cannot unmount a mask (to show what it covers) or make it writable.
+/// Baseline: in the same copy a mount of its own is unmounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proc_masks_are_locked_in_a_nested_user_and_mount_namespace() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let masks: Vec<String> = pi_python_sandbox::probe::proc_masks_of_host()
+        .into_iter()
+        .filter(|m| !m.is_dir)
+        .map(|m| m.path.to_string_lossy().into_owned())
+        .collect();
+    assert!(!masks.is_empty(), "this host's /proc has none of the masked files");
+    let marker = format!("9.{}", std::process::id());
+    let payload = marker.clone();
+    let run = tokio::spawn(async move {
+        bare::run("locked", pi_python_sandbox::seccomp::Profile::Shell, &["/usr/bin/sleep", &payload]).await
+    });
+    // The payload, found by its argv.
+    let want = format!("/usr/bin/sleep\0{marker}\0");
+    let mut pid = None;
+    for _ in 0..400 {
+        pid = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            (cmdline == want.as_bytes()).then(|| e.file_name().to_string_lossy().parse::<i32>().ok()).flatten()
+        });
+        if pid.is_some() || run.is_finished() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let Some(pid) = pid else {
+        let ran = run.await.unwrap();
+        assert!(ran.is_none(), "the payload was not found: {ran:?}");
+        return;
+    };
+    let mnt: OwnedFd = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).unwrap().into();
+    let payload_user: OwnedFd = std::fs::File::open(format!("/proc/{pid}/ns/user")).unwrap().into();
+    // SAFETY: NS_GET_USERNS returns a fresh fd.
+    let owner = unsafe { libc::ioctl(mnt.as_raw_fd(), 0xb701) };
+    assert!(owner >= 0, "NS_GET_USERNS: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh fd nothing else owns.
+    let owner = unsafe { OwnedFd::from_raw_fd(owner) };
+    let (owner_fd, mnt_fd, user_fd) = (owner.as_raw_fd(), mnt.as_raw_fd(), payload_user.as_raw_fd());
+    let probe = format!(
+        "import ctypes, json, os\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def call(f, *a):\n    return 0 if f(*a) == 0 else ctypes.get_errno()\n\
+         out = {{}}\n\
+         for p in {masks:?}:\n\
+         \x20   mounted = os.stat(p).st_dev != os.stat('/proc').st_dev\n\
+         \x20   umount = call(libc.umount2, p.encode(), 2)\n\
+         \x20   writable = call(libc.mount, None, p.encode(), None, ctypes.c_ulong(32 | 4096), None)\n\
+         \x20   out[p] = [mounted, umount, writable, os.path.getsize(p)]\n\
+         own = call(libc.mount, b'/proc/version', {first:?}.encode(), None, ctypes.c_ulong(4096), None)\n\
+         out['own'] = [own, call(libc.umount2, {first:?}.encode(), 2)]\n\
+         print(json.dumps(out))",
+        first = masks[0],
+    );
+    let mut cmd = std::process::Command::new("/usr/bin/python3");
+    cmd.args(["-I", "-S", "-c", &probe]).env_clear();
+    // SAFETY: only setns and unshare, async-signal-safe, in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (fd, flag) in
+                [(owner_fd, libc::CLONE_NEWUSER), (mnt_fd, libc::CLONE_NEWNS), (user_fd, libc::CLONE_NEWUSER)]
+            {
+                if libc::setns(fd, flag) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // CAP_SYS_ADMIN of the namespace kept across exec when the
+            // sandbox's uid is not 0 there (pi running as another user).
+            const CAP_SYS_ADMIN: u32 = 21;
+            let mut head = [0x2008_0522u32, 0];
+            let mut data = [0u32; 6];
+            if libc::syscall(libc::SYS_capget, head.as_mut_ptr(), data.as_mut_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            data[2] |= 1 << CAP_SYS_ADMIN;
+            if libc::syscall(libc::SYS_capset, head.as_mut_ptr(), data.as_ptr()) != 0
+                || libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, CAP_SYS_ADMIN as libc::c_ulong, 0, 0)
+                    != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output();
+    // SAFETY: kill(2) of the payload this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = run.await;
+    let out = out.expect("the probe in the nested namespaces");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+    // Baseline: what the copy mounts itself it can unmount.
+    assert_eq!(v["own"], serde_json::json!([0, 0]), "{v}");
+    for p in &masks {
+        // Mounted, not unmounted (EINVAL: locked), not made writable (EPERM), empty.
+        assert_eq!(v[p], serde_json::json!([true, libc::EINVAL, libc::EPERM, 0]), "{p}: {v}");
+    }
 }

@@ -177,6 +177,10 @@ pub enum MountError {
     Fork(io::Error),
     #[error("the helper did not report ({0})")]
     NoReport(String),
+    /// Bubblewrap did not reach the end of its mounts (it ended, or took
+    /// longer than the helper's deadline).
+    #[error("bubblewrap did not finish its mounts: {0}")]
+    NotMounted(io::Error),
     #[error("the helper failed {} (at {}): {source}", .stage.words(), crate::display::one_line(at))]
     Step { stage: Stage, at: PathBuf, source: io::Error },
 }
@@ -311,7 +315,7 @@ pub(super) const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
-const RESOLVE_NO_MAGICLINKS: u64 = 0x2;
+pub(super) const RESOLVE_NO_MAGICLINKS: u64 = 0x2;
 pub(super) const RESOLVE_NO_SYMLINKS: u64 = 0x4;
 pub(super) const RESOLVE_BENEATH: u64 = 0x8;
 pub(super) const UMOUNT_NOFOLLOW: libc::c_int = 0x8;

@@ -264,7 +264,8 @@ mod tests {
     /// The argv of every part in use, argument for argument as the python
     /// tool has always built it (recorded from the builder before the
     /// policy and the payload were apart), less the task cap the worker was
-    /// once told (the host sets it now), and with the project's host names
+    /// once told (the host sets it now) and less `/proc`'s read-only views
+    /// and masks (the namespace helper makes them now), and with the project's host names
     /// made links to /workspace last (a venv inside the project is then
     /// mounted inside /workspace, where the links lead).
     #[test]
@@ -287,11 +288,7 @@ mod tests {
         let expected = "--unshare-user --disable-userns --unshare-pid --unshare-ipc \
             --unshare-uts --hostname pi-sandbox --unshare-net --unshare-cgroup-try \
             --die-with-parent --cap-drop ALL --info-fd 6 --block-fd 7 \
-            --proc /proc --ro-bind-try /proc/sys /proc/sys \
-            --ro-bind-try /proc/sysrq-trigger /proc/sysrq-trigger --ro-bind-try /proc/irq /proc/irq \
-            --ro-bind-try /proc/bus /proc/bus --ro-bind-try /proc/fs /proc/fs \
-            --ro-bind /tmp/s/mask-file /proc/keys --ro-bind /tmp/s/mask-dir /proc/acpi \
-            --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
+            --proc /proc --dev /dev --size 67108864 --tmpfs /dev/shm --remount-ro /dev \
             --size 268435456 --tmpfs /tmp --ro-bind /usr /usr \
             --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib \
             --symlink usr/lib32 /lib32 --symlink usr/lib64 /lib64 --symlink usr/libx32 /libx32 \

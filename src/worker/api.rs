@@ -212,6 +212,9 @@ pub struct Launch {
     /// The rlimits the host sets on the held sandbox before the payload
     /// runs (see `Policy::held_rlimits`).
     pub limits: Vec<(nix::sys::resource::Resource, u64)>,
+    /// What the namespace helper mounts in the held sandbox before the
+    /// payload runs (see `Policy::held_mounts`).
+    pub held: crate::nshelper::masks::Held,
     /// What the namespace helper does in the sandbox's user namespace
     /// before the payload runs (its own inotify limits).
     pub inside: Vec<crate::nshelper::Step>,
@@ -242,6 +245,25 @@ pub struct PythonNetwork {
 pub type Proxy =
     crate::network::proxy::Served<crate::network::decide::SystemResolver, Arc<crate::network::review::Desk>>;
 
+/// Why no sandbox was started when its held start could not be prepared,
+/// and what it would have let code do.
+pub fn not_prepared(why: &crate::spawn::Unprepared) -> String {
+    match why {
+        crate::spawn::Unprepared::Limit { .. } => format!(
+            "No sandbox was started: its own task and open-file limits could not be set ({why}); without them code \
+             in it could start more tasks or hold more files than its caps allow"
+        ),
+        crate::spawn::Unprepared::Masks(_) => format!(
+            "No sandbox was started: its /proc could not be hardened ({why}); without that code in it could read \
+             the kernel's information files or write its host-wide settings"
+        ),
+        _ => format!(
+            "No sandbox was started: its own inotify limits could not be set ({why}); without them code in it could \
+             take every inotify instance of your user, the guard's among them"
+        ),
+    }
+}
+
 /// [`crate::spawn::prepare_inside`], and with `network` the proxy's
 /// listener in the sandbox's network namespace, served for as long as the
 /// sandbox lives. A destination no entry (or session grant) matches is
@@ -253,12 +275,13 @@ pub async fn prepare_with_network(
     info: OwnedFd,
     release: &OwnedFd,
     limits: &[(nix::sys::resource::Resource, u64)],
+    held: crate::nshelper::masks::Held,
     steps: Vec<crate::nshelper::Step>,
     network: Option<PythonNetwork>,
     notes: &mut Vec<String>,
 ) -> (Result<(), crate::spawn::Unprepared>, Option<Proxy>) {
     let listen = network.as_ref().map(|_| crate::nshelper::listen::PROXY_PORT);
-    let listener = match crate::spawn::prepare_inside_with(info, release, limits, steps, listen).await {
+    let listener = match crate::spawn::prepare_inside_with(info, release, limits, held, steps, listen).await {
         Ok(listener) => listener,
         Err(why) => return (Err(why), None),
     };

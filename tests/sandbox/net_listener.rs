@@ -50,7 +50,9 @@ async fn held_sandbox(script: &str, listen: bool) -> (String, Option<String>) {
     // No --seccomp: the filter is not what this test is about.
     let unused: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
     let mut child = spawn_sandbox(bwrap.as_ref(), &argv, unused, vec![], vec![], false).unwrap();
-    let prepared = prepare_inside_with(child.info, &child.release, &[], vec![], listen.then_some(PROXY_PORT)).await;
+    let prepared =
+        prepare_inside_with(child.info, &child.release, &[], Default::default(), vec![], listen.then_some(PROXY_PORT))
+            .await;
     let listener = match prepared {
         Ok(l) => l,
         Err(e) => {
