@@ -118,6 +118,19 @@ async function fixture(t: TestContext, options: Parameters<typeof makeFixture>[1
   return makeFixture(t, options);
 }
 
+/** In `base` (a folder nobody can reach): a runtime root nobody owns and a copy of the addon. */
+function nobodysAddon(base: string): { runtimeRoot: string; addonDir: string } {
+  const runtimeRoot = join(base, "rt");
+  mkdirSync(runtimeRoot, { mode: 0o700 });
+  chownSync(runtimeRoot, 65534, 65534);
+  const addonDir = join(base, "addon");
+  mkdirSync(addonDir);
+  for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
+    copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
+  }
+  return { runtimeRoot, addonDir };
+}
+
 /** Root-only attempts report, never pass in silence, where the baseline cannot show them. */
 function needsRoot(t: TestContext, why: string): boolean {
   if (ROOT) return false;
@@ -566,14 +579,7 @@ describe("containment", { concurrency: 1 }, () => {
     chmodSync(base, 0o755);
     const project = join(base, "project");
     mkdirSync(project);
-    const runtimeRoot = join(base, "rt");
-    mkdirSync(runtimeRoot, { mode: 0o700 });
-    chownSync(runtimeRoot, 65534, 65534);
-    const addonDir = join(base, "addon");
-    mkdirSync(addonDir);
-    for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
-      copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
-    }
+    const { runtimeRoot, addonDir } = nobodysAddon(base);
     const marker = uniq("bomb-nobody");
     killAfter(t, marker);
     const env = { PATH: "/usr/local/bin:/usr/bin:/bin", HOME: "/nonexistent", PI_SANDBOX_MAX_TASKS: "16" };
@@ -1012,14 +1018,7 @@ describe("the python catalogue's attempts, made by a shell command", { concurren
     // Before anything is mounted there (chown -R would go into a mount).
     assert.equal(spawnSync("chown", ["-R", "65534:65534", project]).status, 0);
     mount("root/proc", "proc");
-    const runtimeRoot = join(base, "rt");
-    mkdirSync(runtimeRoot, { mode: 0o700 });
-    chownSync(runtimeRoot, 65534, 65534);
-    const addonDir = join(base, "addon");
-    mkdirSync(addonDir);
-    for (const name of readdirSync(dirname(INDEX_CJS)).filter((n) => n === "index.cjs" || n.endsWith(".node"))) {
-      copyFileSync(join(dirname(INDEX_CJS), name), join(addonDir, name));
-    }
+    const { runtimeRoot, addonDir } = nobodysAddon(base);
     const env = { PATH: "/usr/local/bin:/usr/bin:/bin", HOME: "/nonexistent", PI_SANDBOX_SCAN_ENTRIES: String(WALK_BOUND) };
     const asNobody = { uid: 65534, gid: 65534, env, encoding: "utf8" as const, timeout: 60_000 };
     const cmd = `touch made.txt && echo made; echo x >> .git/config && echo wrote-config`;

@@ -45,8 +45,8 @@ use super::HELPER_DEADLINE;
 
 use super::mount::{
     components, empty, fail, in_child, namespaces, setns, sys_open_tree, sys_openat2, sys_setattr, Fd, Mask,
-    MountError, Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH,
-    MOVE_MOUNT_T_EMPTY_PATH, OPEN_TREE_CLONE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, WALK,
+    MountError, Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, OPEN_TREE_CLONE,
+    RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, WALK,
 };
 
 /// What the helper mounts in a held sandbox: `read_only` paths bound
@@ -148,25 +148,6 @@ fn wait_mounted(pid: i32, owner: &OwnedFd) -> Result<(), MountError> {
     }
 }
 
-fn move_onto(tree: RawFd, onto: RawFd) -> Result<(), i32> {
-    // SAFETY: move_mount of two fds with empty paths.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree,
-            empty(),
-            onto,
-            empty(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        Err(super::errno())
-    } else {
-        Ok(())
-    }
-}
-
 // Below: the forked child. Raw system calls on prepared memory only.
 
 fn steps(user: RawFd, mnt: RawFd, job: &Prepared, clones: &[Cell<RawFd>]) -> Result<(), [i32; 3]> {
@@ -203,14 +184,14 @@ fn steps(user: RawFd, mnt: RawFd, job: &Prepared, clones: &[Cell<RawFd>]) -> Res
         let clone = OPEN_TREE_CLONE | AT_RECURSIVE | libc::AT_EMPTY_PATH as libc::c_uint;
         let tree = Fd(sys_open_tree(at.0, empty(), clone).map_err(|e| fail(Stage::CloneSource, i, e))?);
         sys_setattr(tree.0, AT_RECURSIVE, ro, 0).map_err(|e| fail(Stage::ReadOnly, i, e))?;
-        move_onto(tree.0, at.0).map_err(|e| fail(Stage::Attach, i, e))?;
+        super::mount::sys_move(tree.0, at.0).map_err(|e| fail(Stage::Attach, i, e))?;
     }
     for (i, ((rel, _), slot)) in job.masks.iter().zip(clones).enumerate() {
         let mask = Fd(slot.replace(-1));
         let at =
             Fd(sys_openat2(root.0, rel.as_ptr(), libc::O_PATH, WALK)
                 .map_err(|e| fail(Stage::Walk, first_mask + i, e))?);
-        move_onto(mask.0, at.0).map_err(|e| fail(Stage::Attach, first_mask + i, e))?;
+        super::mount::sys_move(mask.0, at.0).map_err(|e| fail(Stage::Attach, first_mask + i, e))?;
     }
     Ok(())
 }

@@ -410,7 +410,13 @@ pub(super) fn sys_setattr(fd: RawFd, flags: libc::c_uint, set: u64, clear: u64) 
     }
 }
 
-fn sys_move(tree: RawFd, onto: RawFd) -> Result<(), i32> {
+pub(super) fn sys_move(tree: RawFd, onto: RawFd) -> Result<(), i32> {
+    sys_move_flags(tree, onto, 0)
+}
+
+/// `move_mount` of the detached tree `tree` onto `onto`, both fds, with
+/// `flags` added to the two empty-path flags.
+pub(super) fn sys_move_flags(tree: RawFd, onto: RawFd, flags: libc::c_uint) -> Result<(), i32> {
     // SAFETY: move_mount of two fds with empty paths.
     let r = unsafe {
         libc::syscall(
@@ -419,7 +425,7 @@ fn sys_move(tree: RawFd, onto: RawFd) -> Result<(), i32> {
             empty(),
             onto,
             empty(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH | flags,
         )
     };
     if r < 0 {

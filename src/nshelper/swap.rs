@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use super::mount::{
     check, components, empty, fail, in_child, namespaces, setns, sys_open_tree, sys_openat2, sys_setattr, Fd,
-    MountError, Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH,
-    MOVE_MOUNT_T_EMPTY_PATH, OPEN_TREE_CLONE, RESOLVE_NO_SYMLINKS, UMOUNT_NOFOLLOW, WALK,
+    MountError, Stage, AT_RECURSIVE, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, OPEN_TREE_CLONE,
+    RESOLVE_NO_SYMLINKS, UMOUNT_NOFOLLOW, WALK,
 };
 
 const MOVE_MOUNT_BENEATH: libc::c_uint = 0x200;
@@ -119,25 +119,6 @@ fn ident(fd: RawFd) -> Result<(u64, u64), i32> {
     Ok((st.st_dev, st.st_ino))
 }
 
-fn move_flags(tree: RawFd, onto: RawFd, flags: libc::c_uint) -> Result<(), i32> {
-    // SAFETY: move_mount of two fds with empty paths.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree,
-            empty(),
-            onto,
-            empty(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH | flags,
-        )
-    };
-    if r < 0 {
-        Err(super::errno())
-    } else {
-        Ok(())
-    }
-}
-
 fn child(job: &Job) -> [i32; 3] {
     match steps(job) {
         Ok(()) => [0, 0, 0],
@@ -184,7 +165,7 @@ fn steps(job: &Job) -> Result<(), [i32; 3]> {
         sys_setattr(bind.0, AT_RECURSIVE, set, 0).map_err(|e| fail(Stage::ReadOnly, i + 1, e))?;
         // The place in the new tree (with the binds made so far), no link followed.
         let onto = Fd(sys_openat2(tree.0, rel.as_ptr(), libc::O_PATH, WALK).map_err(|e| fail(Stage::Walk, i + 1, e))?);
-        move_flags(bind.0, onto.0, 0).map_err(|e| fail(Stage::MoveMask, i + 1, e))?;
+        super::mount::sys_move_flags(bind.0, onto.0, 0).map_err(|e| fail(Stage::MoveMask, i + 1, e))?;
     }
     setns(job.mnt, libc::CLONE_NEWNS).map_err(|e| fail(Stage::JoinMount, 0, e))?;
     let root = Fd(sys_openat2(libc::AT_FDCWD, c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY, RESOLVE_NO_SYMLINKS)
@@ -203,7 +184,7 @@ fn steps(job: &Job) -> Result<(), [i32; 3]> {
         // Every mount of the current tree read-only before it goes.
         sys_setattr(old.0, AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0).map_err(|e| fail(Stage::Remount, 0, e))?;
     }
-    move_flags(tree.0, old.0, MOVE_MOUNT_BENEATH).map_err(|e| fail(Stage::Attach, 0, e))?;
+    super::mount::sys_move_flags(tree.0, old.0, MOVE_MOUNT_BENEATH).map_err(|e| fail(Stage::Attach, 0, e))?;
     // SAFETY: fchdir to an fd the child holds.
     if unsafe { libc::fchdir(dir) } != 0 {
         return Err(fail(Stage::Detach, 0, super::errno()));
