@@ -890,7 +890,9 @@ os.mkdir(d + "/.git")`;
     await new Promise((resolve) => setTimeout(resolve, 1000));
     const after = await addonCpuOver(1000);
     t.diagnostic(`after the stop ${after.toFixed(1)} ms of CPU in 1 s; baseline ${baseline.toFixed(1)} ms`);
-    assert.ok(baseline > 60, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
+    // Ten times the budget set below: enough for the budget to stop it. The figure itself varies
+    // with the machine (about 300-450 ms idle here, 58 ms in one clean CI run).
+    assert.ok(baseline > 20, `baseline: the flood costs the host CPU (${baseline.toFixed(0)} ms in 1 s)`);
     assert.ok(after * 5 < baseline, `after the stop: ${after.toFixed(0)} ms of CPU in 1 s, baseline ${baseline.toFixed(0)} ms`);
     const next = await sb.execute("1");
     assert.equal(next.stateLost, true, show(next));
