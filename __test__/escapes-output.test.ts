@@ -584,7 +584,9 @@ test("one line: a protected name planted under a name with line breaks is named 
     open("/workspace/" + ${lit(FORGED)} + "/.envrc", "w").write("echo pwned\n")
   `);
   assert.equal(r.status, "ok", show(r));
-  // Baseline: the planted name is real, with its line breaks, and was made inert.
+  // Baseline: the planted name is real, with its line breaks, and was made inert (by the watch,
+  // which may act just after the result is sent).
+  assert.ok(await waitUntil(() => inertNames(join(project, FORGED), ".envrc").length > 0, 6000), "baseline: made inert");
   assert.deepEqual(inertNames(join(project, FORGED), ".envrc"), [".envrc.pi-inert"]);
   // In this result, or (when the watch made it inert as the result was made) the next one.
   const next = await sb.execute("1");
