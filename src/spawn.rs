@@ -616,13 +616,25 @@ pub fn read_proc(path: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Whether `pid` has exited (gone, or a zombie).
+/// The kernel's flag of a task whose exit has begun (`PF_EXITING`).
+const PF_EXITING: u64 = 0x4;
+
+/// Whether `pid` has exited: gone, a zombie, or on its way out. Its exit
+/// begins (`PF_EXITING`) before its descriptors close and it becomes a
+/// zombie only after: a host that saw its pipes end may see it "running"
+/// for a while yet (long on a loaded machine), and must not take it for
+/// alive then.
 pub fn exited(pid: i32) -> bool {
     match read_proc(&format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => {
-            let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).copied();
-            matches!(state, Some(b'Z' | b'X'))
+            // After the name (which may hold anything): state, ppid, pgrp,
+            // session, tty_nr, tpgid, flags.
+            let Some(close) = stat.iter().rposition(|&b| b == b')') else { return false };
+            let mut fields = stat[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
+            let state = fields.next().and_then(|f| f.first().copied());
+            let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok()).unwrap_or(0);
+            matches!(state, Some(b'Z' | b'X')) || flags & PF_EXITING != 0
         }
     }
 }
@@ -660,6 +672,47 @@ mod tests {
         let pid = child.id() as i32;
         child.wait().unwrap();
         assert!(exited(pid));
+    }
+
+    #[test]
+    fn exited_counts_a_process_whose_exit_has_begun() {
+        // A process that exits with 384 MiB of memory it wrote to frees it inside its exit,
+        // after the exit began and before it becomes a zombie: a while in which its state is
+        // not yet Z (polled as fast as /proc answers; a few attempts, each its own process).
+        use std::io::BufRead;
+        let script = "import os\nheld = b'x' * (384 << 20)\nprint('full', flush=True)\nos._exit(0)\n";
+        let mut seen = None;
+        for _ in 0..5 {
+            let mut child = std::process::Command::new("python3")
+                .args(["-c", script])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            assert_eq!(line, "full\n");
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while seen.is_none() && std::time::Instant::now() < until {
+                let Ok(stat) = read_proc(&format!("/proc/{pid}/stat")) else { break };
+                let stat = String::from_utf8(stat).unwrap();
+                let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+                let flags: u64 = fields[6].parse().unwrap();
+                if matches!(fields[0], "Z" | "X") {
+                    break;
+                }
+                if flags & PF_EXITING != 0 {
+                    seen = Some((fields[0].to_string(), exited(pid)));
+                }
+            }
+            child.wait().unwrap();
+            assert!(exited(pid));
+            if seen.is_some() {
+                break;
+            }
+        }
+        let (state, said) = seen.expect("no exit was seen under way in 5 attempts");
+        assert!(said, "a process in its exit (state {state}) was taken for alive");
     }
 
     #[test]

@@ -61,6 +61,14 @@ impl<H: Host> Session<H> {
             } else if let Some(status) = w.exited() {
                 inner.pending_loss = Some(Discarded::SandboxDied { exit: Some(status), oom: w.oom_note(true) });
                 self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
+            } else if !w.keeper() && w.interpreter_gone() {
+                // The interpreter is the sandbox's PID 1 and its exit has
+                // begun, but bubblewrap has not yet exited after it (a
+                // while on a loaded machine): the call would be sent to no
+                // one and be reported as a death during it.
+                let exit = w.wait_exit(DEATH_GRACE).await;
+                inner.pending_loss = Some(Discarded::SandboxDied { exit, oom: w.oom_note(true) });
+                self.drop_worker(inner, ResetReason::WorkerDiedIdle).await;
             }
         }
         // A project secret that appeared since the sandbox started is not

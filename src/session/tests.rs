@@ -264,6 +264,21 @@ async fn a_failed_start_is_told_and_the_next_call_starts_again_without_a_spare()
 }
 
 #[tokio::test]
+async fn without_a_keeper_an_interpreter_on_its_way_out_is_a_death_between_calls() {
+    // Its exit has begun; bubblewrap, which exits after it, has not yet.
+    let f = fixture(false, false);
+    assert_eq!(f.run().await.status, Status::Ok);
+    f.host.script.lock().gone.insert(1);
+    let o = f.run().await;
+    assert_eq!(o.status, Status::Ok);
+    assert!(matches!(o.lost_before, Some(Discarded::SandboxDied { .. })), "{o:?}");
+    let before = said(&o).expect("the death is told");
+    assert!(before.starts_with("the interpreter died while idle: the sandbox"), "{before}");
+    assert_eq!(f.session.status().history.last_reset_reason, Some(ResetReason::WorkerDiedIdle));
+    assert_eq!(f.log(), ["start 1", "exec 1 #1", "kill 1", "start 2", "exec 2 #2"]);
+}
+
+#[tokio::test]
 async fn an_interpreter_that_died_idle_is_replaced_in_its_sandbox_and_told() {
     let f = fixture(true, false);
     assert_eq!(f.run().await.status, Status::Ok);

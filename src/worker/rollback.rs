@@ -84,7 +84,9 @@ impl Worker {
     /// layout the sandbox outlives it.
     pub fn interpreter_gone(&mut self) -> bool {
         if !self.keeper {
-            return self.exited().is_some();
+            // The interpreter is the sandbox's PID 1: gone as soon as its
+            // exit begins, before bubblewrap exits after it.
+            return self.exited().is_some() || self.init_pid.is_some_and(crate::spawn::exited);
         }
         // Not found: not known to be gone (the call itself will tell).
         self.interpreter().is_some_and(crate::spawn::exited)
