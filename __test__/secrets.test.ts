@@ -12,7 +12,7 @@ import { link, mkdir, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/pr
 import { dirname, join } from "node:path";
 import { describe, type TestContext, test } from "node:test";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-import { type ExecResult, type Fixture, jsonOut, lit, makeFixture, makeFixtureWithoutSpare, type PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
+import { type ExecResult, type Fixture, hostPidsWithCmdline, jsonOut, lit, makeFixture, makeFixtureWithoutSpare, type PythonSandbox, py, show, sleep, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 const SECRETS: Record<string, string> = {
   ".env": "TOKEN=root-secret-4f1c\n",
@@ -616,8 +616,9 @@ describe("secrets that appear after the sandbox started", () => {
     if (skipWithoutSandbox(t)) return;
     const { fx, sb } = await late(t, undefined, undefined);
     await writeFile(join(fx.project, ".env.local"), LATE);
-    // The watch, not the check before the next execution, ends it.
-    await new Promise((r) => setTimeout(r, 500));
+    // The watch, not the check before the next execution, ends it: no execution runs until its
+    // processes are gone.
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(fx.runtimeRoot).length === 0, 10_000), "the watch did not stop the idle sandbox");
     const r = await sb.execute(catAll([".env.local"]));
     assert.equal(jsonOut(r).out, "");
     assert.match(r.stateLostReason ?? "", /killed between executions: .*\.env\.local/, show(r));
@@ -743,13 +744,14 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
    * call. Returns that call, and whether the thief copied the secret before the stop (seen in the
    * next /scratch, or in the set-aside scratch).
    */
-  async function attempt(sb: PythonSandbox, dir: string, name: string, appear: () => void) {
+  async function attempt(sb: PythonSandbox, runtimeRoot: string, dir: string, name: string, appear: () => void) {
     const armed = await sb.execute(thief(dir, name));
     assert.match(armed.stdout, /^armed$/m, `setup: the background watch runs: ${show(armed)}`);
     const scratchDir = sb.status().paths.scratchDir!;
     appear();
-    // The watch stops it within milliseconds (the next result says so).
-    await sleep(500);
+    // The watch stops it within milliseconds (the next result says so); where it has not, the
+    // check before the next execution does.
+    await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 5000);
     const next = await sb.execute(look);
     const moved = setAside(next);
     // The copy made whole: a thief stopped between opening its file and writing it left it empty.
@@ -765,12 +767,12 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
    */
   async function untilCopied(
     t: TestContext,
-    setup: () => Promise<{ sb: PythonSandbox; dir: string; name: string; appear: () => void }>,
+    setup: () => Promise<{ sb: PythonSandbox; runtimeRoot: string; dir: string; name: string; appear: () => void }>,
     mustWin = true,
   ) {
     for (let i = 0; i < 10; i++) {
-      const { sb, dir, name, appear } = await setup();
-      const a = await attempt(sb, dir, name, appear);
+      const { sb, runtimeRoot, dir, name, appear } = await setup();
+      const a = await attempt(sb, runtimeRoot, dir, name, appear);
       const seenNext = jsonOut(a.next);
       assert.equal(seenNext.stolen, null, `the next sandbox's /scratch holds what the stopped one copied: ${show(a.next)}`);
       assert.deepEqual(seenNext.listing, [], "the next sandbox's /scratch is empty");
@@ -803,6 +805,7 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
       const sb = fx.open();
       return {
         sb,
+        runtimeRoot: fx.runtimeRoot,
         dir: "/workspace",
         name: ".env.local",
         // Filled outside, then moved in (as `mv` or an editor's save does): it appears whole.
@@ -833,6 +836,7 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
       sb.applyModeEvent({ mode: "manual", readRoots: [root] });
       return {
         sb,
+        runtimeRoot: fx.runtimeRoot,
         dir: root,
         name: ".vault-token",
         appear: () => {
@@ -864,8 +868,9 @@ describe("what a sandbox wrote after a secret appeared is set aside", () => {
     const runtimeBefore = readdirSync(fx.runtimeRoot).sort();
     const session = dirname(sb.status().paths.scratchDir!);
     writeFileSync(join(fx.project, ".env.local"), SECRET);
-    // The watch stops it within milliseconds (the next result says so).
-    await sleep(500);
+    // The watch stops it within milliseconds (the next result says so); where it has not, the
+    // check before the next execution does.
+    await waitUntil(() => hostPidsWithCmdline(fx.runtimeRoot).length === 0, 5000);
     const next = await sb.execute(py`
       import json, os
       print(json.dumps(sorted(os.listdir("/scratch"))))
@@ -901,7 +906,8 @@ describe("a grant that shows the session directory", () => {
     const first = await sb.execute(py`open("/scratch/stolen", "w").write("copied-3e7f\n")`);
     assert.equal(first.status, "ok", show(first));
     writeFileSync(join(fx.project, ".env.local"), "TOKEN=x\n");
-    await sleep(500);
+    // The watch stops it (or, where it has not, the check before the next execution does).
+    await waitUntil(() => hostPidsWithCmdline(runtimeRoot).length === 0, 5000);
     assert.equal((await sb.execute("1")).status, "ok");
     const session = dirname(sb.status().paths.scratchDir!);
     const quarantine = join(session, "quarantine");
