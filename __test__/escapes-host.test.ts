@@ -390,7 +390,10 @@ describe("a protected name the sandbox creates never stays active", { concurrenc
       subprocess.Popen(["sh", "-c", "sleep 1.3; mkdir -p /workspace/x/y; echo evil > /workspace/x/y/.envrc; sleep 30"], start_new_session=True)
     `);
     assert.equal(r.status, "ok", show(r));
-    await new Promise((resolve) => setTimeout(resolve, 1500));
+    // Dispose once the name is there (the periodic walk may make it inert first: its note waits
+    // for the next result, which dispose returns).
+    const dir = join(project, "x/y");
+    assert.ok(await waitUntil(() => existsSync(join(dir, ".envrc")) || (existsSync(dir) && inert(dir, ".envrc").length > 0), 10_000), "the background process never wrote x/y/.envrc");
     const notes = await sb.dispose("test");
     assert.equal(existsSync(join(project, "x/y/.envrc")), false, "the name survived dispose");
     assert.deepEqual(inert(join(project, "x/y"), ".envrc"), [".envrc.pi-inert"]);
@@ -833,8 +836,11 @@ os.mkdir(d + "/.git")`;
     const base = await makeFixture(t, { prewarm: false });
     base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await base.sb.execute(background(NAMES_FLOOD))).repr, "'started'");
-    await new Promise((resolve) => setTimeout(resolve, 2000));
-    const baseline = await addonCpuOver(1000);
+    // Measured once the flood runs (it starts 1.5 s after the call, later on a loaded machine).
+    assert.ok(await waitUntil(() => inertCount(base.project) > 0, 10_000), "baseline: the flood never started");
+    // The busiest of three seconds: on a loaded machine the flood itself gets little CPU in some.
+    let baseline = 0;
+    for (let i = 0; i < 3; i++) baseline = Math.max(baseline, await addonCpuOver(1000));
     const baselineInert = inertCount(base.project);
     await base.sb.dispose("test");
 
@@ -872,7 +878,9 @@ os.mkdir(d + "/.git")`;
     const base = await makeFixture(t, { prewarm: false });
     base.sb.applyModeEvent({ mode: "yolo", readRoots: [] });
     assert.equal((await base.sb.execute(background(FLOOD))).repr, "'started'");
-    await new Promise((resolve) => setTimeout(resolve, 2000));
+    // Measured once the flood runs (it starts 1.5 s after the call, later on a loaded machine):
+    // its names are there half of the time.
+    assert.ok(await waitUntil(() => readdirSync(base.project).some((n) => /^f[0-7]$/.test(n)), 10_000, 5), "baseline: the flood never started");
     // The busiest of three seconds: on a loaded machine the flood itself gets little CPU in some.
     let baseline = 0;
     for (let i = 0; i < 3; i++) baseline = Math.max(baseline, await addonCpuOver(1000));
@@ -920,13 +928,15 @@ os.mkdir(d + "/.git")`;
           os.makedirs("/workspace/x%d" % i)
           open("/workspace/x%d/.envrc" % i, "w").close()
       kept = 42
-    `, 60);
+    `, 120); // The most a call may have: 36,000 creations take seconds, more under disk load.
     assert.equal(r.status, "ok", show(r));
-    await new Promise((resolve) => setTimeout(resolve, 3000));
+    // The x*/.envrc are in new directories: the walk after the call makes them inert.
+    const envrcs = () => readdirSync(project).filter((n) => /^x\d+$/.test(n)).map((x) => inert(join(project, x), ".envrc").length).reduce((a, b) => a + b, 0);
+    assert.ok(await waitUntil(() => envrcs() === 20, 20_000), `${envrcs()} of the 20 .envrc made inert`);
     const next = await sb.execute("kept");
     assert.equal(next.stateLost, false, show(next));
     assert.equal(next.repr, "42");
     assert.equal(inertCount(join(project, "src")) + inertCount(join(project, "node_modules")), 0);
-    assert.equal(readdirSync(project).filter((n) => n.startsWith("x")).map((x) => inert(join(project, x), ".envrc").length).reduce((a, b) => a + b), 20);
+    assert.equal(envrcs(), 20);
   });
 });
