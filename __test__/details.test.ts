@@ -6,6 +6,7 @@
  * Run: node --import tsx --test __test__/details.test.ts
  */
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
 import { readFile, writeFile } from "node:fs/promises";
 import { test } from "node:test";
 import { join } from "node:path";
@@ -13,7 +14,7 @@ import type { AvailableState, CodeForm, ExecResult, ResetReason, SpareState, Sta
 import { executeDetails, RENDERED_FIELDS, RENDERED_IMAGE_FIELDS, renderResult } from "../js/render.ts";
 import { context, setupTui, shownResult, theme } from "./helpers/render.ts";
 import { ROLLBACK, skipWithoutSandbox, withEnv } from "./helpers/sandbox-env.ts";
-import { makeFixtureWithoutSpare as makeFixture, py, show } from "./helpers/sandbox-fixture.ts";
+import { hostPidsWithCmdline, makeFixtureWithoutSpare as makeFixture, py, show, waitUntil } from "./helpers/sandbox-fixture.ts";
 
 /** Lines that look like the tool's own: an image, a note, a log line, an omission. */
 const FAKES = [
@@ -146,10 +147,12 @@ test("the state discarded before a call is a typed cause: a mode change, a death
   assert.equal(remounted.status, "ok", show(remounted));
   assert.deepEqual([remounted.state, remounted.lostBeforeCause], ["kept", "remounted"], show(remounted));
   assert.match(remounted.lostBefore ?? "", /permission mode or read roots changed/);
-  // The interpreter (pid 2) is killed after the result, while idle.
-  const killer = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 1.5; kill -9 2'])";
+  // The interpreter (pid 2) is killed after the result, while idle; the next call once the killer
+  // (named by its $0) is done.
+  const marker = `pps-killer-${randomUUID()}`;
+  const killer = `import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 1.5; kill -9 2', ${JSON.stringify(marker)}])`;
   assert.equal((await sb.execute(killer, 10)).status, "ok");
-  await new Promise((resolve) => setTimeout(resolve, 2500));
+  assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 20_000), "the killer never ended");
   const died = await sb.execute("'x' in globals()");
   assert.equal(died.repr, "False", show(died));
   assert.deepEqual([died.state, died.lostBeforeCause], ["kept", "died_idle"], show(died));

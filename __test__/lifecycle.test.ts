@@ -176,6 +176,7 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
       open("/scratch/runs", "w").write(str(n))
       print("${tag} out", n, flush=True)
       print("${tag} err", file=sys.stderr, flush=True)
+      open("/scratch/printed-${tag}", "w").close()
       time.sleep(30)
     `;
     const timedOut = await sb.execute(code("before-timeout"), 1);
@@ -185,8 +186,9 @@ describe("lifecycle: reset, timeout, cancel, worker death", { concurrency: CONCU
     assertFailedCallState(timedOut, { reason: "timeout", fresh: true });
     const sandbox = hostPidsWithCmdline(runtimeRoot);
     const pending = sb.execute(code("before-cancel"), 60, 77);
-    assert.ok(await waitUntil(() => sb.status().busy && sb.status().workerRunning, 5000));
-    await sleep(500);
+    // Cancelled once its output is written.
+    const printed = join(sb.status().paths.scratchDir as string, "printed-before-cancel");
+    assert.ok(await waitUntil(() => existsSync(printed), 10_000), "the call never printed");
     sb.cancel(77);
     const cancelled = await pending;
     assert.equal(cancelled.status, "cancelled", show(cancelled));

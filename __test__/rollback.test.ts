@@ -11,16 +11,20 @@
  * spare, so that what it finds on the host is its own sandbox alone.
  */
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
 import { describe, type TestContext, test } from "node:test";
 import {
   assertOk,
   type ExecResult,
+  hostPidsWithCmdline,
   jsonOut,
   makeFixtureWithoutSpare,
   py,
   type PythonSandbox,
   show,
+  waitUntil,
 } from "./helpers/sandbox-fixture.ts";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -111,8 +115,10 @@ describe("a failed call rolls back", { concurrency: 4 }, () => {
   test("a cancel rolls back", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);
-    const running = sb.execute(mutateThen("import time\nprint('started', flush=True)\ntime.sleep(60)"), 30, 4242);
-    await new Promise((resolve) => setTimeout(resolve, 500));
+    const running = sb.execute(mutateThen("import time\nprint('started', flush=True)\nopen('/scratch/started', 'w').close()\ntime.sleep(60)"), 30, 4242);
+    // Cancelled once its output is written.
+    const started = join(sb.status().paths.scratchDir as string, "started");
+    assert.ok(await waitUntil(() => existsSync(started), 10_000), "the call never started");
     assert.equal(sb.cancel(4242), true);
     const r = await running;
     assertRolledBack(r, "cancelled");
@@ -241,9 +247,11 @@ describe("a failed call rolls back", { concurrency: 4 }, () => {
   test("an interpreter that died between calls is reported, and the next call's code runs", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);
-    const first = await sb.execute("import os, subprocess\nsubprocess.Popen(['sh', '-c', f'sleep 1.5; kill -9 {os.getpid()}'])\nos.getpid()", 10);
+    // The next call once the killer (named by its $0) is done.
+    const marker = `pps-killer-${randomUUID()}`;
+    const first = await sb.execute(`import os, subprocess\nsubprocess.Popen(['sh', '-c', f'sleep 1.5; kill -9 {os.getpid()}', ${JSON.stringify(marker)}])\nos.getpid()`, 10);
     assertOk(first);
-    await new Promise((resolve) => setTimeout(resolve, 2500));
+    assert.ok(await waitUntil(() => hostPidsWithCmdline(marker).length === 0, 20_000), "the killer never ended");
     const next = await sb.execute("ran = 'yes'\nran");
     assertOk(next);
     assert.equal(next.repr, "'yes'");
