@@ -619,24 +619,33 @@ pub fn read_proc(path: &str) -> io::Result<Vec<u8>> {
 /// The kernel's flag of a task whose exit has begun (`PF_EXITING`).
 const PF_EXITING: u64 = 0x4;
 
-/// Whether `pid` has exited: gone, a zombie, or on its way out. Its exit
-/// begins (`PF_EXITING`) before its descriptors close and it becomes a
-/// zombie only after: a host that saw its pipes end may see it "running"
-/// for a while yet (long on a loaded machine), and must not take it for
-/// alive then.
+/// Whether `pid` has exited (gone, or a zombie). A sandbox's PID 1 is a
+/// zombie only once every other process of its namespace is gone: what
+/// waits for that uses this, not [`exiting`].
 pub fn exited(pid: i32) -> bool {
-    match read_proc(&format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => {
-            // After the name (which may hold anything): state, ppid, pgrp,
-            // session, tty_nr, tpgid, flags.
-            let Some(close) = stat.iter().rposition(|&b| b == b')') else { return false };
-            let mut fields = stat[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
-            let state = fields.next().and_then(|f| f.first().copied());
-            let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok()).unwrap_or(0);
-            matches!(state, Some(b'Z' | b'X')) || flags & PF_EXITING != 0
-        }
-    }
+    proc_state(pid).is_none_or(|(state, _)| matches!(state, b'Z' | b'X'))
+}
+
+/// Whether `pid` has exited or is on its way out: its exit begins
+/// (`PF_EXITING`) before its descriptors close, and it becomes a zombie
+/// only after (long on a loaded machine), so a host that saw its pipes end
+/// may see it "running" for a while yet. For "may a call still be sent to
+/// it", never for "can it still act" (its children may still run).
+pub fn exiting(pid: i32) -> bool {
+    proc_state(pid).is_none_or(|(state, flags)| matches!(state, b'Z' | b'X') || flags & PF_EXITING != 0)
+}
+
+/// The state letter and the flags of `pid`, from `/proc/PID/stat`; `None`
+/// when it is gone.
+fn proc_state(pid: i32) -> Option<(u8, u64)> {
+    let stat = read_proc(&format!("/proc/{pid}/stat")).ok()?;
+    // After the name (which may hold anything): state, ppid, pgrp,
+    // session, tty_nr, tpgid, flags.
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else { return Some((b'?', 0)) };
+    let mut fields = stat[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let state = fields.next().and_then(|f| f.first().copied()).unwrap_or(b'?');
+    let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok()).unwrap_or(0);
+    Some((state, flags))
 }
 
 #[cfg(test)]
@@ -675,7 +684,7 @@ mod tests {
     }
 
     #[test]
-    fn exited_counts_a_process_whose_exit_has_begun() {
+    fn exiting_counts_a_process_whose_exit_has_begun_and_exited_does_not() {
         // A process that exits with 384 MiB of memory it wrote to frees it inside its exit,
         // after the exit began and before it becomes a zombie: a while in which its state is
         // not yet Z (polled as fast as /proc answers; a few attempts, each its own process).
@@ -702,7 +711,7 @@ mod tests {
                     break;
                 }
                 if flags & PF_EXITING != 0 {
-                    seen = Some((fields[0].to_string(), exited(pid)));
+                    seen = Some((fields[0].to_string(), exiting(pid), exited(pid)));
                 }
             }
             child.wait().unwrap();
@@ -711,8 +720,9 @@ mod tests {
                 break;
             }
         }
-        let (state, said) = seen.expect("no exit was seen under way in 5 attempts");
-        assert!(said, "a process in its exit (state {state}) was taken for alive");
+        let (state, exiting, exited) = seen.expect("no exit was seen under way in 5 attempts");
+        assert!(exiting, "a process in its exit (state {state}) was taken for alive");
+        assert!(!exited || state == "Z", "a process in its exit (state {state}) was taken for gone");
     }
 
     #[test]

@@ -86,10 +86,10 @@ impl Worker {
         if !self.keeper {
             // The interpreter is the sandbox's PID 1: gone as soon as its
             // exit begins, before bubblewrap exits after it.
-            return self.exited().is_some() || self.init_pid.is_some_and(crate::spawn::exited);
+            return self.exited().is_some() || self.init_pid.is_some_and(crate::spawn::exiting);
         }
         // Not found: not known to be gone (the call itself will tell).
-        self.interpreter().is_some_and(crate::spawn::exited)
+        self.interpreter().is_some_and(crate::spawn::exiting)
     }
 
     /// The interpreter's host pid in a keeper layout: PID 1's only child
