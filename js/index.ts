@@ -486,6 +486,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const report = "error" in sandbox ? null : sandbox.modeReport();
       if (report) state.ui?.notify(displayLine(report), "info");
     }
+    // The first sandbox starts now, while the model writes its first answer, not on the first
+    // call's path: the spare, which the first call takes (or waits for while it starts). Nothing
+    // starts where prewarming is off or the project is writable; a failure is the first call's.
+    const sandbox = sandboxFor(ctx.cwd);
+    if (!("error" in sandbox)) sandbox.prestart().catch(() => {});
   });
   pi.on("session_shutdown", async () => {
     settlePrompts();
