@@ -89,6 +89,16 @@ export declare class PythonSandbox {
    */
   recordDenied(path: string, isDir: boolean, why: string): string
   /**
+   * Begin the first sandbox now, off the first call's path: the host
+   * probe, the session directory and the spare sandbox, which the first
+   * `execute` takes (or waits for while it starts). Resolves once the
+   * start is under way, not when it is ready. Does nothing when an
+   * interpreter runs already, the spare is off (`prewarm`), the project
+   * is writable or the sandbox was disposed; a failure here is met again,
+   * and reported, by the first `execute`.
+   */
+  prestart(): Promise<void>
+  /**
    * Kill the sandbox and discard interpreter state; scratch files stay.
    * The next `execute` starts a fresh interpreter.
    */
@@ -531,8 +541,9 @@ export interface SandboxOptions {
   /** Canonical host directories to mount read-only at their own paths. */
   readRoots?: Array<string>
   /**
-   * After the first execution keep a started spare sandbox, so that a
-   * reset, timeout or crash hands over to a ready interpreter. Default:
+   * After the first execution (or from `prestart()`) keep a started spare
+   * sandbox, so that a reset, timeout or crash hands over to a ready
+   * interpreter. Default:
    * on, unless `PI_SANDBOX_PREWARM` is `0`, `false`, `off` or `no`.
    */
   prewarm?: boolean

@@ -144,6 +144,23 @@ async function status(h: PiHarness): Promise<Details> {
 }
 
 /**
+ * Waits for the spare that session_start began to be ready (so that process counts are settled)
+ * and returns the status then: no interpreter yet, no call made.
+ */
+async function prestarted(h: PiHarness): Promise<Details> {
+  let report = await status(h);
+  for (let i = 0; i < 250 && report.spare !== "ready"; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    report = await status(h);
+  }
+  assert.equal(report.spare, "ready", "session_start began the spare sandbox");
+  assert.equal(report.workerRunning, false);
+  assert.equal(report.generation, 0);
+  assert.equal(report.executions, 0);
+  return report;
+}
+
+/**
  * One agent turn: the faux model calls python with each of `calls`, then answers "done".
  * Returns the tool results of this turn exactly as the model received them in its next request.
  */
@@ -185,7 +202,14 @@ function lineCount(s: string): number {
 
 // --- 1. loading -----------------------------------------------------------------------------------
 
-test("loading: one sequential python tool, no errors, nothing started, status unverified", async (t) => {
+test("loading (prewarm off): one sequential python tool, no errors, nothing started, status unverified", async (t) => {
+  // With the spare on (the default) session_start begins it: the next test.
+  const savedPrewarm = process.env.PI_SANDBOX_PREWARM;
+  process.env.PI_SANDBOX_PREWARM = "0";
+  t.after(() => {
+    if (savedPrewarm === undefined) delete process.env.PI_SANDBOX_PREWARM;
+    else process.env.PI_SANDBOX_PREWARM = savedPrewarm;
+  });
   const cwd = await tempCwd(t);
   // The host probe (one bare bubblewrap, once per process, from session_start) is done first:
   // what is checked is that loading and status start no sandbox and no other process.
@@ -226,6 +250,22 @@ test("loading: one sequential python tool, no errors, nothing started, status un
   assert.deepEqual(descendantsOf(process.pid), childrenBefore, "status created no child process");
   assert.deepEqual(runtimeDirs(), dirsBefore, "status created no directory");
   assert.deepEqual(h.extensionErrors, []);
+});
+
+test("session_start begins the spare sandbox, and the first call runs in it: no start on its path", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const h = await setup(t);
+  const report = await prestarted(h);
+  const root = dirname(report.paths.scratchDir);
+  const [spare] = sandboxes(root);
+  assert.deepEqual(sandboxes(root), [spare], "one sandbox before any call: the spare");
+  const first = await call(h, { code: "x = 41" });
+  assert.equal(first.details.status, "ok", first.text);
+  assert.equal(first.details.generation, 1);
+  assert.equal(first.details.stateLost, false);
+  assert.ok(sandboxes(root).includes(spare), "the spare became the session's interpreter");
+  assert.equal((await status(h)).workerRunning, true);
+  assert.match((await call(h, { code: "x + 1" })).text, /result: 42/);
 });
 
 // --- 2. direct calls ------------------------------------------------------------------------------
@@ -381,6 +421,7 @@ test(
 test("model turn: pi's schema rejects timeoutSeconds 500 and no sandbox work happens", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const h = await setup(t);
+  await prestarted(h);
   const dirsBefore = runtimeDirs();
   const processesBefore = sandboxProcesses();
 
@@ -391,10 +432,9 @@ test("model turn: pi's schema rejects timeoutSeconds 500 and no sandbox work hap
   assert.match(messageText(rejected), /timeoutSeconds: (must be|expected) <= 120/);
 
   const report = await status(h);
-  assert.equal(report.available, "unverified", "nothing was started");
-  assert.equal(report.workerRunning, false);
+  assert.equal(report.workerRunning, false, "nothing was started beyond the spare");
+  assert.equal(report.generation, 0);
   assert.equal(report.executions, 0);
-  assert.equal(report.paths.scratchDir, undefined);
   assert.deepEqual(runtimeDirs(), dirsBefore);
   assert.deepEqual(sandboxProcesses(), processesBefore);
 });
@@ -452,6 +492,7 @@ test("abort: a running call is cancelled promptly and rolled back (rollback on) 
 test("abort: an already-aborted signal cancels without starting the worker", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const h = await setup(t);
+  await prestarted(h);
   const dirsBefore = runtimeDirs();
   const processesBefore = sandboxProcesses();
   const controller = new AbortController();
@@ -465,7 +506,7 @@ test("abort: an already-aborted signal cancels without starting the worker", asy
 
   const report = await status(h);
   assert.equal(report.workerRunning, false);
-  assert.equal(report.available, "unverified");
+  assert.equal(report.spare, "ready", "the spare is left as it was");
   assert.equal(report.generation, 0);
   assert.equal(report.executions, 0);
   assert.deepEqual(runtimeDirs(), dirsBefore);
@@ -572,8 +613,10 @@ test("lifecycle: three reloads each dispose the old sandbox; nothing accumulates
     assert.deepEqual(h.extensionErrors, [], `reload ${i}`);
     assert.equal(h.session.agent.state.tools.filter((tool) => tool.name === "python").length, 1);
     await assertDisposed(dirs, `reload ${i}`);
-    assert.deepEqual(runtimeDirs(), dirsBefore, `reload ${i}: no session dir left`);
-    assert.equal(sandboxProcesses().length, processesBefore, `reload ${i}: no sandbox process left`);
+    // The new session's spare, begun at its session_start, is all that runs.
+    const fresh = dirname((await prestarted(h)).paths.scratchDir);
+    assert.deepEqual(runtimeDirs(), [...dirsBefore, basename(fresh)].sort(), `reload ${i}: no session dir left`);
+    assert.equal(sandboxProcesses().length, processesBefore + sandboxTree(fresh).length, `reload ${i}: no sandbox process left`);
     await assertFreshInterpreter(h, "before_reload");
     dirs = await startSandbox(h, "before_reload = 1");
     assert.equal(sandboxProcesses().length, processesBefore + perSandbox, `reload ${i}: one sandbox's processes`);

@@ -256,19 +256,39 @@ for (const cause of ["no bubblewrap", "no user namespaces"] as const) {
   }
 }
 
-test("a tool that can run: no warning at session start; status before any call is short and plain", async (t) => {
-  if (skipWithoutSandbox(t)) return;
-  const h = await setup(t);
-  // The probe (once per process) has answered when a call could see it.
-  await new Promise((r) => setTimeout(r, 300));
-  assert.deepEqual(h.notifications.filter((n) => /cannot run here/.test(n.message)), []);
-  const text = messageText(await h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined));
-  const { short } = statusParts(text);
-  assert.match(short, /^python tool: not started yet \(no call so far\)\ninterpreter: not running \(one starts on the first call\)\nmode: /);
-  assert.ok(short.split("\n").length <= 7, short);
-  assert.match(short, /^containment: .+; no network; seccomp filter; no capabilities$/m);
-  for (const word of UNPLAIN) assert.doesNotMatch(text, word, text);
-});
+for (const prewarm of [false, true]) {
+  test(`a tool that can run: no warning at session start; status before any call is short and plain (spare ${prewarm ? "on" : "off"})`, async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    // With the spare on (the default) session_start begins it: the tool is then known to run.
+    const saved = process.env.PI_SANDBOX_PREWARM;
+    if (!prewarm) process.env.PI_SANDBOX_PREWARM = "0";
+    t.after(() => {
+      if (saved === undefined) delete process.env.PI_SANDBOX_PREWARM;
+      else process.env.PI_SANDBOX_PREWARM = saved;
+    });
+    const h = await setup(t);
+    // The probe (once per process) has answered when a call could see it.
+    await new Promise((r) => setTimeout(r, 300));
+    assert.deepEqual(h.notifications.filter((n) => /cannot run here/.test(n.message)), []);
+    const status = () => h.getTool("python").execute("s", { action: "status" } as never, undefined, undefined);
+    let result = await status();
+    for (let i = 0; prewarm && i < 250 && (result.details as { report: { spare: string } }).report.spare !== "ready"; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      result = await status();
+    }
+    const text = messageText(result);
+    const { short } = statusParts(text);
+    assert.match(
+      short,
+      prewarm
+        ? /^python tool: available\ninterpreter: Python 3\.\d+\.\d+, not running \(0 calls so far; one starts on the next call\)\nmode: /
+        : /^python tool: not started yet \(no call so far\)\ninterpreter: not running \(one starts on the first call\)\nmode: /,
+    );
+    assert.ok(short.split("\n").length <= 7, short);
+    assert.match(short, /^containment: .+; no network; seccomp filter; no capabilities$/m);
+    for (const word of UNPLAIN) assert.doesNotMatch(text, word, text);
+  });
+}
 
 test("after a timeout, status and reset say what the setting in force did", async (t) => {
   if (skipWithoutSandbox(t)) return;

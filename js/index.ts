@@ -44,6 +44,8 @@ type UI = { notify(message: string, type?: "info" | "warning" | "error"): void }
 interface State {
   sandbox?: PythonSandbox;
   projectDir?: string;
+  /** The sandbox's scratch directory on the host, once it has one (fixed for its life). */
+  scratchDir?: string;
   nextCallId: number;
   /** The pi session's mode event, denials and abandoned prompts (kept by the addon). */
   permissions?: ToolPermissions;
@@ -154,6 +156,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     const sandbox = state.sandbox;
     state.sandbox = undefined;
     state.projectDir = undefined;
+    state.scratchDir = undefined;
     if (!sandbox) return;
     // Protected names the last checks made inert, with how to restore them.
     const notes = await sandbox.dispose(reason);
@@ -180,6 +183,7 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
     sandbox.setShellConfig(shellConfig());
     state.sandbox = sandbox;
     state.projectDir = projectDir;
+    state.scratchDir = undefined;
     return sandbox;
   }
 
@@ -315,7 +319,10 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
         const dialog = reviewBus.dialogFor("python", ctx.hasUI ? networkDialog(ctx.ui, "python") : undefined);
         target.setNetworkReview(dialog ? (request) => dialog(request, params.code, reviews.signal).catch(() => "cancel") : undefined);
         const r = await target.execute(params.code, params.timeoutSeconds, callId, onProgress, ask, ctx.hasUI);
-        const scratchDir = target.status().paths.scratchDir ?? undefined;
+        // The scratch directory is the session directory's, made at the first start and kept
+        // (a scratch set aside is made again at the same path): asked once, not at each call.
+        if (target === state.sandbox) state.scratchDir ??= target.status().paths.scratchDir ?? undefined;
+        const scratchDir = target === state.sandbox ? state.scratchDir : (target.status().paths.scratchDir ?? undefined);
         const images = r.images.map((i) => ({ type: "image" as const, data: i.data, mimeType: i.mimeType }));
         return textResult(r.text, executeDetails(r, scratchDir), images);
       } finally {
@@ -479,6 +486,11 @@ export default function pythonSandboxExtension(pi: ExtensionAPI): void {
       const report = "error" in sandbox ? null : sandbox.modeReport();
       if (report) state.ui?.notify(displayLine(report), "info");
     }
+    // The first sandbox starts now, while the model writes its first answer, not on the first
+    // call's path: the spare, which the first call takes (or waits for while it starts). Nothing
+    // starts where prewarming is off or the project is writable; a failure is the first call's.
+    const sandbox = sandboxFor(ctx.cwd);
+    if (!("error" in sandbox)) sandbox.prestart().catch(() => {});
   });
   pi.on("session_shutdown", async () => {
     settlePrompts();

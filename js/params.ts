@@ -19,17 +19,24 @@ export const FALLBACK_LIMITS = {
   rlimitAsBytes: 512 * 1024 * 1024,
 };
 
-/** The limits in force: the addon's when it loads. */
+let limits: typeof FALLBACK_LIMITS | undefined;
+
+/**
+ * The limits in force: the addon's when it loads. Read once: these are the addon's constants
+ * (the addon reads the whole environment to answer: once, not at each call).
+ */
 export function toolLimits(): typeof FALLBACK_LIMITS {
+  if (limits) return limits;
   const l = loadAddon().binding?.sandboxLimits?.();
   if (!l) return FALLBACK_LIMITS;
-  return {
+  limits = {
     maxCodeBytes: l.maxCodeBytes,
     defaultTimeoutSeconds: l.defaultTimeoutSeconds,
     maxTimeoutSeconds: l.maxTimeoutSeconds,
     outputBudgetBytes: l.outputBudgetBytes,
     rlimitAsBytes: l.rlimitAsBytes,
   };
+  return limits;
 }
 
 /**

@@ -160,6 +160,9 @@ pub struct Session<H: Host = RealHost> {
     weak: std::sync::Weak<Session<H>>,
     host: H,
     spare: Spare<H::Sandbox>,
+    /// Told when a spare's start ends (filled or abandoned) or the spare is
+    /// discarded: a first call waits on it for a start already under way.
+    spare_settled: tokio::sync::Notify,
     opts: SessionOptions,
     nonce_base: u64,
     ops: tokio::sync::Mutex<Inner<H>>,
@@ -214,6 +217,7 @@ impl<H: Host> Session<H> {
             weak: weak.clone(),
             host,
             spare: Spare::default(),
+            spare_settled: tokio::sync::Notify::new(),
             nonce_base: random_u64(),
             opts,
             ops: tokio::sync::Mutex::new(Inner {
@@ -365,7 +369,7 @@ impl<H: Host> Session<H> {
         }
         let request = call::CallRequest { code, timeout_seconds, progress };
         let mut outcome = self.execute_locked(&mut inner, request, call, &mut wake).await;
-        self.refill_spare(&inner);
+        self.refill_spare(&inner, SPARE_DELAY);
         if let Some(loss) = inner.pending_loss.take() {
             if outcome.status == Status::Unavailable || !outcome.started {
                 inner.pending_loss = Some(loss); // nothing ran; tell the next call
@@ -630,8 +634,36 @@ impl<H: Host> Session<H> {
         // An allow-once path whose sandbox never started goes too.
         let mounts = self.shared.lock().report.mounts.clone();
         self.forget_once(&mounts);
-        self.refill_spare(&inner);
+        self.refill_spare(&inner, SPARE_DELAY);
         (inner.dirs.clone(), done, self.notes.lock().take())
+    }
+
+    /// Begin the session's first sandbox ahead of its first call: probe the
+    /// host, make the session directory and start the spare (at once, no
+    /// delay), which the first call then takes, or waits for while it
+    /// starts. Nothing when an interpreter already runs, prewarming is off,
+    /// the project is writable (no spare then) or the session is disposed;
+    /// what fails here is tried again, and told, by the first call.
+    pub async fn prestart(&self) {
+        async {
+            {
+                let sh = self.shared.lock();
+                if !sh.report.prewarm || sh.report.mounts.workspace_writable {
+                    return;
+                }
+            }
+            let mut inner = self.ops.lock().await;
+            if inner.worker.is_some() || self.is_disposed() {
+                return;
+            }
+            if let Err(e) = self.prepare(&mut inner).await {
+                tracing::debug!("no sandbox ahead of the first call: {e}");
+                return;
+            }
+            self.refill_spare(&inner, Duration::ZERO);
+        }
+        .instrument(self.span())
+        .await
     }
 
     /// Kill the sandbox and delete the session's directories. Idempotent;

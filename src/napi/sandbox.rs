@@ -43,8 +43,9 @@ pub struct SandboxOptions {
     pub workspace_writable: Option<bool>,
     /// Canonical host directories to mount read-only at their own paths.
     pub read_roots: Option<Vec<String>>,
-    /// After the first execution keep a started spare sandbox, so that a
-    /// reset, timeout or crash hands over to a ready interpreter. Default:
+    /// After the first execution (or from `prestart()`) keep a started spare
+    /// sandbox, so that a reset, timeout or crash hands over to a ready
+    /// interpreter. Default:
     /// on, unless `PI_SANDBOX_PREWARM` is `0`, `false`, `off` or `no`.
     pub prewarm: Option<bool>,
     /// Roll a failed call (timeout, cancel, output flood, the interpreter's
@@ -443,6 +444,19 @@ impl PythonSandbox {
             self.grants.deny(permissions::covering_dir(&p, is_dir));
         }
         permissions::denied_diagnostic(&path, &why)
+    }
+
+    /// Begin the first sandbox now, off the first call's path: the host
+    /// probe, the session directory and the spare sandbox, which the first
+    /// `execute` takes (or waits for while it starts). Resolves once the
+    /// start is under way, not when it is ready. Does nothing when an
+    /// interpreter runs already, the spare is off (`prewarm`), the project
+    /// is writable or the sandbox was disposed; a failure here is met again,
+    /// and reported, by the first `execute`.
+    #[napi]
+    pub async fn prestart(&self) -> Result<()> {
+        self.session.prestart().await;
+        Ok(())
     }
 
     /// Kill the sandbox and discard interpreter state; scratch files stay.

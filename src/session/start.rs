@@ -124,6 +124,9 @@ impl<H: Host> Session<H> {
                 return Err(Box::new(o));
             }
         }
+        // A spare under way (the one begun before the first call) is
+        // waited for rather than started beside.
+        self.await_spare_start(call, wake).await;
         let mounts = self.shared.lock().report.mounts.clone();
         let bump = || self.shared.lock().report.history.started();
         let mut spare = self.take_spare(&mounts);
@@ -283,6 +286,7 @@ impl<H: Host> Session<H> {
         if let Some(w) = self.spare.clear() {
             (*w).reap();
         }
+        self.spare_settled.notify_waiters();
         let pid = self.shared.lock().spare_pid.take();
         if let Some(pid) = pid {
             self.host.kill_group(pid); // a spare still starting
@@ -290,8 +294,36 @@ impl<H: Host> Session<H> {
         self.sync_live();
     }
 
-    /// Start a spare in the background if prewarming is on and none exists.
-    pub(super) fn refill_spare(&self, inner: &Inner<H>) {
+    /// Wait while a spare is starting, until it is ready or abandoned, the
+    /// mounts change (which discards it), or `call` is cancelled or the
+    /// session disposed. A spare's start is bounded by the start deadline.
+    pub(super) async fn await_spare_start(&self, call: u32, wake: &mut watch::Receiver<u64>) {
+        loop {
+            let settled = self.spare_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if !matches!(self.spare.state(), crate::outcome::SpareState::Starting)
+                || self.is_cancelled(call)
+                || self.is_disposed()
+            {
+                return;
+            }
+            tokio::select! {
+                _ = &mut settled => {}
+                changed = wake.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // A change of mounts discards the spare; whatever else
+                    // woke us is looked at by the loop.
+                }
+            }
+        }
+    }
+
+    /// Start a spare in the background, after `delay`, if prewarming is on
+    /// and none exists.
+    pub(super) fn refill_spare(&self, inner: &Inner<H>, delay: Duration) {
         let (Some(facts), Some(dirs)) = (inner.facts.clone(), inner.dirs.clone()) else { return };
         if inner.start_failed || inner.scratch_suspect {
             return;
@@ -318,9 +350,12 @@ impl<H: Host> Session<H> {
             async move {
                 // Forking the host process costs a few milliseconds of both
                 // cores: let the result that triggered this reach JS first.
-                tokio::time::sleep(SPARE_DELAY).await;
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
                 let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
                     me.spare.abandon(ticket);
+                    me.spare_settled.notify_waiters();
                     return;
                 };
                 let mounts = me.shared.lock().report.mounts.lasting();
@@ -360,6 +395,7 @@ impl<H: Host> Session<H> {
                     drop(sh);
                     w.reap();
                 }
+                me.spare_settled.notify_waiters();
                 me.sync_live();
             }
             .instrument(span),

@@ -567,3 +567,44 @@ async fn a_guard_started_by_a_live_change_to_writable_is_the_one_checked_after_a
     assert!(names.iter().any(|n| n.starts_with(".envrc.pi-inert")), "{names:?}");
     assert!(f.log().iter().all(|l| !l.starts_with("exec 1 #3") && !l.starts_with("kill 1")), "{:?}", f.log());
 }
+
+#[tokio::test]
+async fn a_prestart_begins_the_spare_and_the_first_call_takes_it_waiting_while_it_starts() {
+    let f = fixture(true, true);
+    // The spare's start is held once spawned: the call comes while it starts.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    f.host.script.lock().start_gate = Some(gate.clone());
+    f.session.prestart().await;
+    assert_eq!(f.session.status().spare, SpareState::Starting);
+    assert!(!f.session.status().worker_running, "the spare is not the session's interpreter yet");
+    let session = f.session.clone();
+    let call = tokio::spawn(async move { session.execute("x = 1".into(), 30, None).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.log(), ["start 1"], "the call waits for the spare under way, it starts no other");
+    gate.notify_one();
+    let o = call.await.expect("the call");
+    assert_eq!(o.status, Status::Ok, "{:?}", o.diagnostic);
+    assert_eq!(said(&o), None, "no state was lost: none existed");
+    assert_eq!(f.session.status().history.generation, 1);
+    assert_eq!(f.log()[..2], ["start 1", "exec 1 #1"]);
+    f.session.dispose("disposed").await;
+}
+
+#[tokio::test]
+async fn a_prestart_starts_nothing_with_prewarm_off_or_once_an_interpreter_runs() {
+    let f = fixture(true, false);
+    f.session.prestart().await;
+    assert_eq!(f.session.status().spare, SpareState::None);
+    assert!(f.log().is_empty(), "prewarm off: nothing starts before the first call");
+    assert!(f.session.status().dirs.is_none(), "prewarm off: no session directory either");
+    let f = fixture(true, true);
+    assert_eq!(f.run().await.status, Status::Ok);
+    let waited = Instant::now();
+    while f.session.status().spare != SpareState::Ready {
+        assert!(waited.elapsed() < Duration::from_secs(5), "no spare: {:?}", f.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.session.prestart().await;
+    assert_eq!(f.log().iter().filter(|l| l.starts_with("start")).count(), 2, "{:?}", f.log());
+    f.session.dispose("disposed").await;
+}
