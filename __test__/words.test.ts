@@ -281,7 +281,7 @@ for (const prewarm of [false, true]) {
     assert.match(
       short,
       prewarm
-        ? /^python tool: available\ninterpreter: Python 3\.\d+\.\d+, not running \(0 calls so far; one starts on the next call\)\nmode: /
+        ? /^python tool: available\ninterpreter: Python 3\.\d+\.\d+, none in use \(0 calls so far; the next call takes the one started ahead\)\nmode: /
         : /^python tool: not started yet \(no call so far\)\ninterpreter: not running \(one starts on the first call\)\nmode: /,
     );
     assert.ok(short.split("\n").length <= 7, short);
@@ -305,7 +305,7 @@ test("after a timeout, status and reset say what the setting in force did", asyn
     short,
     ROLLBACK
       ? /^interpreter: Python 3\.\d+\.\d+, running \(3 calls so far\)$/m
-      : /^interpreter: Python 3\.\d+\.\d+, not running \(3 calls so far; one starts on the next call\)$/m,
+      : /^interpreter: Python 3\.\d+\.\d+, (not running \(3 calls so far; one starts on the next call\)|none in use \(3 calls so far; the next call takes the one started ahead\))$/m,
   );
   const survived = messageText(await modelSees(h, { code: "'kept' in globals()" }));
   if (ROLLBACK) {

@@ -321,6 +321,9 @@ pub fn status_text_and_summary(r: &StatusReport, settings: &Settings) -> (String
     };
     text.push_str(&match (&r.runtime_version, r.worker_running) {
         (Some(v), true) => format!("interpreter: Python {v}, running ({calls})\n"),
+        (Some(v), false) if r.prewarm && r.spare == SpareState::Ready => {
+            format!("interpreter: Python {v}, none in use ({calls}; the next call takes the one started ahead)\n")
+        }
         (Some(v), false) => format!("interpreter: Python {v}, not running ({calls}; one starts on the next call)\n"),
         (None, _) => "interpreter: not running (one starts on the first call)\n".to_string(),
     });
