@@ -93,6 +93,9 @@ pub async fn start(
             done => return done,
         }
     }
+    crate::rundir::write_worker(start.dirs, WORKER_SOURCE).map_err(|e| {
+        StartError::Prepare(format!("The worker's source could not be written to {}: {e}", start.dirs.root.display()))
+    })?;
     let code = WorkerCode::Source { path: start.dirs.worker_file.clone(), emit: start.facts.code_key.is_some() };
     start_once(start, stop, spawned, code).await
 }

@@ -2,7 +2,8 @@
 //!
 //! Each session gets a private directory (mode 0700) under the runtime
 //! root: `scratch/` (mounted at /scratch), `logs/` (the executions' full
-//! output, never mounted) and the worker's source. The registry remembers
+//! output, never mounted) and, once a start compiles the worker from it,
+//! the worker's source. The registry remembers
 //! which sandbox process groups and directories this process has, so that
 //! an exit hook can kill and delete them synchronously. What runs in a
 //! sandbox is not this module's business.
@@ -93,8 +94,8 @@ pub fn private_dir(path: &Path) -> Result<(), DirError> {
 }
 
 /// Make a new session directory under `runtime_root` (default
-/// [`default_runtime_root`]), with the worker's source in it.
-pub fn make_dirs(runtime_root: Option<&Path>, worker_source: &str) -> Result<Dirs, DirError> {
+/// [`default_runtime_root`]).
+pub fn make_dirs(runtime_root: Option<&Path>) -> Result<Dirs, DirError> {
     let parent = runtime_root.map(Path::to_path_buf).unwrap_or_else(default_runtime_root);
     private_dir(&parent)?;
     let root = parent.join(format!("{:016x}", random_u64()));
@@ -103,15 +104,26 @@ pub fn make_dirs(runtime_root: Option<&Path>, worker_source: &str) -> Result<Dir
         Dirs { scratch: root.join("scratch"), logs: root.join("logs"), worker_file: root.join("worker.py"), root };
     let made = (|| -> std::io::Result<()> {
         DirBuilder::new().mode(0o700).create(&dirs.scratch)?;
-        DirBuilder::new().mode(0o700).create(&dirs.logs)?;
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file)?;
-        std::io::Write::write_all(&mut f, worker_source.as_bytes())
+        DirBuilder::new().mode(0o700).create(&dirs.logs)
     })();
     made.map_err(|source| {
         let _ = crate::beneath::remove_tree(&dirs.root);
         DirError::Prepare { path: dirs.root.clone(), source }
     })?;
     Ok(dirs)
+}
+
+/// The worker's source in the session's directory, for a start that
+/// compiles it (the first of an interpreter, or one whose stored bytecode
+/// failed): written once (read-only) and kept for the session's later
+/// such starts. Only this process writes the directory (it is mounted in
+/// no sandbox).
+pub fn write_worker(dirs: &Dirs, worker_source: &str) -> std::io::Result<()> {
+    match OpenOptions::new().write(true).create_new(true).mode(0o400).open(&dirs.worker_file) {
+        Ok(mut f) => std::io::Write::write_all(&mut f, worker_source.as_bytes()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Work to do once a session's sandboxes are killed (a check of what they
@@ -167,14 +179,20 @@ mod tests {
     #[test]
     fn session_directories_are_private_and_a_shared_parent_is_refused() {
         let base = std::env::temp_dir().join(format!("pps-rundir-{:016x}", random_u64()));
-        let dirs = make_dirs(Some(&base), "print('w')").expect("dirs");
+        let dirs = make_dirs(Some(&base)).expect("dirs");
         for d in [&base, &dirs.root, &dirs.scratch, &dirs.logs] {
             assert_eq!(std::fs::metadata(d).expect("meta").permissions().mode() & 0o777, 0o700, "{}", d.display());
         }
+        // The worker's source only once a start compiles it; written once.
+        assert!(!dirs.worker_file.exists());
+        write_worker(&dirs, "print('w')").expect("worker");
+        write_worker(&dirs, "print('again')").expect("worker kept");
         assert_eq!(std::fs::read_to_string(&dirs.worker_file).expect("worker"), "print('w')");
+        let mode = std::fs::metadata(&dirs.worker_file).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o400);
         assert!(!dirs.logs.starts_with(&dirs.scratch));
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        assert!(matches!(make_dirs(Some(&base), ""), Err(DirError::NotPrivate { .. })));
+        assert!(matches!(make_dirs(Some(&base)), Err(DirError::NotPrivate { .. })));
         std::fs::remove_dir_all(&base).expect("cleanup");
     }
 
@@ -200,7 +218,7 @@ mod tests {
     #[test]
     fn cleanup_deletes_what_the_registry_holds() {
         let base = std::env::temp_dir().join(format!("pps-live-{:016x}", random_u64()));
-        let dirs = make_dirs(Some(&base), "").expect("dirs");
+        let dirs = make_dirs(Some(&base)).expect("dirs");
         let id = u64::MAX - random_u64() % 1000;
         let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();

@@ -508,20 +508,7 @@ pub async fn prepare_inside_with(
 ) -> Result<Option<Result<OwnedFd, crate::nshelper::HelperError>>, Unprepared> {
     let began = std::time::Instant::now();
     let held = crate::nshelper::masks::prepare(&held)?;
-    let info = pipe::Receiver::from_owned_fd(info).map_err(Unprepared::InfoPipe)?;
-    let mut text = Vec::new();
-    let mut bounded = info.take(4096);
-    match tokio::time::timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(Unprepared::InfoPipe(e)),
-        Err(_) => return Err(Unprepared::PidLate),
-    }
-    let pid = serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
-        .and_then(|p| i32::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .ok_or(Unprepared::NoPid)?;
+    let pid = held_pid(info).await?;
     set_limits_of(pid, limits)?;
     // The steps need only the user namespace: they run while bubblewrap
     // is still mounting; the masks wait for its mounts.
@@ -542,13 +529,73 @@ pub async fn prepare_inside_with(
         ),
         None => None,
     };
-    match nix::unistd::write(release, b"1") {
-        Ok(1) => {}
-        Ok(_) => return Err(Unprepared::NotReleased),
-        Err(e) => return Err(Unprepared::Release(e)),
-    }
+    release_payload(release)?;
     tracing::debug!(pid, us = began.elapsed().as_micros() as u64, "sandbox namespaces prepared");
     Ok(listener)
+}
+
+/// The sandbox's pid, from bubblewrap's info pipe (within the helper's
+/// deadline).
+async fn held_pid(info: OwnedFd) -> Result<i32, Unprepared> {
+    let info = pipe::Receiver::from_owned_fd(info).map_err(Unprepared::InfoPipe)?;
+    let mut text = Vec::new();
+    let mut bounded = info.take(4096);
+    match tokio::time::timeout(crate::nshelper::HELPER_DEADLINE, bounded.read_to_end(&mut text)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(Unprepared::InfoPipe(e)),
+        Err(_) => return Err(Unprepared::PidLate),
+    }
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("child-pid").and_then(|p| p.as_i64()))
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or(Unprepared::NoPid)
+}
+
+/// Write the byte bubblewrap waits for at `--block-fd`.
+fn release_payload(release: &OwnedFd) -> Result<(), Unprepared> {
+    match nix::unistd::write(release, b"1") {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(Unprepared::NotReleased),
+        Err(e) => Err(Unprepared::Release(e)),
+    }
+}
+
+/// The `held` mounts being made while the payload starts (see
+/// [`prepare_then_mask`]).
+pub type Masking = tokio::task::JoinHandle<Result<(), Unprepared>>;
+
+/// [`prepare_inside`] for a payload that runs nothing it is sent before
+/// it is sent something: the python worker, which only starts the
+/// interpreter and reports ready until its first request. Its limits are
+/// set and the helper's `steps` run as there; then it is released at once,
+/// and the `held` mounts are made while it starts (they still wait for
+/// bubblewrap's own, which bubblewrap makes before it reads the release).
+/// The caller sends the payload nothing until the returned task has ended
+/// well, and kills the sandbox when it has not. A payload that runs what
+/// it was given from its start (a shell command) waits for the mounts:
+/// [`prepare_inside_with`].
+pub async fn prepare_then_mask(
+    info: OwnedFd,
+    release: &OwnedFd,
+    limits: &[(Resource, u64)],
+    held: crate::nshelper::masks::Held,
+    steps: Vec<crate::nshelper::Step>,
+) -> Result<Masking, Unprepared> {
+    let held = crate::nshelper::masks::prepare(&held)?;
+    let pid = held_pid(info).await?;
+    set_limits_of(pid, limits)?;
+    if !steps.is_empty() {
+        tokio::task::spawn_blocking(move || crate::nshelper::run(pid, &[crate::nshelper::Namespace::User], &steps))
+            .await
+            .map_err(Unprepared::HelperThread)??;
+    }
+    release_payload(release)?;
+    Ok(tokio::task::spawn_blocking(move || -> Result<(), Unprepared> {
+        crate::nshelper::masks::apply(pid, &held)?;
+        Ok(())
+    }))
 }
 
 /// SIGKILL the sandbox's process group: bwrap, the namespace's init and

@@ -186,8 +186,9 @@ impl Worker {
         // Nothing of the payload runs before its limits are set and its
         // namespaces prepared. The payload is released only by the byte
         // written after both: on a failure it is killed before its pipe
-        // closes.
-        let (prepared, proxy) =
+        // closes. Without a network the worker starts while its `/proc`
+        // masks are made, and is sent nothing before they are (below).
+        let api::Prepared { prepared, proxy, masking } =
             api::prepare_with_network(child.info, &child.release, &limits, held, inside, network, &mut plan_notes)
                 .await;
         if let Err(why) = prepared {
@@ -257,7 +258,14 @@ impl Worker {
             contained,
         };
         spawned(worker.pid, true);
-        match worker.await_ready(stop, emit_code.then_some(check_image)).await {
+        let ready = worker.await_ready(stop, emit_code.then_some(check_image)).await;
+        // The worker has run nothing it was sent: its first request waits
+        // for the masks (a failure to make them ends the start).
+        let ready = match (ready, masking) {
+            (Ok(ready), Some(masking)) => api::masks_made(masking).await.map(|()| ready),
+            (ready, _) => ready,
+        };
+        match ready {
             Ok(ready) => {
                 worker.init_pid = children(worker.pid).first().copied();
                 worker._watches = crate::watches::start(crate::watches::Armed {

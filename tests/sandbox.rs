@@ -919,6 +919,89 @@ mod bare {
         nofile: Option<u64>,
         edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
     ) -> Option<Result<(ExitStatus, String), (String, String)>> {
+        let Held { dir, policy, mut child, contained } = held(name, profile, argv, caps, nofile, edit).await?;
+        let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
+        if let Err(why) =
+            spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), policy.held_mounts(), steps).await
+        {
+            spawn::kill_group(child.pid);
+            let mut out = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(20), child.stdout.read_to_string(&mut out)).await;
+            let _ = child.child.wait().await;
+            return Some(Err((why.to_string(), out)));
+        }
+        let mut out = String::new();
+        let waited = tokio::time::timeout(Duration::from_secs(20), async {
+            child.stdout.read_to_string(&mut out).await.expect("stdout");
+            child.child.wait().await.expect("wait")
+        })
+        .await;
+        let status = waited.unwrap_or_else(|_| {
+            spawn::kill_group(child.pid);
+            panic!("{name}: the payload did not end");
+        });
+        drop((contained, dir));
+        Some(Ok((status, out)))
+    }
+
+    /// The python worker's way ([`spawn::prepare_then_mask`]): `argv`
+    /// released before the policy's `/proc` masks, which are made while
+    /// it runs. `Ok` with the sandbox's mount points (its
+    /// `/proc/PID/mountinfo`, read from the host) once the masks are made;
+    /// `Err` with why they were not. The payload is killed either way.
+    pub async fn masked_while_running(
+        name: &str,
+        argv: &[&str],
+        edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+    ) -> Option<Result<Vec<String>, String>> {
+        let caps = contain::caps(None, None).expect("default caps");
+        let Held { dir, policy, mut child, contained } = held(name, Profile::Shell, argv, caps, None, edit).await?;
+        let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
+        let masked = match spawn::prepare_then_mask(
+            child.info,
+            &child.release,
+            &policy.held_rlimits(),
+            policy.held_mounts(),
+            steps,
+        )
+        .await
+        {
+            Ok(masking) => masking.await.expect("the helper's thread"),
+            Err(why) => Err(why),
+        };
+        let points = masked.map_err(|why| why.to_string()).map(|()| {
+            let inside =
+                pi_python_sandbox::spawn::read_proc(&format!("/proc/{}/task/{}/children", child.pid, child.pid))
+                    .expect("children");
+            let first =
+                String::from_utf8_lossy(&inside).split_whitespace().next().expect("the sandbox's pid").to_owned();
+            let table = std::fs::read_to_string(format!("/proc/{first}/mountinfo")).expect("its mount table");
+            table.lines().filter_map(|l| l.split(' ').nth(4)).map(str::to_owned).collect()
+        });
+        spawn::kill_group(child.pid);
+        let _ = child.child.wait().await;
+        drop((contained, dir));
+        Some(points)
+    }
+
+    struct Held {
+        dir: Dir,
+        policy: Policy,
+        child: spawn::Spawned,
+        contained: contain::Contained,
+    }
+
+    /// `argv` spawned held under the full policy, changed by `edit` (given
+    /// the session's directory, where the mask sources are); None (the
+    /// reason printed) where bubblewrap cannot run.
+    async fn held(
+        name: &str,
+        profile: Profile,
+        argv: &[&str],
+        caps: contain::Caps,
+        nofile: Option<u64>,
+        edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
+    ) -> Option<Held> {
         if let Err(why) = super::can_sandbox() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
             eprintln!("SKIP {name}: {why}");
@@ -960,30 +1043,9 @@ mod bare {
         let bwrap = probe::probe_bwrap().await.expect("bwrap");
         let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
         let args = bwrap_argv(&policy, &payload);
-        let mut child =
+        let child =
             spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), false).expect("spawn");
-        let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
-        if let Err(why) =
-            spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), policy.held_mounts(), steps).await
-        {
-            spawn::kill_group(child.pid);
-            let mut out = String::new();
-            let _ = tokio::time::timeout(Duration::from_secs(20), child.stdout.read_to_string(&mut out)).await;
-            let _ = child.child.wait().await;
-            return Some(Err((why.to_string(), out)));
-        }
-        let mut out = String::new();
-        let waited = tokio::time::timeout(Duration::from_secs(20), async {
-            child.stdout.read_to_string(&mut out).await.expect("stdout");
-            child.child.wait().await.expect("wait")
-        })
-        .await;
-        let status = waited.unwrap_or_else(|_| {
-            spawn::kill_group(child.pid);
-            panic!("{name}: the payload did not end");
-        });
-        drop(contained);
-        Some(Ok((status, out)))
+        Some(Held { dir, policy, child, contained })
     }
 }
 
@@ -1037,6 +1099,39 @@ async fn a_proc_mask_that_cannot_be_made_fails_the_start_and_no_payload_runs() {
     let (why, out) = masked_start("mask-gone", gone).await.expect("sandbox").expect_err("a start without a mask file");
     assert!(why.contains("cloning the empty mask") && why.contains("No such file"), "{why}");
     assert_eq!(out, "", "the payload ran");
+}
+
+/// The python worker's start: released before the `/proc` masks, which
+/// are made while it starts; the engine sends it nothing before they are,
+/// and ends the start when they could not be made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masks_made_while_the_payload_starts_are_all_there_or_their_failure_is_told() {
+    use pi_python_sandbox::hostsecrets::Mask;
+    let argv = ["/bin/sleep", "30"];
+    let Some(made) = bare::masked_while_running("mask-early", &argv, |_, _| {}).await else { return };
+    let points = made.expect("the host's masks made while the payload runs");
+    let want = pi_python_sandbox::probe::proc_masks_of_host();
+    assert!(!want.is_empty(), "this host's /proc has none of the masked files");
+    for m in &want {
+        assert!(
+            points.iter().any(|p| std::path::Path::new(p) == m.path),
+            "{} not masked: {points:?}",
+            m.path.display()
+        );
+    }
+    // The same failures as a held start's: each is told, with its path.
+    let missing = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.push(Mask { path: "/proc/no-such-kernel-file".into(), is_dir: false })
+    };
+    let why = bare::masked_while_running("mask-early-missing", &argv, missing).await.expect("sandbox");
+    let why = why.expect_err("masks with one that cannot be made");
+    assert!(why.contains("/proc/no-such-kernel-file") && why.contains("No such file"), "{why}");
+    let link = |p: &mut pi_python_sandbox::bwrap::Policy, _: &std::path::Path| {
+        p.proc_masks.insert(0, Mask { path: "/proc/self/environ".into(), is_dir: false })
+    };
+    let why = bare::masked_while_running("mask-early-link", &argv, link).await.expect("sandbox");
+    let why = why.expect_err("a mask through a link");
+    assert!(why.contains("/proc/self/environ") && why.contains("symbolic links"), "{why}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,7 +62,7 @@ impl<H: Host> Session<H> {
         }
         let root = self.opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
         crate::rundir::outside_project(&root, &self.opts.project_dir)?;
-        let d = crate::rundir::make_dirs(Some(&root), WORKER_SOURCE)?;
+        let d = crate::rundir::make_dirs(Some(&root))?;
         inner.dirs = Some(d.clone());
         self.shared.lock().report.dirs = Some(d.clone());
         self.sync_live();

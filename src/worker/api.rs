@@ -264,13 +264,17 @@ pub fn not_prepared(why: &crate::spawn::Unprepared) -> String {
     }
 }
 
-/// [`crate::spawn::prepare_inside`], and with `network` the proxy's
-/// listener in the sandbox's network namespace, served for as long as the
-/// sandbox lives. A destination no entry (or session grant) matches is
-/// reviewed by the reviewer of the call running (see
+/// The worker's held start prepared: without a network, the worker is
+/// released once its limits are set and its `/proc` masks are made while
+/// it starts (`masking`: see [`crate::spawn::prepare_then_mask`]; no
+/// request goes out before they are); with `network`, everything is made
+/// before it is released ([`crate::spawn::prepare_inside`]), and the
+/// proxy's listener too, in the sandbox's network namespace, served for as
+/// long as the sandbox lives. A destination no entry (or session grant)
+/// matches is reviewed by the reviewer of the call running (see
 /// [`super::Worker::network_call_starts`]); between calls it is refused at
-/// once. A listener that could not be made or
-/// served leaves the sandbox with no network, and `notes` says why.
+/// once. A listener that could not be made or served leaves the sandbox
+/// with no network, and `notes` says why.
 pub async fn prepare_with_network(
     info: OwnedFd,
     release: &OwnedFd,
@@ -279,14 +283,20 @@ pub async fn prepare_with_network(
     steps: Vec<crate::nshelper::Step>,
     network: Option<PythonNetwork>,
     notes: &mut Vec<String>,
-) -> (Result<(), crate::spawn::Unprepared>, Option<Proxy>) {
-    let listen = network.as_ref().map(|_| crate::nshelper::listen::PROXY_PORT);
+) -> Prepared {
+    let Some(network) = network else {
+        return match crate::spawn::prepare_then_mask(info, release, limits, held, steps).await {
+            Ok(masking) => Prepared { prepared: Ok(()), proxy: None, masking: Some(masking) },
+            Err(why) => Prepared { prepared: Err(why), proxy: None, masking: None },
+        };
+    };
+    let listen = Some(crate::nshelper::listen::PROXY_PORT);
     let listener = match crate::spawn::prepare_inside_with(info, release, limits, held, steps, listen).await {
         Ok(listener) => listener,
-        Err(why) => return (Err(why), None),
+        Err(why) => return Prepared { prepared: Err(why), proxy: None, masking: None },
     };
     let proxy = match (listener, network) {
-        (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
+        (Some(Ok(fd)), net) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
             Ok(l) => {
                 let desk = crate::network::review::Desk::new(None, net.grants);
                 let resolver = crate::network::decide::SystemResolver;
@@ -303,7 +313,25 @@ pub async fn prepare_with_network(
         }
         _ => None,
     };
-    (Ok(()), proxy)
+    Prepared { prepared: Ok(()), proxy, masking: None }
+}
+
+/// Wait for the masks made while the worker started (see
+/// [`crate::spawn::prepare_then_mask`]): their failure ends the start.
+pub async fn masks_made(masking: crate::spawn::Masking) -> Result<(), StartError> {
+    match masking.await.map_err(crate::spawn::Unprepared::HelperThread) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(why)) | Err(why) => Err(StartError::Prepare(not_prepared(&why))),
+    }
+}
+
+/// What [`prepare_with_network`] made.
+pub struct Prepared {
+    /// Why the payload was not released, if it was not.
+    pub prepared: Result<(), crate::spawn::Unprepared>,
+    pub proxy: Option<Proxy>,
+    /// The masks still being made (see [`crate::spawn::prepare_then_mask`]).
+    pub masking: Option<crate::spawn::Masking>,
 }
 
 impl super::Worker {

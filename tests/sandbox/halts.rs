@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pi_python_sandbox::capture::Capture;
 use pi_python_sandbox::frame::end_mark;
-use pi_python_sandbox::launch::{self, Facts, Start, WORKER_SOURCE};
+use pi_python_sandbox::launch::{self, Facts, Start};
 use pi_python_sandbox::rundir::make_dirs;
 use pi_python_sandbox::worker::{Call, Halt, Interrupt, Stop};
 
@@ -25,7 +25,7 @@ async fn a_call_whose_sandbox_a_dispose_killed_before_its_request_went_out_ends_
     let Some(f) = super::fixture_with("halt-before-write", Some(true)) else { return };
     let opts = f.session.options().clone();
     let facts = Facts::probe(&opts).await.expect("probe");
-    let dirs = make_dirs(Some(&f.dir.join("runtime")), WORKER_SOURCE).expect("session directory");
+    let dirs = make_dirs(Some(&f.dir.join("runtime"))).expect("session directory");
     let start = Start {
         facts: &facts,
         dirs: &dirs,
