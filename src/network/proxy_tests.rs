@@ -632,3 +632,58 @@ async fn a_taken_summary_starts_afresh_for_the_next_call() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("127.0.0.1:22") && !lines[0].contains(&format!(":{port}")), "{lines:?}");
 }
+
+/// Byte `i` of the stream [`a_bulk_transfer_to_the_client_arrives_whole_and_in_order`] sends:
+/// no period of a page or a buffer, so a piece lost, doubled or moved shows.
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i / 4093) as u8
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_transfer_to_the_client_arrives_whole_and_in_order() {
+    // Alone: the direction toward the client must find one of the
+    // process's grown pipes free, so that past GROW_AFTER it goes on by
+    // copying (tunnel::copied) instead of splicing.
+    if !alone("a_bulk_transfer_to_the_client_arrives_whole_and_in_order") {
+        return;
+    }
+    const TOTAL: u64 = 8 * GROW_AFTER + 12_345;
+    let (bulk, _b) = origin_doing(|mut c| async move {
+        let mut hi = [0u8; 2];
+        c.read_exact(&mut hi).await.unwrap();
+        let mut sent = 0u64;
+        while sent < TOTAL {
+            let n = (TOTAL - sent).min(100_003);
+            let piece: Vec<u8> = (sent..sent + n).map(pattern).collect();
+            c.write_all(&piece).await.unwrap();
+            sent += n;
+        }
+    })
+    .await;
+    let s = proxy(&[], &[format!("127.0.0.1:{bulk}")], &[]).await;
+    let mut c = TcpStream::connect(s.proxy).await.unwrap();
+    c.write_all(format!("CONNECT 127.0.0.1:{bulk} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut ok = [0u8; 39];
+    c.read_exact(&mut ok).await.unwrap();
+    c.write_all(b"hi").await.unwrap();
+    let (mut got, mut held_seen) = (0u64, 0);
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf)).await.unwrap().unwrap();
+        if n == 0 {
+            break;
+        }
+        for (k, byte) in buf[..n].iter().enumerate() {
+            let i = got + k as u64;
+            assert_eq!(*byte, pattern(i), "byte {i} of {TOTAL}");
+        }
+        got += n as u64;
+        if got > 2 * GROW_AFTER && got < 6 * GROW_AFTER {
+            held_seen = held_seen.max(grown_pipes());
+        }
+    }
+    assert_eq!(got, TOTAL);
+    // The direction toward the client took the bulk path (the only one
+    // that moved past GROW_AFTER).
+    assert_eq!(held_seen, 1);
+}

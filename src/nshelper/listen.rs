@@ -24,6 +24,16 @@
 //! listener, grows its buffers within them, and their memory is counted in
 //! the host-wide `net.ipv4.tcp_mem`. A sandbox without them gets no
 //! listener, so no network.
+//!
+//! Then it raises the most bytes of one packet on the namespace's loopback
+//! (`gso_max_size`, `gro_max_size` and their IPv4 forms, one
+//! `RTM_NEWLINK` that changes no flag and adds no address, so it never
+//! meets bubblewrap's setup of `lo`) to [`LOOPBACK_GSO`]: TCP on that
+//! loopback then moves a bulk transfer in packets of up to that size
+//! instead of 64 KiB ("BIG TCP"), and the proxy's sends to the client and
+//! the client's reads take fewer trips through the stack. Best effort: a
+//! kernel that refuses it (IPv4 BIG TCP came in Linux 6.3) keeps 64 KiB
+//! packets and the listener is made all the same.
 
 use std::ffi::CStr;
 use std::io;
@@ -40,6 +50,12 @@ pub const PROXY_PORT: u16 = 3128;
 /// trip); the host's defaults let one socket grow to 32 MiB and 4 MiB.
 pub const TCP_RMEM: &str = "4096 131072 524288";
 pub const TCP_WMEM: &str = "4096 16384 524288";
+
+/// The most bytes of one packet on the sandbox's loopback (see the module
+/// notes): the most the kernel gives loopback (`tso_max_size`, 512 KiB
+/// less 8 bytes). A packet's bytes count in the socket buffers like any
+/// others, so [`TCP_RMEM`] and [`TCP_WMEM`] still bound them.
+pub const LOOPBACK_GSO: u32 = 524_280;
 
 /// Connections the kernel queues before the host accepts them.
 const BACKLOG: libc::c_int = 128;
@@ -81,7 +97,8 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
         sin_zero: [0; 8],
     };
     let (user_fd, net_fd) = (user.as_raw_fd(), net.as_raw_fd());
-    let report = in_helper(|| child_listen(user_fd, net_fd, &addr)).map_err(HelperError::Fork)?;
+    let big = loopback_request(LOOPBACK_GSO);
+    let report = in_helper(|| child_listen(user_fd, net_fd, &addr, &big)).map_err(HelperError::Fork)?;
     drop((user, net));
     let (record, fd) = report.map_err(|e| HelperError::NoReport(e.to_string()))?;
     let [what, index, e] = record;
@@ -101,9 +118,61 @@ pub fn listen(pid: i32, port: u16) -> Result<OwnedFd, HelperError> {
     Err(HelperError::Listen { step, port, source })
 }
 
+/// The loopback's interface index: the same in every network namespace.
+const LOOPBACK_INDEX: i32 = 1;
+
+/// An `RTM_NEWLINK` request for the loopback that sets its most bytes of
+/// one packet sent and received (`IFLA_GSO_MAX_SIZE`, `IFLA_GRO_MAX_SIZE`
+/// and the IPv4 forms, which the kernel keeps apart past 64 KiB) to
+/// `size`, and changes nothing else (no flag, no address).
+fn loopback_request(size: u32) -> Vec<u8> {
+    const IFLA_GSO_MAX_SIZE: u16 = 41;
+    const IFLA_GRO_MAX_SIZE: u16 = 58;
+    const IFLA_GSO_IPV4_MAX_SIZE: u16 = 63;
+    const IFLA_GRO_IPV4_MAX_SIZE: u16 = 64;
+    let header = std::mem::size_of::<libc::nlmsghdr>();
+    let mut body = Vec::new();
+    // struct ifinfomsg: family, pad, type, index, flags, change.
+    body.push(libc::AF_UNSPEC as u8);
+    body.push(0);
+    body.extend_from_slice(&0u16.to_ne_bytes());
+    body.extend_from_slice(&LOOPBACK_INDEX.to_ne_bytes());
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    for kind in [IFLA_GSO_MAX_SIZE, IFLA_GRO_MAX_SIZE, IFLA_GSO_IPV4_MAX_SIZE, IFLA_GRO_IPV4_MAX_SIZE] {
+        body.extend_from_slice(&8u16.to_ne_bytes());
+        body.extend_from_slice(&kind.to_ne_bytes());
+        body.extend_from_slice(&size.to_ne_bytes());
+    }
+    let mut msg = Vec::with_capacity(header + body.len());
+    msg.extend_from_slice(&((header + body.len()) as u32).to_ne_bytes());
+    msg.extend_from_slice(&libc::RTM_NEWLINK.to_ne_bytes());
+    msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(&body);
+    msg
+}
+
 // Below: the helper. Raw system calls on prepared memory only.
 
-fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in) -> ([i32; 3], i32) {
+/// Send the prepared `RTM_NEWLINK` (see [`loopback_request`]) on a route
+/// netlink socket of the namespace; the kernel applies it inside the
+/// send, and its answer is not waited for (best effort).
+fn child_big_loopback(request: &[u8]) {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: send(2) reads the prepared buffer of its length; close of the fd just made.
+    unsafe {
+        libc::send(fd, request.as_ptr().cast(), request.len(), 0);
+        libc::close(fd);
+    }
+}
+
+fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in, big: &[u8]) -> ([i32; 3], i32) {
     let fail = |what: i32| ([what, 0, errno()], -1);
     // SAFETY: setns on fds the child holds.
     if unsafe { libc::setns(user, libc::CLONE_NEWUSER) } != 0 {
@@ -128,6 +197,7 @@ fn child_listen(user: i32, net: i32, addr: &libc::sockaddr_in) -> ([i32; 3], i32
             return ([FAILED_WRITE_SYSCTL, i as i32, e], -1);
         }
     }
+    child_big_loopback(big);
     // SAFETY: socket(2) with constant arguments.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
     if fd < 0 {

@@ -100,3 +100,22 @@ async fn a_client_inside_reaches_the_host_through_the_listener_made_in_its_names
     let (out, _) = held_sandbox(CLIENT, false).await;
     assert!(out.trim().ends_with("unreachable"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_raises_the_most_bytes_of_one_packet_on_the_sandbox_loopback() {
+    if let Err(why) = super::can_sandbox() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    // No seccomp in these sandboxes: `ip` may ask the kernel over netlink.
+    let script =
+        format!("/usr/sbin/ip -d link show lo | grep -o 'g[sr]o_max_size [0-9]*' | tr '\\n' ' '; echo; {CLIENT}");
+    let (out, seen) = held_sandbox(&script, true).await;
+    let big = pi_python_sandbox::nshelper::listen::LOOPBACK_GSO;
+    assert_eq!(out.lines().next(), Some(format!("gso_max_size {big} gro_max_size {big} ").as_str()), "{out}");
+    assert_eq!(seen.as_deref(), Some("hello from 127.0.0.1"));
+    // Baseline: without the listener's helper, the kernel's 64 KiB.
+    let (out, _) = held_sandbox(&script, false).await;
+    assert_eq!(out.lines().next(), Some("gso_max_size 65536 gro_max_size 65536 "), "{out}");
+}
