@@ -117,7 +117,6 @@ async fn spliced(
     to_sandbox: bool,
 ) -> bool {
     use std::os::fd::AsRawFd;
-    use tokio::io::Interest;
     let Ok((pipe_r, pipe_w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC) else {
         return false;
     };
@@ -154,41 +153,68 @@ async fn spliced(
             }
         }
         // The pipe is empty here: an EAGAIN is the socket's.
-        let moved = loop {
-            if !matches!(tokio::time::timeout(b.idle, src.readable()).await, Ok(Ok(()))) {
-                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                return false;
-            }
-            match src.try_io(Interest::READABLE, || splice(src_fd, pipe_w.as_raw_fd(), chunk)) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => {
-                    let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                    return false;
-                }
-            }
+        let moved = match read_some(src, b, || splice(src_fd, pipe_w.as_raw_fd(), chunk)).await {
+            Ok(n) => n,
+            Err(clean) => return shut(to, b, clean).await,
         };
-        if moved == 0 {
-            let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-            return true;
-        }
         if grown.is_none() {
             moved_all = moved_all.saturating_add(moved as u64);
         }
-        // The pipe holds `left` bytes: an EAGAIN is the socket's.
-        let until = tokio::time::Instant::now() + b.write;
-        let mut left = moved;
-        while left > 0 {
-            if !matches!(tokio::time::timeout_at(until, dst.writable()).await, Ok(Ok(()))) {
-                return false;
-            }
-            match dst.try_io(Interest::WRITABLE, || splice(pipe_r.as_raw_fd(), dst_fd, left)) {
-                Ok(n) => left -= n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return false,
-            }
+        // The pipe holds `moved` bytes: an EAGAIN is the socket's.
+        if !write_all(dst, b, moved, |done| splice(pipe_r.as_raw_fd(), dst_fd, moved - done)).await {
+            return false;
         }
     }
+}
+
+/// Read once from `src` with `read` (non-blocking) within the idle bound:
+/// the bytes moved, or how the direction ended: cleanly (the source's
+/// end) or not (idle too long, an error).
+async fn read_some(
+    src: &TcpStream,
+    b: &Bounds,
+    mut read: impl FnMut() -> std::io::Result<usize>,
+) -> Result<usize, bool> {
+    loop {
+        if !matches!(tokio::time::timeout(b.idle, src.readable()).await, Ok(Ok(()))) {
+            return Err(false);
+        }
+        match src.try_io(tokio::io::Interest::READABLE, &mut read) {
+            Ok(0) => return Err(true),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(false),
+        }
+    }
+}
+
+/// A direction's end: `to` shut down (within the write bound); `clean`.
+async fn shut(to: &mut tokio::net::tcp::OwnedWriteHalf, b: &Bounds, clean: bool) -> bool {
+    let _ = tokio::time::timeout(b.write, to.shutdown()).await;
+    clean
+}
+
+/// Write `len` bytes to `dst` with `write` (given how many are done;
+/// non-blocking) within the write bound; whether they all went.
+async fn write_all(
+    dst: &TcpStream,
+    b: &Bounds,
+    len: usize,
+    mut write: impl FnMut(usize) -> std::io::Result<usize>,
+) -> bool {
+    let until = tokio::time::Instant::now() + b.write;
+    let mut done = 0;
+    while done < len {
+        if !matches!(tokio::time::timeout_at(until, dst.writable()).await, Ok(Ok(()))) {
+            return false;
+        }
+        match dst.try_io(tokio::io::Interest::WRITABLE, || write(done)) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// The rest of a busy direction toward the sandbox: read(2) and write(2)
@@ -202,48 +228,28 @@ async fn copied(
     _held: GrownPipe,
 ) -> bool {
     use std::os::fd::AsRawFd;
-    use tokio::io::Interest;
     let mut buf = vec![0u8; GROWN_PIPE];
     let (src, dst): (&TcpStream, &TcpStream) = (from.as_ref(), to.as_ref());
     let (src_fd, dst_fd) = (src.as_raw_fd(), dst.as_raw_fd());
     loop {
-        let moved = loop {
-            if !matches!(tokio::time::timeout(b.idle, src.readable()).await, Ok(Ok(()))) {
-                let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                return false;
-            }
-            match src.try_io(Interest::READABLE, || {
-                // SAFETY: reads at most the buffer's length into it.
-                let n = unsafe { libc::read(src_fd, buf.as_mut_ptr().cast(), buf.len()) };
-                usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-            }) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => {
-                    let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-                    return false;
-                }
-            }
+        let moved = match read_some(src, b, || {
+            // SAFETY: reads at most the buffer's length into it.
+            let n = unsafe { libc::read(src_fd, buf.as_mut_ptr().cast(), buf.len()) };
+            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+        })
+        .await
+        {
+            Ok(n) => n,
+            Err(clean) => return shut(to, b, clean).await,
         };
-        if moved == 0 {
-            let _ = tokio::time::timeout(b.write, to.shutdown()).await;
-            return true;
-        }
-        let until = tokio::time::Instant::now() + b.write;
-        let mut done = 0;
-        while done < moved {
-            if !matches!(tokio::time::timeout_at(until, dst.writable()).await, Ok(Ok(()))) {
-                return false;
-            }
-            match dst.try_io(Interest::WRITABLE, || {
-                // SAFETY: writes bytes of the buffer that were read into it.
-                let n = unsafe { libc::write(dst_fd, buf[done..moved].as_ptr().cast(), moved - done) };
-                usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-            }) {
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return false,
-            }
+        let written = write_all(dst, b, moved, |done| {
+            // SAFETY: writes bytes of the buffer that were read into it.
+            let n = unsafe { libc::write(dst_fd, buf[done..moved].as_ptr().cast(), moved - done) };
+            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+        })
+        .await;
+        if !written {
+            return false;
         }
     }
 }
