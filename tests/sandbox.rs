@@ -955,7 +955,8 @@ mod bare {
         let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
         let args = bwrap_argv(&policy, &payload);
         let mut child =
-            spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), false).expect("spawn");
+            spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), spawn::Channel::None)
+                .expect("spawn");
         let steps = inotify::cap_steps(inotify::sandbox_share(inotify::host_budget()));
         if let Err(why) =
             spawn::prepare_inside(child.info, &child.release, &policy.held_rlimits(), policy.held_mounts(), steps).await
