@@ -122,6 +122,13 @@ export declare class PythonSandbox {
    * it; without, it is refused at once (no UI).
    */
   execShell(callId: number, command: string, options: ShellOptions, onData: (text: string) => void, onReview?: ((request: NetworkReviewRequest) => Promise<string>) | undefined | null): Promise<ShellResult>
+  /** The spare sandbox of the bash tool (see `shell::Spare`). */
+  shellSpare(): ShellSpareStatus
+  /**
+   * Resolves once no spare of the bash tool is being started (it is
+   * ready, or none is to be had), with its state then.
+   */
+  awaitShellSpare(): Promise<ShellSpareStatus>
   /**
    * Abort the command `callId`: every process of its sandbox is killed.
    * Returns whether one was running.
@@ -625,6 +632,16 @@ export interface ShellSettings {
   configPath?: string
   /** The trusted file's `network` part; none: no network. */
   network?: NetworkSettings
+}
+
+/** The bash tool's sandbox started ahead of need for the next command. */
+export interface ShellSpareStatus {
+  /** `none`, `starting` or `ready`. */
+  state: SpareState
+  /** Bubblewrap's pid when it is ready. */
+  pid?: number
+  /** How many commands of the session ran in one. */
+  used: number
 }
 
 export interface SkippedRoot {

@@ -111,6 +111,8 @@ pub struct Confined {
     /// Whether the project is writable in the end (the mode asked for it
     /// and it could be protected).
     pub writable: bool,
+    /// What the project's walk was kept under (see [`PlanCache::keeps`]).
+    pub plan_key: String,
 }
 
 /// Why no confinement could be made.
@@ -140,7 +142,7 @@ impl Confined {
 
 /// The trees a start's sandbox can write, as the host secrets' lookups
 /// must skip them: the project and the runtime root (scratch is there).
-fn sandbox_trees(dirs: &Dirs, project: &Path) -> (PathBuf, PathBuf) {
+pub fn sandbox_trees(dirs: &Dirs, project: &Path) -> (PathBuf, PathBuf) {
     let runtime_root = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
     let canonical_root = std::fs::canonicalize(&runtime_root).unwrap_or(runtime_root);
     (project.to_path_buf(), canonical_root)
@@ -329,6 +331,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
             };
             let writable = guard.is_some();
             return finish(Finish {
+                plan_key: cache_key.clone(),
                 host,
                 dirs,
                 project,
@@ -430,6 +433,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         }
         _ => None,
     };
+    let plan_key = cache_key.clone();
     match (cache, keepable) {
         (Some(cache), Some(protection)) => {
             let masks = clone_binds(&plan.masks)
@@ -443,6 +447,7 @@ pub async fn confine(req: Request<'_>) -> Result<Confined, ConfineError> {
         _ => {}
     }
     finish(Finish {
+        plan_key,
         host,
         dirs,
         project,
@@ -497,6 +502,7 @@ struct Finish<'a> {
     guard: Option<Arc<protected::Guard>>,
     watcher: Option<protected::Watcher>,
     writable: bool,
+    plan_key: String,
 }
 
 /// The mount fds, the containment and the policy of a planned start.
@@ -513,6 +519,7 @@ fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
         mut plan_notes,
         report: masks,
         writable,
+        plan_key,
         ..
     } = f;
     let mut mount_fds: Vec<OwnedFd> = Vec::new();
@@ -592,6 +599,7 @@ fn finish(f: Finish<'_>) -> Result<Confined, ConfineError> {
         contained,
         budget: f.budget,
         writable,
+        plan_key,
     };
     confined.settle_nofile();
     Ok(confined)

@@ -495,6 +495,60 @@ impl HostSecrets {
     }
 }
 
+/// The same look as [`watch`], asked when it is wanted instead of woken:
+/// made when a sandbox started ahead of need is released, asked when it
+/// is claimed, so that a host secret that appeared in between (which the
+/// running watch may not have read yet) keeps it from being used.
+pub struct Sentinel {
+    inotify: nix::sys::inotify::Inotify,
+    wds: Vec<(nix::sys::inotify::WatchDescriptor, WatchPoint)>,
+}
+
+impl Sentinel {
+    /// None when a point's directory cannot be watched.
+    pub fn new(points: &[WatchPoint]) -> Option<Sentinel> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
+        let mut by_dir = std::collections::HashMap::new();
+        let mut wds = Vec::with_capacity(points.len());
+        for p in points {
+            let wd = match by_dir.get(&p.dir) {
+                Some(wd) => *wd,
+                None => *by_dir.entry(p.dir.clone()).or_insert(inotify.add_watch(&p.dir, flags).ok()?),
+            };
+            wds.push((wd, p.clone()));
+        }
+        Some(Sentinel { inotify, wds })
+    }
+
+    /// Whether no name that [`watch`] would stop a sandbox for has
+    /// appeared since it was made (an overflow of the queue counts as one).
+    pub fn quiet(&self) -> bool {
+        use nix::sys::inotify::AddWatchFlags;
+        loop {
+            let events = match self.inotify.read_events() {
+                Ok(events) => events,
+                Err(nix::errno::Errno::EAGAIN) => return true,
+                Err(_) => return false,
+            };
+            for ev in events {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    return false;
+                }
+                let name = ev.name.as_ref().map(|n| n.to_string_lossy().into_owned());
+                let hit = self
+                    .wds
+                    .iter()
+                    .any(|(wd, p)| *wd == ev.wd && name.as_deref().is_some_and(|n| glob_match(&p.leaf, n)));
+                if hit {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 /// Watch `points` until `stop` fires; when a matching name appears, call
 /// `appeared` with its path (once: the sandbox it guards is then killed).
 /// Returns at once when inotify is unavailable (each execution's check of

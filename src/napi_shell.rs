@@ -95,6 +95,23 @@ fn proxy_policy(n: Option<crate::napi_config::NetworkSettings>) -> Option<crate:
     })
 }
 
+/// The bash tool's sandbox started ahead of need for the next command.
+#[napi(object)]
+pub struct ShellSpareStatus {
+    /// `none`, `starting` or `ready`.
+    pub state: crate::outcome::SpareState,
+    /// Bubblewrap's pid when it is ready.
+    pub pid: Option<i32>,
+    /// How many commands of the session ran in one.
+    pub used: f64,
+}
+
+impl From<crate::session::ShellSpare> for ShellSpareStatus {
+    fn from(s: crate::session::ShellSpare) -> Self {
+        ShellSpareStatus { state: s.state, pid: s.pid, used: s.used as f64 }
+    }
+}
+
 fn ending_name(e: &Ending) -> &'static str {
     match e {
         Ending::Exited(_) => "exited",
@@ -174,6 +191,19 @@ impl PythonSandbox {
             }),
             Err(ShellError::NotStarted(why)) => Err(Error::new(Status::GenericFailure, why)),
         }
+    }
+
+    /// The spare sandbox of the bash tool (see `shell::Spare`).
+    #[napi]
+    pub fn shell_spare(&self) -> ShellSpareStatus {
+        self.session().shell_spare().into()
+    }
+
+    /// Resolves once no spare of the bash tool is being started (it is
+    /// ready, or none is to be had), with its state then.
+    #[napi]
+    pub async fn await_shell_spare(&self) -> ShellSpareStatus {
+        self.session().shell_spare_settled().await.into()
     }
 
     /// Abort the command `callId`: every process of its sandbox is killed.

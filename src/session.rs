@@ -55,6 +55,7 @@ mod fake;
 mod host;
 mod live;
 mod shell;
+pub use shell::ShellSpare;
 mod start;
 #[cfg(test)]
 mod tests;

@@ -26,6 +26,10 @@ use crate::runtime::shell::{self as payload, Shell};
 use crate::spawn::{kill_group, prepare_inside_with, spawn_sandbox};
 
 pub mod hints;
+mod start;
+
+pub use start::{make_spare, Spare};
+use start::{start, Inputs, Runs, Started};
 
 /// The output cap of one command, when not [`SHELL_OUTPUT_CAP_BYTES`].
 pub use crate::options::MAX_OUTPUT_ENV;
@@ -295,83 +299,64 @@ fn environment(cmd: &Command, config: &ShellConfig, path: &str) -> Vec<(String, 
 
 /// Run `cmd` in a sandbox of its own, handing each piece of its output
 /// (made safe) to `on_data`, until it ends, its timeout passes, `cancel`
-/// turns true, or it writes more than the cap.
+/// turns true, or it writes more than the cap. With `spare`, a sandbox
+/// started ahead of need: used when it was made for the same inputs and
+/// the project's walk it has is still right, else killed (the command
+/// starts cold). Whether it was used is the second value.
 pub async fn run(
     ctx: Context<'_>,
     cmd: Command,
     on_data: &(dyn Fn(String) + Send + Sync),
     mut cancel: watch::Receiver<bool>,
-) -> Result<Ended, ShellError> {
-    let cwd = working_dir(&cmd.cwd, ctx.project)?;
+    spare: Option<Spare>,
+) -> Result<(Ended, bool), ShellError> {
     let cap = output_cap()?;
-    let settings = crate::options::Settings::from_env();
-    let home = settings.home.clone();
-    let search =
-        payload::search_path(&std::env::var("PATH").unwrap_or_default(), home.as_deref(), &ctx.config.additional_reads);
-    let secrets = confine::host_secrets(&settings, ctx.dirs, ctx.project);
-    let mut notes = Vec::new();
-    let reads = reads(&ctx, &search.mounts, &secrets, &mut notes);
-    let etc_dir =
-        session_files(ctx.dirs).map_err(|e| not_started(format!("its /etc files could not be written: {e}")))?;
-    let shell = payload::choose_shell(cmd.shell.as_deref(), &reads, |p| p.exists());
-    let plan_notes = protected::Notes::default();
-    let confined = confine::confine(confine::Request {
-        host: ctx.host,
-        dirs: ctx.dirs,
-        project: ctx.project,
-        project_at: ctx.project,
-        project_names: &[],
-        mounts: ctx.mounts,
-        notes: plan_notes.clone(),
-        tainted: ctx.tainted.clone(),
-        known: ctx.known.clone(),
-        payload_reads: &reads,
-        runtime_mounts: &[],
-        settings,
-        secrets,
-        cache: Some(ctx.plans),
-        kept_reads: Some(ctx.kept_reads),
-        seccomp: match ctx.config.network {
-            Some(_) => crate::seccomp::Profile::ShellNet,
-            None => crate::seccomp::Profile::Shell,
-        },
-    })
-    .await
-    .map_err(not_started)?;
-    let Confined {
-        policy,
-        mount_fds,
-        secret_watch,
-        masks_watch,
+    let inputs = Inputs::gather(&ctx, &cmd)?;
+    let mut from_spare = false;
+    let claimed = match spare {
+        Some(s) if s.key == inputs.key(&ctx) => {
+            let (plans, project) = (ctx.plans.clone(), ctx.project.to_path_buf());
+            let plan = s.started.as_ref().and_then(|s| Some((s.plan_key.clone(), s.walk?)));
+            let right =
+                tokio::task::spawn_blocking(move || plan.is_some_and(|(k, made)| plans.keeps(&k, made, &project)))
+                    .await
+                    .unwrap_or(false);
+            if right {
+                s.claim(&cmd.command, ctx.kept_reads)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    let started = match claimed {
+        Some(s) => {
+            from_spare = true;
+            s
+        }
+        None => start(&ctx, &inputs, Runs::Command(cmd.command.clone())).await?,
+    };
+    let Inputs { search, mut notes, reads, .. } = inputs;
+    let Started {
+        mut child,
+        pid,
+        stdout,
+        stderr,
+        listener,
         guard,
-        watcher,
-        plan_notes: start_notes,
+        project_watch,
+        watches,
+        killed_for,
+        secret_appeared,
+        start_notes,
+        plan_notes,
         mut contained,
-        budget,
         ..
-    } = confined;
+    } = started;
     notes.extend(start_notes);
     if let Some(why) = &ctx.config.network_off {
         notes.push(format!("The command had no network: {}.", crate::display::one_line(why.trim_end_matches('.'))));
     }
-    let mut env = environment(&cmd, ctx.config, &search.value);
-    if ctx.config.network.is_some() {
-        env.extend(crate::network::proxy::environment(PROXY_PORT));
-    }
-    let sh = Shell { shell, command: cmd.command.clone(), cwd, env, etc_dir, reads: reads.clone() };
-    let argv = bwrap_argv(&policy, &payload::payload(&sh));
-    let filter =
-        crate::seccomp::bpf_memfd(policy.seccomp).map_err(|e| not_started(format!("its seccomp filter: {e}")))?;
-    let mut child = spawn_sandbox(&ctx.host.bwrap.path, &argv, filter, mount_fds, contained.take_join(), false)
-        .map_err(|e| not_started(format!("bubblewrap could not be started: {e}")))?;
-    let held = policy.held_mounts();
-    let steps = crate::inotify::cap_steps(ctx.host.inotify_share);
-    let listen = ctx.config.network.as_ref().map(|_| PROXY_PORT);
-    let (prepared, listener) =
-        match prepare_inside_with(child.info, &child.release, &policy.held_rlimits(), held, steps, listen).await {
-            Ok(listener) => (Ok(()), listener),
-            Err(why) => (Err(why), None),
-        };
     let proxy = match (listener, &ctx.config.network) {
         (Some(Ok(fd)), Some(net)) => match tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)) {
             Ok(l) => {
@@ -390,43 +375,6 @@ pub async fn run(
         }
         _ => None,
     };
-    if let Err(why) = prepared {
-        kill_group(child.pid);
-        let mut err = String::new();
-        let _ = tokio::time::timeout(CLEANUP_DEADLINE, async {
-            let _ = (&mut child.stderr).take(8192).read_to_string(&mut err).await;
-            let _ = child.child.wait().await;
-        })
-        .await;
-        let said = crate::display::displayed(err.trim().to_string());
-        let mut msg = if said.is_empty() { why.to_string() } else { format!("{why}; bubblewrap said: {said}") };
-        if let Some(hint) = crate::probe::namespace_hint(&said) {
-            let stop = if msg.ends_with('.') { "" } else { "." };
-            msg = format!("{msg}{stop}\n{hint}");
-        }
-        return Err(not_started(msg));
-    }
-    // No frames: the request and reply pipes close on our side.
-    drop((child.requests, child.replies));
-    let pid = child.pid;
-    let killed_for: protected::KillSlot = Arc::default();
-    let secret_appeared = Arc::new(AtomicBool::new(false));
-    let budget = Arc::new(protected::Budget::new(budget, pid, killed_for.clone()));
-    if let Some(g) = &guard {
-        g.arm(pid, killed_for.clone());
-        g.set_budget(budget.clone());
-    }
-    let project_watch = masks_watch.clone();
-    let watches = crate::watches::start(crate::watches::Armed {
-        pid,
-        guard: guard.clone(),
-        watcher,
-        secret_watch,
-        masks_watch,
-        budget,
-        killed_for: killed_for.clone(),
-        secret_appeared: secret_appeared.clone(),
-    });
     let mut out = Streams::new(cap);
     let deadline = cmd.timeout.map(|t| tokio::time::Instant::now() + t);
     let sleep = async {
@@ -436,7 +384,7 @@ pub async fn run(
         }
     };
     tokio::pin!(sleep);
-    let (mut stdout, mut stderr) = (child.stdout, child.stderr);
+    let (mut stdout, mut stderr) = (stdout, stderr);
     let (mut out_buf, mut err_buf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     let (mut out_open, mut err_open) = (true, true);
     let mut status = None;
@@ -452,7 +400,7 @@ pub async fn run(
         let (which, read) = tokio::select! {
             n = stdout.read(&mut out_buf), if out_open => (0, n),
             n = stderr.read(&mut err_buf), if err_open => (1, n),
-            s = child.child.wait(), if status.is_none() => {
+            s = child.wait(), if status.is_none() => {
                 status = Some(s.ok());
                 drained.as_mut().reset(tokio::time::Instant::now() + CLEANUP_DEADLINE);
                 continue;
@@ -548,7 +496,7 @@ pub async fn run(
         let sandbox = hints::Shown { project: ctx.project, reads: &reads, mounts: ctx.mounts };
         notes.extend(hints::hints(&out.tail(), &sandbox, &search.left_out, ctx.config.config_path.as_deref()));
     }
-    Ok(Ended { ending, notes, secret_appeared: appeared })
+    Ok((Ended { ending, notes, secret_appeared: appeared }, from_spare))
 }
 
 /// The two streams of a command on their way to `on_data`: each made safe

@@ -202,17 +202,16 @@ pub const MAX_MOUNT_FDS: usize = 2048;
 /// placed at `MOUNT_FD_BASE + i` (bubblewrap closes each after its mount).
 /// `cgroups` are the files that join the sandbox's cgroups (see
 /// `contain::join_file`), which bubblewrap's process writes to before it
-/// execs (they never cross exec). Without `frames` (a payload that speaks
-/// no frames: a shell command), the protocol pipes are not placed at all:
-/// the payload and everything it starts get 0-2 and nothing else. Every
-/// descriptor the child holds that is not placed here closes at exec.
+/// execs (they never cross exec). What the payload gets above 0-2 is
+/// `channel`'s (see [`Channel`]). Every descriptor the child holds that is
+/// not placed here closes at exec.
 pub fn spawn_sandbox(
     bwrap: &Path,
     argv: &[OsString],
     seccomp: OwnedFd,
     mounts: Vec<OwnedFd>,
     cgroups: Vec<OwnedFd>,
-    frames: bool,
+    channel: Channel,
 ) -> io::Result<Spawned> {
     if mounts.len() > MAX_MOUNT_FDS {
         return Err(io::Error::other(format!("{} mount sources, at most {MAX_MOUNT_FDS}", mounts.len())));
@@ -224,8 +223,12 @@ pub fn spawn_sandbox(
     let (info_read, info_write) = cloexec_pipe()?;
     let (block_read, release) = cloexec_pipe()?;
     let high = first_free + 10;
-    let child_req = dup_high(&req_read, high)?;
-    let child_rep = dup_high(&rep_write, high)?;
+    let (child_req, child_rep) = match &channel {
+        Channel::Given([a, b]) => (dup_high(a, high)?, dup_high(b, high)?),
+        Channel::Frames | Channel::None => (dup_high(&req_read, high)?, dup_high(&rep_write, high)?),
+    };
+    let placed_channel = !matches!(channel, Channel::None);
+    drop(channel);
     let child_bpf = dup_high(&seccomp, high)?;
     let child_info = dup_high(&info_write, high)?;
     let child_block = dup_high(&block_read, high)?;
@@ -270,7 +273,7 @@ pub fn spawn_sandbox(
             // First everything above stdio closes at exec; then the placed
             // descriptors (dup2 clears the flag on its copy) stay open.
             child_cloexec_from(3);
-            if frames {
+            if placed_channel {
                 child_dup2(req_fd, REQUEST_FD)?;
                 child_dup2(rep_fd, REPLY_FD)?;
             }
@@ -316,6 +319,19 @@ pub fn spawn_sandbox(
         info: info_read,
         release,
     })
+}
+
+/// What the payload of [`spawn_sandbox`] gets at `REQUEST_FD` and
+/// `REPLY_FD`.
+pub enum Channel {
+    /// The protocol pipes (the python worker's frames).
+    Frames,
+    /// Nothing: the payload and everything it starts get 0-2 and nothing
+    /// else (a shell command).
+    None,
+    /// These two descriptors (a spare shell's command and its go pipe,
+    /// see `shell`), which the payload closes before it runs anything.
+    Given([OwnedFd; 2]),
 }
 
 /// Bubblewrap's process, started by [`spawn_sandbox`]: waited for through

@@ -182,7 +182,8 @@ impl Worker {
             network,
         } = launch;
         let mut child =
-            spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join(), true).map_err(StartError::Spawn)?;
+            spawn_sandbox(&bwrap, &argv, seccomp, mount_fds, contained.take_join(), crate::spawn::Channel::Frames)
+                .map_err(StartError::Spawn)?;
         // Nothing of the payload runs before its limits are set and its
         // namespaces prepared. The payload is released only by the byte
         // written after both: on a failure it is killed before its pipe

@@ -1044,7 +1044,8 @@ mod bare {
         let filter = seccomp::bpf_memfd(policy.seccomp).expect("seccomp program");
         let args = bwrap_argv(&policy, &payload);
         let child =
-            spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), false).expect("spawn");
+            spawn::spawn_sandbox(&bwrap.path, &args, filter, vec![], contained.take_join(), spawn::Channel::None)
+                .expect("spawn");
         Some(Held { dir, policy, child, contained })
     }
 }

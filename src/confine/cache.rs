@@ -34,7 +34,12 @@ struct Cached {
     /// The link count of each masked file: a new name of one anywhere
     /// (even where the watch does not look) drops the kept walk.
     links: Vec<(PathBuf, u64)>,
+    /// Which walk this is (each one kept gets a new number).
+    made: u64,
 }
+
+/// The number of the next walk kept.
+static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What a kept walk gives a start.
 pub(super) struct Kept {
@@ -61,27 +66,26 @@ pub(super) fn clone_binds(binds: &[protected::Bind]) -> std::io::Result<Vec<prot
 }
 
 impl PlanCache {
+    /// Which walk is kept, if one is.
+    pub fn kept(&self) -> Option<u64> {
+        self.0.lock().as_ref().map(|c| c.made)
+    }
+
+    /// Whether the kept walk is `made` (see [`PlanCache::kept`]), kept for
+    /// `key`, and still right by the rule [`PlanCache::fresh`] applies
+    /// (blocking, as it is): a sandbox started ahead of need with that
+    /// walk may still be used.
+    pub fn keeps(&self, key: &str, made: u64, project: &Path) -> bool {
+        let guard = self.0.lock();
+        guard.as_ref().filter(|c| c.key == key && c.made == made).is_some_and(|kept| right(kept, project))
+    }
+
     /// The kept walk for `key`, when it is still right (blocking: the
     /// watch may walk where it does not cover the project).
     pub(super) fn fresh(&self, key: &str, project: &Path) -> Option<Kept> {
         let guard = self.0.lock();
         let kept = guard.as_ref().filter(|c| c.key == key)?;
-        if kept.watch.as_ref().is_some_and(|w| w.stale().is_some()) {
-            return None;
-        }
-        // A writable project's walk: only while its protection is the
-        // walk's (the sandboxes write it: a name made or removed elsewhere
-        // keeps it; a protected name the host made since drops it, so that
-        // the next walk binds it).
-        if let Some((_, seed)) = &kept.writable {
-            let planned = |rels: &[PathBuf]| rels.iter().all(|r| seed.as_planned(r));
-            if !kept.watch.as_ref().is_some_and(|w| w.protection_kept(planned)) {
-                return None;
-            }
-        }
-        let tree = crate::beneath::Tree::open(project).ok()?;
-        let all_there = kept.report.masked.iter().all(|m| tree.lstat(&m.rel).is_ok_and(|st| st.is_some()));
-        if !all_there || link_counts(&tree, &kept.report).as_ref() != Some(&kept.links) {
+        if !right(kept, project) {
             return None;
         }
         let writable = match &kept.writable {
@@ -108,9 +112,30 @@ impl PlanCache {
         };
         *self.0.lock() = match (clone_binds(&walk.masks), links, writable) {
             (Ok(masks), Some(links), Some(writable)) => {
-                Some(Cached { key, masks, report: walk.report, watch: walk.watch, writable, links })
+                let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Some(Cached { key, masks, report: walk.report, watch: walk.watch, writable, links, made })
             }
             _ => None,
         };
     }
+}
+
+/// Whether `kept` is still right for `project` (see [`PlanCache`]).
+fn right(kept: &Cached, project: &Path) -> bool {
+    if kept.watch.as_ref().is_some_and(|w| w.stale().is_some()) {
+        return false;
+    }
+    // A writable project's walk: only while its protection is the
+    // walk's (the sandboxes write it: a name made or removed elsewhere
+    // keeps it; a protected name the host made since drops it, so that
+    // the next walk binds it).
+    if let Some((_, seed)) = &kept.writable {
+        let planned = |rels: &[PathBuf]| rels.iter().all(|r| seed.as_planned(r));
+        if !kept.watch.as_ref().is_some_and(|w| w.protection_kept(planned)) {
+            return false;
+        }
+    }
+    let Ok(tree) = crate::beneath::Tree::open(project) else { return false };
+    let all_there = kept.report.masked.iter().all(|m| tree.lstat(&m.rel).is_ok_and(|st| st.is_some()));
+    all_there && link_counts(&tree, &kept.report).as_ref() == Some(&kept.links)
 }

@@ -50,7 +50,12 @@ struct Kept {
     points: Vec<WatchPoint>,
     /// Its watches; any event on it drops the kept check.
     inotify: Inotify,
+    /// Which check this is (each one made gets a new number).
+    made: u64,
 }
+
+/// The number of the next check kept.
+static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Kept {
     /// Whether nothing was queued on the watches since they were made.
@@ -93,6 +98,25 @@ pub fn check_anew(list: &HostSecrets, dirs: &[PathBuf], skip: &[&Path]) -> Reads
 }
 
 impl KeptReads {
+    /// Which check is kept, if one is.
+    pub fn kept(&self) -> Option<u64> {
+        self.0.lock().as_ref().map(|k| k.made)
+    }
+
+    /// Whether the check kept is `made` (see [`KeptReads::kept`]) and
+    /// nothing it looked at changed since (a sandbox started ahead of need
+    /// with it may still be used); a change drops it, as
+    /// [`KeptReads::check`] would.
+    pub fn unchanged(&self, made: u64) -> bool {
+        let mut kept = self.0.lock();
+        let right =
+            kept.as_ref().is_some_and(|k| k.made == made && k.idents.iter().all(|i| ident(&i.path) == *i) && k.quiet());
+        if !right {
+            *kept = None;
+        }
+        right
+    }
+
     /// The check of `dirs` (host trees shown read-only at their paths,
     /// none at or under `skip`) against `list`: the kept one while it is
     /// right, else made anew (and kept when it can be).
@@ -117,6 +141,7 @@ impl KeptReads {
                 masks: made.masks.clone(),
                 points: made.points.clone(),
                 inotify,
+                made: MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             });
         }
         made

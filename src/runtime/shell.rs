@@ -161,6 +161,41 @@ pub fn payload(sh: &Shell) -> Payload {
     }
 }
 
+/// The descriptor a spare's reader reads the command from (a memfd the
+/// host fills at the claim), and the pipe it waits on until then.
+pub const COMMAND_FD: i32 = crate::bwrap::REQUEST_FD;
+pub const GO_FD: i32 = crate::bwrap::REPLY_FD;
+
+/// The shell that reads a spare's command: bash (its `read -d ''` reads a
+/// seekable file in blocks, where a pipe costs one system call a byte).
+pub fn reader_shell(exists: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    ["/bin/bash", "/usr/bin/bash"].into_iter().map(PathBuf::from).find(|p| exists(p))
+}
+
+/// The payload of a spare sandbox for `sh` (whose `command` is not known
+/// yet): `reader` waits for a byte on [`GO_FD`], reads the whole command
+/// from [`COMMAND_FD`], closes both, and execs exactly the argv
+/// [`payload`] gives (`shell -c command`, `$0` the shell). Nothing of the
+/// command runs before the host writes that byte. The variables bash
+/// itself adds for the program it runs (`SHLVL`, `PWD`, `OLDPWD`) are
+/// unset first unless the environment gave them, so the shell gets the
+/// environment a cold start gives it; the reader's own variable gets a
+/// name no variable of the environment has.
+pub fn spare_payload(sh: &Shell, reader: &Path) -> Payload {
+    let given = |n: &str| sh.env.iter().any(|(k, _)| k == n);
+    let mut var = String::from("pi_sandbox_command");
+    while given(&var) {
+        var.push('_');
+    }
+    let unset: Vec<&str> = ["SHLVL", "PWD", "OLDPWD"].into_iter().filter(|n| !given(n)).collect();
+    let unset = if unset.is_empty() { String::new() } else { format!("unset -v {}; ", unset.join(" ")) };
+    let script = format!(
+        "read -r -u {GO_FD} {var} || exit 125; IFS= read -r -d '' -u {COMMAND_FD} {var}; \
+         exec {COMMAND_FD}<&- {GO_FD}<&-; {unset}exec \"$0\" -c \"${var}\""
+    );
+    Payload { argv: vec![reader.into(), OsString::from("-c"), script.into(), sh.shell.clone().into()], ..payload(sh) }
+}
+
 /// The shell to run: the user's when it is an absolute path the sandbox
 /// shows (under the system trees or an extra read), else bash, else sh.
 pub fn choose_shell(wanted: Option<&Path>, shown: &[PathBuf], exists: impl Fn(&Path) -> bool) -> PathBuf {
@@ -192,6 +227,32 @@ mod tests {
         assert_eq!(sp.value, "/usr/local/bin:/opt/tool/bin:/usr/bin:/home/u/.nvm/bin:/bin");
         assert_eq!(sp.mounts, [PathBuf::from("/opt/tool/bin")]);
         assert_eq!(sp.left_out, [PathBuf::from("/home/u/.cargo/bin")]);
+    }
+
+    #[test]
+    fn a_spare_reads_the_command_then_execs_the_argv_a_cold_start_gives() {
+        let mut sh = Shell {
+            shell: "/bin/sh".into(),
+            command: String::new(),
+            cwd: "/p".into(),
+            env: vec![("PATH".into(), "/usr/bin".into()), ("pi_sandbox_command".into(), "x".into())],
+            etc_dir: "/e".into(),
+            reads: vec![],
+        };
+        let p = spare_payload(&sh, Path::new("/bin/bash"));
+        let script = p.argv[2].to_string_lossy().into_owned();
+        assert_eq!(p.argv[0], "/bin/bash");
+        assert_eq!(p.argv[3], "/bin/sh", "$0 is the shell a cold start runs");
+        // A name of the environment is never the reader's variable.
+        assert!(script.contains("-u 3 pi_sandbox_command_;") && script.contains("\"$pi_sandbox_command_\""));
+        assert!(script.contains("unset -v SHLVL PWD OLDPWD;"));
+        sh.env.push(("SHLVL".into(), "4".into()));
+        let script = spare_payload(&sh, Path::new("/bin/bash")).argv[2].to_string_lossy().into_owned();
+        assert!(script.contains("unset -v PWD OLDPWD;"), "a variable the environment gives is kept: {script}");
+        // Everything else is the cold payload's.
+        let cold = payload(&sh);
+        let warm = spare_payload(&sh, Path::new("/bin/bash"));
+        assert_eq!((cold.env, cold.chdir, cold.read_mounts), (warm.env, warm.chdir, warm.read_mounts));
     }
 
     #[test]

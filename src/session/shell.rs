@@ -29,6 +29,23 @@ pub(super) struct Shells {
     suspect: std::sync::atomic::AtomicBool,
     /// Why each command aborted by a mount change was stopped, by its id.
     stopped_for: parking_lot::Mutex<HashMap<u32, String>>,
+    /// The sandbox started ahead of need for the next command.
+    spare: crate::spare::Spare<crate::shell::Spare>,
+    /// Bubblewrap's pid of the spare in the slot (ready).
+    spare_pid: parking_lot::Mutex<Option<i32>>,
+    /// Commands that ran in a spare.
+    spares_used: std::sync::atomic::AtomicU64,
+    /// Told whenever a spare's start ends (ready or not).
+    spare_settled: tokio::sync::Notify,
+}
+
+/// The bash tool's spare, for the status: its state, bubblewrap's pid
+/// when it is ready, how many commands ran in one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShellSpare {
+    pub state: crate::outcome::SpareState,
+    pub pid: Option<i32>,
+    pub used: u64,
 }
 
 impl Shells {
@@ -52,6 +69,15 @@ impl Shells {
         }
     }
 
+    /// Kill the spare (the mounts, the configuration changed, or the
+    /// session ends); a start under way can no longer fill the slot.
+    pub(super) fn discard_spare(&self) {
+        let spare = self.spare.clear();
+        *self.spare_pid.lock() = None;
+        drop(spare);
+        self.spare_settled.notify_waiters();
+    }
+
     /// Whether a command left /scratch in doubt (and forget it).
     pub(super) fn take_suspect(&self) -> bool {
         self.suspect.swap(false, Ordering::AcqRel)
@@ -65,6 +91,116 @@ impl<H: Host> Session<H> {
             *self.shells.python_lists.write() = policy.lists.clone();
         }
         *self.shells.config.lock() = config;
+        self.shells.discard_spare();
+    }
+
+    /// The bash tool's spare.
+    pub fn shell_spare(&self) -> ShellSpare {
+        ShellSpare {
+            state: self.shells.spare.state(),
+            pid: *self.shells.spare_pid.lock(),
+            used: self.shells.spares_used.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Wait until no spare is being started: its state then.
+    pub async fn shell_spare_settled(&self) -> ShellSpare {
+        loop {
+            let settled = self.shells.spare_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.shells.spare.state() != crate::outcome::SpareState::Starting {
+                return self.shell_spare();
+            }
+            settled.await;
+        }
+    }
+
+    /// Start a sandbox for the next command like `cmd` in the background,
+    /// a little after this command's result, unless one is there or being
+    /// started, the session is disposed, or /scratch is in doubt.
+    fn refill_shell_spare(&self, cmd: &Command) {
+        if self.is_disposed() || self.shells.suspect.load(Ordering::Acquire) || !self.shared.lock().report.prewarm {
+            return;
+        }
+        let Some(ticket) = self.shells.spare.begin() else { return };
+        let Some(me) = self.weak.upgrade() else {
+            self.shells.spare.abandon(ticket);
+            return;
+        };
+        let template = Command {
+            command: String::new(),
+            cwd: cmd.cwd.clone(),
+            shell: cmd.shell.clone(),
+            timeout: None,
+            pi_env: cmd.pi_env.clone(),
+            reviewing: crate::network::review::Reviewing { ask: None, yolo: cmd.reviewing.yolo },
+        };
+        let span = self.span();
+        tokio::spawn(
+            async move {
+                // Let the result reach JS first.
+                tokio::time::sleep(crate::limits::SPARE_DELAY).await;
+                me.make_shell_spare(ticket, &template).await;
+                me.shells.spare_settled.notify_waiters();
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Make the spare for `ticket` and fill the slot with it; a spare the
+    /// slot no longer waits for is killed before a dispose can go on.
+    async fn make_shell_spare(&self, ticket: u64, cmd: &Command) {
+        let _running = self.shells.running.read().await;
+        let made = self.try_shell_spare(ticket, cmd).await;
+        let unused = match made {
+            Some(spare) => {
+                let pid = spare.pid();
+                let mut at = self.shells.spare_pid.lock();
+                match self.shells.spare.fill(ticket, spare) {
+                    Ok(()) => {
+                        *at = pid;
+                        None
+                    }
+                    Err(spare) => Some(spare),
+                }
+            }
+            None => {
+                self.shells.spare.abandon(ticket);
+                None
+            }
+        };
+        drop(unused);
+    }
+
+    async fn try_shell_spare(&self, ticket: u64, cmd: &Command) -> Option<crate::shell::Spare> {
+        if self.is_disposed() || !self.shells.spare.is_current(ticket) {
+            return None;
+        }
+        let host = self.shells.host.get()?.clone();
+        let dirs = self.shared.lock().report.dirs.clone()?;
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
+        let mounts = self.shared.lock().report.mounts.clone();
+        let config = self.shells.config.lock().clone();
+        let ctx = Context {
+            host: &host,
+            dirs: &dirs,
+            project: &project,
+            mounts: &mounts,
+            tainted: self.tainted.clone(),
+            known: self.known_secrets.clone(),
+            config: &config,
+            plans: &self.shells.plans,
+            kept_reads: &self.shells.kept_reads,
+            net_grants: &self.shells.net_grants,
+        };
+        match crate::shell::make_spare(ctx, cmd).await {
+            Ok(spare) => spare,
+            Err(e) => {
+                tracing::debug!(error = %e, "no spare for the next command");
+                None
+            }
+        }
     }
 
     /// The python tool's network from the trusted configuration
@@ -130,7 +266,13 @@ impl<H: Host> Session<H> {
             kept_reads: &self.shells.kept_reads,
             net_grants: &self.shells.net_grants,
         };
-        let mut ended = crate::shell::run(ctx, cmd, on_data, rx).await?;
+        let spare = self.shells.spare.take().map(|s| *s);
+        *self.shells.spare_pid.lock() = None;
+        let template = cmd.clone();
+        let (mut ended, used) = crate::shell::run(ctx, cmd, on_data, rx, spare).await?;
+        if used {
+            self.shells.spares_used.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(why) = self.shells.stopped_for.lock().remove(&id) {
             if ended.ending == crate::shell::Ending::Aborted {
                 ended.notes.push(format!("The command was stopped: {why}."));
@@ -140,6 +282,7 @@ impl<H: Host> Session<H> {
         if ended.secret_appeared {
             self.shells.suspect.store(true, Ordering::Release);
         }
+        self.refill_shell_spare(&template);
         Ok(ended)
     }
 

@@ -283,6 +283,7 @@ impl<H: Host> Session<H> {
 
     /// Kill the spare (mounts changed, or the session ends).
     pub(super) fn discard_spare(&self) {
+        self.shells.discard_spare();
         if let Some(w) = self.spare.clear() {
             (*w).reap();
         }

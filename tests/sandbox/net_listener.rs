@@ -49,7 +49,8 @@ async fn held_sandbox(script: &str, listen: bool) -> (String, Option<String>) {
     argv.extend(["--", "/bin/bash", "-c", script].map(OsString::from));
     // No --seccomp: the filter is not what this test is about.
     let unused: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
-    let mut child = spawn_sandbox(bwrap.as_ref(), &argv, unused, vec![], vec![], false).unwrap();
+    let mut child =
+        spawn_sandbox(bwrap.as_ref(), &argv, unused, vec![], vec![], pi_python_sandbox::spawn::Channel::None).unwrap();
     let prepared =
         prepare_inside_with(child.info, &child.release, &[], Default::default(), vec![], listen.then_some(PROXY_PORT))
             .await;
