@@ -173,6 +173,29 @@ impl<H: Host> Session<H> {
         drop(unused);
     }
 
+    /// Where a command of this session runs, from the facts read for it.
+    fn shell_context<'a>(
+        &'a self,
+        host: &'a crate::confine::HostFacts,
+        dirs: &'a crate::rundir::Dirs,
+        project: &'a std::path::Path,
+        mounts: &'a crate::permissions::MountConfig,
+        config: &'a ShellConfig,
+    ) -> Context<'a> {
+        Context {
+            host,
+            dirs,
+            project,
+            mounts,
+            tainted: self.tainted.clone(),
+            known: self.known_secrets.clone(),
+            config,
+            plans: &self.shells.plans,
+            kept_reads: &self.shells.kept_reads,
+            net_grants: &self.shells.net_grants,
+        }
+    }
+
     async fn try_shell_spare(&self, ticket: u64, cmd: &Command) -> Option<crate::shell::Spare> {
         if self.is_disposed() || !self.shells.spare.is_current(ticket) {
             return None;
@@ -182,18 +205,7 @@ impl<H: Host> Session<H> {
         let project = std::fs::canonicalize(&self.opts.project_dir).ok()?;
         let mounts = self.shared.lock().report.mounts.clone();
         let config = self.shells.config.lock().clone();
-        let ctx = Context {
-            host: &host,
-            dirs: &dirs,
-            project: &project,
-            mounts: &mounts,
-            tainted: self.tainted.clone(),
-            known: self.known_secrets.clone(),
-            config: &config,
-            plans: &self.shells.plans,
-            kept_reads: &self.shells.kept_reads,
-            net_grants: &self.shells.net_grants,
-        };
+        let ctx = self.shell_context(&host, &dirs, &project, &mounts, &config);
         match crate::shell::make_spare(ctx, cmd).await {
             Ok(spare) => spare,
             Err(e) => {
@@ -254,18 +266,7 @@ impl<H: Host> Session<H> {
         })?;
         let mounts = self.shared.lock().report.mounts.clone();
         let config = self.shells.config.lock().clone();
-        let ctx = Context {
-            host: &host,
-            dirs: &dirs,
-            project: &project,
-            mounts: &mounts,
-            tainted: self.tainted.clone(),
-            known: self.known_secrets.clone(),
-            config: &config,
-            plans: &self.shells.plans,
-            kept_reads: &self.shells.kept_reads,
-            net_grants: &self.shells.net_grants,
-        };
+        let ctx = self.shell_context(&host, &dirs, &project, &mounts, &config);
         let spare = self.shells.spare.take().map(|s| *s);
         *self.shells.spare_pid.lock() = None;
         let template = cmd.clone();
