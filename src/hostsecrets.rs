@@ -495,6 +495,48 @@ impl HostSecrets {
     }
 }
 
+/// An inotify instance with one watch per directory of some points (many
+/// share one: found by a map, as a command's points are hundreds and a
+/// scan for each was most of the host's work for a command). A watch is
+/// added without following a link: a directory replaced by a link since
+/// its point was found cannot be watched, and nothing is watched through it.
+struct Watched {
+    inotify: nix::sys::inotify::Inotify,
+    /// Each point whose directory is watched, with its watch.
+    wds: Vec<(nix::sys::inotify::WatchDescriptor, WatchPoint)>,
+    /// Whether every point's directory is.
+    all: bool,
+}
+
+impl Watched {
+    /// None when inotify is unavailable.
+    fn new(points: impl IntoIterator<Item = WatchPoint>) -> Option<Watched> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        let flags = AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_ONLYDIR
+            | AddWatchFlags::IN_DONT_FOLLOW;
+        let mut by_dir: HashMap<PathBuf, Option<nix::sys::inotify::WatchDescriptor>> = HashMap::new();
+        let (mut wds, mut all) = (Vec::new(), true);
+        for p in points {
+            let wd = match by_dir.get(&p.dir) {
+                Some(wd) => *wd,
+                None => {
+                    let wd = inotify.add_watch(&p.dir, flags).ok();
+                    by_dir.insert(p.dir.clone(), wd);
+                    wd
+                }
+            };
+            match wd {
+                Some(wd) => wds.push((wd, p)),
+                None => all = false,
+            }
+        }
+        Some(Watched { inotify, wds, all })
+    }
+}
+
 /// The same look as [`watch`], asked when it is wanted instead of woken:
 /// made when a sandbox started ahead of need is released, asked when it
 /// is claimed, so that a host secret that appeared in between (which the
@@ -505,21 +547,11 @@ pub struct Sentinel {
 }
 
 impl Sentinel {
-    /// None when a point's directory cannot be watched.
+    /// None when a point's directory cannot be watched (one that is a link
+    /// is not).
     pub fn new(points: &[WatchPoint]) -> Option<Sentinel> {
-        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
-        let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
-        let mut by_dir = std::collections::HashMap::new();
-        let mut wds = Vec::with_capacity(points.len());
-        for p in points {
-            let wd = match by_dir.get(&p.dir) {
-                Some(wd) => *wd,
-                None => *by_dir.entry(p.dir.clone()).or_insert(inotify.add_watch(&p.dir, flags).ok()?),
-            };
-            wds.push((wd, p.clone()));
-        }
-        Some(Sentinel { inotify, wds })
+        let Watched { inotify, wds, all } = Watched::new(points.iter().cloned())?;
+        all.then_some(Sentinel { inotify, wds })
     }
 
     /// Whether no name that [`watch`] would stop a sandbox for has
@@ -561,23 +593,9 @@ pub async fn watch(
     appeared: impl FnOnce(PathBuf) + Send + 'static,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    let Ok(inotify) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else { return };
-    let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR;
-    let mut wds: Vec<(nix::sys::inotify::WatchDescriptor, WatchPoint)> = Vec::new();
-    // Many points share a directory: one watch each (found by a map: a
-    // command's points are hundreds, and a scan for each was most of the
-    // host's work for a command).
-    let mut by_dir: std::collections::HashMap<PathBuf, nix::sys::inotify::WatchDescriptor> =
-        std::collections::HashMap::new();
-    for p in points {
-        if let Some(wd) = by_dir.get(&p.dir).copied() {
-            wds.push((wd, p));
-        } else if let Ok(wd) = inotify.add_watch(&p.dir, flags) {
-            by_dir.insert(p.dir.clone(), wd);
-            wds.push((wd, p));
-        }
-    }
+    use nix::sys::inotify::AddWatchFlags;
+    // A point that cannot be watched is left to each execution's check.
+    let Some(Watched { inotify, wds, .. }) = Watched::new(points) else { return };
     if wds.is_empty() {
         return;
     }
@@ -767,6 +785,44 @@ mod tests {
         let seen = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.unwrap().unwrap();
         assert_eq!(seen, home.join(".netrc"));
         task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_watch_does_not_follow_a_point_s_directory_that_is_a_link() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let base = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir_all(base.join("target")).unwrap();
+        fs::create_dir_all(base.join("real")).unwrap();
+        std::os::unix::fs::symlink(base.join("target"), base.join("link")).unwrap();
+        let point = |dir: &str| WatchPoint { dir: base.join(dir), leaf: ".netrc".into() };
+        let points = vec![point("link"), point("real")];
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (_stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        // One thread: the watch adds its watches before this goes on.
+        tokio::task::yield_now().await;
+        // Through the link first: were it watched, this event would be
+        // read first and reported.
+        fs::write(base.join("target/.netrc"), "machine x").unwrap();
+        fs::write(base.join("real/.netrc"), "machine x").unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.unwrap().unwrap();
+        assert_eq!(seen, base.join("real/.netrc"));
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn a_sentinel_is_not_made_over_a_point_s_directory_that_is_a_link() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let base = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir_all(base.join("target")).unwrap();
+        std::os::unix::fs::symlink(base.join("target"), base.join("link")).unwrap();
+        let point = |dir: &str| WatchPoint { dir: base.join(dir), leaf: ".netrc".into() };
+        let Some(s) = Sentinel::new(&[point("target")]) else { panic!("a directory is watched") };
+        assert!(s.quiet());
+        // Through the link nothing is watched: no spare is made over it
+        // (none could tell at its claim that a secret appeared).
+        assert!(Sentinel::new(&[point("link")]).is_none());
+        assert!(Sentinel::new(&[point("target"), point("link")]).is_none());
     }
 
     #[test]
