@@ -2,12 +2,15 @@
  * The bash tool's spare: a sandbox started ahead of need for the next command, whose payload waits
  * for the command's text. It is used once, only for the same inputs; a mode change, a grant, a
  * secret or a `.git` that appeared on the host drops it, and a dispose leaves none of its processes.
+ * The spare's reader, the memfd its command comes through and its held start differ for an
+ * unprivileged user: run as root, the last test runs this file again as `nobody`.
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { test } from "node:test";
+import { type TestContext, test } from "node:test";
 import type { PythonSandbox } from "../index.js";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { makeFixture } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
@@ -146,4 +149,10 @@ test("a dispose with a spare ready leaves none of its processes", async (t) => {
   await f.sb.dispose("test");
   assert.ok(await gone(pid), "the spare's bubblewrap is gone");
   assert.equal(f.sb.shellSpare().state, "none");
+});
+
+const AS_NOBODY_ENV = "PPS_BASH_SPARE_AS_NOBODY";
+
+test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
+  rerunAsNobody(t, "__test__/bash-spare.test.ts", AS_NOBODY_ENV, 7);
 });
