@@ -18,6 +18,11 @@
  * - The file runs with rollback on (the default) and off (PI_PYTHON_TOOL_ROLLBACK=0); where the two
  *   differ (an abort rolled back or its state lost, a reset in the same sandbox or a new one), a
  *   test asserts the exact behaviour of the setting in force (ROLLBACK).
+ * - Run as root, the last test runs again as `nobody` the tests where the user matters: the
+ *   runtime root is the user's (per uid, private to it), and the session directories a start makes
+ *   and a dispose, a reload, a tree navigation or a new session removes are the user's, as are the
+ *   files the sandbox wrote in them (root would remove what nobody cannot). None of that depends
+ *   on the rollback setting or pi's major: the rerun is made once, under pi 0.73 with rollback on.
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
@@ -29,7 +34,8 @@ import { after, type TestContext, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { type Context, fauxAssistantMessage, fauxToolCall, type ToolResultMessage } from "@mariozechner/pi-ai";
 import * as piAgent from "@mariozechner/pi-coding-agent";
-import { createPiHarness, messageText, type PiHarness } from "./helpers/pi-session.ts";
+import { createPiHarness, messageText, PI_HOST, type PiHarness } from "./helpers/pi-session.ts";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { sessionDirs } from "../scripts/lib/runtime-root.mjs";
 import { descendantsOf, parentOf } from "./helpers/host-procs.ts";
 import { ROLLBACK, skipWithoutSandbox } from "./helpers/sandbox-env.ts";
@@ -1003,4 +1009,14 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
 
   const partial = { content: [{ type: "text", text: "running 1.5s · stdout 10 B · stderr 0 B\nhello" }], details: { status: "running" } };
   assert.equal(shown(renderResult(partial, { expanded: false, isPartial: true }, theme(), context())), "⋯ running 1.5s · stdout 10 B · stderr 0 B\nhello");
+});
+
+const AS_NOBODY_ENV = "PPS_EXTENSION_AS_NOBODY";
+
+test("as nobody: the tests where the user matters pass unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
+  if (!ROLLBACK || PI_HOST !== "pi0") {
+    t.diagnostic(`rerun as nobody only under pi 0.73 with rollback on (this is ${PI_HOST}, rollback ${ROLLBACK ? "on" : "off"})`);
+    return;
+  }
+  rerunAsNobody(t, "__test__/extension.test.ts", AS_NOBODY_ENV, 5, "^(direct calls|lifecycle):");
 });

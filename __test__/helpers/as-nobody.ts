@@ -25,9 +25,10 @@ export const SHOW_CHECKOUT =
 
 /**
  * Run test file `file` (relative to the checkout) again as nobody, with `flag`=1 set (the file
- * skips this rerun there); asserts `passes` tests passed and none failed.
+ * skips this rerun there); asserts `passes` tests passed and none failed. With `names` (a
+ * `--test-name-pattern`), only the tests it matches run again.
  */
-export function rerunAsNobody(t: TestContext, file: string, flag: string, passes: number): void {
+export function rerunAsNobody(t: TestContext, file: string, flag: string, passes: number, names?: string): void {
   if (process.getuid?.() !== 0) {
     t.diagnostic(`uid ${process.getuid?.()}: the tests above ran unprivileged`);
     return;
@@ -42,7 +43,8 @@ export function rerunAsNobody(t: TestContext, file: string, flag: string, passes
   const pkg = join(base, "pkg");
   const real = realpathSync(process.execPath);
   const node = real.startsWith(`${pkgDir}/`) ? join(pkg, relative(pkgDir, real)) : real;
-  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", join(pkg, file)];
+  const only = names === undefined ? [] : [`--test-name-pattern=${names}`];
+  const argv = [node, ...process.execArgv, "--test", "--test-concurrency=1", ...only, join(pkg, file)];
   const cmd = [
     "unshare", "-m", "--propagation", "private", "sh", "-c", SHOW_CHECKOUT, pkgDir, pkg,
     "setpriv", `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "sh", "-c", 'cd "$0" && exec "$@"', pkg, ...argv,
