@@ -42,9 +42,7 @@ fn fixture_with(name: &str, rollback: Option<bool>) -> Option<Fixture> {
 
 /// A fixture with `opts` (the project and the runtime root are its own).
 fn fixture_opts(name: &str, opts: SessionOptions) -> Option<Fixture> {
-    if let Err(why) = can_sandbox() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
-        eprintln!("SKIP {name}: {why}");
+    if !sandbox_runs(name) {
         return None;
     }
     let dir = std::env::temp_dir().join(format!("pps-rs-{name}-{}", std::process::id()));
@@ -60,6 +58,20 @@ fn fixture_opts(name: &str, opts: SessionOptions) -> Option<Fixture> {
         ..opts
     });
     Some(Fixture { dir, session })
+}
+
+/// Whether bubblewrap runs here; where it does not, test `name` says why
+/// and is skipped, except under CI=true, where the sandbox must run and
+/// the skip fails.
+fn sandbox_runs(name: &str) -> bool {
+    match can_sandbox() {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
+            eprintln!("SKIP {name}: {why}");
+            false
+        }
+    }
 }
 
 fn can_sandbox() -> Result<(), String> {
@@ -1002,9 +1014,7 @@ mod bare {
         nofile: Option<u64>,
         edit: impl FnOnce(&mut pi_python_sandbox::bwrap::Policy, &std::path::Path),
     ) -> Option<Held> {
-        if let Err(why) = super::can_sandbox() {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "sandbox test skipped under CI: {why}");
-            eprintln!("SKIP {name}: {why}");
+        if !super::sandbox_runs(name) {
             return None;
         }
         let dir = Dir(std::env::temp_dir().join(format!("pps-rs-bare-{name}-{}", std::process::id())));
