@@ -1013,10 +1013,10 @@ test("renderResult: never drops the first line; collapsed, the tail with counts 
 
 const AS_NOBODY_ENV = "PPS_EXTENSION_AS_NOBODY";
 
-test("as nobody: the tests where the user matters pass unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
-  if (!ROLLBACK || PI_HOST !== "pi0") {
-    t.diagnostic(`rerun as nobody only under pi 0.73 with rollback on (this is ${PI_HOST}, rollback ${ROLLBACK ? "on" : "off"})`);
-    return;
-  }
-  rerunAsNobody(t, "__test__/extension.test.ts", AS_NOBODY_ENV, 5, "^(direct calls|lifecycle):");
-});
+// Registered in one of the file's four CI runs only (none of it depends on the setting or pi's
+// major): elsewhere there is no test, rather than one that passes doing nothing.
+if (ROLLBACK && PI_HOST === "pi0") {
+  test("as nobody: the tests where the user matters pass unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
+    rerunAsNobody(t, "__test__/extension.test.ts", AS_NOBODY_ENV, 5, "^(direct calls|lifecycle):");
+  });
+}
