@@ -89,6 +89,8 @@ pub(super) struct Started {
     pub(super) sentinel: Option<crate::hostsecrets::Sentinel>,
     /// The kept check of the trees it reads that its masks come from.
     pub(super) reads_check: Option<u64>,
+    /// A spare's masks of the host secrets in the granted trees.
+    pub(super) granted: Vec<crate::hostsecrets::Mask>,
     /// The kept walk of the project its masks come from.
     pub(super) walk: Option<u64>,
     /// What the start says in the result.
@@ -124,16 +126,20 @@ pub(super) enum Runs {
     Reader(PathBuf, [std::os::fd::OwnedFd; 2]),
 }
 
+/// The masks of the host secrets in the granted trees (read roots,
+/// allow-once directories) as they are now.
+pub(super) fn granted_masks(ctx: &Context<'_>, inputs: &Inputs) -> Vec<crate::hostsecrets::Mask> {
+    let (_, runtime_root) = confine::sandbox_trees(ctx.dirs, ctx.project);
+    confine::host_masks(&inputs.secrets, ctx.mounts, &[ctx.project, runtime_root.as_path()])
+}
+
 /// Make the sandbox for `inputs`, run `runs` in it.
 pub(super) async fn start(ctx: &Context<'_>, inputs: &Inputs, runs: Runs) -> Result<Started, ShellError> {
     let runs_reader = matches!(runs, Runs::Reader(..));
     // The host secrets in the granted trees, before and after the spare's
     // sentinel is made (below): the same both times, none appeared before
     // the sentinel could see it.
-    let granted_masks = || {
-        let (_, runtime_root) = confine::sandbox_trees(ctx.dirs, ctx.project);
-        confine::host_masks(&inputs.secrets, ctx.mounts, &[ctx.project, runtime_root.as_path()])
-    };
+    let granted_masks = || granted_masks(ctx, inputs);
     let granted_before = if runs_reader { granted_masks() } else { Vec::new() };
     // The check of the trees it reads that a spare's masks come from: the
     // one kept before and after its confinement (else none it can be
@@ -274,6 +280,7 @@ pub(super) async fn start(ctx: &Context<'_>, inputs: &Inputs, runs: Runs) -> Res
         secret_appeared,
         sentinel,
         reads_check,
+        granted: granted_before,
         walk,
         start_notes,
         plan_notes,
@@ -303,8 +310,15 @@ impl Spare {
     }
 
     /// Hand `command` over: the reader runs it. `None` when the reader is
-    /// gone (nothing of the command ran: the caller starts it cold).
-    pub(super) fn claim(mut self, command: &str, kept_reads: &crate::hostsecrets::KeptReads) -> Option<Started> {
+    /// gone, or `granted` (the masks of the host secrets in the granted
+    /// trees now) are not the ones it was made with (nothing of the
+    /// command ran: the caller starts it cold).
+    pub(super) fn claim(
+        mut self,
+        command: &str,
+        kept_reads: &crate::hostsecrets::KeptReads,
+        granted: &[crate::hostsecrets::Mask],
+    ) -> Option<Started> {
         use std::os::unix::fs::FileExt;
         let mut started = self.started.take()?;
         // A watch stopped it (a secret appeared), or it ended: no code of
@@ -313,8 +327,10 @@ impl Spare {
             return None;
         }
         // A host secret appeared where the sandbox shows it (its watch may
-        // not have seen it yet), or in a tree it reads.
+        // not have seen it yet, or looks where it is not: a directory
+        // above it renamed or moved in), or in a tree it reads.
         if !started.sentinel.as_ref().is_some_and(|s| s.quiet())
+            || started.granted != granted
             || !started.reads_check.is_some_and(|made| kept_reads.unchanged(made))
         {
             return None;

@@ -1,0 +1,125 @@
+/**
+ * Attacks on the sandboxes started ahead of need (the bash tool's spare, the python sandbox begun
+ * at session start): each tries to make a command or call run in a sandbox whose confinement no
+ * longer matches the settings in force when it runs, with a baseline that shows what the attempt
+ * would give without the defence.
+ */
+import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import type { PythonSandbox } from "../index.js";
+import { makeFixture } from "./helpers/sandbox-fixture.ts";
+import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
+
+let nextId = 1;
+
+async function sh(sb: PythonSandbox, cwd: string, command: string): Promise<{ code: number | null | undefined; out: string }> {
+  let out = "";
+  const r = await sb.execShell(nextId++, command, { cwd }, (t: string) => {
+    out += t;
+  });
+  return { code: r.exitCode, out };
+}
+
+/** Run a command, then wait for the spare it leaves: ready. */
+async function withSpare(sb: PythonSandbox, cwd: string, command = "true"): Promise<number> {
+  await sh(sb, cwd, command);
+  const spare = await sb.awaitShellSpare();
+  assert.equal(spare.state, "ready", JSON.stringify(spare));
+  return spare.pid!;
+}
+
+/** A read root (a home-like tree: `~/` secrets apply in it) with an empty `.config`. */
+function readRoot(t: { after(fn: () => void): void }): string {
+  const root = mkdtempSync(join("/var/tmp", "pps-spare-attack-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  mkdirSync(join(root, ".config"));
+  writeFileSync(join(root, "note.txt"), "granted\n");
+  return root;
+}
+
+/** `root/.config` replaced by a tree that holds `~/.config/age/keys.txt` (a host secret). */
+function replaceConfig(root: string): void {
+  const staging = mkdtempSync(join("/var/tmp", "pps-spare-staging-"));
+  mkdirSync(join(staging, ".config", "age"), { recursive: true });
+  writeFileSync(join(staging, ".config", "age", "keys.txt"), "AGE-SECRET-KEY-1\n");
+  renameSync(join(root, ".config"), join(root, ".config-old"));
+  renameSync(join(staging, ".config"), join(root, ".config"));
+  rmSync(staging, { recursive: true, force: true });
+}
+
+test("bash: a host secret that appears under a read root by a rename of its parent keeps the spare from being used", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const root = readRoot(t);
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  const probe = `cat ${root}/.config/age/keys.txt 2>/dev/null; echo end`;
+  // Baseline: a command started cold after the same rename finds the secret masked.
+  const cold = f.open({ prewarm: false });
+  cold.applyModeEvent({ mode: "manual", readRoots: [root] });
+  await withSpare(f.sb, f.project);
+  replaceConfig(root);
+  assert.equal((await sh(cold, f.project, probe)).out, "end\n", "baseline: a cold start masks it");
+  const used = f.sb.shellSpare().used;
+  assert.equal((await sh(f.sb, f.project, probe)).out, "end\n");
+  assert.equal(f.sb.shellSpare().used, used, "the spare was not used");
+});
+
+async function until(check: () => boolean, ms = 10_000): Promise<boolean> {
+  for (const end = Date.now() + ms; Date.now() < end; await new Promise((r) => setTimeout(r, 20))) if (check()) return true;
+  return check();
+}
+
+test("python: a host secret that appears under a read root by a rename of its parent keeps the sandbox begun ahead from being used", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const root = readRoot(t);
+  const probe = `import pathlib; p = pathlib.Path(${JSON.stringify(join(root, ".config/age/keys.txt"))}); print(repr(p.read_text() if p.exists() else None))`;
+  // Baseline: a sandbox that ran before the rename is replaced at the next call (the check each
+  // call makes), and the secret is masked in the new one.
+  const cold = f.open({ prewarm: false });
+  cold.applyModeEvent({ mode: "manual", readRoots: [root] });
+  assert.equal((await cold.execute("1")).status, "ok");
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  await f.sb.prestart();
+  assert.ok(await until(() => f.sb.status().spare === "ready"), `spare: ${f.sb.status().spare}`);
+  replaceConfig(root);
+  const base = await cold.execute(probe);
+  assert.match(base.stdout, /^(''|None)\n$/, JSON.stringify(base));
+  const r = await f.sb.execute(probe);
+  assert.match(r.stdout, /^(''|None)\n$/, JSON.stringify(r));
+});
+
+test("bash: a .env that appears in the project inside a directory moved in keeps the spare from being used", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  mkdirSync(join(f.project, "sub"));
+  await withSpare(f.sb, f.project);
+  const staging = mkdtempSync(join(f.base, "staging-"));
+  mkdirSync(join(staging, "sub"));
+  writeFileSync(join(staging, "sub", ".env"), "TOKEN=moved-in\n");
+  renameSync(join(f.project, "sub"), join(f.base, "sub-old"));
+  renameSync(join(staging, "sub"), join(f.project, "sub"));
+  const cold = f.open({ prewarm: false });
+  assert.equal((await sh(cold, f.project, "cat sub/.env; echo end")).out, "end\n", "baseline: a cold start masks it");
+  assert.equal((await sh(f.sb, f.project, "cat sub/.env; echo end")).out, "end\n");
+});
+
+test("bash: a command with a NUL byte runs in the spare exactly as it does cold (not cut at the NUL)", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const command = "echo first\u0000echo second";
+  const cold = f.open({ prewarm: false });
+  const run = async (sb: PythonSandbox) => {
+    try {
+      return `ran: ${JSON.stringify(await sh(sb, f.project, command))}`;
+    } catch (e) {
+      return `refused: ${(e as Error).message}`;
+    }
+  };
+  const baseline = await run(cold);
+  t.diagnostic(baseline);
+  await withSpare(f.sb, f.project);
+  assert.equal(await run(f.sb), baseline);
+});
