@@ -2,14 +2,15 @@
  * Attacks on the sandboxes started ahead of need (the bash tool's spare, the python sandbox begun
  * at session start): each tries to make a command or call run in a sandbox whose confinement no
  * longer matches the settings in force when it runs, with a baseline that shows what the attempt
- * would give without the defence.
+ * would give without the defence. As root, the file runs again as nobody.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { test } from "node:test";
+import { type TestContext, test } from "node:test";
 import type { PythonSandbox } from "../index.js";
-import { makeFixture } from "./helpers/sandbox-fixture.ts";
+import { type ExecResult, makeFixture, show } from "./helpers/sandbox-fixture.ts";
+import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 let nextId = 1;
@@ -91,6 +92,89 @@ test("python: a host secret that appears under a read root by a rename of its pa
   assert.match(r.stdout, /^(''|None)\n$/, JSON.stringify(r));
 });
 
+/** How long a watch is given to stop a sandbox before the code in it goes on (not a bound). */
+const WATCH_GRACE_MS = 2000;
+
+/**
+ * Run `command` in `sb`; once it prints `ready`, call `change` (on the host), then, once the
+ * command ended or after a grace, make `root`/go, which the command waits for.
+ */
+async function shWhenReady(sb: PythonSandbox, cwd: string, command: string, root: string, change: () => void): Promise<string> {
+  let out = "";
+  let signal: () => void = () => {};
+  const ready = new Promise<void>((r) => (signal = r));
+  const run = sb.execShell(nextId++, command, { cwd, timeoutSeconds: 30 }, (s: string) => {
+    out += s;
+    if (out.includes("ready\n")) signal();
+  });
+  await Promise.race([ready, run]);
+  change();
+  await Promise.race([run, new Promise((r) => setTimeout(r, WATCH_GRACE_MS))]);
+  writeFileSync(join(root, "go"), "");
+  await run;
+  return out;
+}
+
+/** The shell words that print `ready`, then wait (at most 20 s) for `root`/go. */
+const waitForGo = (root: string) => `echo ready; i=0; while [ ! -e ${root}/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; `;
+
+test("bash: a host secret that appears under a read root by a rename of its parent while a command runs stops it, as one made in place does", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { prewarm: false });
+  const root = readRoot(t);
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  const probe = `${waitForGo(root)}cat ${root}/.config/age/keys.txt 2>/dev/null; echo end`;
+  // Baseline: the secret made in place, the watch stops the command before it reads it.
+  const inPlace = await shWhenReady(f.sb, f.project, probe, root, () => {
+    mkdirSync(join(root, ".config", "age"));
+    writeFileSync(join(root, ".config", "age", "keys.txt"), "AGE-SECRET-KEY-1\n");
+  });
+  assert.equal(inPlace, "ready\n");
+  rmSync(join(root, ".config", "age"), { recursive: true });
+  rmSync(join(root, "go"));
+  const renamed = await shWhenReady(f.sb, f.project, probe, root, () => replaceConfig(root));
+  assert.equal(renamed, "ready\n");
+});
+
+test("python: a host secret that appears under a read root by a rename of its parent during a call stops it, as one made in place does", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { prewarm: false });
+  const root = readRoot(t);
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  const code = [
+    "import pathlib, time",
+    "pathlib.Path('/scratch/ready').write_text('')",
+    `go = pathlib.Path(${JSON.stringify(join(root, "go"))})`,
+    "for _ in range(400):",
+    "    if go.exists(): break",
+    "    time.sleep(0.05)",
+    `p = pathlib.Path(${JSON.stringify(join(root, ".config/age/keys.txt"))})`,
+    "print(repr(p.read_text() if p.exists() else None))",
+  ].join("\n");
+  const scratches = () => (existsSync(f.runtimeRoot) ? readdirSync(f.runtimeRoot).map((d) => join(f.runtimeRoot, d, "scratch")) : []);
+  const during = async (change: () => void): Promise<ExecResult> => {
+    const call = f.sb.execute(code, 30);
+    assert.ok(await until(() => scratches().some((s) => existsSync(join(s, "ready")))), "the call started");
+    change();
+    await Promise.race([call, new Promise((r) => setTimeout(r, WATCH_GRACE_MS))]);
+    writeFileSync(join(root, "go"), "");
+    const r = await call;
+    for (const s of scratches()) rmSync(join(s, "ready"), { force: true });
+    return r;
+  };
+  // Baseline: the secret made in place, the watch stops the call before it reads it.
+  const inPlace = await during(() => {
+    mkdirSync(join(root, ".config", "age"));
+    writeFileSync(join(root, ".config", "age", "keys.txt"), "AGE-SECRET-KEY-1\n");
+  });
+  assert.equal(inPlace.killedFor, "host_secret", show(inPlace));
+  rmSync(join(root, ".config", "age"), { recursive: true });
+  rmSync(join(root, "go"));
+  const renamed = await during(() => replaceConfig(root));
+  assert.equal(renamed.killedFor, "host_secret", show(renamed));
+  assert.doesNotMatch(renamed.stdout, /AGE-SECRET/);
+});
+
 test("bash: a .env that appears in the project inside a directory moved in keeps the spare from being used", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t);
@@ -122,4 +206,10 @@ test("bash: a command with a NUL byte runs in the spare exactly as it does cold 
   t.diagnostic(baseline);
   await withSpare(f.sb, f.project);
   assert.equal(await run(f.sb), baseline);
+});
+
+const AS_NOBODY_ENV = "PPS_SPARE_ATTACKS_AS_NOBODY";
+
+test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
+  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 6);
 });

@@ -142,8 +142,8 @@ impl<H: Host> Session<H> {
             }
         }
         // A spare planned before a secret appeared does not mask it: one
-        // of the project's, or a host secret in a read root (where its
-        // watch may not look: a directory above it renamed or moved in).
+        // of the project's, or a host secret in a read root (the masks
+        // made again, which its watch may have missed).
         if self.masks_stale(spare.as_deref()).await.is_some()
             || spare.as_deref().is_some_and(|s| self.unmasked_secret(s).is_some())
         {

@@ -327,8 +327,8 @@ impl Spare {
             return None;
         }
         // A host secret appeared where the sandbox shows it (its watch may
-        // not have seen it yet, or looks where it is not: a directory
-        // above it renamed or moved in), or in a tree it reads.
+        // not have seen it yet, or missed it: the masks made again need no
+        // event), or in a tree it reads.
         if !started.sentinel.as_ref().is_some_and(|s| s.quiet())
             || started.granted != granted
             || !started.reads_check.is_some_and(|made| kept_reads.unchanged(made))
