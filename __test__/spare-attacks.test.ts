@@ -5,7 +5,7 @@
  * would give without the defence. As root, the file runs again as nobody.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type TestContext, test } from "node:test";
 import type { PythonSandbox } from "../index.js";
@@ -208,8 +208,79 @@ test("bash: a command with a NUL byte runs in the spare exactly as it does cold 
   assert.equal(await run(f.sb), baseline);
 });
 
+test("bash: a read root revoked between commands drops the spare: the next command cannot read it", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const root = readRoot(t);
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  const probe = `cat ${root}/note.txt 2>/dev/null; echo end`;
+  assert.equal((await sh(f.sb, f.project, probe)).out, "granted\nend\n", "baseline: the root is read while granted");
+  assert.equal((await f.sb.awaitShellSpare()).state, "ready");
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [] });
+  assert.equal((await sh(f.sb, f.project, probe)).out, "end\n");
+});
+
+test("bash: a variable of the host's environment changed between commands reaches the next command", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  const had = process.env.LC_PPS_SPARE;
+  t.after(() => {
+    if (had === undefined) delete process.env.LC_PPS_SPARE;
+    else process.env.LC_PPS_SPARE = had;
+  });
+  process.env.LC_PPS_SPARE = "before";
+  await withSpare(f.sb, f.project);
+  process.env.LC_PPS_SPARE = "after";
+  const cold = f.open({ prewarm: false });
+  const probe = 'echo "$LC_PPS_SPARE"';
+  assert.equal((await sh(cold, f.project, probe)).out, "after\n", "baseline: a cold start has the new value");
+  assert.equal((await sh(f.sb, f.project, probe)).out, "after\n");
+});
+
+test("bash: a command in another working directory does not run in the spare made for the last one's", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  mkdirSync(join(f.project, "sub"));
+  await withSpare(f.sb, f.project);
+  const used = f.sb.shellSpare().used;
+  assert.equal((await sh(f.sb, join(f.project, "sub"), "pwd")).out, `${join(f.project, "sub")}\n`);
+  assert.equal(f.sb.shellSpare().used, used, "the spare was not used");
+});
+
+test("bash: a project directory replaced by another at the same path between commands: the next command sees the new one", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { workspaceWritable: true });
+  await withSpare(f.sb, f.project);
+  renameSync(f.project, join(f.base, "project-old"));
+  mkdirSync(f.project);
+  writeFileSync(join(f.project, "data.txt"), "new-project\n");
+  const cold = f.open({ prewarm: false, workspaceWritable: true });
+  const probe = "cat data.txt; touch wrote";
+  assert.equal((await sh(cold, f.project, probe)).out, "new-project\n", "baseline: a cold start shows the new one");
+  rmSync(join(f.project, "wrote"));
+  assert.equal((await sh(f.sb, f.project, probe)).out, "new-project\n");
+  assert.ok(existsSync(join(f.project, "wrote")), "it wrote the project");
+  assert.ok(!existsSync(join(f.base, "project-old", "wrote")), "not the directory that was the project");
+});
+
+test("bash: a project replaced by a link to another directory between commands: the next command sees the link's target, as cold", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  await withSpare(f.sb, f.project);
+  const other = join(f.base, "other");
+  mkdirSync(other);
+  writeFileSync(join(other, "data.txt"), "other\n");
+  renameSync(f.project, join(f.base, "project-old"));
+  symlinkSync(other, f.project);
+  const cold = f.open({ prewarm: false });
+  const probe = "cat data.txt; pwd";
+  const baseline = (await sh(cold, f.project, probe)).out;
+  assert.equal(baseline, `other\n${other}\n`, "baseline: a cold start shows the target");
+  assert.equal((await sh(f.sb, f.project, probe)).out, baseline);
+});
+
 const AS_NOBODY_ENV = "PPS_SPARE_ATTACKS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
-  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 6);
+  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 11);
 });

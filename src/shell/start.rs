@@ -18,6 +18,16 @@ pub(super) struct Inputs {
     pub(super) etc_dir: PathBuf,
     pub(super) shell: PathBuf,
     pub(super) env: Vec<(String, String)>,
+    /// Which directories the project and the working directory are (their
+    /// device and inode): another one put at the same path is not the one
+    /// a sandbox made before has mounted.
+    pub(super) dir_ids: [Option<(u64, u64)>; 2],
+}
+
+/// The device and inode of the directory at `path`.
+fn dir_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl Inputs {
@@ -40,18 +50,20 @@ impl Inputs {
         if ctx.config.network.is_some() {
             env.extend(crate::network::proxy::environment(PROXY_PORT));
         }
-        Ok(Inputs { cwd, settings, search, secrets, notes, reads, etc_dir, shell, env })
+        let dir_ids = [dir_id(ctx.project), dir_id(&cwd)];
+        Ok(Inputs { cwd, settings, search, secrets, notes, reads, etc_dir, shell, env, dir_ids })
     }
 
     /// Everything the sandbox is made from besides the command's text: the
     /// session's mode and mounts (read roots, grants), the configuration
     /// (network, extra reads, pass-through names), the working directory,
     /// the environment, the shell, the host secrets, what the project's
-    /// walk is keyed by.
+    /// walk is keyed by, which directories the project and the working
+    /// directory are.
     pub(super) fn key(&self, ctx: &Context<'_>) -> String {
         let known = ctx.known.lock();
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
             ctx.project,
             ctx.mounts,
             ctx.config,
@@ -64,7 +76,8 @@ impl Inputs {
             self.secrets,
             ctx.tainted.lock(),
             known.masks,
-            known.idents.len()
+            known.idents.len(),
+            self.dir_ids
         )
     }
 }
@@ -371,5 +384,12 @@ pub async fn make_spare(ctx: Context<'_>, cmd: &Command) -> Result<Option<Spare>
     let (go_read, go) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed(e.into()))?;
     let key = inputs.key(&ctx);
     let started = start(&ctx, &inputs, Runs::Reader(reader, [theirs.into(), go_read])).await?;
-    Ok(Some(Spare { key, started: Some(started), command: memfd.into(), go: Some(go) }))
+    let spare = Spare { key, started: Some(started), command: memfd.into(), go: Some(go) };
+    // Another directory put at the project's or the working directory's
+    // path while it was made: which one it has is not known (dropped, it
+    // is killed).
+    if [dir_id(ctx.project), dir_id(&inputs.cwd)] != inputs.dir_ids {
+        return Err(not_started("the project or the working directory was replaced while a spare was made"));
+    }
+    Ok(Some(spare))
 }
