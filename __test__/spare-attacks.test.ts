@@ -2,7 +2,8 @@
  * Attacks on the sandboxes started ahead of need (the bash tool's spare, the python sandbox begun
  * at session start): each tries to make a command or call run in a sandbox whose confinement no
  * longer matches the settings in force when it runs, with a baseline that shows what the attempt
- * would give without the defence. As root, the file runs again as nobody.
+ * would give without the defence; and one on what a command mounts after the python sandbox was
+ * stopped for a secret. As root, the file runs again as nobody.
  */
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -11,6 +12,7 @@ import { type TestContext, test } from "node:test";
 import type { PythonSandbox } from "../index.js";
 import { type ExecResult, makeFixture, show } from "./helpers/sandbox-fixture.ts";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
+import { workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
 
 let nextId = 1;
@@ -279,8 +281,31 @@ test("bash: a project replaced by a link to another directory between commands: 
   assert.equal((await sh(f.sb, f.project, probe)).out, baseline);
 });
 
+test("bash: a scratch the python sandbox left in doubt (stopped because a host secret appeared) is set aside before the next command mounts it", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t, { prewarm: false });
+  const root = readRoot(t);
+  f.sb.applyModeEvent({ mode: "manual", readRoots: [root] });
+  // What code in the python sandbox wrote to /scratch (in the attack: a copy of the secret, made
+  // in the moment between its appearing and the watch's kill).
+  assert.equal((await f.sb.execute("open('/scratch/leak', 'w').write('copied')")).status, "ok");
+  const probe = "cat /scratch/leak 2>/dev/null; echo end";
+  assert.equal((await sh(f.sb, f.project, probe)).out, "copiedend\n", "baseline: a command reads what it wrote");
+  assert.ok(workerPids(f.runtimeRoot).length > 0, "the python sandbox runs");
+  writeFileSync(join(root, ".netrc"), "machine x password y\n");
+  assert.ok(await until(() => workerPids(f.runtimeRoot).length === 0), "its watch stopped the python sandbox");
+  const r = await sh(f.sb, f.project, probe);
+  t.diagnostic(JSON.stringify(r));
+  assert.equal(r.out, "end\n");
+  // The python side says what happened, and has the same empty /scratch.
+  const next = await f.sb.execute("import os; print(os.listdir('/scratch'))");
+  t.diagnostic(JSON.stringify({ text: next.text, notes: next.notes }));
+  assert.equal(next.stdout, "[]\n", show(next));
+  assert.match(next.text, /host secret/, show(next));
+});
+
 const AS_NOBODY_ENV = "PPS_SPARE_ATTACKS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
-  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 11);
+  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 12);
 });

@@ -83,6 +83,7 @@ impl<H: Host> Session<H> {
         match moved {
             Ok(moved) => {
                 inner.scratch_suspect = false;
+                self.shared.lock().scratch_doubt = false;
                 self.scratch.forget();
                 if let Some(moved) = moved {
                     tracing::debug!(to = %moved.display(), "scratch set aside");
@@ -219,11 +220,19 @@ impl<H: Host> Session<H> {
         }
     }
 
+    /// /scratch may hold a secret: it is set aside before any sandbox (a
+    /// bash command's too) mounts it again.
+    pub(super) fn doubt_scratch(&self, inner: &mut Inner<H>) {
+        inner.scratch_suspect = true;
+        self.shared.lock().scratch_doubt = true;
+    }
+
     /// Make `worker` the session's interpreter.
     pub(super) fn adopt(&self, inner: &mut Inner<H>, mut worker: H::Sandbox) {
         self.notes.lock().extend(worker.take_plan_notes());
         {
             let mut sh = self.shared.lock();
+            sh.python_secret = Some(worker.secret_flag());
             sh.report.masks = Some(worker.masks().clone());
             let mut known = self.known_secrets.lock();
             let masks = worker.masks();
