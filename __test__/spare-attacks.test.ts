@@ -281,6 +281,20 @@ test("bash: a project replaced by a link to another directory between commands: 
   assert.equal((await sh(f.sb, f.project, probe)).out, baseline);
 });
 
+test("python: a project directory replaced by another at the same path after the sandbox begun ahead: the first call sees the new one", async (t) => {
+  if (skipWithoutSandbox(t)) return;
+  const f = await makeFixture(t);
+  await f.sb.prestart();
+  assert.ok(await until(() => f.sb.status().spare === "ready"), `spare: ${f.sb.status().spare}`);
+  renameSync(f.project, join(f.base, "project-old"));
+  mkdirSync(f.project);
+  writeFileSync(join(f.project, "data.txt"), "new-project\n");
+  const probe = "print(open('/workspace/data.txt').read(), end='')";
+  const cold = f.open({ prewarm: false });
+  assert.equal((await cold.execute(probe)).stdout, "new-project\n", "baseline: a cold start shows the new one");
+  assert.equal((await f.sb.execute(probe)).stdout, "new-project\n");
+});
+
 test("bash: a scratch the python sandbox left in doubt (stopped because a host secret appeared) is set aside before the next command mounts it", async (t) => {
   if (skipWithoutSandbox(t)) return;
   const f = await makeFixture(t, { prewarm: false });
@@ -307,5 +321,5 @@ test("bash: a scratch the python sandbox left in doubt (stopped because a host s
 const AS_NOBODY_ENV = "PPS_SPARE_ATTACKS_AS_NOBODY";
 
 test("as nobody: every test above passes unprivileged", { skip: process.env[AS_NOBODY_ENV] === "1" ? "this is the nobody run" : false }, (t: TestContext) => {
-  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 12);
+  rerunAsNobody(t, "__test__/spare-attacks.test.ts", AS_NOBODY_ENV, 13);
 });

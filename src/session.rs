@@ -129,6 +129,9 @@ struct Shared {
     report: StatusReport,
     slot: Slot,
     spare_pid: Option<i32>,
+    /// Which directory (device and inode) the ready spare has mounted as
+    /// the project: another one put at its path since is not it.
+    spare_project: Option<(u64, u64)>,
     /// The call that holds the operation lock; `status` says busy while there is one.
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
@@ -239,6 +242,7 @@ impl<H: Host> Session<H> {
                 report,
                 slot: Slot::Empty,
                 spare_pid: None,
+                spare_project: None,
                 running_call: None,
                 cancelled: HashSet::new(),
                 remount_reason: None,

@@ -285,8 +285,10 @@ impl<H: Host> Session<H> {
             return None;
         }
         let mut w = self.spare.take()?;
+        let made_on = std::mem::take(&mut self.shared.lock().spare_project);
         self.shared.lock().spare_pid = None;
-        if w.mounts() != mounts || w.exited().is_some() {
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok().and_then(|p| dir_id(&p));
+        if w.mounts() != mounts || w.exited().is_some() || made_on.is_none() || made_on != project {
             (*w).reap();
             self.sync_live();
             return None;
@@ -373,6 +375,7 @@ impl<H: Host> Session<H> {
                     return;
                 };
                 let mounts = me.shared.lock().report.mounts.lasting();
+                let (project_id, project_at) = (dir_id(&project), project.clone());
                 let made = if me.spare.is_current(ticket) {
                     let mut wake = me.wake.subscribe();
                     let start = me.start_of(&facts, &dirs, project, mounts.clone());
@@ -383,14 +386,22 @@ impl<H: Host> Session<H> {
                 } else {
                     None
                 };
+                // Another directory put at the project's path while it
+                // started: which one it has is not known.
                 let current = {
                     let sh = me.shared.lock();
                     !sh.report.disposed && sh.report.mounts.lasting() == mounts
-                };
+                } && project_id.is_some()
+                    && dir_id(&project_at) == project_id;
                 let unused = match made {
                     Some((w, ready)) if current => {
                         me.ready(ready);
-                        me.spare.fill(ticket, w).err()
+                        // Told once it is the spare (taken before, it is not used).
+                        let filled = me.spare.fill(ticket, w);
+                        if filled.is_ok() {
+                            me.shared.lock().spare_project = project_id;
+                        }
+                        filled.err()
                     }
                     Some((w, _)) => {
                         me.spare.abandon(ticket);
@@ -429,4 +440,10 @@ impl<H: Host> Session<H> {
         drop(sh);
         self.sync_live();
     }
+}
+
+/// The device and inode of the directory at `path`.
+fn dir_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
