@@ -287,7 +287,7 @@ impl<H: Host> Session<H> {
         let mut w = self.spare.take()?;
         let made_on = std::mem::take(&mut self.shared.lock().spare_project);
         self.shared.lock().spare_pid = None;
-        let project = std::fs::canonicalize(&self.opts.project_dir).ok().and_then(|p| dir_id(&p));
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok().and_then(|p| crate::paths::dir_id(&p));
         if w.mounts() != mounts || w.exited().is_some() || made_on.is_none() || made_on != project {
             (*w).reap();
             self.sync_live();
@@ -375,7 +375,7 @@ impl<H: Host> Session<H> {
                     return;
                 };
                 let mounts = me.shared.lock().report.mounts.lasting();
-                let (project_id, project_at) = (dir_id(&project), project.clone());
+                let (project_id, project_at) = (crate::paths::dir_id(&project), project.clone());
                 let made = if me.spare.is_current(ticket) {
                     let mut wake = me.wake.subscribe();
                     let start = me.start_of(&facts, &dirs, project, mounts.clone());
@@ -392,7 +392,7 @@ impl<H: Host> Session<H> {
                     let sh = me.shared.lock();
                     !sh.report.disposed && sh.report.mounts.lasting() == mounts
                 } && project_id.is_some()
-                    && dir_id(&project_at) == project_id;
+                    && crate::paths::dir_id(&project_at) == project_id;
                 let unused = match made {
                     Some((w, ready)) if current => {
                         me.ready(ready);
@@ -440,10 +440,4 @@ impl<H: Host> Session<H> {
         drop(sh);
         self.sync_live();
     }
-}
-
-/// The device and inode of the directory at `path`.
-fn dir_id(path: &std::path::Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -24,12 +24,6 @@ pub(super) struct Inputs {
     pub(super) dir_ids: [Option<(u64, u64)>; 2],
 }
 
-/// The device and inode of the directory at `path`.
-fn dir_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
 impl Inputs {
     pub(super) fn gather(ctx: &Context<'_>, cmd: &Command) -> Result<Inputs, ShellError> {
         let cwd = working_dir(&cmd.cwd, ctx.project)?;
@@ -50,7 +44,7 @@ impl Inputs {
         if ctx.config.network.is_some() {
             env.extend(crate::network::proxy::environment(PROXY_PORT));
         }
-        let dir_ids = [dir_id(ctx.project), dir_id(&cwd)];
+        let dir_ids = [crate::paths::dir_id(ctx.project), crate::paths::dir_id(&cwd)];
         Ok(Inputs { cwd, settings, search, secrets, notes, reads, etc_dir, shell, env, dir_ids })
     }
 
@@ -388,7 +382,7 @@ pub async fn make_spare(ctx: Context<'_>, cmd: &Command) -> Result<Option<Spare>
     // Another directory put at the project's or the working directory's
     // path while it was made: which one it has is not known (dropped, it
     // is killed).
-    if [dir_id(ctx.project), dir_id(&inputs.cwd)] != inputs.dir_ids {
+    if [crate::paths::dir_id(ctx.project), crate::paths::dir_id(&inputs.cwd)] != inputs.dir_ids {
         return Err(not_started("the project or the working directory was replaced while a spare was made"));
     }
     Ok(Some(spare))
