@@ -449,7 +449,10 @@ pub struct WatchPoint {
 impl HostSecrets {
     /// Where a secret that does not exist yet could appear inside `roots`
     /// (canonical): the secret's directory when it exists, else its nearest
-    /// existing ancestor inside the root, watched for the next component.
+    /// existing ancestor inside the root, watched for the next component;
+    /// and each directory above that one inside the root, watched for the
+    /// name below it (a directory renamed or moved in there brings the
+    /// secret along, where the deeper watch looks at the one it replaced).
     /// Nothing at or under `skip` (trees the sandbox writes).
     pub fn watch_points(&self, roots: &[&Path], skip: &[&Path]) -> Vec<WatchPoint> {
         let mut out: Vec<WatchPoint> = Vec::new();
@@ -464,9 +467,20 @@ impl HostSecrets {
             if !dir.starts_with(root) || skip.iter().any(|t| dir.starts_with(t)) {
                 return;
             }
-            let point = WatchPoint { dir, leaf };
-            if seen.insert(point.clone()) {
-                out.push(point);
+            let above: Vec<WatchPoint> = dir
+                .ancestors()
+                .take_while(|a| *a != root && a.starts_with(root))
+                .filter_map(|a| {
+                    Some(WatchPoint {
+                        dir: a.parent()?.to_path_buf(),
+                        leaf: a.file_name()?.to_string_lossy().into_owned(),
+                    })
+                })
+                .collect();
+            for point in std::iter::once(WatchPoint { dir, leaf }).chain(above) {
+                if seen.insert(point.clone()) {
+                    out.push(point);
+                }
             }
         };
         for e in &self.entries {
@@ -763,6 +777,8 @@ mod tests {
         assert!(has(&data, ".vault-token"), "{points:?}");
         assert!(has(&data, ".ssh"));
         assert!(has(&data.join(".config"), "gh"));
+        // A `.config` renamed or moved in would bring its `gh` along.
+        assert!(has(&data, ".config"));
         // Missing directories: their creation in the root is watched for.
         assert!(has(&data, ".aws") && has(&data, ".cargo"));
         assert!(points.iter().all(|p| p.dir.starts_with(&data)));
@@ -814,6 +830,27 @@ mod tests {
         assert!(s.quiet());
         fs::write(base.join("target/.netrc"), "machine x").unwrap();
         assert!(!s.quiet());
+    }
+
+    #[tokio::test]
+    async fn the_watch_reports_a_secret_brought_in_by_a_directory_above_it_renamed_in() {
+        let t = tempfile::tempdir_in("/var/tmp").unwrap();
+        let home = fs::canonicalize(t.path()).unwrap();
+        fs::create_dir(home.join(".config")).unwrap();
+        let staged = home.join("staged");
+        fs::create_dir_all(staged.join(".config/age")).unwrap();
+        fs::write(staged.join(".config/age/keys.txt"), "AGE-SECRET-KEY-1").unwrap();
+        let s = HostSecrets::new(None, Some(&home), &[]);
+        let points = s.watch_points(&[&home], &[]);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (_stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fs::rename(home.join(".config"), home.join(".config-old")).unwrap();
+        fs::rename(staged.join(".config"), home.join(".config")).unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.unwrap().unwrap();
+        assert_eq!(seen, home.join(".config"));
+        task.await.unwrap();
     }
 
     #[test]

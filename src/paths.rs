@@ -28,6 +28,15 @@ pub fn normalize_path(path: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+/// The device and inode of the entry at `path` (canonical: a link put
+/// there since is the link, never followed): which one is there now
+/// (another one put at the same path since a sandbox mounted it is not
+/// the one it has).
+pub fn dir_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Where `path` (absolute, normalised) resolves, following links one
 /// component at a time: an error when it cannot be resolved, or when the
 /// resolution passes through one of `trees` (trees the sandbox can write:

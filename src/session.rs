@@ -129,6 +129,9 @@ struct Shared {
     report: StatusReport,
     slot: Slot,
     spare_pid: Option<i32>,
+    /// Which directory (device and inode) the ready spare has mounted as
+    /// the project: another one put at its path since is not it.
+    spare_project: Option<(u64, u64)>,
     /// The call that holds the operation lock; `status` says busy while there is one.
     running_call: Option<u32>,
     cancelled: HashSet<u32>,
@@ -140,6 +143,12 @@ struct Shared {
     kept_once: (Vec<crate::permissions::OnceMount>, Vec<PathBuf>),
     /// Grants reach the running sandbox (see `live`).
     live: live::LiveState,
+    /// /scratch is in doubt on the python side (`Inner::scratch_suspect`,
+    /// or the flag its sandbox's watches set when they stop it for a
+    /// secret): read by the bash tool's commands, which do not wait for
+    /// the operation lock unless it is set.
+    scratch_doubt: bool,
+    python_secret: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 struct Inner<H: Host> {
@@ -233,11 +242,14 @@ impl<H: Host> Session<H> {
                 report,
                 slot: Slot::Empty,
                 spare_pid: None,
+                spare_project: None,
                 running_call: None,
                 cancelled: HashSet::new(),
                 remount_reason: None,
                 kept_once: Default::default(),
                 live: Default::default(),
+                scratch_doubt: false,
+                python_secret: None,
             }),
             wake: watch::channel(0).0,
             auto_call: AtomicU64::new(0),
@@ -401,8 +413,9 @@ impl<H: Host> Session<H> {
     ) -> Option<std::process::ExitStatus> {
         let w = inner.worker.take()?;
         tracing::debug!(pid = w.pid(), ?reason, "killing the sandbox");
+        self.shared.lock().python_secret = None;
         if w.secret_appeared() {
-            inner.scratch_suspect = true;
+            self.doubt_scratch(inner);
         }
         self.forget_once(w.mounts());
         let (exit, dead) = w.kill(capture).await;
@@ -617,7 +630,7 @@ impl<H: Host> Session<H> {
         // A sandbox that ran while a project secret appeared could write it
         // to /scratch.
         if stale.is_some() && inner.worker.is_some() {
-            inner.scratch_suspect = true;
+            self.doubt_scratch(&mut inner);
         }
         let done = if fast {
             self.shared.lock().report.history.replaced(ResetReason::ExplicitReset);

@@ -322,7 +322,7 @@ pub async fn run(
                     .await
                     .unwrap_or(false);
             if right {
-                s.claim(&cmd.command, ctx.kept_reads)
+                s.claim(&cmd.command, ctx.kept_reads, &start::granted_masks(&ctx, &inputs))
             } else {
                 None
             }

@@ -78,7 +78,7 @@ pub struct Worker {
     /// A watch stopped the sandbox because a secret appeared (a host
     /// secret in a read root, or one in the project): what its processes
     /// wrote since may hold it (see `scratch::set_aside`).
-    secret_appeared: Arc<AtomicBool>,
+    pub(crate) secret_appeared: Arc<AtomicBool>,
     stdout: Option<pipe::Receiver>,
     stderr: Option<pipe::Receiver>,
     out_buf: Vec<u8>,

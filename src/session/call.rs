@@ -41,7 +41,7 @@ impl<H: Host> Session<H> {
         // inotify works; this is the check that always runs).
         if let Some(path) = inner.worker.as_ref().and_then(|w| self.unmasked_secret(w)) {
             // It could read the secret, and write it to /scratch.
-            inner.scratch_suspect = true;
+            self.doubt_scratch(inner);
             inner.pending_loss = Some(Discarded::HostSecret(path));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }
@@ -75,7 +75,7 @@ impl<H: Host> Session<H> {
         // masked in it: a new sandbox, planned now, masks it (the watch
         // stops it at once; this reads the watch's queue, or walks).
         if let Some(why) = self.masks_stale(inner.worker.as_ref()).await {
-            inner.scratch_suspect = true;
+            self.doubt_scratch(inner);
             inner.pending_loss = Some(Discarded::NewSecret(why));
             self.drop_worker(inner, ResetReason::MountsChanged).await;
         }

@@ -182,6 +182,9 @@ impl Sandbox for FakeSandbox {
     fn secret_appeared(&self) -> bool {
         false
     }
+    fn secret_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::default()
+    }
     fn take_killed_for(&self) -> Option<crate::protected::HostKill> {
         None
     }

@@ -52,6 +52,8 @@ pub trait Sandbox: Send + 'static {
     fn request_sent(&self) -> bool;
     /// Whether a watch stopped it because a secret appeared.
     fn secret_appeared(&self) -> bool;
+    /// The flag behind [`Sandbox::secret_appeared`], read without it.
+    fn secret_flag(&self) -> Arc<std::sync::atomic::AtomicBool>;
     /// Why the host killed it on its own (a limit, a watch), once.
     fn take_killed_for(&self) -> Option<crate::protected::HostKill>;
     fn masks_watch(&self) -> Option<Arc<SecretWatch>>;
@@ -199,6 +201,9 @@ impl Sandbox for Worker {
     }
     fn secret_appeared(&self) -> bool {
         Worker::secret_appeared(self)
+    }
+    fn secret_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.secret_appeared.clone()
     }
     fn take_killed_for(&self) -> Option<crate::protected::HostKill> {
         Worker::take_killed_for(self)

@@ -293,13 +293,27 @@ impl<H: Host> Session<H> {
         let not_started = |e: start::Unprepared| {
             ShellError::NotStarted(format!("The command was not run (it never runs on the host): {e}"))
         };
-        let known = self.shared.lock().report.dirs.clone();
-        if let (Some(dirs), false) = (known, self.shells.suspect.load(Ordering::Acquire)) {
+        let (known, python_doubt) = {
+            let sh = self.shared.lock();
+            let stopped = sh.python_secret.as_ref().is_some_and(|f| f.load(Ordering::Acquire));
+            (sh.report.dirs.clone(), sh.scratch_doubt || stopped)
+        };
+        if let (Some(dirs), false, false) = (known, self.shells.suspect.load(Ordering::Acquire), python_doubt) {
             return Ok(dirs);
         }
         let mut inner = self.ops.lock().await;
         if self.shells.take_suspect() {
             inner.scratch_suspect = true;
+        }
+        // The python sandbox was stopped because a secret appeared: it
+        // goes now, as its next call would drop it (and that call says
+        // why), so that what it wrote to /scratch is set aside before this
+        // command mounts it.
+        if inner.worker.as_ref().is_some_and(|w| w.secret_appeared()) {
+            if let Some(why) = inner.worker.as_ref().and_then(|w| w.take_killed_for()) {
+                inner.pending_loss = Some(Discarded::Killed(why));
+            }
+            self.drop_worker(&mut inner, ResetReason::WorkerError).await;
         }
         let dirs = self.ensure_dirs(&mut inner).map_err(not_started)?;
         if inner.scratch_suspect {

@@ -83,6 +83,7 @@ impl<H: Host> Session<H> {
         match moved {
             Ok(moved) => {
                 inner.scratch_suspect = false;
+                self.shared.lock().scratch_doubt = false;
                 self.scratch.forget();
                 if let Some(moved) = moved {
                     tracing::debug!(to = %moved.display(), "scratch set aside");
@@ -141,8 +142,12 @@ impl<H: Host> Session<H> {
                 }
             }
         }
-        // A spare planned before a secret appeared does not mask it.
-        if self.masks_stale(spare.as_deref()).await.is_some() {
+        // A spare planned before a secret appeared does not mask it: one
+        // of the project's, or a host secret in a read root (the masks
+        // made again, which its watch may have missed).
+        if self.masks_stale(spare.as_deref()).await.is_some()
+            || spare.as_deref().is_some_and(|s| self.unmasked_secret(s).is_some())
+        {
             if let Some(stale) = spare.take() {
                 (*stale).reap();
             }
@@ -215,11 +220,19 @@ impl<H: Host> Session<H> {
         }
     }
 
+    /// /scratch may hold a secret: it is set aside before any sandbox (a
+    /// bash command's too) mounts it again.
+    pub(super) fn doubt_scratch(&self, inner: &mut Inner<H>) {
+        inner.scratch_suspect = true;
+        self.shared.lock().scratch_doubt = true;
+    }
+
     /// Make `worker` the session's interpreter.
     pub(super) fn adopt(&self, inner: &mut Inner<H>, mut worker: H::Sandbox) {
         self.notes.lock().extend(worker.take_plan_notes());
         {
             let mut sh = self.shared.lock();
+            sh.python_secret = Some(worker.secret_flag());
             sh.report.masks = Some(worker.masks().clone());
             let mut known = self.known_secrets.lock();
             let masks = worker.masks();
@@ -272,8 +285,10 @@ impl<H: Host> Session<H> {
             return None;
         }
         let mut w = self.spare.take()?;
+        let made_on = std::mem::take(&mut self.shared.lock().spare_project);
         self.shared.lock().spare_pid = None;
-        if w.mounts() != mounts || w.exited().is_some() {
+        let project = std::fs::canonicalize(&self.opts.project_dir).ok().and_then(|p| crate::paths::dir_id(&p));
+        if w.mounts() != mounts || w.exited().is_some() || made_on.is_none() || made_on != project {
             (*w).reap();
             self.sync_live();
             return None;
@@ -360,6 +375,7 @@ impl<H: Host> Session<H> {
                     return;
                 };
                 let mounts = me.shared.lock().report.mounts.lasting();
+                let (project_id, project_at) = (crate::paths::dir_id(&project), project.clone());
                 let made = if me.spare.is_current(ticket) {
                     let mut wake = me.wake.subscribe();
                     let start = me.start_of(&facts, &dirs, project, mounts.clone());
@@ -370,14 +386,22 @@ impl<H: Host> Session<H> {
                 } else {
                     None
                 };
+                // Another directory put at the project's path while it
+                // started: which one it has is not known.
                 let current = {
                     let sh = me.shared.lock();
                     !sh.report.disposed && sh.report.mounts.lasting() == mounts
-                };
+                } && project_id.is_some()
+                    && crate::paths::dir_id(&project_at) == project_id;
                 let unused = match made {
                     Some((w, ready)) if current => {
                         me.ready(ready);
-                        me.spare.fill(ticket, w).err()
+                        // Told once it is the spare (taken before, it is not used).
+                        let filled = me.spare.fill(ticket, w);
+                        if filled.is_ok() {
+                            me.shared.lock().spare_project = project_id;
+                        }
+                        filled.err()
                     }
                     Some((w, _)) => {
                         me.spare.abandon(ticket);

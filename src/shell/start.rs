@@ -18,6 +18,10 @@ pub(super) struct Inputs {
     pub(super) etc_dir: PathBuf,
     pub(super) shell: PathBuf,
     pub(super) env: Vec<(String, String)>,
+    /// Which directories the project and the working directory are (their
+    /// device and inode): another one put at the same path is not the one
+    /// a sandbox made before has mounted.
+    pub(super) dir_ids: [Option<(u64, u64)>; 2],
 }
 
 impl Inputs {
@@ -40,18 +44,20 @@ impl Inputs {
         if ctx.config.network.is_some() {
             env.extend(crate::network::proxy::environment(PROXY_PORT));
         }
-        Ok(Inputs { cwd, settings, search, secrets, notes, reads, etc_dir, shell, env })
+        let dir_ids = [crate::paths::dir_id(ctx.project), crate::paths::dir_id(&cwd)];
+        Ok(Inputs { cwd, settings, search, secrets, notes, reads, etc_dir, shell, env, dir_ids })
     }
 
     /// Everything the sandbox is made from besides the command's text: the
     /// session's mode and mounts (read roots, grants), the configuration
     /// (network, extra reads, pass-through names), the working directory,
     /// the environment, the shell, the host secrets, what the project's
-    /// walk is keyed by.
+    /// walk is keyed by, which directories the project and the working
+    /// directory are.
     pub(super) fn key(&self, ctx: &Context<'_>) -> String {
         let known = ctx.known.lock();
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
             ctx.project,
             ctx.mounts,
             ctx.config,
@@ -64,7 +70,8 @@ impl Inputs {
             self.secrets,
             ctx.tainted.lock(),
             known.masks,
-            known.idents.len()
+            known.idents.len(),
+            self.dir_ids
         )
     }
 }
@@ -89,6 +96,8 @@ pub(super) struct Started {
     pub(super) sentinel: Option<crate::hostsecrets::Sentinel>,
     /// The kept check of the trees it reads that its masks come from.
     pub(super) reads_check: Option<u64>,
+    /// A spare's masks of the host secrets in the granted trees.
+    pub(super) granted: Vec<crate::hostsecrets::Mask>,
     /// The kept walk of the project its masks come from.
     pub(super) walk: Option<u64>,
     /// What the start says in the result.
@@ -124,16 +133,20 @@ pub(super) enum Runs {
     Reader(PathBuf, [std::os::fd::OwnedFd; 2]),
 }
 
+/// The masks of the host secrets in the granted trees (read roots,
+/// allow-once directories) as they are now.
+pub(super) fn granted_masks(ctx: &Context<'_>, inputs: &Inputs) -> Vec<crate::hostsecrets::Mask> {
+    let (_, runtime_root) = confine::sandbox_trees(ctx.dirs, ctx.project);
+    confine::host_masks(&inputs.secrets, ctx.mounts, &[ctx.project, runtime_root.as_path()])
+}
+
 /// Make the sandbox for `inputs`, run `runs` in it.
 pub(super) async fn start(ctx: &Context<'_>, inputs: &Inputs, runs: Runs) -> Result<Started, ShellError> {
     let runs_reader = matches!(runs, Runs::Reader(..));
     // The host secrets in the granted trees, before and after the spare's
     // sentinel is made (below): the same both times, none appeared before
     // the sentinel could see it.
-    let granted_masks = || {
-        let (_, runtime_root) = confine::sandbox_trees(ctx.dirs, ctx.project);
-        confine::host_masks(&inputs.secrets, ctx.mounts, &[ctx.project, runtime_root.as_path()])
-    };
+    let granted_masks = || granted_masks(ctx, inputs);
     let granted_before = if runs_reader { granted_masks() } else { Vec::new() };
     // The check of the trees it reads that a spare's masks come from: the
     // one kept before and after its confinement (else none it can be
@@ -274,6 +287,7 @@ pub(super) async fn start(ctx: &Context<'_>, inputs: &Inputs, runs: Runs) -> Res
         secret_appeared,
         sentinel,
         reads_check,
+        granted: granted_before,
         walk,
         start_notes,
         plan_notes,
@@ -303,8 +317,15 @@ impl Spare {
     }
 
     /// Hand `command` over: the reader runs it. `None` when the reader is
-    /// gone (nothing of the command ran: the caller starts it cold).
-    pub(super) fn claim(mut self, command: &str, kept_reads: &crate::hostsecrets::KeptReads) -> Option<Started> {
+    /// gone, or `granted` (the masks of the host secrets in the granted
+    /// trees now) are not the ones it was made with (nothing of the
+    /// command ran: the caller starts it cold).
+    pub(super) fn claim(
+        mut self,
+        command: &str,
+        kept_reads: &crate::hostsecrets::KeptReads,
+        granted: &[crate::hostsecrets::Mask],
+    ) -> Option<Started> {
         use std::os::unix::fs::FileExt;
         let mut started = self.started.take()?;
         // A watch stopped it (a secret appeared), or it ended: no code of
@@ -313,8 +334,10 @@ impl Spare {
             return None;
         }
         // A host secret appeared where the sandbox shows it (its watch may
-        // not have seen it yet), or in a tree it reads.
+        // not have seen it yet, or missed it: the masks made again need no
+        // event), or in a tree it reads.
         if !started.sentinel.as_ref().is_some_and(|s| s.quiet())
+            || started.granted != granted
             || !started.reads_check.is_some_and(|made| kept_reads.unchanged(made))
         {
             return None;
@@ -355,5 +378,12 @@ pub async fn make_spare(ctx: Context<'_>, cmd: &Command) -> Result<Option<Spare>
     let (go_read, go) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed(e.into()))?;
     let key = inputs.key(&ctx);
     let started = start(&ctx, &inputs, Runs::Reader(reader, [theirs.into(), go_read])).await?;
-    Ok(Some(Spare { key, started: Some(started), command: memfd.into(), go: Some(go) }))
+    let spare = Spare { key, started: Some(started), command: memfd.into(), go: Some(go) };
+    // Another directory put at the project's or the working directory's
+    // path while it was made: which one it has is not known (dropped, it
+    // is killed).
+    if [crate::paths::dir_id(ctx.project), crate::paths::dir_id(&inputs.cwd)] != inputs.dir_ids {
+        return Err(not_started("the project or the working directory was replaced while a spare was made"));
+    }
+    Ok(Some(spare))
 }
