@@ -499,6 +499,42 @@ describe("a failed call cannot reach its rollback point or PID 1", { concurrency
     await assertIntact(sb, r);
   });
 
+  test("the first call's SIGINT to PID 1 does nothing: PID 1 reset it before the interpreter existed", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixtureWithoutSpare(t);
+    // The first code of a new sandbox: nothing waits for PID 1 before it runs.
+    const r = await sb.execute(py`
+      import os, signal, time
+      os.kill(1, signal.SIGINT)
+      time.sleep(0.3)
+      kept = 1
+      (open('/proc/1/stat').read().split(') ')[1][0], signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    `);
+    assertOk(r);
+    assert.equal(r.repr, "('S', True)", "PID 1 lives on, and the interpreter keeps Python's own SIGINT handler");
+    const after = await sb.execute("kept");
+    assertOk(after);
+    assert.equal(after.repr, "1", "the same interpreter: PID 1 never ended the sandbox");
+    assert.equal(after.generation, r.generation);
+  });
+
+  test("directories the first call makes in /tmp are not what a reset makes again (PID 1's seed is from before any code)", async (t) => {
+    if (skipWithoutSandbox(t)) return;
+    const { sb } = await makeFixtureWithoutSpare(t);
+    const first = await sb.execute(py`
+      import os
+      fresh = sorted(os.listdir('/tmp'))
+      os.makedirs('/tmp/made/by/code')
+      os.symlink('/workspace', '/tmp/link-by-code')
+      fresh
+    `);
+    assertOk(first);
+    await sb.reset();
+    const after = await sb.execute("import os\nsorted(os.listdir('/tmp'))");
+    assertOk(after);
+    assert.equal(after.repr, first.repr, "after the reset /tmp holds what bubblewrap made, none of the code's");
+  });
+
   test("processes forking as fast as they can do not survive the rollback", async (t) => {
     if (skipWithoutSandbox(t)) return;
     const { sb } = await fixture(t);

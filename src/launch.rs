@@ -102,6 +102,28 @@ pub async fn start(
 
 pub use crate::confine::{host_masks, quarantine_masks};
 
+/// What a process's first start does once and later starts find kept,
+/// begun in the background for a session that begins no sandbox ahead of
+/// its first call: bubblewrap's version, the seccomp program, and the
+/// host-secret list of the session's project and runtime root (kept while
+/// nothing it consulted changed, see `hostsecrets::cache`). Starts no
+/// process but `bwrap --version`; what fails here the first call does
+/// again and reports.
+pub fn warm(opts: &SessionOptions) {
+    let project = opts.project_dir.clone();
+    let root = opts.runtime_root.clone().unwrap_or_else(crate::rundir::default_runtime_root);
+    tokio::spawn(async {
+        let _ = probe::probe_bwrap().await;
+    });
+    tokio::task::spawn_blocking(move || {
+        seccomp::warm(seccomp::Profile::Python);
+        // The trees as a start names them (`confine::sandbox_trees`).
+        let Ok(project) = std::fs::canonicalize(&project) else { return };
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        let _ = Settings::from_env().host_secrets(&[project.as_path(), root.as_path()]);
+    });
+}
+
 /// Start one sandbox running `code` and wait for it to report ready.
 async fn start_once(
     start: &Start<'_>,

@@ -412,6 +412,12 @@ fn program(profile: Profile) -> Result<&'static [u8], FilterError> {
         .map_err(|e| FilterError::Build(e.clone()))
 }
 
+/// Build `profile`'s program now (once per process), so that a start
+/// finds it built; a failure is the start's to report.
+pub fn warm(profile: Profile) {
+    let _ = program(profile);
+}
+
 /// An empty close-on-exec memfd for a BPF program.
 fn memfd() -> std::io::Result<File> {
     let fd = nix::sys::memfd::memfd_create(c"pi-python-seccomp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;

@@ -655,16 +655,20 @@ impl<H: Host> Session<H> {
     /// Begin the session's first sandbox ahead of its first call: probe the
     /// host, make the session directory and start the spare (at once, no
     /// delay), which the first call then takes, or waits for while it
-    /// starts. Nothing when an interpreter already runs, prewarming is off,
-    /// the project is writable (no spare then) or the session is disposed;
-    /// what fails here is tried again, and told, by the first call.
+    /// starts. Nothing when an interpreter already runs or the session is
+    /// disposed; when prewarming is off or the project is writable (no spare
+    /// then), only what the process's first start does once (the host's
+    /// `warm`); what fails here is tried again, and told, by the first call.
     pub async fn prestart(&self) {
         async {
-            {
+            let ahead = {
                 let sh = self.shared.lock();
-                if !sh.report.prewarm || sh.report.mounts.workspace_writable {
-                    return;
-                }
+                sh.report.prewarm && !sh.report.mounts.workspace_writable
+            };
+            if !ahead {
+                // No sandbox ahead: only what the process does once.
+                self.host.warm(&self.opts);
+                return;
             }
             let mut inner = self.ops.lock().await;
             if inner.worker.is_some() || self.is_disposed() {

@@ -103,6 +103,10 @@ impl Host for FakeHost {
 
     fn describe(&self, _facts: &(), _report: &mut StatusReport) {}
 
+    fn warm(&self, _opts: &SessionOptions) {
+        self.script.lock().note("warm".into());
+    }
+
     async fn start(
         &self,
         start: &Start<'_, ()>,

@@ -122,6 +122,10 @@ pub trait Host: Send + Sync + 'static {
     fn probe(&self, opts: &SessionOptions) -> impl Future<Output = Result<Self::Facts, ProbeError>> + Send;
     /// What `status` says about the facts.
     fn describe(&self, facts: &Self::Facts, report: &mut StatusReport);
+    /// No sandbox is begun ahead of the first call: begin in the
+    /// background what a process's first start does once (nothing of it
+    /// starts a sandbox).
+    fn warm(&self, _opts: &SessionOptions) {}
     /// Start one sandbox and wait for it to be ready (`spawned` is told
     /// its pid as soon as there is one).
     fn start(
@@ -150,6 +154,10 @@ impl Host for RealHost {
 
     async fn probe(&self, opts: &SessionOptions) -> Result<Facts, ProbeError> {
         Facts::probe(opts).await
+    }
+
+    fn warm(&self, opts: &SessionOptions) {
+        crate::launch::warm(opts);
     }
 
     fn describe(&self, facts: &Facts, report: &mut StatusReport) {

@@ -595,7 +595,11 @@ async fn a_prestart_starts_nothing_with_prewarm_off_or_once_an_interpreter_runs(
     let f = fixture(true, false);
     f.session.prestart().await;
     assert_eq!(f.session.status().spare, SpareState::None);
-    assert!(f.log().is_empty(), "prewarm off: nothing starts before the first call");
+    assert_eq!(
+        f.log(),
+        ["warm"],
+        "prewarm off: nothing starts before the first call, the process's once-only work is begun"
+    );
     assert!(f.session.status().dirs.is_none(), "prewarm off: no session directory either");
     let f = fixture(true, true);
     assert_eq!(f.run().await.status, Status::Ok);

@@ -365,20 +365,12 @@ def to_dev_null():
             pass
 
 
-def keeper(gate, serve):
-    """PID 1's loop (see above); `gate` tells the first interpreter when
-    this process is non-dumpable; a fresh interpreter runs `serve`, the
-    payload's loop."""
+def keeper(seed, serve):
+    """PID 1's loop (see above), once start_keeper() has forked the first
+    interpreter; `seed` is what /tmp held before any code ran; a fresh
+    interpreter runs `serve`, the payload's loop."""
     import _signal as signal  # signal.py imports enum: 4 ms
-    # PID 1 gets only the signals it has a handler for from inside the
-    # namespace: Python's SIGINT handler would let any process end it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
     to_dev_null()
-    undumpable()
-    open_deaths()
-    seed = tmp_seed("/tmp")  # before any code runs: the gate holds it
-    os.write(gate, b"1")
-    os.close(gate)
     wanted = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2}
     while True:
         info = signal.sigwaitinfo(wanted)
@@ -545,19 +537,24 @@ def limit_files(nofile):
 
 def start_keeper(serve, before_fork):
     """Become PID 1's keeper (see keeper()): the first payload process is
-    forked now and runs on in the caller, which gets the gate it reads
-    before any user code runs; this process never returns. `before_fork`
-    runs first (what the keeper's fresh processes must have too); `serve`
-    is the payload's loop a fresh process runs."""
+    forked now and runs on in the caller; this process never returns.
+    `before_fork` runs first (what the keeper's fresh processes must have
+    too); `serve` is the payload's loop a fresh process runs. What PID 1
+    must have done before any code runs is done before the fork, so that
+    the first call never waits for PID 1 to be scheduled."""
     import _signal as signal  # signal.py imports enum: 4 ms
     global ALL_SIGNALS
     ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2})
     before_fork()
-    gate_r, gate_w = os.pipe()
+    # PID 1 gets only the signals it has a handler for from inside the
+    # namespace: Python's SIGINT handler would let any process end it.
+    handler = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    open_deaths()
+    seed = tmp_seed("/tmp")  # what /tmp holds before any code runs
     if os.fork():
-        os.close(gate_r)
-        keeper(gate_w, serve)
-    os.close(gate_w)
+        keeper(seed, serve)
+    close_deaths()
+    signal.signal(signal.SIGINT, handler)  # the interpreter's own, as before the fork
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    return gate_r

@@ -1005,8 +1005,8 @@ def release(state):
         state.setdefault("discarded", []).append(pid)
 
 
-def serve(gate=None):
-    state = {"gate": gate}
+def serve():
+    state = {}
     try:
         serve_calls(state)
     finally:
@@ -1115,10 +1115,6 @@ def serve_calls(state):
             write_all(REPLY_FD, len(body).to_bytes(4, "big") + body)  # send(), without the JSON encoder
         else:
             send({"type": "begin", "id": req_id, "copy": None, "why": why})
-        gate = state.pop("gate", None)
-        if gate is not None:
-            os.read(gate, 1)  # PID 1 has set up its signals before any user code runs
-            os.close(gate)
         rich = state["rich"] = Rich(req_id)
         # Processes earlier executions left running are not waited for;
         # /proc is only read before the code when there were any.
@@ -1391,11 +1387,11 @@ def main():
         # The first interpreter exists before the ready frame does, so that
         # the host finds it as PID 1's child. pristine() runs before the
         # keeper forks: its fresh interpreters have it too.
-        gate_r = start_keeper(serve, pristine)
+        start_keeper(serve, pristine)
         prepare_streams()
         ready["streams"] = PREPARED
         send(ready)
-        serve(gate_r)
+        serve()
     prepare_streams()
     ready["streams"] = PREPARED
     send(ready)
