@@ -314,7 +314,9 @@ def fresh_channels(settle):
     """New pipes for the frames and both streams, so that nothing a killed
     process left in the old ones reaches the host. Ours go to 1-4; the
     host's ends wait at 10-13 (13 last) until the host has taken them.
-    `settle` runs while the host takes them (the killed processes end)."""
+    `settle` runs while the host takes them (the killed processes end).
+    Returns the resume request's nonce, and whether it asks a restored
+    copy to make the next call's rollback point before it answers."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -328,7 +330,7 @@ def fresh_channels(settle):
     reserve(KEEPER_FDS)
     if not isinstance(request, dict) or request.get("type") != "resume" or not isinstance(request.get("nonce"), str):
         raise ValueError("the host did not resume the interpreter")
-    return request["nonce"]
+    return request["nonce"], request.get("point") is True
 
 
 RESERVED = tuple(range(10, 18))  # 10-13 fresh channels, 14-17 a call's output pipes
@@ -398,7 +400,7 @@ def keeper(gate, serve):
             os.close(done_w)
             close_deaths()
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            nonce = fresh_channels(lambda: os.read(done_r, 1))
+            nonce, _ = fresh_channels(lambda: os.read(done_r, 1))
             os.close(done_r)
             prepare_streams()
             send({"type": "restored", "fresh": True, "streams": PREPARED, "nonce": nonce})
