@@ -139,7 +139,9 @@ def last_pid():
 
 def live_processes():
     """Pids of the processes in the sandbox other than its init (pid 1) and
-    this worker."""
+    this worker. Each stat is read through os (three system calls; a file
+    object costs five more): PID 1 and a restored copy poll this while the
+    processes a reset or a rollback killed end."""
     me = os.getpid()
     live = set()
     try:
@@ -150,10 +152,15 @@ def live_processes():
         if not entry.isdigit() or int(entry) in (1, me):
             continue
         try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                stat = f.read()
+            fd = os.open("/proc/%s/stat" % entry, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
+        try:
+            stat = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         state = stat[stat.rfind(b")") + 2:][:1]
         if state not in (b"Z", b"X"):
             live.add(int(entry))
