@@ -374,10 +374,12 @@ def to_dev_null():
             pass
 
 
-def keeper(gate, serve):
+def keeper(gate, serve, warm):
     """PID 1's loop (see above); `gate` tells the first interpreter when
     this process is non-dumpable; a fresh interpreter runs `serve`, the
-    payload's loop."""
+    payload's loop, and first `warm` while the others end (the payload's
+    own code on constants: it writes the pages a first call would, so that
+    the call does not copy them from this process on its path)."""
     import _signal as signal  # signal.py imports enum: 4 ms
     # PID 1 gets only the signals it has a handler for from inside the
     # namespace: Python's SIGINT handler would let any process end it.
@@ -407,7 +409,7 @@ def keeper(gate, serve):
             os.close(done_w)
             close_deaths()
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            nonce, _ = fresh_channels(lambda: os.read(done_r, 1))
+            nonce, _ = fresh_channels(lambda: warm() or os.read(done_r, 1))
             os.close(done_r)
             prepare_streams()
             send({"type": "restored", "fresh": True, "streams": PREPARED, "nonce": nonce})
@@ -552,12 +554,12 @@ def limit_files(nofile):
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
 
-def start_keeper(serve, before_fork):
+def start_keeper(serve, before_fork, warm):
     """Become PID 1's keeper (see keeper()): the first payload process is
     forked now and runs on in the caller, which gets the gate it reads
     before any user code runs; this process never returns. `before_fork`
     runs first (what the keeper's fresh processes must have too); `serve`
-    is the payload's loop a fresh process runs."""
+    is the payload's loop a fresh process runs, after `warm`."""
     import _signal as signal  # signal.py imports enum: 4 ms
     global ALL_SIGNALS
     ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
@@ -566,7 +568,7 @@ def start_keeper(serve, before_fork):
     gate_r, gate_w = os.pipe()
     if os.fork():
         os.close(gate_r)
-        keeper(gate_w, serve)
+        keeper(gate_w, serve, warm)
     os.close(gate_w)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     return gate_r

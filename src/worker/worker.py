@@ -1194,8 +1194,9 @@ PREFAULT_FRAME = '{"type":"exec","id":1,"code":"eCA9IDE=","mark":"eA==","checkpo
 
 
 def prefault():
-    """Right after the idle fork, while the model thinks, write once to
-    the pages a small call writes (a request decoded, the newest pid read
+    """Right after the idle fork, while the model thinks (and in a fresh
+    interpreter PID 1 made, while the processes it replaces end), write
+    once to the pages a small call writes (a request decoded, the newest pid read
     from /proc/loadavg, a statement compiled and run, a repr bounded, a
     result encoded), so that the call copies fewer of them on its path.
     Runs no code of the user's: only what the serve loop itself runs for
@@ -1279,7 +1280,7 @@ def main():
         # The first interpreter exists before the ready frame does, so that
         # the host finds it as PID 1's child. pristine() runs before the
         # keeper forks: its fresh interpreters have it too.
-        gate_r = start_keeper(serve, pristine)
+        gate_r = start_keeper(serve, pristine, prefault)
         prepare_streams()
         ready["streams"] = PREPARED
         send(ready)
