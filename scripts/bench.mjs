@@ -989,8 +989,16 @@ function sandboxTree(sb) {
     }
   };
   const bwrap = hostPidsWithCmdline(scratch).find((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").startsWith("bwrap") || readFileSync(`/proc/${pid}/comm`, "utf8").startsWith("bwrap"));
+  // Right after a reset the killed interpreter may still be listed beside the new one.
+  const alive = (pid) => {
+    try {
+      return !"ZX".includes(readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1][0]);
+    } catch {
+      return false;
+    }
+  };
   const keeper = bwrap ? children(bwrap)[0] : undefined;
-  const interp = keeper ? children(keeper)[0] : undefined;
+  const interp = keeper ? children(keeper).find(alive) : undefined;
   return { keeper, interp, copies: interp ? children(interp) : [] };
 }
 
