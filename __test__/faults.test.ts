@@ -394,6 +394,8 @@ describe("host process death", () => {
       const sandboxes = [open(), open()];
       (async () => {
         await Promise.all(sandboxes.map((s) => s.execute("1")));  // so that spares start too
+        // (once no call runs: a running sandbox's spare waits for a quiet moment)
+        while (!sandboxes.every((s) => s.status().spare === "ready")) await new Promise((r) => setTimeout(r, 20));
         for (const s of sandboxes) s.execute("import time\\ntime.sleep(60)", 120);
         const busy = () => sandboxes.every((s) => s.status().busy && s.status().workerRunning);
         while (!busy()) await new Promise((r) => setTimeout(r, 20));

@@ -317,6 +317,10 @@ describe("the rollback point is made while the interpreter is idle", () => {
     const r = await sb.execute(mutateThen("while True: pass"), 1);
     assertRolledBack(r, "timeout");
     await assertIntact(sb, r);
+    // A fresh interpreter after a reset warms up the same way: its first call sees no x.
+    assertOk(await sb.execute("x = 'mine'"));
+    await sb.reset();
+    assert.equal((await sb.execute("'x' in globals()")).repr, "False");
   });
 });
 

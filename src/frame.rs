@@ -66,8 +66,13 @@ pub enum Request {
         moved: u64,
     },
     /// The first frame on fresh channels: the host has taken its ends;
-    /// the restored frame echoes `nonce`.
-    Resume { nonce: String },
+    /// the restored frame echoes `nonce`. With `point`, a restored copy
+    /// makes the next call's rollback point before it answers.
+    Resume {
+        nonce: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        point: bool,
+    },
     /// The call's result has come: the worker ends that call's rollback
     /// copy (until then a broken frame the code wrote still finds it).
     Release,

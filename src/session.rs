@@ -134,6 +134,11 @@ struct Shared {
     spare_project: Option<(u64, u64)>,
     /// The call that holds the operation lock; `status` says busy while there is one.
     running_call: Option<u32>,
+    /// When the last call or reset ended (a spare made for a running
+    /// sandbox waits until neither has for a moment, see `refill_spare`).
+    last_active: Option<std::time::Instant>,
+    /// A spare waits for that moment (see `refill_spare`).
+    spare_waiting: bool,
     cancelled: HashSet<u32>,
     /// Why the next mount change restarts the sandbox, when it is not the
     /// plain "the mode changed" (see [`Session::set_mounts_because`]).
@@ -244,6 +249,8 @@ impl<H: Host> Session<H> {
                 spare_pid: None,
                 spare_project: None,
                 running_call: None,
+                last_active: None,
+                spare_waiting: false,
                 cancelled: HashSet::new(),
                 remount_reason: None,
                 kept_once: Default::default(),
@@ -393,6 +400,7 @@ impl<H: Host> Session<H> {
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         let mut sh = self.shared.lock();
         sh.running_call = None;
+        sh.last_active = Some(std::time::Instant::now());
         sh.cancelled.remove(&call);
         outcome
     }
@@ -645,6 +653,7 @@ impl<H: Host> Session<H> {
             }
         };
         inner.pending_loss = None;
+        self.shared.lock().last_active = Some(std::time::Instant::now());
         // An allow-once path whose sandbox never started goes too.
         let mounts = self.shared.lock().report.mounts.clone();
         self.forget_once(&mounts);

@@ -356,9 +356,30 @@ impl<H: Host> Session<H> {
                 return;
             }
         }
-        let Some(ticket) = self.spare.begin() else { return };
+        // With a sandbox running, the spare is only for its replacement:
+        // its slot is claimed and its start begun once no call has run for
+        // `delay`, so that the start (both cores for a while) does not land
+        // on the calls of a model that answers at once (the call after a
+        // reset or a rollback). Unclaimed meanwhile, the slot makes a call
+        // that needs a sandbox start its own instead of waiting for it.
+        let kept = inner.worker.is_some() && !delay.is_zero();
+        let ticket = if kept {
+            // One waits at a time (calls back to back would each add one).
+            let mut sh = self.shared.lock();
+            if self.spare.state() != crate::outcome::SpareState::None || sh.spare_waiting {
+                return;
+            }
+            sh.spare_waiting = true;
+            None
+        } else {
+            let Some(ticket) = self.spare.begin() else { return };
+            Some(ticket)
+        };
         let Some(me) = self.weak.upgrade() else {
-            self.spare.abandon(ticket);
+            match ticket {
+                Some(ticket) => self.spare.abandon(ticket),
+                None => self.shared.lock().spare_waiting = false,
+            }
             return;
         };
         let span = self.span();
@@ -368,7 +389,21 @@ impl<H: Host> Session<H> {
                 // cores: let the result that triggered this reach JS first.
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
+                    while let Some(left) = kept.then(|| me.busy_within(delay)).flatten() {
+                        tokio::time::sleep(left).await;
+                    }
                 }
+                if kept {
+                    me.shared.lock().spare_waiting = false;
+                }
+                let ticket = match ticket {
+                    Some(ticket) => ticket,
+                    None if me.is_disposed() => return,
+                    None => match me.spare.begin() {
+                        Some(ticket) => ticket,
+                        None => return,
+                    },
+                };
                 let Ok(project) = std::fs::canonicalize(&me.opts.project_dir) else {
                     me.spare.abandon(ticket);
                     me.spare_settled.notify_waiters();
@@ -425,6 +460,17 @@ impl<H: Host> Session<H> {
             }
             .instrument(span),
         );
+    }
+
+    /// How long to wait until no call or reset has run for `quiet`: None
+    /// when no call runs and the last call or reset ended `quiet` ago.
+    fn busy_within(&self, quiet: Duration) -> Option<Duration> {
+        let sh = self.shared.lock();
+        if sh.running_call.is_some() {
+            return Some(quiet);
+        }
+        let left = quiet.saturating_sub(sh.last_active?.elapsed());
+        (!left.is_zero()).then_some(left)
     }
 
     /// Record the pid of the spare being started under `ticket` (so that a

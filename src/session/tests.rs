@@ -591,6 +591,32 @@ async fn a_prestart_begins_the_spare_and_the_first_call_takes_it_waiting_while_i
 }
 
 #[tokio::test]
+async fn with_a_sandbox_running_the_spare_starts_only_once_no_call_runs() {
+    let f = fixture(true, true);
+    assert_eq!(f.run().await.status, Status::Ok);
+    // The next call fails and its rollback is held: it runs on past the spare's delay.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    f.host.script.lock().recover_gate = Some(gate.clone());
+    f.script(Exec::Interrupted(Interrupt::Timeout));
+    let session = f.session.clone();
+    let call = tokio::spawn(async move { session.execute("x = 1".into(), 30, None).await });
+    tokio::time::sleep(SPARE_DELAY * 5).await;
+    assert!(f.log().contains(&"recover 1".to_string()), "{:?}", f.log());
+    assert_eq!(f.session.status().spare, SpareState::None, "no spare starts beside a call: {:?}", f.log());
+    assert_eq!(f.log().iter().filter(|l| l.starts_with("start")).count(), 1, "{:?}", f.log());
+    gate.notify_one();
+    let o = call.await.expect("the call");
+    assert!(matches!(o.state, StateFate::RolledBack { .. }), "{:?}", o.state);
+    // Once no call runs, it does.
+    let waited = Instant::now();
+    while f.session.status().spare != SpareState::Ready {
+        assert!(waited.elapsed() < Duration::from_secs(5), "no spare: {:?}", f.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.session.dispose("disposed").await;
+}
+
+#[tokio::test]
 async fn a_prestart_starts_nothing_with_prewarm_off_or_once_an_interpreter_runs() {
     let f = fixture(true, false);
     f.session.prestart().await;

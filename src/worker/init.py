@@ -139,7 +139,9 @@ def last_pid():
 
 def live_processes():
     """Pids of the processes in the sandbox other than its init (pid 1) and
-    this worker."""
+    this worker. Each stat is read through os (three system calls; a file
+    object costs five more): PID 1 and a restored copy poll this while the
+    processes a reset or a rollback killed end."""
     me = os.getpid()
     live = set()
     try:
@@ -150,10 +152,15 @@ def live_processes():
         if not entry.isdigit() or int(entry) in (1, me):
             continue
         try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                stat = f.read()
+            fd = os.open("/proc/%s/stat" % entry, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
+        try:
+            stat = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         state = stat[stat.rfind(b")") + 2:][:1]
         if state not in (b"Z", b"X"):
             live.add(int(entry))
@@ -314,7 +321,9 @@ def fresh_channels(settle):
     """New pipes for the frames and both streams, so that nothing a killed
     process left in the old ones reaches the host. Ours go to 1-4; the
     host's ends wait at 10-13 (13 last) until the host has taken them.
-    `settle` runs while the host takes them (the killed processes end)."""
+    `settle` runs while the host takes them (the killed processes end).
+    Returns the resume request's nonce, and whether it asks a restored
+    copy to make the next call's rollback point before it answers."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -328,7 +337,7 @@ def fresh_channels(settle):
     reserve(KEEPER_FDS)
     if not isinstance(request, dict) or request.get("type") != "resume" or not isinstance(request.get("nonce"), str):
         raise ValueError("the host did not resume the interpreter")
-    return request["nonce"]
+    return request["nonce"], request.get("point") is True
 
 
 RESERVED = tuple(range(10, 18))  # 10-13 fresh channels, 14-17 a call's output pipes
@@ -365,10 +374,13 @@ def to_dev_null():
             pass
 
 
-def keeper(seed, serve):
+def keeper(seed, serve, warm):
     """PID 1's loop (see above), once start_keeper() has forked the first
     interpreter; `seed` is what /tmp held before any code ran; a fresh
-    interpreter runs `serve`, the payload's loop."""
+    interpreter runs `serve`, the payload's loop, and first `warm` while
+    the others end (the payload's own code on constants: it writes the
+    pages a first call would, so that the call does not copy them from this
+    process on its path)."""
     import _signal as signal  # signal.py imports enum: 4 ms
     to_dev_null()
     wanted = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2}
@@ -390,7 +402,7 @@ def keeper(seed, serve):
             os.close(done_w)
             close_deaths()
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            nonce = fresh_channels(lambda: os.read(done_r, 1))
+            nonce, _ = fresh_channels(lambda: warm() or os.read(done_r, 1))
             os.close(done_r)
             prepare_streams()
             send({"type": "restored", "fresh": True, "streams": PREPARED, "nonce": nonce})
@@ -535,13 +547,13 @@ def limit_files(nofile):
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
 
-def start_keeper(serve, before_fork):
+def start_keeper(serve, before_fork, warm):
     """Become PID 1's keeper (see keeper()): the first payload process is
     forked now and runs on in the caller; this process never returns.
     `before_fork` runs first (what the keeper's fresh processes must have
-    too); `serve` is the payload's loop a fresh process runs. What PID 1
-    must have done before any code runs is done before the fork, so that
-    the first call never waits for PID 1 to be scheduled."""
+    too); `serve` is the payload's loop a fresh process runs, after `warm`.
+    What PID 1 must have done before any code runs is done before the
+    fork, so that the first call never waits for PID 1 to be scheduled."""
     import _signal as signal  # signal.py imports enum: 4 ms
     global ALL_SIGNALS
     ALL_SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
@@ -554,7 +566,7 @@ def start_keeper(serve, before_fork):
     open_deaths()
     seed = tmp_seed("/tmp")  # what /tmp holds before any code runs
     if os.fork():
-        keeper(seed, serve)
+        keeper(seed, serve, warm)
     close_deaths()
     signal.signal(signal.SIGINT, handler)  # the interpreter's own, as before the fork
     signal.pthread_sigmask(signal.SIG_SETMASK, set())

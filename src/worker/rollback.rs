@@ -14,6 +14,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
+use super::begin::BeginCheck;
 use super::{children, drain_now, read_replies, Worker};
 use crate::capture::{Capture, Stream};
 use crate::frame::{self, Reply, Request};
@@ -240,10 +241,21 @@ impl Worker {
             tokio::spawn(read_replies(replies, tx, self.expecting.clone(), self.killed_for.clone(), self.pid));
         self.replies = rx;
         self.requests = requests;
+        // A restored copy of a call that took a point makes the next
+        // call's point before it answers, off that call's path (a model
+        // that answers the failed call's result at once would wait for
+        // the fork). Its children are listed first, as for `point_ahead`.
+        let ahead = (matches!(recovery, Recovery::Restored) && self.execs > 0).then(|| BeginCheck {
+            seq: 0,
+            interp: Some(pid),
+            keeper: Some(keeper),
+            children_before: children(pid),
+            asked_at: super::begin::boot_ticks(),
+        });
         // Frames that something left in the new channels before the host
         // took them do not pass: the answer must echo this.
         let nonce = format!("{:016x}", crate::random::random_u64());
-        let resume = frame::encode(&Request::Resume { nonce: nonce.clone() })
+        let resume = frame::encode(&Request::Resume { nonce: nonce.clone(), point: ahead.is_some() })
             .map_err(|e| RecoverError::Unexpected(e.to_string()))?;
         let reply = timeout(until.saturating_duration_since(Instant::now()), async {
             self.requests.write_all(&resume).await.ok()?;
@@ -278,7 +290,11 @@ impl Worker {
         if !matches!(recovery, Recovery::Restored) {
             self.execs = 0;
         }
-        self.point_ahead();
+        if ahead.is_some() {
+            self.ahead = ahead;
+        } else {
+            self.point_ahead();
+        }
         tracing::debug!(sandbox = self.pid, interpreter = pid, ?recovery, "interpreter replaced");
         Ok(recovery)
     }

@@ -893,8 +893,9 @@ def checkpoint(idle=False):
     see huge_pages()). Returns (pid, None) in
     the interpreter (which then holds its signals and collector until
     resume()), (None, reason) when there is no rollback point, and
-    ("restored", nonce) in the copy once the host has made it the
-    interpreter: it still holds both, until its next call starts."""
+    ("restored", (nonce, point)) in the copy once the host has made it the
+    interpreter (see took_over()): it still holds both, until its next
+    call starts."""
     signal = _sig
     threading = sys.modules.get("threading")
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
@@ -959,7 +960,7 @@ def checkpoint(idle=False):
             if from_host(info):
                 break
         kill_now()
-        nonce = fresh_channels(lambda: kill_all() or os._exit(70))
+        resumed = fresh_channels(lambda: kill_all() or os._exit(70))
         # Signals the failed call queued here are dropped, not delivered.
         for sig in signal.sigpending():
             handler = signal.signal(sig, signal.SIG_IGN)
@@ -968,7 +969,7 @@ def checkpoint(idle=False):
             PAUSED.append((mask, collect))
     except BaseException:
         os._exit(70)
-    return "restored", nonce
+    return "restored", resumed
 
 
 def call_streams(flush=True):
@@ -1039,8 +1040,7 @@ def serve_calls(state):
             rich = value = exception = None
             restored = ahead(state)
             if restored is not None:
-                prepare_streams()
-                send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": restored})
+                took_over(state, restored)
             continue
         req_id = request.get("id")
         if kind != "exec" or not isinstance(req_id, int) or not isinstance(request.get("code"), str) \
@@ -1099,8 +1099,7 @@ def serve_calls(state):
                 flush_streams()  # before the copy: the code's sys.stdout is the code's
             copy, why = checkpoint()
             if copy == "restored":
-                prepare_streams()
-                send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": why})
+                took_over(state, why)
                 continue
         else:
             why = None
@@ -1175,13 +1174,33 @@ def serve_calls(state):
               "streams": PREPARED})
 
 
+def took_over(state, resumed):
+    """This process is a rollback copy that the host has just made the
+    interpreter; `resumed` is its resume request's (nonce, point). With
+    `point` the next call's rollback point is made now, before the restored
+    frame goes out, so that a call sent the moment the failed call's result
+    arrives finds it waiting instead of waiting for the fork. Since this
+    copy's fork only the worker's own code has run here, every signal held
+    and the collector off, and so it stays until the next call's code
+    starts (resume()): the new copy is the state that call starts from."""
+    nonce, point = resumed
+    while point:
+        again = ahead(state)
+        if again is None:
+            break
+        nonce, point = again  # this process is that copy, taken over in its turn
+    prepare_streams()
+    send({"type": "restored", "fresh": False, "streams": PREPARED, "nonce": nonce})
+
+
 def ahead(state):
     """Fork the next call's rollback point while the interpreter is idle
     (the host asks once a call is over). From the fork until that call's
     code starts, every signal is held and the collector is off, and no
     thread runs (else no copy is made): only the worker's own code runs in
     the interpreter, so the copy stays exactly the state the call starts
-    from. Returns the nonce when this process is the copy, restored."""
+    from. Returns the resume request's (nonce, point) when this process is
+    the copy, restored."""
     if ALL_SIGNALS is None or state.get("ahead"):
         return None
     if not PAUSED:
@@ -1302,8 +1321,9 @@ PREFAULT_FRAME = '{"type":"exec","id":1,"code":"eCA9IDE=","mark":"eA==","checkpo
 
 
 def prefault():
-    """Right after the idle fork, while the model thinks, write once to
-    the pages a small call writes (a request decoded, the newest pid read
+    """Right after the idle fork, while the model thinks (and in a fresh
+    interpreter PID 1 made, while the processes it replaces end), write
+    once to the pages a small call writes (a request decoded, the newest pid read
     from /proc/loadavg, a statement compiled and run, a repr bounded, a
     result encoded), so that the call copies fewer of them on its path.
     Runs no code of the user's: only what the serve loop itself runs for
@@ -1387,7 +1407,7 @@ def main():
         # The first interpreter exists before the ready frame does, so that
         # the host finds it as PID 1's child. pristine() runs before the
         # keeper forks: its fresh interpreters have it too.
-        start_keeper(serve, pristine)
+        start_keeper(serve, pristine, prefault)
         prepare_streams()
         ready["streams"] = PREPARED
         send(ready)
