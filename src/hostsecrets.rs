@@ -784,15 +784,23 @@ mod tests {
         assert!(points.iter().all(|p| p.dir.starts_with(&data)));
     }
 
+    /// `watch` over `points` in a task: what it reports, the sender that
+    /// stops it (kept alive by the caller), and the task.
+    fn watching(
+        points: Vec<WatchPoint>,
+    ) -> (tokio::sync::oneshot::Receiver<PathBuf>, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        (rx, stop, tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped)))
+    }
+
     #[tokio::test]
     async fn the_watch_reports_a_secret_that_appears() {
         let t = tempfile::tempdir_in("/var/tmp").unwrap();
         let home = fs::canonicalize(t.path()).unwrap();
         let s = HostSecrets::new(None, Some(&home), &[]);
         let points = s.watch_points(&[&home], &[]);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (_stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        let (rx, _stop, task) = watching(points);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         fs::write(home.join("notes.txt"), "not a secret").unwrap();
         fs::write(home.join(".netrc"), "machine x").unwrap();
@@ -808,9 +816,7 @@ mod tests {
         fs::create_dir_all(base.join("target")).unwrap();
         std::os::unix::fs::symlink(base.join("target"), base.join("link")).unwrap();
         let points = vec![WatchPoint { dir: base.join("link"), leaf: ".netrc".into() }];
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (_stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        let (rx, _stop, task) = watching(points);
         // One thread: the watch adds its watches before this goes on.
         tokio::task::yield_now().await;
         fs::write(base.join("target/.netrc"), "machine x").unwrap();
@@ -842,9 +848,7 @@ mod tests {
         fs::write(staged.join(".config/age/keys.txt"), "AGE-SECRET-KEY-1").unwrap();
         let s = HostSecrets::new(None, Some(&home), &[]);
         let points = s.watch_points(&[&home], &[]);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (_stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(watch(points, move |p| drop(tx.send(p)), stopped));
+        let (rx, _stop, task) = watching(points);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         fs::rename(home.join(".config"), home.join(".config-old")).unwrap();
         fs::rename(staged.join(".config"), home.join(".config")).unwrap();
