@@ -13,25 +13,7 @@ import type { PythonSandbox } from "../index.js";
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { makeFixture } from "./helpers/sandbox-fixture.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-
-let nextId = 1;
-
-async function sh(sb: PythonSandbox, cwd: string, command: string): Promise<{ code: number | null | undefined; out: string }> {
-  let out = "";
-  const r = await sb.execShell(nextId++, command, { cwd }, (t: string) => {
-    out += t;
-  });
-  return { code: r.exitCode, out };
-}
-
-/** Run a command, then wait for the spare it leaves: ready. */
-async function withSpare(sb: PythonSandbox, cwd: string, command = "true"): Promise<number> {
-  await sh(sb, cwd, command);
-  const spare = await sb.awaitShellSpare();
-  assert.equal(spare.state, "ready", JSON.stringify(spare));
-  assert.ok(spare.pid, "a ready spare has a pid");
-  return spare.pid;
-}
+import { sh, withSpare } from "./helpers/shell-spare.ts";
 
 /** Whether `pid` is a live process (a zombie counts as gone). */
 function alive(pid: number): boolean {

@@ -14,24 +14,7 @@ import { type ExecResult, makeFixture, show } from "./helpers/sandbox-fixture.ts
 import { rerunAsNobody } from "./helpers/as-nobody.ts";
 import { workerPids } from "./helpers/host-procs.ts";
 import { skipWithoutSandbox } from "./helpers/sandbox-env.ts";
-
-let nextId = 1;
-
-async function sh(sb: PythonSandbox, cwd: string, command: string): Promise<{ code: number | null | undefined; out: string }> {
-  let out = "";
-  const r = await sb.execShell(nextId++, command, { cwd }, (t: string) => {
-    out += t;
-  });
-  return { code: r.exitCode, out };
-}
-
-/** Run a command, then wait for the spare it leaves: ready. */
-async function withSpare(sb: PythonSandbox, cwd: string, command = "true"): Promise<number> {
-  await sh(sb, cwd, command);
-  const spare = await sb.awaitShellSpare();
-  assert.equal(spare.state, "ready", JSON.stringify(spare));
-  return spare.pid!;
-}
+import { nextShellId, sh, withSpare } from "./helpers/shell-spare.ts";
 
 /** A read root (a home-like tree: `~/` secrets apply in it) with an empty `.config`. */
 function readRoot(t: { after(fn: () => void): void }): string {
@@ -105,7 +88,7 @@ async function shWhenReady(sb: PythonSandbox, cwd: string, command: string, root
   let out = "";
   let signal: () => void = () => {};
   const ready = new Promise<void>((r) => (signal = r));
-  const run = sb.execShell(nextId++, command, { cwd, timeoutSeconds: 30 }, (s: string) => {
+  const run = sb.execShell(nextShellId(), command, { cwd, timeoutSeconds: 30 }, (s: string) => {
     out += s;
     if (out.includes("ready\n")) signal();
   });
